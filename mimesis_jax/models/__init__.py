@@ -1,0 +1,152 @@
+"""Models: one functional API over every family (Qwen3 agent, Qwen3.5 simulator).
+
+    config, params = load_hf(path)                  # HF directory -> (ModelConfig, param pytree)
+    save_hf(path, config, params)                   # -> directory transformers loads to the same logits
+    params = init_params(config, rng)               # random init (optionally directly sharded on a mesh)
+    logits = forward(config, params, input_ids)     # [B, T, V] fp32, inference / tests only
+    ids = greedy_generate(config, params, prompt_ids, max_new_tokens)
+
+A family module (qwen3.py, qwen3_5.py) provides: param_specs, hidden_states, init_cache, cache_axes, extend,
+and the HF name mapping in hf.py. Dispatch is by `config.model_type`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+
+from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.models.layers import init_from_specs, is_spec, spec_axes, spec_shapes
+
+_FAMILY_MODULES = {"qwen3": "mimesis_jax.models.qwen3", "qwen3_5_text": "mimesis_jax.models.qwen3_5"}
+
+
+def family(config: ModelConfig):
+    """The module implementing `config.model_type`."""
+    try:
+        name = _FAMILY_MODULES[config.model_type]
+    except KeyError:
+        raise ConfigError(f"config key 'model_type': no implementation for {config.model_type!r}") from None
+    return importlib.import_module(name)
+
+
+def param_specs(config: ModelConfig):
+    return family(config).param_specs(config)
+
+
+def param_axes(config: ModelConfig):
+    """Pytree of logical axis names, one tuple per parameter."""
+    return spec_axes(param_specs(config))
+
+
+def abstract_params(config: ModelConfig):
+    """Pytree of jax.ShapeDtypeStruct: shapes without allocating (for planning and abstract checks)."""
+    return spec_shapes(config, param_specs(config))
+
+
+def init_params(config: ModelConfig, rng: jax.Array, mesh=None, rules=None):
+    """Random parameters. With a mesh, every parameter is created directly in its sharded layout."""
+    specs = param_specs(config)
+    fn = functools.partial(init_from_specs, config, specs)
+    if mesh is None:
+        return jax.jit(fn)(rng)
+    from mimesis_jax.sharding import param_shardings
+
+    return jax.jit(fn, out_shardings=param_shardings(config, mesh, rules))(rng)
+
+
+def lm_head_weight(config: ModelConfig, params) -> jax.Array:
+    """[V, D] output projection (the embedding when tied)."""
+    return params["embed"] if config.tie_word_embeddings else params["lm_head"]
+
+
+def hidden_states(config: ModelConfig, params, input_ids, positions=None, segment_ids=None, branch=None):
+    """Final-norm hidden states; see the family module. Returns (trunk [B,T,D], branches [B,Tb,D] or None)."""
+    return family(config).hidden_states(config, params, input_ids, positions, segment_ids, branch)
+
+
+def logits_from_hidden(config: ModelConfig, params, hidden: jax.Array) -> jax.Array:
+    w = lm_head_weight(config, params)
+    return jnp.einsum("...d,vd->...v", hidden.astype(jnp.float32), w.astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(config, params, input_ids, positions, segment_ids):
+    h, _ = hidden_states(config, params, input_ids, positions, segment_ids)
+    return logits_from_hidden(config, params, h)
+
+
+def forward(config: ModelConfig, params, input_ids, positions=None, segment_ids=None) -> jax.Array:
+    """Full logits [B, T, V] in float32. For inference and tests: training never builds these."""
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
+    pos = None if positions is None else jnp.asarray(positions, jnp.int32)
+    seg = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+    return _forward(config, params, input_ids, pos, seg)
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int):
+    return family(config).init_cache(config, batch, max_len)
+
+
+def cache_axes(config: ModelConfig):
+    return family(config).cache_axes(config)
+
+
+def extend(config: ModelConfig, params, cache, tokens, positions, segment_ids=None):
+    """Feeds new tokens through the model on top of a decoding cache: (hidden [B,T,D], new cache)."""
+    return family(config).extend(config, params, cache, tokens, positions, segment_ids)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _greedy(config, params, prompt_ids, max_new_tokens):
+    B, P = prompt_ids.shape
+    cache = init_cache(config, B, P + max_new_tokens)
+    pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    h, cache = extend(config, params, cache, prompt_ids, pos)
+    first = jnp.argmax(logits_from_hidden(config, params, h[:, -1]), axis=-1).astype(jnp.int32)
+
+    def step(carry, i):
+        tok, cache = carry
+        h, cache = extend(config, params, cache, tok[:, None], jnp.full((B, 1), P + i, jnp.int32))
+        nxt = jnp.argmax(logits_from_hidden(config, params, h[:, -1]), axis=-1).astype(jnp.int32)
+        return (nxt, cache), tok
+
+    (last, _), toks = jax.lax.scan(step, (first, cache), jnp.arange(max_new_tokens - 1))
+    return jnp.concatenate([toks.T, last[:, None]], axis=1) if max_new_tokens > 1 else first[:, None]
+
+
+def greedy_generate(config: ModelConfig, params, prompt_ids, max_new_tokens: int) -> jax.Array:
+    """Greedy decoding with the KV cache: [B, P] equal-length prompts -> [B, max_new_tokens] new ids.
+
+    Runs exactly max_new_tokens steps (no EOS stop; the sampler in rollout/ handles stop tokens).
+    """
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    if prompt_ids.ndim != 2:
+        raise ValueError(f"prompt_ids must be [batch, length], got shape {prompt_ids.shape}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return _greedy(config, params, prompt_ids, int(max_new_tokens))
+
+
+def load_hf(path: str, dtype: str = "float32", mesh=None, **runtime):
+    from mimesis_jax.models.hf import load_hf as _load
+
+    return _load(path, dtype=dtype, mesh=mesh, **runtime)
+
+
+def save_hf(path: str, config: ModelConfig, params, max_shard_bytes: int = 4 << 30) -> None:
+    from mimesis_jax.models.hf import save_hf as _save
+
+    _save(path, config, params, max_shard_bytes=max_shard_bytes)
+
+
+__all__ = [
+    "ModelConfig", "ConfigError", "family", "param_specs", "param_axes", "abstract_params", "init_params",
+    "lm_head_weight", "hidden_states", "logits_from_hidden", "forward", "init_cache", "cache_axes", "extend",
+    "greedy_generate", "load_hf", "save_hf", "is_spec",
+]

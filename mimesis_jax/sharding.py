@@ -1,0 +1,199 @@
+"""Meshes, logical-axis rules and placement of parameters, activations and batches.
+
+Layers name the axes of their tensors with *logical* names; a rules table maps each logical name to zero or
+more *mesh* axes. The same model code then runs on 1 CPU device, 8 fake CPU devices or a pod slice.
+
+Parameter axes:  vocab, embed, heads, kv_heads, head_dim, mlp, layers, norm, plus the Qwen3.5 linear-attention
+                 axes (lin_heads, lin_kv_heads, lin_dim, conv).
+Activation axes: act_batch, act_length, act_embed, act_heads, act_kv_heads, act_mlp, act_vocab.
+
+Rule semantics (written down because the paper is silent and users must predict placements):
+* a logical name maps to a mesh axis, a tuple of mesh axes, or None (replicated);
+* mesh axes that the current mesh lacks, or that another dim of the same tensor already uses, are dropped;
+* if a dim is not divisible by the product of its mesh axes, trailing mesh axes are dropped until it is
+  (e.g. kv_heads=1 on tensor=2 stays replicated; a batch of 2 on data=2 x fsdp=2 uses data only).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    # parameters
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("lin_heads", "tensor"),
+    ("lin_kv_heads", "tensor"),
+    ("lin_qkv", "tensor"),
+    ("head_dim", None),
+    ("lin_dim", None),
+    ("conv", None),
+    ("layers", None),
+    ("norm", None),
+    # activations
+    ("act_batch", ("data", "fsdp")),
+    ("act_length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+    ("act_cache_length", None),
+)
+
+
+def rules_of(config_or_rules=None) -> dict[str, Any]:
+    """The rules table as a dict, from a ModelConfig (its `sharding_rules`), a table, or None (defaults)."""
+    rules = getattr(config_or_rules, "sharding_rules", config_or_rules)
+    if rules is None:
+        rules = DEFAULT_RULES
+    return dict(rules.items() if isinstance(rules, Mapping) else rules)
+
+
+# ------------------------------------------------------------------------------------------ meshes
+def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh with Auto axis types, e.g. make_mesh({"data": 2, "fsdp": 2, "tensor": 2}).
+
+    Axis sizes may be -1 once to absorb the remaining devices. Works after `jax.distributed.initialize` on
+    many hosts: `jax.devices()` is then the global device list, and the mesh spans every process.
+    """
+    names = tuple(axes)
+    for n in names:
+        if n not in MESH_AXES:
+            raise ValueError(f"mesh axis {n!r} is not one of {MESH_AXES}")
+    sizes = list(axes.values())
+    devices = list(devices) if devices is not None else jax.devices()
+    if sizes.count(-1) > 1:
+        raise ValueError(f"mesh {dict(axes)}: at most one axis may be -1")
+    if -1 in sizes:
+        rest = math.prod(s for s in sizes if s != -1)
+        if len(devices) % rest:
+            raise ValueError(f"mesh {dict(axes)}: {len(devices)} devices are not divisible by {rest}")
+        sizes[sizes.index(-1)] = len(devices) // rest
+    if math.prod(sizes) != len(devices):
+        if math.prod(sizes) > len(devices):
+            raise ValueError(f"mesh {dict(axes)} needs {math.prod(sizes)} devices, {len(devices)} available")
+        devices = devices[: math.prod(sizes)]
+    try:
+        return jax.make_mesh(tuple(sizes), names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
+    except TypeError:  # older jax without `devices=`
+        return Mesh(np.asarray(devices).reshape(sizes), names, axis_types=(AxisType.Auto,) * len(names))
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, local_device_ids=None) -> None:
+    """Multi-controller start-up. On TPU pods and SLURM clusters every argument can be None (auto-detected)."""
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id, local_device_ids=local_device_ids)
+
+
+# ------------------------------------------------------------------------------- logical -> mesh
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int],
+                    rules=None) -> P:
+    """PartitionSpec for one tensor of `shape` whose dims are named `axes`."""
+    table = rules_of(rules)
+    used: set[str] = set()
+    out = []
+    for name, dim in zip(axes, shape):
+        if name is None:
+            out.append(None)
+            continue
+        if name not in table:
+            raise KeyError(f"logical axis {name!r} has no sharding rule; rules cover {sorted(table)}")
+        target = table[name]
+        target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+        target = [a for a in target if a in mesh_shape and a not in used and mesh_shape[a] > 1]
+        while target and dim % math.prod(mesh_shape[a] for a in target):
+            target.pop()
+        used.update(target)
+        out.append(None if not target else (target[0] if len(target) == 1 else tuple(target)))
+    return P(*out)
+
+
+def _mesh_shape(mesh) -> dict[str, int]:
+    return dict(mesh.shape)
+
+
+def named_sharding(mesh: Mesh, axes, shape, rules=None) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(axes, shape, _mesh_shape(mesh), rules))
+
+
+def tree_shardings(mesh: Mesh, axes_tree, shapes_tree, rules=None):
+    """NamedShardings for a pytree, given matching pytrees of logical axes and of shapes (or arrays)."""
+    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+    flat_axes, treedef = jax.tree.flatten(axes_tree, is_leaf=is_axes)
+    flat_shapes = treedef.flatten_up_to(shapes_tree)
+    out = [named_sharding(mesh, a, getattr(s, "shape", s), rules) for a, s in zip(flat_axes, flat_shapes)]
+    return jax.tree.unflatten(treedef, out)
+
+
+def param_shardings(config, mesh: Mesh, rules=None):
+    """NamedSharding of every parameter of `config`'s model, as the rules say."""
+    from mimesis_jax.models import param_specs
+    from mimesis_jax.models.layers import is_spec
+
+    specs = param_specs(config)
+    return jax.tree.map(lambda s: named_sharding(mesh, s.axes, s.shape, rules if rules is not None else config),
+                        specs, is_leaf=is_spec)
+
+
+def shard_params(config, params, mesh: Mesh, rules=None):
+    """Places every parameter on `mesh` as the rules say (works for host numpy arrays and device arrays)."""
+    shardings = param_shardings(config, mesh, rules)
+    return jax.tree.map(lambda x, s: jax.device_put(x, s), params, shardings)
+
+
+def batch_spec(ndim: int = 2, rules=None, shape=None, mesh=None) -> P:
+    """PartitionSpec of a [batch, length, ...] input: batch over the act_batch mesh axes."""
+    axes = ("act_batch",) + (None,) * (ndim - 1)
+    if shape is None or mesh is None:
+        target = rules_of(rules)["act_batch"]
+        return P(target, *([None] * (ndim - 1)))
+    return logical_to_spec(axes, shape, _mesh_shape(mesh), rules)
+
+
+def batch_sharding(mesh: Mesh, shape, rules=None) -> NamedSharding:
+    return NamedSharding(mesh, batch_spec(len(shape), rules, shape, mesh))
+
+
+def shard_batch(batch, mesh: Mesh, rules=None):
+    """device_put every [B, ...] array of a batch pytree with its batch dim split over the batch mesh axes."""
+    return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.shape(x), rules)), batch)
+
+
+# ------------------------------------------------------------------------------------- activations
+def constrain(x: jax.Array, axes: Sequence[str | None], config=None) -> jax.Array:
+    """with_sharding_constraint by logical axes under the current mesh (`jax.set_mesh`); a no-op without one.
+
+    Rules come from `config.sharding_rules` (a static jit argument), so changing them re-traces.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = logical_to_spec(axes, x.shape, dict(mesh.shape), config)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def use_mesh(mesh: Mesh):
+    """Context manager making `mesh` current for jit-traced code (activation constraints, shard_map)."""
+    return jax.set_mesh(mesh)
+
+
+def describe(tree) -> dict[str, str]:
+    """{'path': 'PartitionSpec'} of a pytree of arrays: for logs and for tests that assert placements."""
+    out = {}
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        key = "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+        sh = getattr(x, "sharding", None)
+        out[key] = str(getattr(sh, "spec", sh))
+    return out

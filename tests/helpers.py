@@ -1,0 +1,74 @@
+"""Helpers shared by tests: tiny random HF checkpoints built with transformers (torch) as the reference."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def randomize_torch_model(model, seed: int = 0, scale: float = 0.15, norm_scale: float = 0.1):
+    """Re-draws every weight so logits are O(1) and norms are not all-ones (a stronger parity check)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if "norm" in name and p.ndim == 1:
+                base = 0.0 if getattr(model.config, "model_type", "").startswith("qwen3_5") else 1.0
+                p.copy_(base + norm_scale * noise)
+            elif name.endswith("A_log"):
+                p.copy_(torch.log(torch.rand(p.shape, generator=g) * 4 + 0.5))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(scale * noise)
+    return model
+
+
+def make_hf_qwen3(tmpdir: str, seed: int = 0, **cfg) -> str:
+    """Writes a random transformers Qwen3ForCausalLM (fp32) to tmpdir and returns the path."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    base = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=256, rope_theta=10000.0,
+                tie_word_embeddings=False)
+    base.update(cfg)
+    torch.manual_seed(seed)
+    config = Qwen3Config(**base)
+    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    randomize_torch_model(model, seed)
+    os.makedirs(tmpdir, exist_ok=True)
+    model.save_pretrained(tmpdir, safe_serialization=True)
+    return tmpdir
+
+
+def hf_logits(path: str, ids: np.ndarray) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(ids), dtype=torch.long)).logits.float().numpy()
+
+
+def hf_greedy(path: str, ids: np.ndarray, n: int) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor(np.asarray(ids), dtype=torch.long), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0,
+                             attention_mask=torch.ones(ids.shape, dtype=torch.long))
+    return out[:, ids.shape[1]:].numpy()
