@@ -1,0 +1,391 @@
+"""The Stage I training loop: sharded jitted steps, checkpoints with exact resume, SIGTERM, metrics.
+
+    result = train(cfg, workdir)          # cfg: config.RunConfig; resumes if workdir has a checkpoint
+
+One run = `cfg.train.steps` optimizer steps over the batches of the data iterator. The loop
+
+* builds the mesh (`cfg.mesh`), the runtime model config (bf16 compute, fp32 weights, remat) and optax;
+* resumes from WORKDIR/checkpoints if there is a checkpoint (params, optimizer state, step, RNG and the data
+  iterator's position), else initialises from `cfg.init` (a HF directory, another run's checkpoint, or random);
+* runs steps; the per-step losses of a resumed run equal those of an uninterrupted one;
+* checkpoints every `checkpoint.every` steps and at the end; on SIGTERM (or a first Ctrl-C) it finishes the
+  current step, saves, and returns with `preempted=True` (the CLI then exits 0);
+* stops with `NonFiniteLossError` naming the step when the loss or gradient norm is not finite
+  (`train.nonfinite=stop`), or skips the update and counts it (`train.nonfinite=skip`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from mimesis_jax import config as config_lib
+from mimesis_jax import models, sharding
+from mimesis_jax.config import RunConfig
+from mimesis_jax.models.config import RUNTIME_FIELDS, ConfigError, ModelConfig
+from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+from mimesis_jax.train.metrics import MetricsLogger
+from mimesis_jax.train.optim import make_optimizer, make_schedule, opt_state_shardings
+from mimesis_jax.train.step import init_train_state, make_train_step
+
+BATCH_KEYS = ("tokens", "positions", "segment_ids", "loss_mask")
+# Architecture fields that do not change weights or compute; a checkpoint may differ in them.
+_ARCH_IGNORED = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "max_position_embeddings")
+
+# (tokenizer, batch_size, seed, process_index, process_count) -> iterator with get_state()/set_state()
+DataFactory = Callable[[Any, int, int, int, int], Any]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm was NaN/inf (the message names the step and what to try)."""
+
+
+class DataExhaustedError(RuntimeError):
+    """The data iterator ended before train.steps."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    workdir: str
+    start_step: int  # the step this run resumed from (0 for a fresh run)
+    final_step: int
+    losses: dict[int, float]  # step (1-based) -> loss, for the steps run in this call
+    preempted: bool
+    checkpoint_step: int | None
+    nonfinite_steps: int
+
+
+# ------------------------------------------------------------------------------------------ model
+def arch_diff(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """Architecture fields (not runtime, not token ids) in which two model configs differ."""
+    out = []
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in RUNTIME_FIELDS or f.name in _ARCH_IGNORED:
+            continue
+        if getattr(a, f.name) != getattr(b, f.name):
+            out.append(f"{f.name}: {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}")
+    return out
+
+
+def load_tokenizer(cfg: RunConfig):
+    from mimesis_jax.data.tokenizer import load_tokenizer as _load
+
+    return _load(cfg.tokenizer.name)
+
+
+def tokenizer_size(tok) -> int:
+    for attr in ("vocab_size", "__len__"):
+        v = getattr(tok, attr, None)
+        if v is not None:
+            return int(v() if callable(v) else v)
+    raise ConfigError(f"tokenizer {tok!r}: cannot tell its vocabulary size")
+
+
+def model_config_for(cfg: RunConfig, tok=None) -> ModelConfig:
+    """The runtime ModelConfig: architecture of cfg.model (vocab from the tokenizer if configured)."""
+    mc = cfg.runtime_model()
+    if tok is not None:
+        n = tokenizer_size(tok)
+        if cfg.tokenizer.set_model_vocab:
+            m = cfg.tokenizer.vocab_multiple
+            mc = mc.replace(vocab_size=-(-n // m) * m)
+        elif mc.vocab_size < n:
+            raise ConfigError(f"config key 'model.vocab_size': {mc.vocab_size} is smaller than tokenizer "
+                              f"{cfg.tokenizer.name!r}'s {n} tokens")
+    return mc
+
+
+def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:
+    """(abstract train state, its NamedShardings) without allocating anything."""
+    abs_params = models.abstract_params(model_config)
+    abs_state = jax.eval_shape(lambda p: init_train_state(p, tx, jax.random.key(0)), abs_params)
+    ps = sharding.param_shardings(model_config, mesh)
+    rep = NamedSharding(mesh, P())
+    shard = {
+        "params": ps,
+        "opt_state": opt_state_shardings(abs_state["opt_state"], ps, mesh),
+        "step": rep, "rng": rep, "nonfinite": rep,
+    }
+    return abs_state, shard
+
+
+def initial_params(cfg: RunConfig, model_config: ModelConfig, mesh, param_shardings, log=print):
+    """Parameters to start from: init.from_hf, init.from_workdir, or random (seed = train.seed)."""
+    init = cfg.init
+    if init.from_hf:
+        loaded, params = models.load_hf(init.from_hf, mesh=mesh)
+        bad = arch_diff(loaded, model_config)
+        if bad:
+            raise ConfigError(f"init.from_hf={init.from_hf}: its config.json differs from the run config's model "
+                              f"in {bad}")
+        log(f"init: weights from HF directory {init.from_hf}")
+        return jax.tree.map(lambda x, s: jax.device_put(x, s), params, param_shardings)
+    if init.from_workdir:
+        src = Checkpointer(init.from_workdir, read_only=True)
+        stored = config_lib.model_from_dict(src.run_config(init.step)["model"])
+        bad = arch_diff(stored, model_config)
+        if bad:
+            raise ConfigError(f"init.from_workdir={init.from_workdir}: its model differs from the run config's "
+                              f"model in {bad}")
+        target = abstract_like(models.abstract_params(model_config), param_shardings)
+        params, step = src.restore_params(init.step, target)
+        src.close()
+        log(f"init: weights from {init.from_workdir} checkpoint step {step}")
+        return params
+    log(f"init: random weights (seed {cfg.train.seed})")
+    key = jax.random.fold_in(jax.random.key(cfg.train.seed), 0)
+    return models.init_params(model_config, key, mesh)
+
+
+# ------------------------------------------------------------------------------------------- data
+def default_data_factory(cfg: RunConfig) -> DataFactory:
+    from mimesis_jax.data.pipeline import make_iterator
+
+    def make(tok, batch_size, seed, process_index, process_count):
+        return make_iterator(cfg.data, tok, batch_size=batch_size, seed=seed, process_index=process_index,
+                             process_count=process_count)
+    return make
+
+
+class _Prefetcher:
+    """Pulls (batch, iterator state after it, iterator stats) on a host thread, `depth` batches ahead.
+
+    The state travels with its batch, so the state checkpointed after step s is exactly the position after
+    the batch of step s. depth=0 reads synchronously.
+    """
+
+    def __init__(self, it, depth: int):
+        self.it = it
+        self.depth = depth
+        self.q: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+        self.stop = threading.Event()
+        self.thread = None
+        if depth > 0:
+            self.thread = threading.Thread(target=self._run, name="data-prefetch", daemon=True)
+            self.thread.start()
+
+    def _pull(self):
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            return ("end", None)
+        except Exception as e:  # re-raised on the main thread
+            return ("error", e)
+        stats = dict(getattr(self.it, "stats", {}) or {})
+        return ("ok", (batch, self.it.get_state(), stats))
+
+    def _run(self):
+        while not self.stop.is_set():
+            item = self._pull()
+            while not self.stop.is_set():
+                try:
+                    self.q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if item[0] != "ok":
+                return
+
+    def next(self):
+        kind, value = self._pull() if self.thread is None else self.q.get()
+        if kind == "error":
+            raise value
+        if kind == "end":
+            return None
+        return value
+
+    def close(self):
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
+def _check_batch(batch, local_batch: int, step: int) -> dict:
+    if not isinstance(batch, dict):
+        raise TypeError(f"data iterator: batch for step {step} is a {type(batch).__name__}, expected a dict")
+    missing = [k for k in BATCH_KEYS if k not in batch]
+    if missing:
+        raise KeyError(f"data iterator: batch for step {step} lacks {missing} (has {sorted(batch)})")
+    shape = np.shape(batch["tokens"])
+    for k in BATCH_KEYS:
+        s = np.shape(batch[k])
+        if len(s) != 2 or s != shape or s[0] != local_batch:
+            raise ValueError(f"data iterator: batch[{k!r}] for step {step} has shape {s}; expected "
+                             f"[{local_batch}, seq_len] like tokens {shape}")
+    return {
+        "tokens": np.asarray(batch["tokens"], np.int32),
+        "positions": np.asarray(batch["positions"], np.int32),
+        "segment_ids": np.asarray(batch["segment_ids"], np.int32),
+        "loss_mask": np.asarray(batch["loss_mask"], np.float32),
+    }
+
+
+def _to_global(batch: dict, mesh, global_batch: int) -> dict:
+    out = {}
+    for k, x in batch.items():
+        shape = (global_batch,) + x.shape[1:]
+        out[k] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, shape), x, shape)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- signals
+class _StopFlag:
+    """SIGTERM / first SIGINT set a flag the loop checks between steps (a second SIGINT interrupts)."""
+
+    def __init__(self, install: bool):
+        self.event = threading.Event()
+        self.old = {}
+        if install and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.event.is_set():
+            raise KeyboardInterrupt
+        self.event.set()
+
+    def is_set(self) -> bool:
+        flag = self.event.is_set()
+        if jax.process_count() > 1:  # every host must stop at the same step
+            from jax.experimental import multihost_utils
+
+            flag = bool(np.max(multihost_utils.process_allgather(np.asarray([int(flag)], np.int32))))
+        return flag
+
+    def restore(self):
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+
+
+# ------------------------------------------------------------------------------------------- train
+def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, tokenizer=None,
+          handle_signals: bool = True) -> TrainResult:
+    """Runs (or resumes) a training run in `workdir`; see the module docstring."""
+    cfg = config_lib.validate(cfg)
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    primary = jax.process_index() == 0
+    log = print if primary else (lambda *a, **k: None)
+
+    if tokenizer is None and (data is None or cfg.tokenizer.set_model_vocab):
+        tokenizer = load_tokenizer(cfg)
+    model_config = model_config_for(cfg, tokenizer)
+    cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
+    run_dict = cfg.to_dict()
+    t = cfg.train
+    if t.global_batch % jax.process_count():
+        raise ConfigError(f"config key 'train.global_batch': {t.global_batch} is not divisible by the "
+                          f"{jax.process_count()} processes")
+    local_batch = t.global_batch // jax.process_count()
+
+    mesh = sharding.make_mesh(cfg.mesh.axes())
+    tx = make_optimizer(cfg.optimizer, t.steps, model_config)
+    schedule = make_schedule(cfg.optimizer, t.steps)
+    abs_state, shardings = state_shardings(model_config, tx, mesh)
+    ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+    factory = data or default_data_factory(cfg)
+    it = factory(tokenizer, local_batch, t.seed, jax.process_index(), jax.process_count())
+
+    latest = ckpt.latest_step()
+    if latest is not None:
+        state, data_state, stored = ckpt.restore(latest, abstract_like(abs_state, shardings))
+        changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
+        if changed:
+            log(f"resume: the run config differs from the checkpoint's in: {changed}")
+        it.set_state(data_state)
+        log(f"resume: {workdir} from step {latest}")
+    else:
+        params = initial_params(cfg, model_config, mesh, shardings["params"], log)
+        rng = jax.random.fold_in(jax.random.key(t.seed), 1)
+        init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
+        state = init(params, rng)
+        data_state = it.get_state()
+        if primary:
+            with open(os.path.join(workdir, "run_config.json"), "w") as f:
+                import json
+
+                json.dump(run_dict, f, indent=2)
+    start = int(jax.device_get(state["step"]))
+    if start >= t.steps:
+        log(f"nothing to do: checkpoint step {start} >= train.steps={t.steps}")
+        ckpt.close()
+        return TrainResult(workdir, start, start, {}, False, latest, int(jax.device_get(state["nonfinite"])))
+
+    step_fn = make_train_step(model_config, tx, mesh, shardings, grad_accum=t.grad_accum,
+                              skip_nonfinite=t.nonfinite == "skip", schedule=schedule)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abs_state["params"]))
+    log(f"{cfg.stage}: {model_config.model_type} {n_params / 1e6:.2f}M params | mesh {dict(mesh.shape)} | "
+        f"global batch {t.global_batch} x grad_accum {t.grad_accum} | steps {start}->{t.steps} | "
+        f"dtype {model_config.dtype} | remat {model_config.remat}")
+    logger = MetricsLogger(workdir, total_steps=t.steps, start_step=start, log_every=t.log_every,
+                           tensorboard=t.tensorboard, progress_bar=t.progress_bar, stage=cfg.stage)
+    stop = _StopFlag(handle_signals)
+    feed = _Prefetcher(it, t.prefetch)
+    losses: dict[int, float] = {}
+    step, saved, preempted, consecutive_bad = start, (latest if latest is not None else None), False, 0
+    last = time.perf_counter()
+    try:
+        while step < t.steps:
+            item = feed.next()
+            if item is None:
+                if saved != step:
+                    ckpt.save(step, state, data_state, run_dict)
+                    saved = step
+                raise DataExhaustedError(f"the data iterator ended after step {step} of train.steps={t.steps} "
+                                         f"(checkpoint saved at step {step}); add data/epochs or lower train.steps")
+            batch, next_data_state, stats = item
+            batch = _to_global(_check_batch(batch, local_batch, step + 1), mesh, t.global_batch)
+            state, m = step_fn(state, batch)
+            m = jax.device_get(m)  # also waits for the step: never queue sharded CPU steps
+            step += 1
+            data_state = next_data_state
+            now = time.perf_counter()
+            dt, last = now - last, now
+            loss = float(m["loss"])
+            losses[step] = loss
+            finite = bool(m["finite"])
+            record = {"loss": loss, "lr": float(m.get("lr", np.nan)), "grad_norm": float(m["grad_norm"]),
+                      "param_norm": float(m["param_norm"]), "tokens": int(m["tokens"]),
+                      "target_tokens": int(m["target_tokens"]), "tokens_per_s": float(m["tokens"]) / max(dt, 1e-9),
+                      "step_time_s": dt, "finite": finite,
+                      "nonfinite_total": int(jax.device_get(state["nonfinite"]))}
+            record.update({f"data/{k}": v for k, v in stats.items() if isinstance(v, (int, float))})
+            logger.log(step, record)
+            if not finite:
+                consecutive_bad += 1
+                what = f"loss {loss}, grad norm {float(m['grad_norm'])}"
+                if t.nonfinite == "stop":
+                    raise NonFiniteLossError(
+                        f"step {step}: non-finite {what}. Stopping (train.nonfinite=stop); the last checkpoint "
+                        f"is step {ckpt.latest_step()}. Lower optimizer.lr, check the data, or set "
+                        f"train.nonfinite=skip to skip such updates.")
+                logger.write(f"step {step}: non-finite {what}; update skipped "
+                             f"({consecutive_bad} in a row, {record['nonfinite_total']} in total)")
+                if consecutive_bad >= t.max_consecutive_skips:
+                    raise NonFiniteLossError(f"step {step}: {consecutive_bad} non-finite steps in a row "
+                                             f"(train.max_consecutive_skips={t.max_consecutive_skips}); stopping")
+            else:
+                consecutive_bad = 0
+            preempted = stop.is_set() or ckpt.manager.reached_preemption(step)
+            if step % cfg.checkpoint.every == 0 or step == t.steps or preempted:
+                ckpt.save(step, state, data_state, run_dict)
+                saved = step
+                last = time.perf_counter()  # a synchronous part of the save is not step time
+            if preempted:
+                logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to resume")
+                break
+    finally:
+        feed.close()
+        stop.restore()
+        logger.close()
+        ckpt.close()
+    return TrainResult(workdir, start, step, losses, preempted, saved, int(jax.device_get(state["nonfinite"])))
