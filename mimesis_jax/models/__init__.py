@@ -49,13 +49,17 @@ def abstract_params(config: ModelConfig):
 
 def init_params(config: ModelConfig, rng: jax.Array, mesh=None, rules=None):
     """Random parameters. With a mesh, every parameter is created directly in its sharded layout."""
-    specs = param_specs(config)
-    fn = functools.partial(init_from_specs, config, specs)
+    return _init_fn(config, mesh, rules)(rng)
+
+
+@functools.lru_cache(maxsize=32)
+def _init_fn(config: ModelConfig, mesh, rules):
+    fn = functools.partial(init_from_specs, config, param_specs(config))
     if mesh is None:
-        return jax.jit(fn)(rng)
+        return jax.jit(fn)
     from mimesis_jax.sharding import param_shardings
 
-    return jax.jit(fn, out_shardings=param_shardings(config, mesh, rules))(rng)
+    return jax.jit(fn, out_shardings=param_shardings(config, mesh, rules))
 
 
 def lm_head_weight(config: ModelConfig, params) -> jax.Array:
