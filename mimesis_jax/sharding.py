@@ -171,6 +171,22 @@ def shard_batch(batch, mesh: Mesh, rules=None):
     return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.shape(x), rules)), batch)
 
 
+def global_batch(local_batch, mesh: Mesh, global_batch_size: int | None = None, rules=None):
+    """Assembles a global [B, ...] batch from each process's local rows (multi-host data loading).
+
+    Every process passes its own `local_batch` (e.g. the per-host shard of a data pipeline with
+    process_index/process_count); the result is one global jax.Array per leaf, split over the batch axes.
+    On a single process this is `shard_batch`.
+    """
+    n = jax.process_count()
+
+    def one(x):
+        x = np.asarray(x)
+        gshape = ((global_batch_size or x.shape[0] * n),) + x.shape[1:]
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, gshape, rules), x, gshape)
+    return jax.tree.map(one, local_batch)
+
+
 # ------------------------------------------------------------------------------------- activations
 def constrain(x: jax.Array, axes: Sequence[str | None], config=None) -> jax.Array:
     """with_sharding_constraint by logical axes under the current mesh (`jax.set_mesh`); a no-op without one.
