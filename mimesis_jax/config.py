@@ -138,8 +138,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     o = cfg.optimizer
     need(math.isfinite(o.lr) and o.lr > 0, "optimizer.lr", "must be a finite number > 0")
     need(o.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
-    need(o.warmup_steps < cfg.train.steps or o.warmup_steps == 0, "optimizer.warmup_steps",
-         f"must be < train.steps={cfg.train.steps}")
+    need(o.warmup_steps <= cfg.train.steps, "optimizer.warmup_steps",
+         f"must be <= train.steps={cfg.train.steps}")
     need(0.0 <= o.min_lr_ratio <= 1.0, "optimizer.min_lr_ratio", "must be in [0, 1]")
     need(o.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0")
     need(0.0 <= o.b1 < 1.0, "optimizer.b1", "must be in [0, 1)")

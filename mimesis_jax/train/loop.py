@@ -17,6 +17,8 @@ One run = `cfg.train.steps` optimizer steps over the batches of the data iterato
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 import queue
 import signal
@@ -148,6 +150,11 @@ def initial_params(cfg: RunConfig, model_config: ModelConfig, mesh, param_shardi
 
 # ------------------------------------------------------------------------------------------- data
 def default_data_factory(cfg: RunConfig) -> DataFactory:
+    """`cfg.data.make_iterator` if the data section provides one (e.g. train.synthetic.SyntheticData), else
+    the data pipeline's make_iterator over `cfg.data` (a data.pipeline.DataConfig)."""
+    own = getattr(cfg.data, "make_iterator", None)
+    if callable(own):
+        return lambda tok, b, seed, pi, pc: own(tok, batch_size=b, seed=seed, process_index=pi, process_count=pc)
     from mimesis_jax.data.pipeline import make_iterator
 
     def make(tok, batch_size, seed, process_index, process_count):
@@ -267,6 +274,23 @@ class _StopFlag:
 
 
 # ------------------------------------------------------------------------------------------- train
+@functools.lru_cache(maxsize=8)
+def compiled_functions(model_config: ModelConfig, opt_cfg, total_steps: int, mesh, grad_accum: int,
+                       skip_nonfinite: bool):
+    """(tx, schedule, abstract state, state shardings, jitted init, jitted step) for one run setup.
+
+    Cached on the (hashable) settings, so a run resumed in the same process -- and the tests -- reuse the
+    compiled step instead of compiling it again.
+    """
+    tx = make_optimizer(opt_cfg, total_steps, model_config)
+    schedule = make_schedule(opt_cfg, total_steps)
+    abs_state, shardings = state_shardings(model_config, tx, mesh)
+    init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
+    step = make_train_step(model_config, tx, mesh, shardings, grad_accum=grad_accum,
+                           skip_nonfinite=skip_nonfinite, schedule=schedule)
+    return tx, schedule, abs_state, shardings, init, step
+
+
 def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, tokenizer=None,
           handle_signals: bool = True) -> TrainResult:
     """Runs (or resumes) a training run in `workdir`; see the module docstring."""
@@ -276,7 +300,8 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
     primary = jax.process_index() == 0
     log = print if primary else (lambda *a, **k: None)
 
-    if tokenizer is None and (data is None or cfg.tokenizer.set_model_vocab):
+    needs_tokenizer = cfg.tokenizer.set_model_vocab or (data is None and not hasattr(cfg.data, "make_iterator"))
+    if tokenizer is None and needs_tokenizer:
         tokenizer = load_tokenizer(cfg)
     model_config = model_config_for(cfg, tokenizer)
     cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
@@ -288,9 +313,8 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
     local_batch = t.global_batch // jax.process_count()
 
     mesh = sharding.make_mesh(cfg.mesh.axes())
-    tx = make_optimizer(cfg.optimizer, t.steps, model_config)
-    schedule = make_schedule(cfg.optimizer, t.steps)
-    abs_state, shardings = state_shardings(model_config, tx, mesh)
+    tx, schedule, abs_state, shardings, init, step_fn = compiled_functions(
+        model_config, cfg.optimizer, t.steps, mesh, t.grad_accum, t.nonfinite == "skip")
     ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     factory = data or default_data_factory(cfg)
     it = factory(tokenizer, local_batch, t.seed, jax.process_index(), jax.process_count())
@@ -305,14 +329,10 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
         log(f"resume: {workdir} from step {latest}")
     else:
         params = initial_params(cfg, model_config, mesh, shardings["params"], log)
-        rng = jax.random.fold_in(jax.random.key(t.seed), 1)
-        init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
-        state = init(params, rng)
+        state = init(params, jax.random.fold_in(jax.random.key(t.seed), 1))
         data_state = it.get_state()
         if primary:
             with open(os.path.join(workdir, "run_config.json"), "w") as f:
-                import json
-
                 json.dump(run_dict, f, indent=2)
     start = int(jax.device_get(state["step"]))
     if start >= t.steps:
@@ -320,8 +340,6 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
         ckpt.close()
         return TrainResult(workdir, start, start, {}, False, latest, int(jax.device_get(state["nonfinite"])))
 
-    step_fn = make_train_step(model_config, tx, mesh, shardings, grad_accum=t.grad_accum,
-                              skip_nonfinite=t.nonfinite == "skip", schedule=schedule)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abs_state["params"]))
     log(f"{cfg.stage}: {model_config.model_type} {n_params / 1e6:.2f}M params | mesh {dict(mesh.shape)} | "
         f"global batch {t.global_batch} x grad_accum {t.grad_accum} | steps {start}->{t.steps} | "

@@ -136,7 +136,7 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
     denom = jnp.maximum(n, 1.0)
     loss = nll / denom
     grads = jax.tree.map(lambda x, p: (x / denom).astype(p.dtype), g, params)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, new_opt = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -158,7 +158,7 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
         "tokens": (batch["segment_ids"] != 0).sum().astype(jnp.float32) if "segment_ids" in batch
         else jnp.asarray(batch["tokens"].size, jnp.float32),
         "finite": finite,
-        "param_norm": optax.global_norm(new_params),
+        "param_norm": optax.tree.norm(new_params),
     }
     if schedule is not None:
         metrics["lr"] = jnp.asarray(schedule(state["step"]), jnp.float32)

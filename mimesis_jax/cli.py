@@ -1,0 +1,150 @@
+"""Command line: ``python -m mimesis_jax <command> ...``
+
+    midtrain --config configs/<name>.py --workdir DIR [--set key=value ...]   Stage I.1 (paper §3.1)
+    sft      --config configs/<name>.py --workdir DIR [--set key=value ...]   Stage I.2 (paper §3.2)
+    export   --workdir DIR --out HFDIR [--step N] [--dtype float32|bfloat16]  checkpoint -> HF directory
+    demo     [--workdir DIR]        tiny mid-training -> ThoughtTrace SFT -> export -> load_hf, on a CPU
+    config   --config configs/<name>.py [--set ...]                            print the resolved config
+
+A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
+SIGTERM-triggered checkpoint; 1 when training stops on a non-finite loss or runs out of data; 2 for a bad
+config, argument or checkpoint (the message names the key or file).
+Multi-host: add ``--distributed`` (jax.distributed, auto-detected on TPU pods and SLURM) -- see launch/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mimesis_jax", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="command")
+
+    def distributed(sp):
+        g = sp.add_argument_group("multi-host")
+        g.add_argument("--distributed", action="store_true", help="initialise jax.distributed first")
+        g.add_argument("--coordinator", default=None, help="host:port of process 0 (auto-detected if omitted)")
+        g.add_argument("--num-processes", type=int, default=None)
+        g.add_argument("--process-id", type=int, default=None)
+
+    for stage in ("midtrain", "sft"):
+        sp = sub.add_parser(stage, help=f"run the {stage} stage")
+        sp.add_argument("--config", required=True, help="configs/<name>.py defining get_config()")
+        sp.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, tensorboard/")
+        sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set train.steps=100 checkpoint.every=10")
+        distributed(sp)
+    sp = sub.add_parser("export", help="write a checkpoint as a HF model directory")
+    sp.add_argument("--workdir", required=True)
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    sp.add_argument("--dtype", default="float32", help="float32 (exact) or bfloat16")
+    sp = sub.add_parser("demo", help="the tiny end-to-end Stage I job on shipped samples")
+    sp.add_argument("--workdir", default=None, help="default: runs/demo-<timestamp>")
+    sp.add_argument("--midtrain-config", default=os.path.join(REPO_CONFIGS, "tiny_midtrain.py"))
+    sp.add_argument("--sft-config", default=os.path.join(REPO_CONFIGS, "tiny_sft.py"))
+    sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="overrides applied to both stages")
+    sp = sub.add_parser("config", help="print the resolved run config as JSON")
+    sp.add_argument("--config", required=True)
+    sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
+    return p
+
+
+def _run_stage(stage: str, cfg, workdir: str):
+    from mimesis_jax.train import midtrain, sft
+
+    return {"midtrain": midtrain, "sft": sft}[stage].run(cfg, workdir)
+
+
+def _demo(args) -> int:
+    import numpy as np
+
+    from mimesis_jax import models
+    from mimesis_jax.config import load_config
+    from mimesis_jax.train.export import export_hf
+
+    root = args.workdir or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
+    mid_dir, sft_dir, hf_dir = (os.path.join(root, d) for d in ("midtrain", "sft", "hf"))
+    t0 = time.perf_counter()
+    results = {}
+    for stage, path, wd, extra in (("midtrain", args.midtrain_config, mid_dir, []),
+                                   ("sft", args.sft_config, sft_dir, [f"init.from_workdir={mid_dir}"])):
+        print(f"=== {stage}: {path} -> {wd}", flush=True)
+        cfg = load_config(path, extra + list(args.overrides))
+        res = _run_stage(stage, cfg, wd)
+        if res.preempted:
+            print(f"{stage} interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
+            return 0
+        results[stage] = res
+    print(f"=== export -> {hf_dir}", flush=True)
+    export_hf(sft_dir, hf_dir)
+    config, params = models.load_hf(hf_dir)
+    ids = np.arange(1, 9, dtype=np.int32)[None] % config.vocab_size
+    logits = np.asarray(models.forward(config, params, ids))
+    n = sum(int(np.prod(x.shape)) for x in __import__("jax").tree.leaves(params))
+    print(f"load_hf({hf_dir}): {config.model_type}, {n} parameters, logits finite: {bool(np.isfinite(logits).all())}")
+    for stage, res in results.items():
+        ls = [res.losses[k] for k in sorted(res.losses)]
+        if ls:
+            k = max(1, len(ls) // 5)
+            print(f"{stage}: loss {np.mean(ls[:k]):.3f} (first {k} steps) -> {np.mean(ls[-k:]):.3f} (last {k}), "
+                  f"checkpoint step {res.checkpoint_step}")
+    print(f"demo done in {time.perf_counter() - t0:.0f} s: {os.path.abspath(root)}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from mimesis_jax.models.config import ConfigError
+
+    try:
+        if getattr(args, "distributed", False):
+            from mimesis_jax.sharding import initialize_distributed
+
+            initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+        from mimesis_jax.train.checkpoint import CheckpointError
+        from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.command in ("midtrain", "sft"):
+            from mimesis_jax.config import load_config
+
+            cfg = load_config(args.config, args.overrides)
+            res = _run_stage(args.command, cfg, args.workdir)
+            print(f"{args.command}: step {res.final_step}, checkpoint step {res.checkpoint_step}"
+                  f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
+            return 0
+        if args.command == "export":
+            from mimesis_jax.train.export import export_hf
+
+            export_hf(args.workdir, args.out, args.step, args.dtype)
+            return 0
+        if args.command == "config":
+            from mimesis_jax.config import load_config
+
+            print(json.dumps(load_config(args.config, args.overrides).to_dict(), indent=2))
+            return 0
+        if args.command == "demo":
+            return _demo(args)
+    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (NonFiniteLossError, DataExhaustedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    raise AssertionError(f"unhandled command {args.command!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Export of a training checkpoint to a HF model directory (config.json + safetensors [+ tokenizer]).
+
+    python -m mimesis_jax export --workdir DIR --out HFDIR [--step N] [--dtype bfloat16]
+
+The architecture comes from the run config stored with the checkpoint; `models.load_hf(HFDIR)` reads the
+result back to the same parameters (exactly, in float32) and transformers loads it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mimesis_jax import config as config_lib
+from mimesis_jax import models, sharding
+from mimesis_jax.models.config import DTYPES, ConfigError
+from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+
+
+def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32", log=print) -> int:
+    """Writes the checkpoint at `step` (latest if None) of `workdir` to `out`; returns the step exported."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"export: --dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    ck = Checkpointer(workdir, read_only=True)
+    try:
+        step = ck.resolve_step(step)
+        run = ck.run_config(step)
+        mc = config_lib.model_from_dict(run["model"]).replace(param_dtype="float32", dtype="float32")
+        mesh = sharding.make_mesh({"fsdp": -1})
+        target = abstract_like(models.abstract_params(mc), sharding.param_shardings(mc, mesh))
+        params, step = ck.restore_params(step, target)
+    finally:
+        ck.close()
+    models.save_hf(out, mc.replace(param_dtype=dtype), params)
+    tok_name = (run.get("tokenizer") or {}).get("name")
+    if tok_name:
+        _save_tokenizer(tok_name, out, log)
+    log(f"export: {workdir} step {step} -> {os.path.abspath(out)} ({mc.model_type}, {dtype})")
+    return step
+
+
+def _save_tokenizer(name: str, out: str, log) -> None:
+    """Writes the run's tokenizer files next to the weights when the tokenizer can save itself."""
+    try:
+        from mimesis_jax.data.tokenizer import load_tokenizer
+    except ImportError:
+        log("export: mimesis_jax.data.tokenizer is not available; tokenizer files not written")
+        return
+    tok = load_tokenizer(name)
+    for method in ("save_pretrained", "save"):
+        fn = getattr(tok, method, None)
+        if callable(fn):
+            fn(out)
+            return
+    log(f"export: tokenizer {name!r} has no save method; tokenizer files not written")
