@@ -35,10 +35,11 @@ the agent is shown the utterances only.
 
 Tokenization: text is encoded with ``tok.encode`` (control-token strings in message text stay plain text) in runs
 between control tokens, and ids are joined. Runs are broken (encoded separately) after the role header, after
-``<think>\\n`` when a thought follows, and after ``</think>\\n\\n`` — exactly where a sampler's prompt ends, so training
-sequences tokenize like sampled ones. The ids equal ``apply_chat_template`` + the HF tokenizer on the same string
-whenever message texts do not start with a whitespace run containing a newline (such a run would merge with the
-newline before it in a whole-string encoding) and contain no control-token strings (which HF would parse).
+``<think>\\n`` when a thought follows (in user turns always, even before an empty thought), and after
+``</think>\\n\\n`` -- exactly where a sampler's prompt ends, so training sequences tokenize like sampled ones. The
+ids equal ``apply_chat_template`` + the HF tokenizer on the same string whenever message texts do not start with a
+whitespace run containing a newline (it would merge with the newline before it in a whole-string encoding), user
+thoughts are non-empty, and texts contain no control-token strings (which HF would parse).
 """
 
 from __future__ import annotations
@@ -221,11 +222,11 @@ def _think_block(b: _Builder, reasoning: str, content: str, role: str, turn: int
     """``<think>\\n{reasoning}\\n</think>\\n\\n{content}`` with run breaks where a sampler's prompt would end."""
     reasoning = reasoning.strip("\n")
     b.control("<think>", role, turn)
-    if reasoning:
+    if reasoning or role == "user":  # the simulator's thinking prompt ends at "<think>\n": always break there
         b.text("\n", role, turn)
         b.brk()
         b.text(reasoning + "\n", role, turn)
-    else:
+    else:  # an empty assistant block is Qwen's "<think>\n\n</think>" (the thinking-off prompt), one "\n\n"
         b.text("\n\n", role, turn)
     b.control("</think>", role, turn)
     b.text("\n\n", role, turn)

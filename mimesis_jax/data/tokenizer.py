@@ -142,40 +142,52 @@ class Tokenizer:
 
 # ----------------------------------------------------------------------------------------------- HF backend
 class HFTokenizer(Tokenizer):
-    """A HF fast tokenizer (``tokenizers``). ``path`` is a local directory AutoTokenizer can load offline."""
+    """A HF fast tokenizer directory, loaded offline.
+
+    A directory with ``tokenizer.json`` is read directly with ``tokenizers`` (the file AutoTokenizer would wrap);
+    any other directory goes through ``transformers.AutoTokenizer`` and must yield a fast tokenizer. Text is
+    encoded by the same pipeline minus the added tokens that would be parsed out of user text (every special one
+    and the chat control strings); decoding joins the plain decode of the runs between those tokens with their
+    strings.
+    """
 
     def __init__(self, path: str, name: str | None = None):
         if not os.path.isdir(path):
             raise TokenizerError(f"hf tokenizer: {path!r} is not a directory")
-        from transformers import AutoTokenizer
-
+        spec_file = os.path.join(path, "tokenizer.json")
         try:
-            hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            if os.path.isfile(spec_file):
+                with open(spec_file, encoding="utf-8") as f:
+                    spec = json.load(f)
+            else:
+                from transformers import AutoTokenizer
+
+                hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                backend = getattr(hf, "backend_tokenizer", None)
+                if backend is None:
+                    raise TokenizerError(f"hf tokenizer: {path!r} has no fast (tokenizers) backend")
+                spec = json.loads(backend.to_str())
+        except TokenizerError:
+            raise
         except Exception as e:  # noqa: BLE001 - re-raised with the path
             raise TokenizerError(f"hf tokenizer: cannot load {path!r}: {e}") from e
-        backend = getattr(hf, "backend_tokenizer", None)
-        if backend is None:
-            raise TokenizerError(f"hf tokenizer: {path!r} has no fast (tokenizers) backend")
         self.name = name or path
         self.path = path
-        self.hf = hf
-        self._full = backend
-        added = backend.get_added_tokens_decoder()  # id -> AddedToken
-        self._added = {t.content: i for i, t in added.items()}
-        self._special_ids = {i for i, t in added.items() if t.special}
-        # The plain-text encoder: the same pipeline without the added tokens that would be parsed out of user text
-        # (every special one and the chat control strings).
-        spec = json.loads(backend.to_str())
-        spec["added_tokens"] = [t for t in spec.get("added_tokens", [])
-                                if not (t.get("special") or t["content"] in CHAT_CONTROL_TOKENS
-                                        or t["content"] == ENDOFTEXT)]
+        added = spec.get("added_tokens", [])
+        self._added = {t["content"]: int(t["id"]) for t in added}
+        self._special_ids = {int(t["id"]) for t in added if t.get("special")}
+        lifted = [t for t in added if t.get("special") or t["content"] in CHAT_CONTROL_TOKENS
+                  or t["content"] == ENDOFTEXT]
+        self._lifted = {int(t["id"]): t["content"] for t in lifted}
+        spec["added_tokens"] = [t for t in added if int(t["id"]) not in self._lifted]
         from tokenizers import Tokenizer as _TK
 
         self._plain = _TK.from_str(json.dumps(spec))
         self._plain.no_padding()
         self._plain.no_truncation()
-        vocab = backend.get_vocab(with_added_tokens=True)
-        self._vocab_size = max(vocab.values()) + 1
+        model_vocab = spec.get("model", {}).get("vocab") or {}
+        ids = list(model_vocab.values()) if isinstance(model_vocab, dict) else [len(model_vocab) - 1]
+        self._vocab_size = max(ids + list(self._added.values()) + [self._plain.get_vocab_size(True) - 1]) + 1
 
     @property
     def vocab_size(self) -> int:
@@ -188,11 +200,21 @@ class HFTokenizer(Tokenizer):
             return []
         return self._plain.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._plain.encode_batch(list(texts), add_special_tokens=False)]
-
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return self._full.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        out, run = [], []
+        for i in ids:
+            i = int(i)
+            if i in self._lifted:
+                if run:
+                    out.append(self._plain.decode(run, skip_special_tokens=skip_special_tokens))
+                    run = []
+                if not (skip_special_tokens and i in self._special_ids):
+                    out.append(self._lifted[i])
+            else:
+                run.append(i)
+        if run:
+            out.append(self._plain.decode(run, skip_special_tokens=skip_special_tokens))
+        return "".join(out)
 
     def find_token(self, token: str) -> int | None:
         return self._added.get(token)
