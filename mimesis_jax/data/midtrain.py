@@ -48,6 +48,11 @@ def _text(value, where: str) -> str:
     raise RecordError(f"{where}: content must be a string, got {type(value).__name__}")
 
 
+def _first(m: dict, keys: tuple[str, ...]):
+    """The first of `keys` with a value (columnar readers fill absent fields with None)."""
+    return next((m[k] for k in keys if m.get(k) is not None), None)
+
+
 def conversation_messages(record: dict, *, where: str = "record", keep: tuple[str, ...] = ()) -> list[dict]:
     """Normalises a conversation record to ``[{"role", "content", ...}]`` (see the module docstring).
 
@@ -74,11 +79,11 @@ def conversation_messages(record: dict, *, where: str = "record", keep: tuple[st
         w = f"{where}: messages[{i}]"
         if not isinstance(m, dict):
             raise RecordError(f"{w} must be an object, got {type(m).__name__}")
-        role = m.get("role", m.get("type", m.get("from")))
+        role = _first(m, ("role", "type", "from"))
         if not isinstance(role, str) or role.lower() not in _ROLE_ALIASES:
             raise RecordError(f"{w}: unknown role {role!r} (accepted: {sorted(_ROLE_ALIASES)})")
         msg = {"role": _ROLE_ALIASES[role.lower()],
-               "content": _text(m.get("content", m.get("value", m.get("text"))), w).strip()}
+               "content": _text(_first(m, ("content", "value", "text")), w).strip()}
         for k in keep:
             if m.get(k) is not None:
                 msg[k] = m[k]

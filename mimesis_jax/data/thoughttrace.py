@@ -80,12 +80,11 @@ def _reports(items, kind: str, where: str) -> list[tuple[str, str]]:
         if isinstance(it, str):
             out.append((normalize_label(it, kind, w), ""))
         elif isinstance(it, dict):
-            text = it.get("content", it.get("text", ""))
-            if text is None:
-                text = ""
+            text = it.get("content") if it.get("content") is not None else (it.get("text") or "")
             if not isinstance(text, str):
                 raise RecordError(f"{w}: content must be a string, got {type(text).__name__}")
-            out.append((normalize_label(it.get("label", it.get("category")), kind, w), text.strip()))
+            label = it.get("label") if it.get("label") is not None else it.get("category")
+            out.append((normalize_label(label, kind, w), text.strip()))
         else:
             raise RecordError(f"{w}: a self-report must be an object or a label string, got {type(it).__name__}")
     return out
@@ -127,8 +126,8 @@ def _survey(v, where: str) -> str:
             if isinstance(it, str):
                 pairs.append(("", it))
             elif isinstance(it, dict):
-                q = next((it[k] for k in ("question", "q", "key", "name", "field") if k in it), "")
-                a = next((it[k] for k in ("answer", "a", "value", "response") if k in it), None)
+                q = next((it[k] for k in ("question", "q", "key", "name", "field") if it.get(k) is not None), "")
+                a = next((it[k] for k in ("answer", "a", "value", "response") if it.get(k) is not None), None)
                 if a is None:
                     raise RecordError(f"{where}: survey_answers[{j}] has no answer/value field: {it!r:.100}")
                 pairs.append((str(q), a))
@@ -149,7 +148,7 @@ def _survey(v, where: str) -> str:
 def thoughttrace_messages(record: dict, *, where: str = "record", persona: bool = True) -> tuple[list[dict], list[int]]:
     """(chat messages with user ``"reasoning"`` thoughts, indices of the user turns that are targets)."""
     msgs = conversation_messages(record, where=where)
-    raw = record.get("messages", record.get("conversations"))
+    raw = next(record[k] for k in ("messages", "conversations", "conversation") if record.get(k) is not None)
     offset = len(msgs) - len(raw)  # a record-level "system" adds one leading message
     if persona and record.get("system") is None:
         p = persona_prompt(record, where)

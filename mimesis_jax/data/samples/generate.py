@@ -200,7 +200,7 @@ def thoughttrace(rng: random.Random, n: int) -> list[dict]:
                     reason = ("task_motivation", f"I asked this because I really need to {goal} soon.")
                 else:
                     reason = (MOVES[move][1], MOVES[move][2].format(c=c))
-                if rng.random() < 0.9:  # some messages were left without a report, as in the real data
+                if move == "open" or rng.random() < 0.85:  # some later messages have no report, as in the real data
                     m["reasons"] = [{"content": reason[1], "timestamp": t0 + 60 * k + 20, "label": reason[0]}]
             elif k + 1 < len(turns) and rng.random() < 0.85:
                 nxt = turns[k + 1][2]
