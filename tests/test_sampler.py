@@ -1,0 +1,241 @@
+"""The JAX sampler against independent references: argmax decoding through `forward`, `token_logprobs`, a NumPy
+top-k/top-p filter, and itself (seeds, batching, buckets, sharding)."""
+
+import functools
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mimesis_jax import models, sharding
+from mimesis_jax.algorithms.logprobs import token_logprobs
+from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.rollout import sampler
+
+QWEN3 = dict(model_type="qwen3", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0, initializer_range=0.3)
+QWEN3_5 = dict(model_type="qwen3_5_text", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0, initializer_range=0.2,
+               partial_rotary_factor=0.25, attn_output_gate=True, full_attention_interval=2,
+               layer_types=("linear_attention", "full_attention") * 2, linear_conv_kernel_dim=4,
+               linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
+# Qwen3.5's own recurrent decode differs from its chunked forward by ~1e-5 at init 0.3 (a property of the model,
+# not the sampler), so its weights are drawn at 0.2 (logits still O(5)).
+FAMILIES = ["qwen3"] + (["qwen3_5_text"] if importlib.util.find_spec("mimesis_jax.models.qwen3_5") else [])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    config = ModelConfig(**(QWEN3 if request.param == "qwen3" else QWEN3_5))
+    return config, models.init_params(config, jax.random.key(1))
+
+
+def _prompts(vocab, lengths, seed=0):
+    rng = np.random.RandomState(seed)
+    return [[int(t) for t in rng.randint(0, vocab, size=L)] for L in lengths]
+
+
+# One shape bucket for (almost) every call in this file: two compiled programs per family (filtering off / on).
+BK = sampler.Buckets(min_batch=8, min_prompt=32, min_new=16)
+T_REF = 48  # fixed length of the reference sequences (right-padded; causal, so padding never changes a prefix)
+
+
+def gen(config, params, prompts, **kw):
+    return sampler.generate(config, params, prompts, buckets=BK, **kw)
+
+
+def _padded(seq):
+    buf = np.zeros((1, T_REF), np.int32)
+    buf[0, :len(seq)] = seq
+    return buf
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _ref_logprobs(config, params, buf):
+    return token_logprobs(config, params, buf)
+
+
+def ref_logprobs(config, params, prompt, new):
+    """Reference: `token_logprobs` of prompt + new, at the positions of the new tokens."""
+    seq = list(prompt) + list(new)
+    return np.asarray(_ref_logprobs(config, params, _padded(seq)))[0, len(prompt) - 1:len(seq) - 1]
+
+
+def _argmax_decode(config, params, prompt, n):
+    """Reference: re-run the whole sequence through `forward` and take the argmax of the last real position."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(jnp.argmax(models.forward(config, params, _padded(seq))[0, len(seq) - 1])))
+    return seq[len(prompt):]
+
+
+def test_greedy_equals_argmax_forward_and_logprobs_equal_token_logprobs(model):
+    config, params = model
+    prompts = _prompts(config.vocab_size, (3, 11, 6))
+    out = gen(config, params, prompts, max_new_tokens=9, temperature=0.0)
+    for p, s in zip(prompts, out):
+        assert s.tokens == _argmax_decode(config, params, p, 9)
+        assert s.finish_reason == "length" and s.prompt_len == len(p)
+        ref = ref_logprobs(config, params, p, s.tokens)
+        np.testing.assert_allclose(s.logprobs, ref, atol=1e-5, rtol=0)
+
+
+def test_sampled_logprobs_are_temperature_one_logprobs(model):
+    """At temperature 0.7 with top-k/top-p the returned log-probs are still log pi at temperature 1, unfiltered."""
+    config, params = model
+    prompts = _prompts(config.vocab_size, (4, 9), seed=1)
+    out = gen(config, params, prompts, max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=30, seed=5)
+    for p, s in zip(prompts, out):
+        assert len(s.tokens) == 12
+        ref = ref_logprobs(config, params, p, s.tokens)
+        np.testing.assert_allclose(s.logprobs, ref, atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_samples_different_seed_differs(model):
+    config, params = model
+    prompts = _prompts(config.vocab_size, (5, 5, 8), seed=2)
+    kw = dict(max_new_tokens=16, temperature=1.0)
+    a = gen(config, params, prompts, seed=7, **kw)
+    b = gen(config, params, prompts, seed=7, **kw)
+    c = gen(config, params, prompts, seed=8, **kw)
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+    assert [s.logprobs for s in a] == [s.logprobs for s in b]
+    assert [s.tokens for s in a] != [s.tokens for s in c]
+    # an int seed gives each row its own stream: two rows with the same prompt differ (GRPO groups)
+    g = gen(config, params, [prompts[0]] * 2, seed=7, **kw)
+    assert g[0].tokens != g[1].tokens
+
+
+def test_mixed_lengths_batched_equal_one_by_one(model):
+    config, params = model
+    prompts = _prompts(config.vocab_size, (2, 13, 7, 1, 20), seed=3)
+    greedy = gen(config, params, prompts, max_new_tokens=8, temperature=0.0)
+    seeds = [11, 12, 13, 14, 15]
+    sampled = gen(config, params, prompts, max_new_tokens=8, temperature=1.0, top_k=40, seed=seeds)
+    for i, p in enumerate(prompts):
+        alone = gen(config, params, [p], max_new_tokens=8, temperature=0.0)[0]
+        assert alone.tokens == greedy[i].tokens
+        np.testing.assert_allclose(alone.logprobs, greedy[i].logprobs, atol=1e-5)
+        alone = gen(config, params, [p], max_new_tokens=8, temperature=1.0, top_k=40, seed=[seeds[i]])[0]
+        assert alone.tokens == sampled[i].tokens
+
+
+def test_stop_ids_and_per_request_limits(model):
+    config, params = model
+    prompts = _prompts(config.vocab_size, (4, 6, 5), seed=4)
+    free = gen(config, params, prompts, max_new_tokens=10, temperature=0.0)
+    stop_a = free[0].tokens[3]  # row 0 must stop at the first occurrence of this token
+    first = free[0].tokens.index(stop_a)
+    out = gen(config, params, prompts, max_new_tokens=[10, 4, 10], temperature=0.0,
+                           stop_ids=[[stop_a], [], [free[2].tokens[0]]])
+    assert out[0].tokens == free[0].tokens[:first + 1] and out[0].finish_reason == "stop"
+    assert out[1].tokens == free[1].tokens[:4] and out[1].finish_reason == "length"
+    assert out[2].tokens == free[2].tokens[:1] and out[2].finish_reason == "stop"
+    assert len(out[0].logprobs) == len(out[0].tokens)
+    np.testing.assert_allclose(out[1].logprobs, free[1].logprobs[:4], atol=1e-6)
+
+
+def test_top_k_one_is_greedy(model):
+    config, params = model
+    prompts = _prompts(config.vocab_size, (3, 7), seed=5)
+    g = gen(config, params, prompts, max_new_tokens=6, temperature=0.0)
+    k1 = gen(config, params, prompts, max_new_tokens=6, temperature=1.5, top_k=1, seed=3)
+    assert [s.tokens for s in g] == [s.tokens for s in k1]
+
+
+# ------------------------------------------------------------------------------- sampling rules
+def _np_filtered_probs(logits, temperature, top_k, top_p):
+    """Reference written from the definitions: temperature, keep the k largest, keep the smallest set of the
+    largest tokens whose probability mass reaches p; renormalise."""
+    z = logits / temperature
+    order = np.argsort(-z, kind="stable")
+    keep = np.zeros_like(z, bool)
+    k = len(z) if top_k == 0 else top_k
+    keep[order[:k]] = True
+    zk = np.where(keep, z, -np.inf)
+    p = np.exp(zk - zk.max())
+    p /= p.sum()
+    mass, chosen = 0.0, np.zeros_like(keep)
+    for idx in order[:k]:
+        chosen[idx] = True
+        mass += p[idx]
+        if mass >= top_p:
+            break
+    q = np.where(chosen, p, 0.0)
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 5, 1.0), (1.3, 0, 0.7), (0.9, 6, 0.5)])
+def test_choose_tokens_follows_the_filtered_distribution(temperature, top_k, top_p):
+    rng = np.random.RandomState(0)
+    V, n = 12, 40000
+    logits = (rng.randn(V) * 1.5).astype(np.float32)
+    ref = _np_filtered_probs(logits.astype(np.float64), temperature, top_k, top_p)
+    keys = jax.random.split(jax.random.key(3), n)
+    f = jax.jit(lambda k: sampler.choose_tokens(
+        jnp.broadcast_to(jnp.asarray(logits), (n, V)), k, jnp.full((n,), temperature), jnp.full((n,), top_k),
+        jnp.full((n,), top_p), True))
+    tok, lp = f(keys)
+    freq = np.bincount(np.asarray(tok), minlength=V) / n
+    assert np.all(freq[ref == 0] == 0), "a filtered-out token was drawn"
+    tol = 4.5 * np.sqrt(ref * (1 - ref) / n) + 1e-3  # ~4.5 standard errors per token
+    assert np.all(np.abs(freq - ref) <= tol), f"frequencies {freq.round(4)} vs reference {ref.round(4)}"
+    lsm = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    np.testing.assert_allclose(np.asarray(lp), lsm[np.asarray(tok)], atol=1e-5)
+
+
+def test_filter_logits_matches_numpy_per_row():
+    rng = np.random.RandomState(1)
+    logits = rng.randn(6, 20).astype(np.float32)
+    ks = np.array([0, 1, 3, 20, 7, 0])
+    ps = np.array([1.0, 0.5, 0.9, 0.3, 1.0, 0.05], np.float32)
+    out = np.asarray(sampler.filter_logits(jnp.asarray(logits), jnp.asarray(ks), jnp.asarray(ps)))
+    for r in range(6):
+        ref = _np_filtered_probs(logits[r].astype(np.float64), 1.0, int(ks[r]), float(ps[r]))
+        assert np.array_equal(np.isfinite(out[r]), ref > 0), f"row {r}: kept set differs"
+
+
+# ----------------------------------------------------------------------------- buckets, mesh, errors
+def test_compiled_once_per_bucket():
+    """Family-independent bucketing logic, checked on qwen3: calls inside one bucket reuse one program."""
+    config = ModelConfig(**QWEN3)
+    params = models.init_params(config, jax.random.key(1))
+    gen(config, params, _prompts(config.vocab_size, (3, 9)), max_new_tokens=5, temperature=0.0)
+    n = sampler.trace_count()
+    gen(config, params, _prompts(config.vocab_size, (31, 2, 4, 5, 6, 7, 8, 9), seed=9), max_new_tokens=16,
+        temperature=1.0)  # same bucket (8, 32, 16), same filtering flag
+    gen(config, params, _prompts(config.vocab_size, (1,), seed=8), max_new_tokens=1, temperature=0.0)
+    assert sampler.trace_count() == n
+    gen(config, params, _prompts(config.vocab_size, (33,)), max_new_tokens=5, temperature=0.0)  # prompt bucket 64
+    assert sampler.trace_count() == n + 1
+    assert BK.batch(9) == 16 and BK.batch(3, multiple=4) == 8 and BK.prompt(33) == 64 and BK.new_tokens(17) == 32
+    assert sampler.Buckets(prompt_step=1024).prompt(1500) == 2048 and sampler.Buckets().prompt(2049) == 3072
+
+
+def test_sharded_equals_single_device(model):
+    config, params = model
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    prompts = _prompts(config.vocab_size, (3, 8, 5), seed=6)
+    ref = gen(config, params, prompts, max_new_tokens=6, temperature=1.0, seed=[1, 2, 3])
+    out = gen(config, params, prompts, max_new_tokens=6, temperature=1.0, seed=[1, 2, 3], mesh=mesh)
+    assert [s.tokens for s in out] == [s.tokens for s in ref]
+    np.testing.assert_allclose(np.concatenate([s.logprobs for s in out]), np.concatenate([s.logprobs for s in ref]),
+                               atol=1e-5)
+
+
+def test_bad_requests_name_the_request(model):
+    config, params = model
+    ok = [[1, 2], [3]]
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        sampler.generate(config, params, [[1], []], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"prompt 0: token id out of range"):
+        sampler.generate(config, params, [[1, config.vocab_size]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="request 1: max_new_tokens"):
+        sampler.generate(config, params, ok, max_new_tokens=[3, 0])
+    with pytest.raises(ValueError, match="request 0: top_p"):
+        sampler.generate(config, params, ok, max_new_tokens=2, top_p=[0.0, 1.0])
+    with pytest.raises(ValueError, match="temperature: got 3 values for 2 prompts"):
+        sampler.generate(config, params, ok, max_new_tokens=2, temperature=[1.0, 1.0, 1.0])
+    assert sampler.generate(config, params, [], max_new_tokens=2) == []
