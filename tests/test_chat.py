@@ -1,8 +1,6 @@
 """Chat rendering: ids identical to the Qwen3 template + HF tokenizer, role spans token by token, prompt prefixes."""
 
 import itertools
-import json
-import os
 
 import pytest
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mimesis_jax.data.midtrain import RecordError
-from mimesis_jax.data.pipeline import DataConfig, SourceConfig, make_iterator
+from mimesis_jax.data.pipeline import DataConfig, SourceConfig, decode_row, make_iterator
 from mimesis_jax.data.tokenizer import load_tokenizer, samples_dir
 from mimesis_jax.models.config import ConfigError
 
@@ -74,6 +74,9 @@ def test_resume_is_exact_at_every_cut(tok, hf_cache):
         "tokens": ((3, 192), "int32"), "positions": ((3, 192), "int32"), "segment_ids": ((3, 192), "int32"),
         "loss_mask": ((3, 192), "float32")}
     assert stats[-1]["padding_fraction"] < 0.2 and stats[-1]["skipped_records"] == 0
+    segs = decode_row(tok, b, 0)
+    assert segs and all(s["text"].startswith("<|im_start|>") and s["targets"].endswith("<|im_end|>") for s in segs)
+    assert not any("assistant" in s["targets"] or "<|im_start|>" in s["targets"] for s in segs)
     # Same seed -> same stream; another seed -> another order.
     assert _equal(next(make_iterator(cfg, tok, batch_size=3, seed=7)), batches[0])
     assert not _equal(next(make_iterator(cfg, tok, batch_size=3, seed=8)), batches[0])

@@ -137,6 +137,11 @@ class PackIterator(grain.DatasetIterator):
         self._carry: tuple[Any, dict] | None = None  # (parent state before it, element) of a window-closing example
         self._exhausted = False
 
+    @property
+    def source(self) -> grain.DatasetIterator:
+        """The iterator of examples this one packs."""
+        return self._parent
+
     def _count(self, element: dict) -> None:
         for k, v in (element.get("_stats") or {}).items():
             self.counters[k] = self.counters.get(k, 0) + int(v)

@@ -400,7 +400,7 @@ def make_iterator(cfg: DataConfig, tok: Tokenizer, *, batch_size: int, seed: int
     packed = PackIterDataset(mixed, seq_len=cfg.seq_len, pad_id=tok.pad_id, num_bins=cfg.pack_bins,
                              packing=cfg.packing)
     rows = packed.__iter__()
-    return BatchIterator(rows, rows._parent, batch_size, cfg.seq_len, tok.pad_id, cfg.drop_remainder,
+    return BatchIterator(rows, rows.source, batch_size, cfg.seq_len, tok.pad_id, cfg.drop_remainder,
                          _fingerprint(cfg, tok, batch_size, seed, process_index, process_count))
 
 
