@@ -1,0 +1,274 @@
+"""The multi-turn episode runner: agent <-> environment <-> frozen user simulator (Eq 2), many dialogues at once.
+
+One round t for every live dialogue (paper.md Eq 2: y_t ~ pi_theta(.|c, H_t); x_{t+1} ~ u_phihat(.|c, H_t, y_t)):
+
+1. **agent turn** -- all live dialogues' prompts (their token context + the assistant header) go through ONE
+   sampler call; the agent's tokens and temperature-1 log-probs are recorded exactly as sampled (never decoded
+   and re-tokenised);
+2. **environment step** -- the reply's `interact_with_env` call (Qwen's `<tool_call>` format, envs/base.py) is
+   sent to the env as "[choice] content"; a malformed call gets the env's invalid-action answer (reward 0, the
+   episode goes on); the tool result `feedback + "\\nReward: r"` is appended as Qwen's tool-response turn;
+3. **user-simulator turn** -- when the env addressed the user (`info["to_user"]`, see envs/base.py) and the
+   episode goes on, all such dialogues' simulator views go through one `chat_many` call. The simulator sees the
+   conversation with its true roles (system = persona/goal, its own turns as `user`, the agent's messages to it as
+   `assistant`). Its output is split into the private thought (inside `<think>`...`</think>`, kept in
+   `Trajectory.user_thoughts` for the coach, Eq 7) and the public utterance, the ONLY part that reaches the agent,
+   rendered as a fresh user turn.
+
+Episodes end when the env terminates/truncates, the user ends it (`env.observe_user`), the turn limit
+(default 16), or the context limit. A simulator that refuses its role (rollout/refusal.py), fails, or never closes
+its thought makes the episode INVALID with the reason -- never a reward of 0.
+
+Recorded segments (rollout/trajectory.py): the agent's initial context (public); then per agent turn the
+assistant header (its own public segment, where a CSD coach note is later inserted before it), the agent segment
+(sampled tokens through `<|im_end|>`, with log-probs), and public segments for the turn's closing newline, the
+tool response and the user's utterance turn. Per-episode extras go to `trajectory.task["rollout"]`:
+opening thought/utterance, reset feedback/info, end reason, number of turns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from mimesis_jax.envs.base import INTERACT_TOOL, Env, format_action, parse_tool_call, tool_feedback
+from mimesis_jax.rollout.base import Message
+from mimesis_jax.rollout.endpoints import chat_many, response_thought
+from mimesis_jax.rollout.refusal import RefusalDetector
+from mimesis_jax.rollout.sampler import Sample
+from mimesis_jax.rollout.trajectory import Segment, Trajectory
+
+
+@dataclasses.dataclass
+class EpisodeTask:
+    """One dialogue to run: a fresh env, the agent's starting messages, the simulator's starting messages."""
+
+    env: Env
+    agent_messages: list[Message]  # system prompt (env description) and, optionally, the user's opening message
+    user_messages: list[Message] | None = None  # the simulator's view: system = persona / goal. None = no simulator
+    group_id: int = 0
+    rollout_id: int | None = None  # default: the task's index in the call
+    task: dict[str, Any] = dataclasses.field(default_factory=dict)
+    reset_seed: int | None = None
+
+
+@dataclasses.dataclass
+class EpisodeConfig:
+    max_turns: int = 16  # agent turns per episode (paper Table 13)
+    agent_max_tokens: int = 1024
+    agent_temperature: float = 1.0
+    agent_top_p: float = 1.0
+    agent_top_k: int = 0
+    agent_thinking: bool = False  # render the agent's turns with the thinking template
+    user_max_tokens: int = 512
+    user_temperature: float | None = None  # None: the user model's own default
+    user_thinking: bool = True  # the simulator writes "<think>thought</think> utterance"
+    max_context_tokens: int | None = None  # end an episode (status ok) before its context would exceed this
+    seed: int = 0
+    tools: tuple = (INTERACT_TOOL,)
+    refusal_rules: dict[str, str] | None = None  # None: refusal.DEFAULT_RULES
+    check_thought_for_refusal: bool = True
+
+
+class ScriptedAgent:
+    """Token-level agent for tests: replies from a list (cycled) or fn(prompt_text, turn_index) -> text.
+
+    The reply text is encoded and `<|im_end|>` appended, as a real agent's sample would end; log-probs are None.
+    """
+
+    def __init__(self, tokenizer, replies):
+        self.tok, self._replies, self._i = tokenizer, replies, 0
+        self.prompts: list[list[int]] = []
+        self.batch_sizes: list[int] = []
+
+    def generate_tokens(self, prompts, **_) -> list[Sample]:
+        self.batch_sizes.append(len(prompts))
+        out = []
+        for p in prompts:
+            self.prompts.append(list(p))
+            text = (self._replies(self.tok.decode(p), self._i) if callable(self._replies)
+                    else self._replies[self._i % len(self._replies)])
+            self._i += 1
+            toks = list(self.tok.encode(text)) + [int(self.tok.im_end_id)]
+            out.append(Sample(toks, None, "stop", len(p)))
+        return out
+
+
+@dataclasses.dataclass(eq=False)
+class _Live:
+    index: int
+    task: EpisodeTask
+    traj: Trajectory
+    context: list[int]
+    user_view: list[Message] | None
+    done: bool = False
+    turns: int = 0
+    pending_user: bool = False
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) % (1 << 63) for p in parts]).generate_state(1)[0])
+
+
+def _add(ep: _Live, kind: str, tokens, logprobs=None, text=None):
+    seg = Segment(kind, list(tokens), None if logprobs is None else list(logprobs), text)
+    ep.traj.segments.append(seg)
+    ep.context.extend(seg.tokens)
+
+
+def _end(ep: _Live, reason: str, invalid: str | None = None):
+    ep.done = True
+    ep.traj.task["rollout"]["end_reason"] = reason
+    if invalid is not None:
+        ep.traj.status, ep.traj.invalid_reason = "invalid", invalid
+
+
+def _user_turns(eps: list[_Live], user, cfg: EpisodeConfig, refusal: RefusalDetector, *, opening: bool):
+    """One batched simulator call for `eps`; returns the episodes whose utterance was accepted, with it."""
+    kwargs: dict[str, Any] = {"max_tokens": cfg.user_max_tokens}
+    if cfg.user_temperature is not None:
+        kwargs["temperature"] = cfg.user_temperature
+    responses = chat_many(user, [ep.user_view for ep in eps], **kwargs)
+    accepted = []
+    for ep, r in zip(eps, responses):
+        where = "opening user turn" if opening else f"user turn after agent turn {ep.turns - 1}"
+        if r.finish_reason == "error":
+            _end(ep, "invalid", f"{where}: user model error: {r.meta.get('error', 'unknown')}")
+            thought, utterance = None, None
+        else:
+            thought, utterance = response_thought(r, thinking=cfg.user_thinking)
+            reason = refusal.check(utterance, thought)
+            if reason is None and not utterance:
+                reason = ("user turn has no utterance (the thought was never closed with </think> or the turn is "
+                          f"empty; finish_reason={r.finish_reason})")
+            if reason is not None:
+                _end(ep, "invalid", f"{where}: {reason}")
+        if opening:
+            ep.traj.task["rollout"].update(opening_thought=thought, opening_utterance=utterance)
+        else:
+            ep.traj.user_thoughts.append(thought)
+            ep.traj.user_utterances.append(utterance)
+        if not ep.done:  # the simulator's own context keeps its thoughts (as ThoughtTrace SFT trained it)
+            own = {"role": "user", "content": utterance}
+            if thought is not None and cfg.user_thinking:
+                own["reasoning"] = thought
+            ep.user_view.append(own)
+            accepted.append((ep, utterance))
+    return accepted
+
+
+def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfig | None = None, *,
+                 tokenizer=None) -> list[Trajectory]:
+    """Runs every task to its end and returns one Trajectory per task, in order.
+
+    agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
+    (`endpoints.LocalChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or None.
+    tokenizer: the agent's tokenizer (default `agent.tok`); all public segments are rendered with data/chat.py.
+    """
+    from mimesis_jax.data.chat import generation_prompt, render_messages, render_turn
+
+    cfg = config or EpisodeConfig()
+    if cfg.max_turns < 1:
+        raise ValueError(f"EpisodeConfig.max_turns must be >= 1, got {cfg.max_turns}")
+    tok = tokenizer if tokenizer is not None else agent.tok
+    refusal = RefusalDetector(cfg.refusal_rules, check_thought=cfg.check_thought_for_refusal)
+    tools = list(cfg.tools) if cfg.tools else None
+    header = list(generation_prompt(tok, "assistant", enable_thinking=cfg.agent_thinking))
+    newline = list(tok.encode("\n"))
+    im_end = int(tok.im_end_id)
+
+    eps: list[_Live] = []
+    for i, task in enumerate(tasks):
+        if not task.agent_messages:
+            raise ValueError(f"task {i}: agent_messages is empty (it needs at least the system prompt)")
+        rid = i if task.rollout_id is None else task.rollout_id
+        obs, info = task.env.reset(seed=task.reset_seed)
+        meta = {"reset_feedback": (obs or {}).get("feedback"), "reset_info": info}
+        traj = Trajectory(segments=[], group_id=task.group_id, rollout_id=rid, task={**task.task, "rollout": meta})
+        view = None if (user is None or task.user_messages is None) else [dict(m) for m in task.user_messages]
+        eps.append(_Live(i, task, traj, [], view))
+
+    # the opening user turn: given in the agent's messages, or written by the simulator
+    openers = [ep for ep in eps if ep.task.agent_messages[-1].get("role") != "user" and ep.user_view is not None]
+    given = {id(ep) for ep in eps if ep.task.agent_messages[-1].get("role") == "user"}
+    opened = {id(ep): u for ep, u in _user_turns(openers, user, cfg, refusal, opening=True)} if openers else {}
+    for ep in eps:
+        msgs = [dict(m) for m in ep.task.agent_messages]
+        if id(ep) in opened:
+            msgs.append({"role": "user", "content": opened[id(ep)]})
+        elif id(ep) in given and ep.user_view is not None:
+            ep.user_view.append({"role": "user", "content": msgs[-1]["content"]})
+        rendered = render_messages(tok, msgs, enable_thinking=cfg.agent_thinking, add_generation_prompt=False,
+                                   tools=tools)
+        _add(ep, "public", rendered.ids)
+
+    while True:
+        live = [ep for ep in eps if not ep.done]
+        if cfg.max_context_tokens is not None:
+            for ep in live:
+                if len(ep.context) + len(header) + cfg.agent_max_tokens > cfg.max_context_tokens:
+                    _end(ep, "context_limit")
+            live = [ep for ep in live if not ep.done]
+        if not live:
+            break
+        # 1. agent turn: one sampler call for every live dialogue
+        samples = agent.generate_tokens(
+            [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens, temperature=cfg.agent_temperature,
+            top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
+            seed=[_seed(cfg.seed, ep.traj.rollout_id, ep.turns) for ep in live])
+        pending = []
+        for ep, s in zip(live, samples):
+            _add(ep, "public", header)
+            ended_cleanly = bool(s.tokens) and s.tokens[-1] == im_end
+            body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
+            reply = tok.decode(body)
+            _add(ep, "agent", s.tokens, s.logprobs, text=reply)
+            _add(ep, "public", newline if ended_cleanly else [im_end] + newline)
+            ep.turns += 1
+            # 2. environment step
+            call = parse_tool_call(reply)
+            try:
+                if call.ok:
+                    obs, reward, terminated, truncated, info = ep.task.env.step(format_action(call.choice, call.content))
+                else:
+                    obs, reward, terminated, truncated, info = ep.task.env.invalid_action(call.error)
+            except Exception as e:
+                raise RuntimeError(f"task {ep.index} (rollout {ep.traj.rollout_id}), agent turn {ep.turns - 1}: the "
+                                   f"environment raised {type(e).__name__}: {e}") from e
+            feedback = str((obs or {}).get("feedback", ""))
+            info = dict(info or {})
+            to_user = info.pop("to_user", call.content if call.ok and call.choice == "action" else None)
+            ep.traj.env_info.append({**info, "feedback": feedback, "reward": float(reward),
+                                     "terminated": bool(terminated), "truncated": bool(truncated),
+                                     "choice": call.choice, "content": call.content, "tool_error": call.error,
+                                     "to_user": to_user})
+            ep.traj.turn_rewards.append(float(reward))
+            tool_msg = {"role": "tool", "content": tool_feedback(feedback, reward)}
+            _add(ep, "public", render_turn(tok, tool_msg).ids)
+            if terminated or truncated:
+                _end(ep, "terminated" if terminated else "truncated")
+            elif to_user is not None and ep.user_view is not None:
+                ep.user_view.append({"role": "assistant", "content": to_user})
+                pending.append(ep)
+            if ep not in pending:
+                ep.traj.user_thoughts.append(None)
+                ep.traj.user_utterances.append(None)
+        # 3. user-simulator turn: one batched call
+        for ep, utterance in (_user_turns(pending, user, cfg, refusal, opening=False) if pending else []):
+            # the agent sees the utterance only, as a plain user turn (no think block of any kind)
+            _add(ep, "public", render_turn(tok, {"role": "user", "content": utterance}, enable_thinking=False).ids)
+            extra, stop, uinfo = ep.task.env.observe_user(utterance)
+            ep.traj.turn_rewards[-1] += float(extra)
+            if uinfo:
+                ep.traj.env_info[-1]["user"] = dict(uinfo)
+            if stop:
+                _end(ep, "user_ended")
+        for ep in live:
+            if not ep.done and ep.turns >= cfg.max_turns:
+                _end(ep, "turn_limit")
+    for ep in eps:
+        ep.traj.task["rollout"]["turns"] = ep.turns
+        ep.traj.validate()
+    return [ep.traj for ep in eps]
