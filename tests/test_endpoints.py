@@ -234,3 +234,23 @@ def test_local_chat_model_stop_strings_cut_text_and_tokens(local):
     assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.index(stop)]
     assert cut.token_ids == full.token_ids[:len(cut.token_ids)] and stop in tok.decode(cut.token_ids)
     assert stop not in tok.decode(cut.token_ids[:-1])
+
+
+def test_local_simulator_framing(local):
+    """A simulator generates the next *user* turn after `<|im_start|>user\\n<think>\\n` (data/chat.py's framing)."""
+    from mimesis_jax.data.chat import generation_prompt, render_messages
+    config, params, tok = local
+    sim = LocalChatModel(config, params, tok, generation_role="user", enable_thinking=True, max_tokens=6)
+    conv = [{"role": "system", "content": "You are a customer who lost a parcel."},
+            {"role": "user", "content": "My parcel is missing.", "reasoning": "I am annoyed."},
+            {"role": "assistant", "content": "Sorry to hear that. What is the order number?"}]
+    r = sim.chat(conv)
+    gp = generation_prompt(tok, "user", enable_thinking=True)
+    assert r.meta["prompt_ids"][-len(gp):] == gp and r.meta["thinking"] is True
+    assert r.meta["prompt_ids"] == render_messages(tok, conv, enable_thinking=True, add_generation_prompt=True,
+                                                   generation_role="user").ids
+    assert "I am annoyed." in tok.decode(r.meta["prompt_ids"])  # its own earlier thought stays in its context
+    thought, utterance = response_thought(r)
+    assert (thought, utterance) == split_thought(r.text, thinking=True)
+    if "</think>" not in r.text:  # a reply that never closes its thought has no utterance: nothing reaches the agent
+        assert utterance is None and thought == r.text.strip()
