@@ -120,6 +120,39 @@ class RunConfig:
         return self.model.replace(dtype=self.train.dtype, param_dtype="float32", remat=self.train.remat)
 
 
+# ------------------------------------------------------------------------------------- model presets
+def qwen3_5_layer_types(num_layers: int, interval: int) -> tuple[str, ...]:
+    """Every `interval`-th layer full attention, the rest gated DeltaNet (HF Qwen3_5TextConfig's rule)."""
+    return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers))
+
+
+def qwen3_5_model(size: str) -> ModelConfig:
+    """Architecture of the paper's simulator backbones (text part), as HF config.json would give it.
+
+    Sources (looked up for this project; re-check against the downloaded config.json, which wins at load time
+    because `init.from_hf` refuses a checkpoint whose architecture differs):
+    * 9B: transformers 5.x `Qwen3_5TextConfig` defaults, documented there as the "Qwen3.5-9B style
+      configuration": hidden 4096, MLP 12288, 32 layers, 16 query / 4 KV heads of 256, gated DeltaNet with
+      16 key / 32 value heads of 128, conv kernel 4, untied embeddings, vocab 248,320, partial RoPE 0.25.
+    * 4B: the Qwen3.5-4B Megatron preset in THUDM/slime (scripts/models/qwen3.5-4B.sh, checked against the HF
+      config by its PR #1721) and public model cards: hidden 2560, MLP 9216, 32 layers, 16 / 4 heads of 256,
+      rope theta 1e7, partial RoPE 0.25, vocab 248,320, tied embeddings (no untie flag), an 8 x (3 DeltaNet +
+      1 attention) layout (full_attention_interval 4). Its DeltaNet head counts were not found in a primary
+      source: the family defaults (16 key / 32 value heads of 128) are assumed.
+    """
+    common = dict(model_type="qwen3_5_text", vocab_size=248_320, num_hidden_layers=32, num_attention_heads=16,
+                  num_key_value_heads=4, head_dim=256, rms_norm_eps=1e-6, rope_theta=10_000_000.0,
+                  partial_rotary_factor=0.25, max_position_embeddings=262_144, attn_output_gate=True,
+                  full_attention_interval=4, layer_types=qwen3_5_layer_types(32, 4), linear_conv_kernel_dim=4,
+                  linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                  linear_num_value_heads=32, eos_token_id=248_046, bos_token_id=None, pad_token_id=None)
+    if size == "4b":
+        return ModelConfig(hidden_size=2560, intermediate_size=9216, tie_word_embeddings=True, **common)
+    if size == "9b":
+        return ModelConfig(hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False, **common)
+    raise ConfigError(f"qwen3_5_model: unknown size {size!r} (expected '4b' or '9b')")
+
+
 # ------------------------------------------------------------------------------------------ checks
 def validate(cfg: RunConfig) -> RunConfig:
     """Cross-field checks; every error names its key."""
@@ -228,6 +261,17 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, expected RunConfig")
     cfg = apply_overrides(cfg, overrides)
     return validate(cfg)
+
+
+def load_sibling(config_file: str, name: str):
+    """Imports another config file from the same directory (config files build on each other)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(config_file)), name)
+    if not os.path.isfile(path):
+        raise ConfigError(f"{config_file}: builds on {path}, which does not exist")
+    spec = importlib.util.spec_from_file_location(f"_mimesis_config_{os.path.splitext(name)[0]}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def apply_overrides(cfg, overrides: Sequence[str]):
@@ -340,9 +384,10 @@ def parse_value(raw: str, tp, key: str, current=None):
         return s
     if origin in (tuple, list) or tp in (tuple, list):
         v = _literal(s, key)
-        if isinstance(v, (str, int, float)) and not isinstance(v, bool) and "," in s:
-            v = [x.strip() for x in s.split(",")]
-        if not isinstance(v, (list, tuple)):
+        if isinstance(v, str):  # not a literal: comma-separated items, brackets optional
+            inner = s[1:-1] if s[:1] in "[(" and s[-1:] in "])" else s
+            v = [x.strip() for x in inner.split(",")] if inner.strip() else []
+        elif not isinstance(v, (list, tuple)):
             v = [v]
         if args and not (len(args) == 2 and args[1] is Ellipsis) and len(args) != len(v):
             raise ConfigError(f"--set {key}={raw}: expected {len(args)} entries, got {len(v)}")

@@ -97,9 +97,11 @@ def model_config_for(cfg: RunConfig, tok=None) -> ModelConfig:
     mc = cfg.runtime_model()
     if tok is not None:
         n = tokenizer_size(tok)
-        if cfg.tokenizer.set_model_vocab:
+        if cfg.tokenizer.set_model_vocab:  # a model built for this tokenizer: its size and chat ids
             m = cfg.tokenizer.vocab_multiple
             mc = mc.replace(vocab_size=-(-n // m) * m)
+            ids = {k: getattr(tok, a, None) for k, a in (("eos_token_id", "eos_id"), ("pad_token_id", "pad_id"))}
+            mc = mc.replace(**{k: v for k, v in ids.items() if v is not None and getattr(mc, k) is None})
         elif mc.vocab_size < n:
             raise ConfigError(f"config key 'model.vocab_size': {mc.vocab_size} is smaller than tokenizer "
                               f"{cfg.tokenizer.name!r}'s {n} tokens")
@@ -236,14 +238,6 @@ def _check_batch(batch, local_batch: int, step: int) -> dict:
     }
 
 
-def _to_global(batch: dict, mesh, global_batch: int) -> dict:
-    out = {}
-    for k, x in batch.items():
-        shape = (global_batch,) + x.shape[1:]
-        out[k] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, shape), x, shape)
-    return out
-
-
 # ---------------------------------------------------------------------------------------- signals
 class _StopFlag:
     """SIGTERM / first SIGINT set a flag the loop checks between steps (a second SIGINT interrupts)."""
@@ -312,7 +306,10 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
                           f"{jax.process_count()} processes")
     local_batch = t.global_batch // jax.process_count()
 
-    mesh = sharding.make_mesh(cfg.mesh.axes())
+    try:
+        mesh = sharding.make_mesh(cfg.mesh.axes())
+    except ValueError as e:
+        raise ConfigError(f"config section 'mesh': {e}") from None
     tx, schedule, abs_state, shardings, init, step_fn = compiled_functions(
         model_config, cfg.optimizer, t.steps, mesh, t.grad_accum, t.nonfinite == "skip")
     ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
@@ -361,7 +358,7 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
                 raise DataExhaustedError(f"the data iterator ended after step {step} of train.steps={t.steps} "
                                          f"(checkpoint saved at step {step}); add data/epochs or lower train.steps")
             batch, next_data_state, stats = item
-            batch = _to_global(_check_batch(batch, local_batch, step + 1), mesh, t.global_batch)
+            batch = sharding.global_batch(_check_batch(batch, local_batch, step + 1), mesh, t.global_batch)
             state, m = step_fn(state, batch)
             m = jax.device_get(m)  # also waits for the step: never queue sharded CPU steps
             step += 1
