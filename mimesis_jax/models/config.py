@@ -82,7 +82,12 @@ class ModelConfig:
     sharding_rules: tuple[tuple[str, Any], ...] | None = None
 
     def __post_init__(self):
-        if not self.layer_types:
+        if not self.layer_types and self.model_type == "qwen3_5_text":
+            # as transformers' Qwen3_5TextConfig: every `full_attention_interval`-th layer (default 4) is full
+            k = self.full_attention_interval or 4
+            object.__setattr__(self, "layer_types", tuple(
+                "full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(self.num_hidden_layers)))
+        elif not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * self.num_hidden_layers)
         else:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -174,7 +179,8 @@ class ModelConfig:
             raise ConfigError(f"{source}: config key 'rope_parameters.rope_type': unsupported value {rope_type!r} "
                               "(only 'default' RoPE is implemented)")
         theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
-        prf = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+        prf_default = 0.25 if model_type == "qwen3_5_text" else 1.0  # transformers' defaults per family
+        prf = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", prf_default))
         if d.get("use_sliding_window"):
             raise ConfigError(f"{source}: config key 'use_sliding_window': sliding-window attention is not supported")
         if d.get("hidden_act", "silu") != "silu":
@@ -237,9 +243,10 @@ class ModelConfig:
             common.update(use_sliding_window=False, sliding_window=None, architectures=["Qwen3ForCausalLM"])
         else:
             rope["partial_rotary_factor"] = self.partial_rotary_factor
+            if self.full_attention_interval is not None:
+                common["full_attention_interval"] = self.full_attention_interval
             common.update(
                 architectures=["Qwen3_5ForCausalLM"],
-                full_attention_interval=self.full_attention_interval,
                 linear_conv_kernel_dim=self.linear_conv_kernel_dim,
                 linear_key_head_dim=self.linear_key_head_dim,
                 linear_value_head_dim=self.linear_value_head_dim,
