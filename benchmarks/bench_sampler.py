@@ -84,8 +84,8 @@ def main(argv=None):
     config = tiny_config(args.family, args.layers, args.hidden, args.vocab)
     params = models.init_params(config, jax.random.key(0))
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    print(f"{args.family}: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, {n_params / 1e6:.2f}M params; "
-          f"prompt {args.prompt_len}, {args.new_tokens} new tokens; backend {jax.default_backend()} "
+    print(f"{args.family}: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, "
+          f"{n_params / 1e6:.2f}M params; prompt {args.prompt_len}, {args.new_tokens} new tokens; backend {jax.default_backend()} "
           f"({jax.device_count()} device(s))")
     bk = sampler.Buckets(min_prompt=args.prompt_len, min_new=args.new_tokens)
     rows = []

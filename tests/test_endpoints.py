@@ -44,7 +44,8 @@ class FakeServer:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 fake.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body)})
-                status, payload, headers, delay = fake.script.pop(0) if fake.script else (500, {"error": "empty"}, {}, 0)
+                step = fake.script.pop(0) if fake.script else (500, {"error": "script exhausted"}, {}, 0)
+                status, payload, headers, delay = step
                 time.sleep(delay)
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 try:

@@ -200,7 +200,8 @@ def test_real_sampler_agent_logprobs_match_the_student_sequence(tok):
      ("answer", "42", None)),
     ('<tool_call>\n{"name": "interact_with_env", "arguments": "{\\"choice\\": \\"search\\", \\"content\\": \\"q\\"}"}\n'
      '</tool_call>', ("search", "q", None)),
-    ("<think>\n" + tool_call_text("answer", "x") + "\n</think>\n\n" + tool_call_text("action", "y"), ("action", "y", None)),
+    ("<think>\n" + tool_call_text("answer", "x") + "\n</think>\n\n" + tool_call_text("action", "y"),
+     ("action", "y", None)),
     ("no call at all", (None, None, "no <tool_call> found")),
     ("<think>\n" + tool_call_text("answer", "x"), (None, None, "no <tool_call> found")),
     (tool_call_text("action", "a") + tool_call_text("action", "b"), (None, None, "expected exactly one")),

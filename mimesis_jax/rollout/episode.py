@@ -231,12 +231,13 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             call = parse_tool_call(reply)
             try:
                 if call.ok:
-                    obs, reward, terminated, truncated, info = ep.task.env.step(format_action(call.choice, call.content))
+                    result = ep.task.env.step(format_action(call.choice, call.content))
                 else:
-                    obs, reward, terminated, truncated, info = ep.task.env.invalid_action(call.error)
+                    result = ep.task.env.invalid_action(call.error)
             except Exception as e:
                 raise RuntimeError(f"task {ep.index} (rollout {ep.traj.rollout_id}), agent turn {ep.turns - 1}: the "
                                    f"environment raised {type(e).__name__}: {e}") from e
+            obs, reward, terminated, truncated, info = result
             feedback = str((obs or {}).get("feedback", ""))
             info = dict(info or {})
             to_user = info.pop("to_user", call.content if call.ok and call.choice == "action" else None)
