@@ -1,0 +1,335 @@
+"""Coached On-Policy Self-Distillation, CSD (paper.md §4.2, Eq 7-11), with the fused teacher/student pass.
+
+Pieces, each named after what it computes:
+
+* Eq 7, the coach: `build_coach_prompt` (the documented template below) and `coach_notes`, which asks any
+  `ChatModel` for one hindsight note per agent turn; `coach_note_message` + `add_coach_notes` turn a note into
+  a coach segment placed before the turn's assistant header (rollout/trajectory.py placement rule).
+* Eq 8 `csd_delta`, Eq 9 `csd_weights`, Eq 10 `csd_loss`, Eq 11 `combined_loss`.
+* The scoring passes over a packed batch (algorithms/rl_batch.py):
+  `fused_logprobs` -- ONE pass through the layers: the trunk (student sequences, with gradient) and one
+  branch per coached turn (teacher: stop-gradient parameters, stop-gradient trunk K/V, positions continuing
+  from the insertion point; see models/qwen3.hidden_states). The shared context is computed once; the
+  branches carry no tangent, so they add no backward work and save no activations (tests/test_csd.py checks
+  the backward jaxpr and the compiled FLOPs, with and without remat, scanned and unrolled layers).
+  `naive_packed_logprobs` -- the reference: each coached turn's full teacher sequence as its own row through
+  the plain forward (no gradient).
+* `score(config, params, trajectories)` -> per trajectory, per agent segment, (student, teacher) log-probs;
+  `naive_score` computes the same one sequence at a time through `logprobs.token_logprobs` (tests, benchmarks).
+
+Teacher and student score the SAME sampled tokens: agent token k of turn t is predicted by the student from
+the trunk position before it (the last header token for k = 0) and by the teacher from the branch position
+before it (coach_t + header_t + agent_t[:k] after the trunk prefix).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
+from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories, unpack_turns
+from mimesis_jax.models import hidden_states
+from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.rollout.base import ChatModel, Message
+from mimesis_jax.rollout.trajectory import Trajectory
+
+# ------------------------------------------------------------------------------------- Eq 7: the coach
+COACH_SYSTEM = (
+    "You are a coach for a conversational assistant. You read one turn of a finished conversation together "
+    "with what the user privately thought about the assistant's reply and what the user said next. Write a "
+    "short note (at most three sentences) telling the assistant how that reply should have been better for "
+    "this user: what it misunderstood, missed or should have asked. Speak to the assistant in the second "
+    "person. Do not write a new reply, do not quote the user's private thought, and do not reveal the user's "
+    "next message. If the reply needed no improvement, answer exactly NONE."
+)
+COACH_USER_TEMPLATE = (
+    "## Task\n{task_context}\n\n"
+    "## Conversation so far (public)\n{public_history}\n\n"
+    "## The assistant's reply\n{reply}\n\n"
+    "## The user's private thought about this reply\n{user_thought}\n\n"
+    "## The user's next message\n{next_utterance}\n\n"
+    "Write the coaching note for the assistant's reply."
+)
+NO_NOTE = "NONE"
+COACH_NOTE_PREFIX = "Coach note (feedback on your next reply): "
+
+
+def build_coach_prompt(task_context: str, public_history: str, reply: str, user_thought: str | None,
+                       next_utterance: str) -> list[Message]:
+    """Eq 7 input: h_t = G(c, H_t, y_t, z_t, x_{t+1}) as chat messages for the coach model G.
+
+    The system message is `COACH_SYSTEM`; the user message fills `COACH_USER_TEMPLATE` with the task context
+    c, the public history H_t, the sampled reply y_t, the simulator's private thought z_t ("(not available)"
+    when the simulator produced none) and its next utterance x_{t+1}. The note is hindsight: it is written
+    after y_t was sampled and is only ever shown to the teacher.
+    """
+    thought = user_thought if user_thought else "(not available)"
+    body = COACH_USER_TEMPLATE.format(task_context=task_context or "(none)", public_history=public_history,
+                                      reply=reply, user_thought=thought, next_utterance=next_utterance)
+    return [{"role": "system", "content": COACH_SYSTEM}, {"role": "user", "content": body}]
+
+
+def task_context_text(task: dict) -> str:
+    """Default task context c for the coach: the task dict's scalar fields as ``key: value`` lines."""
+    lines = [f"{k}: {v}" for k, v in task.items() if isinstance(v, (str, int, float, bool))]
+    return "\n".join(lines)
+
+
+def _segment_text(tr: Trajectory, i: int, decode: Callable[[list[int]], str] | None) -> str:
+    s = tr.segments[i]
+    if s.text is not None:
+        return s.text
+    if decode is None:
+        raise ValueError(f"segment {i} ({s.kind}) has no text and no decode function was given")
+    return decode(s.tokens)
+
+
+def coach_notes(coach: ChatModel, trajectory: Trajectory, *, decode: Callable[[list[int]], str] | None = None,
+                task_context: str | None = None, turns: Sequence[int] | None = None, max_tokens: int = 256,
+                temperature: float = 0.0) -> list[str | None]:
+    """One Eq 7 note per agent turn (in order), None where there is none.
+
+    A turn gets no note when it is not in `turns` (default: all), when the simulator said nothing after it
+    (no x_{t+1}: nothing to learn in hindsight; `user_utterances` shorter than the number of turns means the
+    missing trailing turns have none), or when the coach answers exactly NONE (or nothing). Public history
+    H_t = the text of every non-coach segment before the turn's agent segment (Segment.text, else `decode`).
+    A coach reply with finish_reason "error" is an error, never a silent skip.
+    """
+    agents = trajectory.agent_indices()
+    n = len(agents)
+    if len(trajectory.user_utterances) > n or len(trajectory.user_thoughts) > n:
+        raise ValueError(f"trajectory has {n} agent turns but {len(trajectory.user_utterances)} user utterances "
+                         f"and {len(trajectory.user_thoughts)} user thoughts")
+    ctx = task_context_text(trajectory.task) if task_context is None else task_context
+    wanted = set(range(n)) if turns is None else set(turns)
+    bad = [t for t in wanted if not 0 <= t < n]
+    if bad:
+        raise ValueError(f"turns {sorted(bad)} out of range for a trajectory with {n} agent turns")
+    notes: list[str | None] = []
+    for t, a in enumerate(agents):
+        nxt = trajectory.user_utterances[t] if t < len(trajectory.user_utterances) else None
+        if t not in wanted or nxt is None:
+            notes.append(None)
+            continue
+        thought = trajectory.user_thoughts[t] if t < len(trajectory.user_thoughts) else None
+        history = "".join(_segment_text(trajectory, i, decode) for i in range(a)
+                          if trajectory.segments[i].kind != "coach")
+        msgs = build_coach_prompt(ctx, history, _segment_text(trajectory, a, decode), thought, nxt)
+        resp = coach.chat(msgs, max_tokens=max_tokens, temperature=temperature)
+        if resp.finish_reason == "error":
+            raise RuntimeError(f"coach failed on agent turn {t}: {resp.meta or resp.text!r}")
+        text = (resp.text or "").strip()
+        notes.append(None if not text or text.upper() == NO_NOTE else text)
+    return notes
+
+
+def coach_note_message(note: str, role: str = "system") -> Message:
+    """The chat turn that carries a note into the teacher's context: ``{role, COACH_NOTE_PREFIX + note}``.
+
+    It is rendered with the agent's chat template (e.g. data.chat.render_turn) into the coach segment, which
+    sits after the last user/tool message and before the assistant header of the coached turn.
+    """
+    return {"role": role, "content": COACH_NOTE_PREFIX + note}
+
+
+def add_coach_notes(trajectory: Trajectory, notes: Sequence[str | None],
+                    render: Callable[[Message], list[int]], role: str = "system") -> int:
+    """Renders each note (`render(message) -> token ids`) and inserts it as the coach segment of its turn.
+
+    Returns the number of notes inserted. A turn that already has a coach note is an error.
+    """
+    if len(notes) != trajectory.num_agent_turns:
+        raise ValueError(f"{len(notes)} notes for {trajectory.num_agent_turns} agent turns")
+    count = 0
+    for t, note in enumerate(notes):
+        if note is None:
+            continue
+        msg = coach_note_message(note, role)
+        ids = [int(i) for i in render(msg)]
+        if not ids:
+            raise ValueError(f"agent turn {t}: the rendered coach note is empty")
+        trajectory.insert_coach(t, ids, text=msg["content"])
+        count += 1
+    return count
+
+
+# ---------------------------------------------------------------------------------------- Eq 8-11
+def csd_delta(teacher_logp: jax.Array, student_logp: jax.Array) -> jax.Array:
+    """Eq 8: Delta = log pi_thetabar(y | c, H, h, y<k) - log pi_theta(y | c, H, y<k), both under stop-gradient."""
+    return jax.lax.stop_gradient(teacher_logp) - jax.lax.stop_gradient(student_logp)
+
+
+def csd_weights(delta: jax.Array, beta: float) -> jax.Array:
+    """Eq 9: w = sg(sigmoid(beta * Delta)), beta > 0."""
+    return jax.lax.stop_gradient(jax.nn.sigmoid(beta * delta))
+
+
+def csd_loss(student_logp: jax.Array, w: jax.Array, weights: jax.Array) -> jax.Array:
+    """Eq 10: L_CSD = -E_{(t,k) ~ C}[w log pi_theta(y_{t,k} | c, H_t, y_{t,<k})].
+
+    `weights` = coached mask / |C| with |C| the number of coached tokens in the GLOBAL batch (rl_batch), so
+    the sum over micro-batches and devices is the mean over C whatever the split.
+    """
+    return -jnp.sum(jnp.where(weights != 0, weights * w * student_logp, 0.0))
+
+
+def combined_loss(grpo_loss: jax.Array, csd_loss_value: jax.Array, alpha: float) -> jax.Array:
+    """Eq 11: L = L_GRPO + alpha * L_CSD, alpha >= 0."""
+    return grpo_loss + alpha * csd_loss_value
+
+
+# ------------------------------------------------------------------------------- scoring passes
+def _token_aligned(lp: jax.Array) -> jax.Array:
+    """[B, T-1] log-probs of tokens 1..T-1 -> [B, T] aligned with the tokens (entry 0 is 0)."""
+    return jnp.pad(lp, ((0, 0), (1, 0)))
+
+
+def _gather_teacher(src: jax.Array, batch) -> jax.Array:
+    """Teacher log-prob of every trunk token from the teacher source array [B, X] via batch['teacher_src']."""
+    return jnp.take_along_axis(src, batch["teacher_src"], axis=1)
+
+
+def student_logprobs(config: ModelConfig, params, batch) -> jax.Array:
+    """Student log-probs [B, T] (token-aligned, with gradient) from the trunk alone."""
+    toks = batch["tokens"]
+    h, _ = hidden_states(config, params, toks, batch["positions"], batch["segment_ids"])
+    return _token_aligned(logprobs_from_hidden(config, params, h[:, :-1], toks[:, 1:]))
+
+
+def fused_logprobs(config: ModelConfig, params, batch) -> tuple[jax.Array, jax.Array]:
+    """(student [B, T] with gradient, teacher [B, T] stop-gradient) from ONE trunk + branches pass.
+
+    The teacher value is meaningful on coached agent tokens only (batch['coached_mask']).
+    """
+    toks = batch["tokens"]
+    branch = {"tokens": batch["branch_tokens"], "positions": batch["branch_positions"],
+              "branch_ids": batch["branch_ids"], "trunk_segment": batch["branch_trunk_segment"],
+              "prefix_len": batch["branch_prefix_len"]}
+    h, hb = hidden_states(config, params, toks, batch["positions"], batch["segment_ids"], branch)
+    student = _token_aligned(logprobs_from_hidden(config, params, h[:, :-1], toks[:, 1:]))
+    frozen = jax.lax.stop_gradient(params)
+    btoks = batch["branch_tokens"]
+    src = _token_aligned(logprobs_from_hidden(config, frozen, jax.lax.stop_gradient(hb[:, :-1]), btoks[:, 1:]))
+    return student, jax.lax.stop_gradient(_gather_teacher(src, batch))
+
+
+def naive_packed_logprobs(config: ModelConfig, params, batch) -> jax.Array:
+    """Reference teacher: every coached turn's full teacher sequence as its own row ([B, K, Tn]) through the
+    plain forward with stop-gradient parameters; returns the token-aligned teacher log-probs [B, T]."""
+    B, K, Tn = batch["naive_tokens"].shape
+    flat = lambda a: a.reshape(B * K, Tn)  # noqa: E731
+    frozen = jax.lax.stop_gradient(params)
+    toks = flat(batch["naive_tokens"])
+    h, _ = hidden_states(config, frozen, toks, flat(batch["naive_positions"]), flat(batch["naive_segment_ids"]))
+    src = _token_aligned(logprobs_from_hidden(config, frozen, h[:, :-1], toks[:, 1:])).reshape(B, K * Tn)
+    return jax.lax.stop_gradient(_gather_teacher(src, batch))
+
+
+def student_teacher_logprobs(config: ModelConfig, params, batch, teacher: str):
+    """(student, teacher-or-None) for a packed (micro-)batch; teacher in fused | naive | none."""
+    if teacher == "fused":
+        return fused_logprobs(config, params, batch)
+    student = student_logprobs(config, params, batch)
+    if teacher == "naive":
+        return student, naive_packed_logprobs(config, params, batch)
+    if teacher == "none":
+        return student, None
+    raise ValueError(f"teacher must be fused | naive | none, got {teacher!r}")
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _score_jit(config, params, batch, teacher):
+    s, t = student_teacher_logprobs(config, params, batch, teacher)
+    return s, (s if t is None else t)
+
+
+def score(config: ModelConfig, params, trajectories: Sequence[Trajectory], *, mesh=None, teacher: str = "fused",
+          row_len: int | None = None, pad_multiple: int = 16) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Student and teacher log-probs of every agent token, from one fused pass (or the packed naive path).
+
+    Returns, per trajectory, per agent segment (in order), a pair of float32 arrays (student_logp,
+    teacher_logp) with one entry per agent token. A turn without a coach note has teacher = student.
+    With a mesh, rows are split over its batch axes and parameters are used as they are placed.
+    """
+    packed = pack_trajectories(trajectories, teacher=teacher, use_rollout_logprobs=False, row_len=row_len,
+                               rows_multiple=batch_shard_count(mesh, config), pad_multiple=pad_multiple)
+    return score_packed(config, params, packed, mesh)
+
+
+def batch_shard_count(mesh, config: ModelConfig) -> int:
+    """How many ways the row axis of a batch is split on `mesh` under the act_batch rule (1 without a mesh)."""
+    from mimesis_jax import sharding
+
+    if mesh is None:
+        return 1
+    target = sharding.rules_of(config)["act_batch"]
+    target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    return int(np.prod([mesh.shape[a] for a in target if a in mesh.shape]))
+
+
+def score_packed(config: ModelConfig, params, packed: PackedRL, mesh=None):
+    """`score` on an already packed batch (rows a multiple of batch_shard_count(mesh, config))."""
+    from mimesis_jax import sharding
+
+    arrays = {k: v for k, v in packed.arrays.items()}
+    if mesh is None:
+        s, t = _score_jit(config, params, arrays, packed.teacher)
+    else:
+        with sharding.use_mesh(mesh):
+            s, t = _score_jit(config, params, sharding.shard_batch(arrays, mesh, config), packed.teacher)
+    s, t = np.asarray(s), np.asarray(t)
+    t = np.where(packed.arrays["coached_mask"] > 0, t, s)
+    return [list(zip(a, b)) for a, b in zip(unpack_turns(packed, s), unpack_turns(packed, t))]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _plain_logprobs(config, params, tokens):
+    return token_logprobs(config, params, tokens)
+
+
+def naive_score(config: ModelConfig, params, trajectories: Sequence[Trajectory], pad_multiple: int = 64):
+    """Reference for `score`: every student sequence and every coached turn's full teacher sequence
+    (Trajectory.teacher_sequence) as its own row through the plain forward (`token_logprobs`: no packing,
+    no branches). Rows are right-padded to one length (causal attention: padding after a sequence cannot
+    change its log-probs) so one compiled call serves all. Same return structure as `score`."""
+    seqs: list[list[int]] = []
+    plan = []  # per trajectory: per turn (student row, start, n, teacher row or None, teacher offset)
+    for tr in trajectories:
+        coach_of = tr.coach_for_turn()
+        seqs.append(tr.student_tokens())
+        srow = len(seqs) - 1
+        pos, starts = 0, {}
+        for i, s in enumerate(tr.segments):
+            if s.kind != "coach":
+                starts[i] = pos
+                pos += len(s.tokens)
+        turns = []
+        for t, a in enumerate(tr.agent_indices()):
+            n = len(tr.segments[a].tokens)
+            if coach_of[t] is None:
+                turns.append((srow, starts[a], n, None, 0))
+                continue
+            seq, off = tr.teacher_sequence(t)
+            seqs.append(seq)
+            turns.append((srow, starts[a], n, len(seqs) - 1, off))
+        plan.append(turns)
+    L = max(len(s) for s in seqs)
+    L = int(np.ceil(L / pad_multiple) * pad_multiple)
+    arr = np.zeros((len(seqs), L), np.int32)
+    for i, s in enumerate(seqs):
+        arr[i, :len(s)] = s
+    lp = np.asarray(_plain_logprobs(config, params, jnp.asarray(arr)))  # [N, L-1]: entry j predicts token j+1
+    out = []
+    for turns in plan:
+        row = []
+        for srow, st, n, trow, off in turns:
+            s = lp[srow, st - 1: st - 1 + n].astype(np.float32)
+            t = s.copy() if trow is None else lp[trow, off - 1: off - 1 + n].astype(np.float32)
+            row.append((s, t))
+        out.append(row)
+    return out

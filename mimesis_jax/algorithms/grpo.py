@@ -1,0 +1,261 @@
+"""Multi-turn GRPO (paper.md §4.1, Eq 5-6) and FoldGRPO group statistics (paper.md §3.3).
+
+Host side (NumPy, one function per formula):
+
+* turn credits c_t of a trajectory with turn rewards r_0 .. r_{n-1}:
+    ``equalized``  c_t = 1                                          (UserRL "Equalized", the default)
+    ``r2g``        c_t = sum_{t' >= t} gamma^(t' - t) r_t'          (return-to-go from turn t)
+    ``em``         c_t = EM(r_t) = 0.5 + 0.5 (1 - e^(-2 r_t)) / (1 - e^(-2))
+* trajectory scores S:
+    ``sum``        S = (1/n) sum_t r_t    (the paper calls the mean of the turn rewards "Sum", as UserRL)
+    ``r2g``        S = sum_t gamma^t r_t  (the discounted return-to-go from the first turn)
+* group normalisation (FoldGRPO): A_i = (S_i - mean_g) / (std_g + eps), the mean and the unbiased std taken
+  over the *unique rollout ids* of group g (the first segment seen for each id); a group with a single rollout
+  has mean 0 and std 1; ``divide_std=False`` gives A_i = S_i - mean_g.
+* turn advantage A_{i,t} = c_{i,t} x A_i; every agent token of turn t gets it.
+
+Device side (JAX):
+
+* Eq 5-6, the clipped surrogate per token with separate lower / upper clip ranges, and its reduction with
+  per-token weights that already hold the normaliser (see `loss_token_weights`): the token-mean normaliser is
+  the number of agent tokens in the GLOBAL batch (computed on the host before the batch is split into
+  micro-batches or devices), so splitting never changes the loss. User, tool and padding tokens have weight 0.
+
+Where UserRL's code differs from the paper text, this module follows the paper (paper.md §4.1): UserRL's "Sum"
+is the sum (not the mean) of turn rewards, and it rescales the credits of a trajectory so that their token mean
+is 1 before multiplying by the normalised score. Neither is done here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+CREDIT_METHODS = ("equalized", "r2g", "em")
+SCORE_METHODS = ("sum", "r2g")
+LOSS_AGGS = ("token-mean", "seq-mean")
+
+
+def _rewards(turn_rewards, where: str = "turn_rewards") -> np.ndarray:
+    r = np.asarray(turn_rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"{where}: expected a 1-D list of per-turn rewards, got shape {r.shape}")
+    if not np.all(np.isfinite(r)):
+        raise ValueError(f"{where}: non-finite reward in {r.tolist()}")
+    return r
+
+
+# ------------------------------------------------------------------------------------- turn credits
+def credits_equalized(turn_rewards) -> np.ndarray:
+    """UserRL "Equalized" turn credit (paper.md §4.1): c_t = 1 for every turn."""
+    return np.ones_like(_rewards(turn_rewards))
+
+
+def credits_r2g(turn_rewards, gamma: float) -> np.ndarray:
+    """UserRL "R2G" turn credit (paper.md §4.1): c_t = sum_{t' >= t} gamma^(t' - t) r_t'."""
+    r = _rewards(turn_rewards)
+    out = np.zeros_like(r)
+    acc = 0.0
+    for t in range(len(r) - 1, -1, -1):
+        acc = r[t] + gamma * acc
+        out[t] = acc
+    return out
+
+
+def em_map(r) -> np.ndarray:
+    """EM(r) = 0.5 + 0.5 (1 - e^(-2r)) / (1 - e^(-2)) (paper.md §4.1); maps [0, 1] onto [0.5, 1]."""
+    r = np.asarray(r, dtype=np.float64)
+    return 0.5 + 0.5 * (1.0 - np.exp(-2.0 * r)) / (1.0 - math.exp(-2.0))
+
+
+def credits_em(turn_rewards) -> np.ndarray:
+    """UserRL "EM" turn credit (paper.md §4.1): c_t = EM(r_t)."""
+    return em_map(_rewards(turn_rewards))
+
+
+def turn_credits(turn_rewards, method: str = "equalized", gamma: float = 0.8) -> np.ndarray:
+    if method == "equalized":
+        return credits_equalized(turn_rewards)
+    if method == "r2g":
+        return credits_r2g(turn_rewards, gamma)
+    if method == "em":
+        return credits_em(turn_rewards)
+    raise ValueError(f"turn credit method must be one of {CREDIT_METHODS}, got {method!r}")
+
+
+# -------------------------------------------------------------------------------- trajectory scores
+def score_sum(turn_rewards) -> float:
+    """UserRL "Sum" trajectory score as the paper states it (paper.md §4.1): the mean of the turn rewards."""
+    r = _rewards(turn_rewards)
+    if len(r) == 0:
+        raise ValueError("trajectory score 'sum': a trajectory with no turn rewards has no score")
+    return float(r.mean())
+
+
+def score_r2g(turn_rewards, gamma: float) -> float:
+    """UserRL "R2G" trajectory score (paper.md §4.1): the discounted return from the first turn,
+    S = sum_t gamma^t r_t (= the r2g credit of turn 0)."""
+    r = _rewards(turn_rewards)
+    if len(r) == 0:
+        raise ValueError("trajectory score 'r2g': a trajectory with no turn rewards has no score")
+    return float(np.sum(r * gamma ** np.arange(len(r))))
+
+
+def trajectory_score(turn_rewards, method: str = "sum", gamma: float = 0.8) -> float:
+    if method == "sum":
+        return score_sum(turn_rewards)
+    if method == "r2g":
+        return score_r2g(turn_rewards, gamma)
+    raise ValueError(f"trajectory score method must be one of {SCORE_METHODS}, got {method!r}")
+
+
+# ----------------------------------------------------------------------- group normalisation (FoldGRPO)
+def group_advantages(scores, group_ids, rollout_ids=None, *, eps: float = 1e-6,
+                     divide_std: bool = True) -> np.ndarray:
+    """FoldGRPO group-normalised advantages (paper.md §3.3; plain GRPO when every rollout id is unique).
+
+    scores[i], group_ids[i], rollout_ids[i] describe segment i (a trajectory, or one fold of a rollout).
+    Per group, the statistics use the FIRST segment seen for each rollout id, so a rollout split into k
+    segments counts once: mean and unbiased std (ddof=1) over those scores, mean 0 and std 1 when the group
+    has a single rollout. A_i = (S_i - mean) / (std + eps), or S_i - mean when divide_std is False.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    g = np.asarray(group_ids)
+    n = len(s)
+    if s.ndim != 1 or g.shape != (n,):
+        raise ValueError(f"scores {s.shape} and group_ids {g.shape} must be 1-D of the same length")
+    if not np.all(np.isfinite(s)):
+        bad = int(np.flatnonzero(~np.isfinite(s))[0])
+        raise ValueError(f"scores[{bad}] is not finite ({s[bad]})")
+    r = np.arange(n) if rollout_ids is None else np.asarray(rollout_ids)
+    if r.shape != (n,):
+        raise ValueError(f"rollout_ids {r.shape} must have the length of scores ({n})")
+    stats: dict = {}
+    first: dict = {}
+    for i in range(n):
+        key = (g[i].item(), r[i].item())
+        if key not in first:
+            first[key] = i
+            stats.setdefault(g[i].item(), []).append(s[i])
+    mean_std = {}
+    for gid, vals in stats.items():
+        if len(vals) == 1:
+            mean_std[gid] = (0.0, 1.0)
+        else:
+            v = np.asarray(vals)
+            mean_std[gid] = (float(v.mean()), float(v.std(ddof=1)))
+    out = np.empty(n, np.float64)
+    for i in range(n):
+        m, sd = mean_std[g[i].item()]
+        out[i] = (s[i] - m) / (sd + eps) if divide_std else s[i] - m
+    return out
+
+
+def group_normalize(scores, group_ids, *, eps: float = 1e-6, divide_std: bool = True) -> np.ndarray:
+    """GRPO z-normalisation of trajectory scores within their groups (every score its own rollout)."""
+    return group_advantages(scores, group_ids, None, eps=eps, divide_std=divide_std)
+
+
+def turn_advantages(turn_rewards: Sequence[Sequence[float]], group_ids, rollout_ids=None, *,
+                    credit: str = "equalized", score: str = "sum", gamma: float = 0.8, eps: float = 1e-6,
+                    divide_std: bool = True) -> list[np.ndarray]:
+    """A_{i,t} = c_{i,t} x normalised S_i for every trajectory i and agent turn t (paper.md §4.1)."""
+    scores = []
+    for i, r in enumerate(turn_rewards):
+        try:
+            scores.append(trajectory_score(r, score, gamma))
+        except ValueError as e:
+            raise ValueError(f"trajectory {i}: {e}") from None
+    adv = group_advantages(scores, group_ids, rollout_ids, eps=eps, divide_std=divide_std)
+    return [turn_credits(r, credit, gamma) * a for r, a in zip(turn_rewards, adv)]
+
+
+def trajectory_turn_advantages(trajectories, *, credit: str = "equalized", score: str = "sum",
+                               gamma: float = 0.8, eps: float = 1e-6, divide_std: bool = True) -> list[np.ndarray]:
+    """`turn_advantages` from `rollout.trajectory.Trajectory` objects (their turn_rewards, group_id, rollout_id).
+
+    An invalid trajectory (simulator refusal, endpoint failure) is an error here: the caller must drop it
+    and report it apart (metrics.md) -- it is not a zero score.
+    """
+    rewards = []
+    for i, tr in enumerate(trajectories):
+        if tr.status != "ok":
+            raise ValueError(f"trajectory {i} has status {tr.status!r} ({tr.invalid_reason}); drop invalid "
+                             "trajectories (and report them) before computing advantages")
+        if len(tr.turn_rewards) != tr.num_agent_turns:
+            raise ValueError(f"trajectory {i}: {len(tr.turn_rewards)} turn rewards for {tr.num_agent_turns} "
+                             "agent turns")
+        rewards.append(tr.turn_rewards)
+    return turn_advantages(rewards, [t.group_id for t in trajectories], [t.rollout_id for t in trajectories],
+                           credit=credit, score=score, gamma=gamma, eps=eps, divide_std=divide_std)
+
+
+# --------------------------------------------------------------------------- loss normaliser (host)
+def loss_token_weights(mask: np.ndarray, sequence_ids: np.ndarray, agg: str = "token-mean") -> np.ndarray:
+    """Per-token weights that carry the loss normaliser of the GLOBAL batch (computed before splitting).
+
+    mask [..., T]: 1 on the tokens that are trained on (agent tokens), 0 elsewhere (user, tool, padding).
+    sequence_ids [..., T]: which sequence (trajectory) each token belongs to (any integers; ignored where
+    mask is 0).
+      token-mean: w = mask / (number of masked tokens in the whole batch)
+      seq-mean:   w = mask / (tokens of that sequence x number of sequences with at least one masked token)
+    The loss is then sum(w x per-token loss) over every micro-batch and device: the normaliser is fixed.
+    """
+    m = np.asarray(mask, np.float64)
+    if agg == "token-mean":
+        n = m.sum()
+        return (m / n if n > 0 else np.zeros_like(m)).astype(np.float32)
+    if agg == "seq-mean":
+        sid = np.asarray(sequence_ids)
+        if sid.shape != m.shape:
+            raise ValueError(f"sequence_ids {sid.shape} must have the shape of mask {m.shape}")
+        on = m > 0
+        uniq, inv, counts = np.unique(sid[on], return_inverse=True, return_counts=True)
+        w = np.zeros_like(m)
+        w[on] = 1.0 / (counts[inv] * len(uniq))
+        return w.astype(np.float32)
+    raise ValueError(f"loss aggregation must be one of {LOSS_AGGS}, got {agg!r}")
+
+
+# ----------------------------------------------------------------------------------- Eq 5-6 (device)
+LOG_RATIO_CLAMP = 20.0
+
+
+def importance_ratio(logp: jax.Array, old_logp: jax.Array) -> jax.Array:
+    """Eq 5: rho = pi_theta(y | ...) / pi_old(y | ...) = exp(log pi_theta - log pi_old), per token.
+
+    The log-ratio is clamped to +-LOG_RATIO_CLAMP (20, as verl does) so that a stale or badly mismatched old
+    log-prob cannot overflow exp() in fp32; inside that range this is exactly Eq 5.
+    """
+    return jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def clipped_surrogate(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, eps_low: float = 0.2,
+                      eps_high: float = 0.2) -> tuple[jax.Array, jax.Array]:
+    """Eq 6 per token: ( -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A), clipped ).
+
+    `clipped` is 1.0 where the clipped term is the one taken and differs from the unclipped one (the clip
+    is active), the usual "clip fraction" numerator.
+    """
+    rho = importance_ratio(logp, old_logp)
+    unclipped = -advantages * rho
+    clipped = -advantages * jnp.clip(rho, 1.0 - eps_low, 1.0 + eps_high)
+    return jnp.maximum(unclipped, clipped), (clipped > unclipped).astype(jnp.float32)
+
+
+def grpo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, weights: jax.Array,
+              eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[jax.Array, jax.Array]:
+    """Eq 6: L_GRPO = sum_tokens weights x (-min(rho A, clip(rho) A)); returns (loss, per-token clipped).
+
+    `weights` come from `loss_token_weights` (zero on non-agent tokens, the global normaliser folded in).
+    Where a weight is 0 the per-token term is masked before the sum (also guarding against inf x 0).
+    """
+    on = weights != 0
+    logp = jnp.where(on, logp, 0.0)  # masked tokens: rho = 1, so no inf/nan can reach the gradient
+    old_logp = jnp.where(on, old_logp, 0.0)
+    per_tok, clipped = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    return jnp.sum(weights * per_tok), clipped * on

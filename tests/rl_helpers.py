@@ -1,0 +1,62 @@
+"""Random dialogues and tiny models shared by the GRPO / CSD / agent-RL step tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.rollout.trajectory import Segment, Trajectory
+
+
+def tiny_config(**kw) -> ModelConfig:
+    base = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, rope_theta=10000.0, logits_seq_chunk=16, logits_vocab_chunk=40)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def random_trajectory(rng: np.random.RandomState, vocab: int, n_turns: int, *, coach_prob: float = 0.6,
+                      group_id: int = 0, rollout_id: int = 0, max_len: int = 8) -> Trajectory:
+    """System prompt, then per turn: user/tool text, optional coach note, assistant header, agent reply."""
+    def toks(lo, hi):
+        return rng.randint(1, vocab, size=rng.randint(lo, hi + 1)).tolist()
+
+    segs = [Segment("public", toks(2, 10))]
+    for t in range(n_turns):
+        segs.append(Segment("public", toks(1, max_len)))
+        if rng.rand() < coach_prob:
+            segs.append(Segment("coach", toks(1, 6)))
+        segs.append(Segment("public", toks(1, 3)))
+        reply = toks(1, max_len)
+        segs.append(Segment("agent", reply, logprobs=(-rng.rand(len(reply)) * 3).tolist()))
+    return Trajectory(segs, turn_rewards=rng.rand(n_turns).round(2).tolist(), group_id=group_id,
+                      rollout_id=rollout_id)
+
+
+def scaled_params(config: ModelConfig, seed: int = 0, scale: float = 5.0):
+    """Random parameters with matrices scaled up (std 0.1) so that log-probs vary by O(1) between tokens and
+    a coach note visibly moves the teacher away from the student; norms stay at 1."""
+    import jax
+
+    from mimesis_jax import models
+
+    params = models.init_params(config, jax.random.PRNGKey(seed))
+    def f(path, x):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        return x if "norm" in name else x * scale
+
+    return jax.tree_util.tree_map_with_path(f, params)
+
+
+def random_batch(seed: int, vocab: int, turns, **kw) -> list[Trajectory]:
+    rng = np.random.RandomState(seed)
+    return [random_trajectory(rng, vocab, n, group_id=i % 2, rollout_id=i, **kw) for i, n in enumerate(turns)]
+
+
+def tree_rel_err(a, b) -> float:
+    """max over leaves of max|a - b| / max|b| (a relative error that ignores tiny leaves' noise floors)."""
+    import jax
+
+    errs = jax.tree.map(lambda x, y: float(np.abs(np.asarray(x) - np.asarray(y)).max()
+                                           / max(np.abs(np.asarray(y)).max(), 1e-30)), a, b)
+    return max(jax.tree.leaves(errs))
