@@ -108,7 +108,12 @@ def main(argv=None) -> int:
 
     try:
         if getattr(args, "distributed", False):
+            import jax
+
             from mimesis_jax.sharding import initialize_distributed
+
+            # CPU processes (tests, CPU clusters) exchange collectives over gloo; GPU/TPU backends ignore this
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
             initialize_distributed(args.coordinator, args.num_processes, args.process_id)
         from mimesis_jax.train.checkpoint import CheckpointError

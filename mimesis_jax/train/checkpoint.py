@@ -16,7 +16,9 @@ shardings of the *current* mesh, so a run can resume on a different device layou
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from typing import Any
 
@@ -50,6 +52,18 @@ def gather_json(obj: Any) -> list:
     return [json.loads(bytes(every[i][: int(lengths[i][0])]).decode()) for i in range(jax.process_count())]
 
 
+@contextlib.contextmanager
+def _quiet_absl(quiet: bool):
+    logger = logging.getLogger("absl")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 class Checkpointer:
     """Saving and restoring the train state, data-iterator state and run config of one workdir."""
 
@@ -57,13 +71,14 @@ class Checkpointer:
         self.directory = checkpoint_dir(workdir)
         if read_only and not os.path.isdir(self.directory):
             raise CheckpointError(f"{self.directory}: no checkpoints directory (is {workdir!r} a training workdir?)")
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
-            create=not read_only,
-            read_only=read_only,
-            enable_async_checkpointing=async_save and not read_only,
-        )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        with _quiet_absl(read_only):  # read-only managers log warnings about the options they ignore
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                create=not read_only,
+                read_only=read_only,
+                enable_async_checkpointing=async_save and not read_only,
+            )
+            self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     # ------------------------------------------------------------------------------------------ query
     def latest_step(self) -> int | None:

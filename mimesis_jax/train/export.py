@@ -9,6 +9,7 @@ result back to the same parameters (exactly, in float32) and transformers loads 
 from __future__ import annotations
 
 import os
+import shutil
 
 from mimesis_jax import config as config_lib
 from mimesis_jax import models, sharding
@@ -39,16 +40,22 @@ def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "flo
 
 
 def _save_tokenizer(name: str, out: str, log) -> None:
-    """Writes the run's tokenizer files next to the weights when the tokenizer can save itself."""
+    """Copies the run's tokenizer files next to the weights: a HF tokenizer directory's tokenizer files, or a
+    sentencepiece model as tokenizer.model (readable with load_tokenizer("sentencepiece:OUT/tokenizer.model"))."""
     try:
         from mimesis_jax.data.tokenizer import load_tokenizer
     except ImportError:
         log("export: mimesis_jax.data.tokenizer is not available; tokenizer files not written")
         return
     tok = load_tokenizer(name)
-    for method in ("save_pretrained", "save"):
-        fn = getattr(tok, method, None)
-        if callable(fn):
-            fn(out)
-            return
-    log(f"export: tokenizer {name!r} has no save method; tokenizer files not written")
+    hf_dir, sp_model = getattr(tok, "path", None), getattr(tok, "model_file", None)
+    copied = []
+    if hf_dir and os.path.isdir(hf_dir):
+        for fn in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+            if os.path.isfile(os.path.join(hf_dir, fn)):
+                shutil.copyfile(os.path.join(hf_dir, fn), os.path.join(out, fn))
+                copied.append(fn)
+    elif sp_model and os.path.isfile(sp_model):
+        shutil.copyfile(sp_model, os.path.join(out, "tokenizer.model"))
+        copied.append("tokenizer.model")
+    log(f"export: tokenizer {name!r}: " + (f"wrote {', '.join(copied)}" if copied else "no files to copy"))

@@ -34,7 +34,7 @@ from mimesis_jax import config as config_lib
 from mimesis_jax import models, sharding
 from mimesis_jax.config import RunConfig
 from mimesis_jax.models.config import RUNTIME_FIELDS, ConfigError, ModelConfig
-from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+from mimesis_jax.train.checkpoint import CheckpointError, Checkpointer, abstract_like
 from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule, opt_state_shardings
 from mimesis_jax.train.step import init_train_state, make_train_step
@@ -322,7 +322,10 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
         changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
         if changed:
             log(f"resume: the run config differs from the checkpoint's in: {changed}")
-        it.set_state(data_state)
+        try:
+            it.set_state(data_state)
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{ckpt.directory}/{latest}: cannot resume the data iterator: {e}") from None
         log(f"resume: {workdir} from step {latest}")
     else:
         params = initial_params(cfg, model_config, mesh, shardings["params"], log)
