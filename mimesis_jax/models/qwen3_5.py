@@ -261,7 +261,10 @@ def _gated_deltanet(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
                                               reset=ctx["reset"])
     o = _gated_rms_norm(config, o, z, p["norm"])
     out = jnp.einsum("bthv,hvd->btd", o, p["out"].astype(dt))
-    return out, (None if cache is None else {"conv": new_window, "state": new_state})
+    if cache is None:
+        return out, None
+    return out, {"conv": constrain(new_window, ("act_batch", None, "act_kv_heads", None), config),
+                 "state": constrain(new_state, ("act_batch", "act_heads", None, None), config)}
 
 
 def _linear_layer(config, lp, x, ctx, cache):
