@@ -203,3 +203,20 @@ def test_weight_decay_only_on_matrices():
     mask = decay_mask(MODEL)
     assert mask["embed"] and mask["layers"]["attn"]["q"] and mask["layers"]["mlp"]["down"]
     assert not mask["final_norm"] and not mask["layers"]["input_norm"] and not mask["layers"]["attn"]["q_norm"]
+
+
+def test_bf16_compute_with_remat_keeps_fp32_state():
+    """train.dtype=bfloat16 + remat: activations in bf16, weights and AdamW moments stay fp32, loss ~ fp32 loss."""
+    mc32 = MODEL
+    mc16 = MODEL.replace(dtype="bfloat16", remat="full")
+    params = models.init_params(mc32, jax.random.key(0))
+    tx = make_optimizer(OptimizerConfig(lr=1e-3), 10, mc32)
+    batch = {k: jnp.asarray(v) for k, v in _random_batch().items()}
+    new, m = jax.jit(lambda s, b: train_step(mc16, tx, s, b, grad_accum=2))(
+        init_train_state(params, tx, jax.random.key(1)), batch)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new["params"]))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new["opt_state"]) if x.ndim)
+    ref = float(lm_loss(mc32, params, batch))
+    assert abs(float(m["loss"]) - ref) < 2e-2 * ref and bool(m["finite"])
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new["params"], params)
+    assert min(jax.tree.leaves(moved)) > 0  # a 1e-3 step is not lost to bf16 rounding of the weights
