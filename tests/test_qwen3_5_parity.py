@@ -11,6 +11,7 @@ from safetensors.numpy import load_file, save_file
 
 from helpers import hf_greedy, hf_logits, randomize_torch_model
 from mimesis_jax import models
+from mimesis_jax.models import qwen3_5
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.models.config import ConfigError, ModelConfig
 
@@ -211,8 +212,9 @@ def test_full_multimodal_checkpoint_layout(checkpoint, tmp_path):
     save_file(full, str(out / "model.safetensors"), metadata={"format": "pt"})
     text_cfg = json.load(open(os.path.join(checkpoint, "config.json")))
     text_cfg.pop("architectures", None)
+    tied = text_cfg.pop("tie_word_embeddings")  # transformers reads the full model's flag at the top level
     json.dump({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-               "text_config": text_cfg, "vision_config": {"depth": 1}, "tie_word_embeddings": False},
+               "text_config": text_cfg, "vision_config": {"depth": 1}, "tie_word_embeddings": tied},
               open(out / "config.json", "w"))
     config2, params2 = models.load_hf(str(out))
     assert config2 == config
@@ -222,6 +224,38 @@ def test_full_multimodal_checkpoint_layout(checkpoint, tmp_path):
     save_file(full, str(out / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="model.norm.weight"):
         models.load_hf(str(out))
+
+
+def test_irregular_layer_pattern_matches_transformers(tmp_path):
+    """A pattern with no repeating block (the Python-unrolled path of the runner): full, lin, lin, full, lin."""
+    types = ["full_attention", "linear_attention", "linear_attention", "full_attention", "linear_attention"]
+    path = make_hf_qwen3_5(str(tmp_path), seed=3, **{**CONFIGS["l4_gqa"], "num_hidden_layers": 5,
+                                                     "layer_types": types})
+    config, params = models.load_hf(path)
+    assert qwen3_5.layer_block(config) == (tuple(types), 1)
+    ids = _ids(config.vocab_size, (2, 70), seed=8)
+    ref = hf_logits(path, ids)
+    assert np.abs(_logits(config, params, ids) - ref).max() <= 1e-4
+
+
+def test_linear_context_bookkeeping():
+    """Resets, conv taps and the carried segment ids of `linear_context` on a hand-checked example (K = 3)."""
+    seg = jnp.asarray([[0, 0, 1, 1, 1], [2, 2, 0, 3, 3], [5, 5, 0, 5, 5]])
+    state_seg = jnp.asarray([0, 2, 5])  # row 1 continues segment 2, row 2 continues 5 across a pad
+    window_seg = jnp.asarray([[0, 0], [1, 2], [5, 5]])
+    ctx = qwen3_5.linear_context(seg, state_seg, window_seg)
+    np.testing.assert_array_equal(ctx["reset"], [[0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(ctx["valid"], np.asarray(seg) != 0)
+    # tap j reads input t - 2 + j; live iff that input has the token's own (non-zero) segment
+    np.testing.assert_array_equal(ctx["taps"][2], np.asarray(seg) != 0)
+    np.testing.assert_array_equal(ctx["taps"][1], [[0, 0, 0, 1, 1], [1, 1, 0, 0, 1], [1, 1, 0, 0, 1]])
+    np.testing.assert_array_equal(ctx["taps"][0], [[0, 0, 0, 0, 1], [0, 1, 0, 0, 0], [1, 1, 0, 1, 0]])
+    np.testing.assert_array_equal(ctx["state_seg"], [1, 3, 5])
+    np.testing.assert_array_equal(ctx["window_seg"], [[1, 1], [3, 3], [5, 5]])
+    # an all-padding step changes nothing
+    pad = qwen3_5.linear_context(jnp.zeros((1, 1), jnp.int32), jnp.asarray([4]), jnp.asarray([[4, 4]]))
+    assert not bool(pad["reset"].any()) and int(pad["state_seg"][0]) == 4
+    np.testing.assert_array_equal(pad["window_seg"], [[4, 0]])
 
 
 # ------------------------------------------------------------------------------ configs and errors

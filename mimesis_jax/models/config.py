@@ -167,8 +167,11 @@ class ModelConfig:
         if model_type == "qwen3_5":  # full multimodal checkpoint: the language model's config is nested
             if "text_config" not in d:
                 raise ConfigError(f"{source}: model_type 'qwen3_5' without a 'text_config' entry")
+            top = d
             d = dict(d["text_config"])
             d.setdefault("model_type", "qwen3_5_text")
+            if "tie_word_embeddings" in top:  # transformers ties the full model's head by the top-level flag
+                d["tie_word_embeddings"] = top["tie_word_embeddings"]
             model_type = d["model_type"]
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(f"{source}: config key 'model_type': unsupported value {model_type!r}; "
