@@ -162,6 +162,21 @@ def test_nonfinite_skip_counts_and_keeps_params(tmp_path):
     # skipped updates leave the (huge but finite) weights of step 1 untouched
     norms = [r["param_norm"] for r in recs]
     assert math.isfinite(norms[0]) and norms[1] == norms[2] == norms[3] == norms[0]
+    # optax's step counts advanced through the skipped step 2 (checkpointed), so the logged schedule by step
+    # number is the one applied
+    from mimesis_jax import sharding
+    from mimesis_jax.train.loop import state_shardings
+
+    mesh = sharding.make_mesh(cfg.mesh.axes())
+    mc = cfg.runtime_model()
+    ab, sh = state_shardings(mc, make_optimizer(cfg.optimizer, cfg.train.steps, mc), mesh)
+    ck = Checkpointer(str(tmp_path), read_only=True)
+    state, _, _ = ck.restore(2, abstract_like(ab, sh))
+    ck.close()
+    counts = [int(x) for x in jax.tree.leaves(state["opt_state"]) if x.dtype == jnp.int32]
+    assert counts and set(counts) == {2} and int(state["nonfinite"]) == 1
+    sched = make_schedule(cfg.optimizer, cfg.train.steps)
+    np.testing.assert_allclose([r["lr"] for r in recs], [float(sched(s)) for s in range(4)], rtol=1e-6)
 
 
 def test_metrics_tensorboard_and_keep_n(tmp_path):

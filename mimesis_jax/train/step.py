@@ -128,8 +128,9 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
 
     loss = sum over target tokens of -log p / number of target tokens in the whole global batch; the
     gradient is that same quantity's gradient (micro-batch sums, one division). With `skip_nonfinite`
-    a step whose loss or gradient norm is not finite leaves params and optimizer state unchanged and
-    increments `nonfinite`; otherwise the update is applied as computed (the host loop stops the run).
+    a step whose loss or gradient norm is not finite leaves params and optimizer moments unchanged (the
+    optimizer's step counts still advance) and increments `nonfinite`; otherwise the update is applied as
+    computed (the host loop then stops the run).
     """
     params, opt_state = state["params"], state["opt_state"]
     nll, n, g = _accumulate(config, params, batch, grad_accum, grad_shardings)
@@ -141,7 +142,10 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
     new_params = optax.apply_updates(params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if skip_nonfinite:
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        # Floating leaves (weights, moments) keep their old values; integer leaves (optax step counts) advance,
+        # so the learning-rate schedule stays aligned with the step number after a skipped update.
+        keep = lambda new, old: jax.tree.map(  # noqa: E731
+            lambda a, b: jnp.where(finite, a, b) if jnp.issubdtype(a.dtype, jnp.floating) else a, new, old)
         new_params, new_opt = keep(new_params, params), keep(new_opt, opt_state)
     rng, _ = jax.random.split(jax.random.wrap_key_data(state["rng"]))
     new_state = {
