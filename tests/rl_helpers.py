@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mimesis_jax.models.config import ModelConfig
@@ -35,15 +37,26 @@ def random_trajectory(rng: np.random.RandomState, vocab: int, n_turns: int, *, c
 
 def scaled_params(config: ModelConfig, seed: int = 0, scale: float = 5.0):
     """Random parameters with matrices scaled up (std 0.1) so that log-probs vary by O(1) between tokens and
-    a coach note visibly moves the teacher away from the student; norms stay at 1."""
+    a coach note visibly moves the teacher away from the student; norms stay at 1. Fresh device buffers on
+    every call (safe to donate); the values depend only on the architecture, the seed and the scale."""
+    import jax
+    import jax.numpy as jnp
+
+    arch = config.replace(remat="none", scan_layers=True)
+    return jax.tree.map(jnp.asarray, _host_params(arch, seed, scale))
+
+
+@functools.lru_cache(maxsize=8)
+def _host_params(config: ModelConfig, seed: int, scale: float):
     import jax
 
     from mimesis_jax import models
 
     params = models.init_params(config, jax.random.PRNGKey(seed))
+
     def f(path, x):
         name = "/".join(str(getattr(k, "key", k)) for k in path)
-        return x if "norm" in name else x * scale
+        return np.asarray(x if "norm" in name else x * scale)
 
     return jax.tree_util.tree_map_with_path(f, params)
 

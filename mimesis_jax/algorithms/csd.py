@@ -137,6 +137,14 @@ def coach_note_message(note: str, role: str = "system") -> Message:
     return {"role": role, "content": COACH_NOTE_PREFIX + note}
 
 
+def chat_note_renderer(tok) -> Callable[[Message], list[int]]:
+    """`render` for `add_coach_notes`: the note's chat turn through the agent's template (data.chat.render_turn),
+    i.e. ``<|im_start|>system\\n{COACH_NOTE_PREFIX}{note}<|im_end|>\\n`` for the Qwen template."""
+    from mimesis_jax.data.chat import render_turn
+
+    return lambda message: list(render_turn(tok, message).ids)
+
+
 def add_coach_notes(trajectory: Trajectory, notes: Sequence[str | None],
                     render: Callable[[Message], list[int]], role: str = "system") -> int:
     """Renders each note (`render(message) -> token ids`) and inserts it as the coach segment of its turn.
