@@ -162,7 +162,8 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     need(cfg.stage in STAGES, "stage", f"must be one of {STAGES}")
     if not isinstance(cfg.model, ModelConfig):
-        raise ConfigError(f"config key 'model': must be a mimesis_jax.models.ModelConfig, got {type(cfg.model).__name__}")
+        raise ConfigError(f"config key 'model': must be a mimesis_jax.models.ModelConfig, "
+                          f"got {type(cfg.model).__name__}")
     default = ModelConfig()
     for k in ("dtype", "param_dtype", "remat"):
         need(getattr(cfg.model, k) == getattr(default, k), f"model.{k}",
