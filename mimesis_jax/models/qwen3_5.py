@@ -215,6 +215,19 @@ def linear_context(segment_ids: jax.Array, state_seg: jax.Array, window_seg: jax
             "window_seg": segcat[:, T:]}
 
 
+def deltanet_gates(a: jax.Array, b: jax.Array, A_log: jax.Array, dt_bias: jax.Array, valid: jax.Array):
+    """Decay and write strength of the gated delta rule, in float32, per token and value head:
+
+        g = -exp(A_log) * softplus(a + dt_bias)   (log alpha_t <= 0),      beta = sigmoid(b),
+
+    with g = beta = 0 on padding tokens (``valid`` False), which then leave the state untouched.
+    """
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    g = -jnp.exp(f32(A_log)) * jax.nn.softplus(f32(a) + f32(dt_bias))
+    m = valid[..., None]
+    return jnp.where(m, g, 0.0), jnp.where(m, jax.nn.sigmoid(f32(b)), 0.0)
+
+
 def _causal_conv(x: jax.Array, w: jax.Array, window: jax.Array, taps: jax.Array):
     """Depthwise causal conv: y_t = sum_j w[j] * x_{t-(K-1)+j} over live taps; returns (y, new window).
 
@@ -247,12 +260,9 @@ def _gated_deltanet(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
     k = constrain(k, ("act_batch", "act_length", "act_heads", None), config)
     v = constrain(v, ("act_batch", "act_length", "act_heads", None), config)
     z = jnp.einsum("btd,dhv->bthv", h, p["z"].astype(dt))
-    b = jnp.einsum("btd,dh->bth", h, p["b"].astype(dt)).astype(jnp.float32)
-    a = jnp.einsum("btd,dh->bth", h, p["a"].astype(dt)).astype(jnp.float32)
-    valid = ctx["valid"][..., None]
-    beta = jnp.where(valid, jax.nn.sigmoid(b), 0.0)
-    g = jnp.where(valid, -jnp.exp(p["A_log"].astype(jnp.float32)) *
-                  jax.nn.softplus(a + p["dt_bias"].astype(jnp.float32)), 0.0)
+    b = jnp.einsum("btd,dh->bth", h, p["b"].astype(dt))
+    a = jnp.einsum("btd,dh->bth", h, p["a"].astype(dt))
+    g, beta = deltanet_gates(a, b, p["A_log"], p["dt_bias"], ctx["valid"])
     state = None if cache is None else cache["state"]
     if cache is not None and T == 1:
         o, new_state = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, reset=ctx["reset"])
