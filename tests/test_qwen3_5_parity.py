@@ -126,7 +126,8 @@ def test_save_hf_roundtrip_loads_in_transformers(checkpoint, tmp_path):
     models.save_hf(out, config, params)
     ids = _ids(config.vocab_size, (1, 9), seed=2)
     np.testing.assert_allclose(hf_logits(out, ids), hf_logits(checkpoint, ids), atol=1e-6)
-    src, dst = load_file(os.path.join(checkpoint, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+    src = load_file(os.path.join(checkpoint, "model.safetensors"))
+    dst = load_file(os.path.join(out, "model.safetensors"))
     assert sorted(src) == sorted(dst)
     for name in src:  # byte-exact tensors, so the grouped q/k/v layout converts back exactly
         np.testing.assert_array_equal(src[name], dst[name], err_msg=name)
