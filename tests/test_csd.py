@@ -122,6 +122,15 @@ def test_branch_packing_reconstructs_every_teacher_context():
                                         for tr in trajs for c in tr.coach_for_turn() if c is not None)
 
 
+def test_bucket_ladder():
+    from mimesis_jax.algorithms.rl_batch import bucket
+
+    got = [bucket(n, 64) for n in (1, 64, 65, 129, 193, 257, 385, 513, 769, 1025, 1664)]
+    assert got == [64, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+    assert all(bucket(n, 8) >= n and bucket(n, 8) % 8 == 0 for n in range(1, 300))
+    assert len({bucket(n, 64) for n in range(1, 8193)}) == 14  # 64 .. 8192 in 14 shapes
+
+
 def test_packing_errors_name_the_trajectory():
     trajs = random_batch(0, CFG.vocab_size, (2, 3))
     with pytest.raises(ValueError, match="trajectory 1: .* exceed row_len"):

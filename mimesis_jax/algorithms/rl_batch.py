@@ -21,8 +21,8 @@ A list of `rollout.trajectory.Trajectory` becomes one `PackedRL`:
   teacher sequence (Trajectory.teacher_sequence) as its own row, K rows per trunk row; ``teacher_src``
   indexes the flattened [K * Tn] axis.
 
-Shapes are bucketed (row length, branch length and row count rounded up to multiples) so the jitted step
-compiles once per bucket. All counts that normalise the loss are taken over the whole batch here, before
+Shapes are bucketed (row length, branch length and row count rounded up on a geometric ladder, see `bucket`)
+so the jitted step compiles once per bucket. All counts that normalise the loss are taken over the whole batch here, before
 it is split into micro-batches or over devices.
 """
 
@@ -89,8 +89,14 @@ def split_microbatches(arrays: dict[str, np.ndarray], num_microbatches: int) -> 
     return {k: v.reshape((M, B // M) + v.shape[1:]) for k, v in arrays.items()}
 
 
-def round_up(n: int, multiple: int) -> int:
-    return max(multiple, int(math.ceil(n / multiple)) * multiple)
+def bucket(n: int, multiple: int) -> int:
+    """The smallest `multiple` x m >= n with m on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (1 and 1.5 times
+    powers of two): at most ~2 log2(range) distinct shapes, at most 1/3 padding beyond the multiple."""
+    m = max(1, int(math.ceil(n / multiple)))
+    if m <= 2:
+        return m * multiple
+    p = 1 << (m - 1).bit_length()  # the power of two >= m
+    return (3 * p // 4 if 3 * p // 4 >= m else p) * multiple
 
 
 # --------------------------------------------------------------------------------- per trajectory
@@ -150,8 +156,10 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     advantages[i][t]: the advantage of agent turn t of trajectory i (grpo.trajectory_turn_advantages); None
     gives zeros (scoring only). use_rollout_logprobs: take old log-probs from Segment.logprobs (an agent
     segment without them is an error); False leaves zeros for the step to recompute.
-    row_len / branch_len / naive_len / num_rows fix the bucket; None rounds the need up to pad_multiple
-    (rows: to rows_multiple, e.g. micro-batches x batch-sharding devices).
+    row_len / branch_len / naive_len / num_rows fix the shapes; None picks the `bucket` of the need (lengths on
+    the pad_multiple ladder, rows on the rows_multiple ladder, rows_multiple = e.g. micro-batches x
+    batch-sharding devices). In a training loop fix row_len (the context limit) and num_rows (the batch) so
+    that only the branch length varies, over a handful of buckets.
     """
     if teacher not in TEACHER_MODES:
         raise ValueError(f"teacher must be one of {TEACHER_MODES}, got {teacher!r}")
@@ -173,7 +181,7 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
                     raise ValueError(f"trajectory {i}: agent segment {a} has no rollout log-probs; set the "
                                      "step's old_logprobs='recompute' or record them in the sampler")
     need_T = max(len(l.tokens) for l in lays)
-    T = round_up(need_T, pad_multiple) if row_len is None else int(row_len)
+    T = bucket(need_T, pad_multiple) if row_len is None else int(row_len)
     blen = [sum(len(b[0]) for b in l.branches) for l in lays]
     Tb_cap = None if branch_len is None else int(branch_len)
     for i, lay in enumerate(lays):
@@ -198,7 +206,7 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
             rows.append([i])
             used_t.append(len(lays[i].tokens))
             used_b.append(blen[i])
-    B = round_up(len(rows), rows_multiple) if num_rows is None else int(num_rows)
+    B = bucket(len(rows), rows_multiple) if num_rows is None else int(num_rows)
     if B < len(rows) or B % rows_multiple:
         raise ValueError(f"num_rows={B}: the trajectories need {len(rows)} rows of {T} tokens and the row count "
                          f"must be a multiple of rows_multiple={rows_multiple}")
@@ -210,13 +218,13 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
         arr[k] = np.zeros((B, T), np.int32 if k == "teacher_src" else np.float32)
     seq_ids = np.full((B, T), -1, np.int64)
     if mode == "fused":
-        Tb = round_up(max(used_b), pad_multiple) if Tb_cap is None else Tb_cap
+        Tb = bucket(max(used_b), pad_multiple) if Tb_cap is None else Tb_cap
         for k in BRANCH_KEYS:
             arr[k] = np.zeros((B, Tb), np.int32)
     elif mode == "naive":
         K = max(sum(len(lays[i].naive) for i in row) for row in rows)
         need_n = max(len(s) for l in lays for s, _ in l.naive)
-        Tn = round_up(need_n, pad_multiple) if naive_len is None else int(naive_len)
+        Tn = bucket(need_n, pad_multiple) if naive_len is None else int(naive_len)
         if need_n > Tn:
             raise ValueError(f"a teacher sequence has {need_n} tokens > naive_len={Tn}")
         for k in NAIVE_KEYS:
