@@ -9,9 +9,9 @@ each number of turns the same packed dialogues run through three jitted RL steps
   (a) GRPO only (alpha = 0: no teacher work is traced),
   (b) GRPO + fused CSD (one pass: trunk + one teacher branch per coached turn),
   (c) GRPO + naive CSD (every coached turn's teacher sequence as its own row through the plain forward).
-Step time = median (and best) of --repeats compiled calls, the variants
-interleaved call by call; peak memory = the compiled step's temp bytes
-(XLA memory_analysis) and the growth of the process's peak RSS. Ratios are printed against (a) and (b).
+Step time = median (and best) of --repeats compiled calls, the variants interleaved call by call (so that load
+from other processes hits all alike); peak memory = the compiled step's temp bytes (XLA memory_analysis: scratch
+memory beyond inputs and outputs). Ratios are printed against (a) and (b).
 Targets (issue #6): (b)/(a) <= 1.4 at 8 turns; (c)/(b) >= 1.7 at 8 turns and >= 2.5 at 16 turns.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 import time
@@ -58,10 +57,6 @@ def dialogue(rng, vocab: int, turns: int, args, group_id: int, rollout_id: int) 
     return Trajectory(segs, turn_rewards=rng.rand(turns).tolist(), group_id=group_id, rollout_id=rollout_id)
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 class Variant:
     """One compiled RL step on one packed batch; `run()` times a single update."""
 
@@ -71,11 +66,9 @@ class Variant:
         self.params = models.init_params(config, jax.random.PRNGKey(0))
         self.opt_state = self.step.init_opt_state(self.params)
         self.batch = self.step.place(self.packed)
-        rss0 = peak_rss_mb()
         mem = self.step.lower(self.params, self.opt_state, self.batch).compile().memory_analysis()
         self.temp_mb = getattr(mem, "temp_size_in_bytes", float("nan")) / 2 ** 20
         self.run()  # warm-up: compiles the step
-        self.rss_mb = peak_rss_mb() - rss0
         self.times: list[float] = []
 
     def run(self) -> float:
@@ -87,7 +80,7 @@ class Variant:
     def summary(self) -> dict:
         shape = {k: v.shape[1:] for k, v in self.batch.items() if k in ("tokens", "branch_tokens", "naive_tokens")}
         return dict(median=statistics.median(self.times), best=min(self.times), temp_mb=self.temp_mb,
-                    rss_mb=self.rss_mb, teacher_tokens=self.packed.teacher_tokens,
+                    teacher_tokens=self.packed.teacher_tokens,
                     trunk_tokens=int((self.packed.arrays["segment_ids"] > 0).sum()), shapes=shape,
                     loss=float(self.metrics["loss"]))
 
@@ -112,7 +105,7 @@ def main(argv=None):
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; Qwen3 L={args.layers} D={args.hidden} "
           f"V={args.vocab} remat={args.remat}; {args.trajectories} dialogues/step; context {args.context}, "
           f"user {args.user}, note {args.note}, reply {args.reply} tokens")
-    header = (f"{'turns':>5} {'variant':>8} {'median s':>9} {'best s':>8} {'temp MiB':>9} {'dRSS MiB':>9} "
+    header = (f"{'turns':>5} {'variant':>8} {'median s':>9} {'best s':>8} {'temp MiB':>9} "
               f"{'teacher tok':>11} {'trunk tok':>9}  shapes")
     print(header)
     summary = []
@@ -130,8 +123,7 @@ def main(argv=None):
         for name, v in built.items():
             r = res[name] = v.summary()
             print(f"{turns:>5} {name:>8} {r['median']:>9.3f} {r['best']:>8.3f} {r['temp_mb']:>9.1f} "
-                  f"{r['rss_mb']:>9.1f} {r['teacher_tokens']:>11} {r['trunk_tokens']:>9}  {r['shapes']}",
-                  flush=True)
+                  f"{r['teacher_tokens']:>11} {r['trunk_tokens']:>9}  {r['shapes']}", flush=True)
         if not all(np.isfinite(r["loss"]) for r in res.values()):
             sys.exit("non-finite loss")
         del built

@@ -3,7 +3,6 @@ or devices, the loss equals the per-token formula, old log-probs from the rollou
 placement and donation, one compile per bucket, and an end-to-end episode -> coach -> update run."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -65,6 +65,27 @@ def test_coach_notes_use_hindsight_of_each_turn_and_skip_turns_without_a_next_ut
     assert "</sys>3<assistant>" in csd.coach_notes(echo, tr, decode=lambda ids: "|".join(map(str, ids)))[0]
 
 
+def test_coach_notes_batch_is_one_call_over_all_trajectories():
+    trs = [_dialogue(), _dialogue()]
+    trs[1].user_utterances = ["Paris!", "Thanks."]
+    calls = []
+
+    class Batched:
+        def chat_batch(self, conversations, **kw):
+            calls.append(len(conversations))
+            return [ChatResponse(f"note {k}") for k in range(len(conversations))]
+
+    assert csd.coach_notes_batch(Batched(), trs) == [["note 0", None], ["note 1", "note 2"]]
+    assert calls == [3]
+
+    class Failing:
+        def chat(self, messages, **kw):
+            raise ConnectionError("coach endpoint down")
+
+    with pytest.raises(RuntimeError, match="trajectory 0: coach failed on agent turn 0"):
+        csd.coach_notes_batch(Failing(), trs)
+
+
 def test_add_coach_notes_places_the_note_before_the_assistant_header():
     tr = _dialogue()
     rendered = []

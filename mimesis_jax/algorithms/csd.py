@@ -2,8 +2,8 @@
 
 Pieces, each named after what it computes:
 
-* Eq 7, the coach: `build_coach_prompt` (the documented template below) and `coach_notes`, which asks any
-  `ChatModel` for one hindsight note per agent turn; `coach_note_message` + `add_coach_notes` turn a note into
+* Eq 7, the coach: `build_coach_prompt` (the documented template below) and `coach_notes` /
+  `coach_notes_batch`, which ask any `ChatModel` for one hindsight note per agent turn; `coach_note_message` + `add_coach_notes` turn a note into
   a coach segment placed before the turn's assistant header (rollout/trajectory.py placement rule).
 * Eq 8 `csd_delta`, Eq 9 `csd_weights`, Eq 10 `csd_loss`, Eq 11 `combined_loss`.
 * The scoring passes over a packed batch (algorithms/rl_batch.py):
@@ -89,16 +89,15 @@ def _segment_text(tr: Trajectory, i: int, decode: Callable[[list[int]], str] | N
     return decode(s.tokens)
 
 
-def coach_notes(coach: ChatModel, trajectory: Trajectory, *, decode: Callable[[list[int]], str] | None = None,
-                task_context: str | None = None, turns: Sequence[int] | None = None, max_tokens: int = 256,
-                temperature: float = 0.0) -> list[str | None]:
-    """One Eq 7 note per agent turn (in order), None where there is none.
+def coach_requests(trajectory: Trajectory, *, decode: Callable[[list[int]], str] | None = None,
+                   task_context: str | None = None, turns: Sequence[int] | None = None
+                   ) -> list[tuple[int, list[Message]]]:
+    """The Eq 7 coach prompts of one trajectory: [(agent turn t, messages)] for the turns that can have a note.
 
-    A turn gets no note when it is not in `turns` (default: all), when the simulator said nothing after it
-    (no x_{t+1}: nothing to learn in hindsight; `user_utterances` shorter than the number of turns means the
-    missing trailing turns have none), or when the coach answers exactly NONE (or nothing). Public history
-    H_t = the text of every non-coach segment before the turn's agent segment (Segment.text, else `decode`).
-    A coach reply with finish_reason "error" is an error, never a silent skip.
+    A turn gets none when it is not in `turns` (default: all) or when the simulator said nothing after it (no
+    x_{t+1}: nothing to learn in hindsight; `user_utterances` shorter than the number of turns means the missing
+    trailing turns have none). Public history H_t = the text of every non-coach segment before the turn's agent
+    segment (Segment.text, else `decode(tokens)`; neither is an error naming the segment).
     """
     agents = trajectory.agent_indices()
     n = len(agents)
@@ -110,21 +109,58 @@ def coach_notes(coach: ChatModel, trajectory: Trajectory, *, decode: Callable[[l
     bad = [t for t in wanted if not 0 <= t < n]
     if bad:
         raise ValueError(f"turns {sorted(bad)} out of range for a trajectory with {n} agent turns")
-    notes: list[str | None] = []
+    out = []
     for t, a in enumerate(agents):
         nxt = trajectory.user_utterances[t] if t < len(trajectory.user_utterances) else None
         if t not in wanted or nxt is None:
-            notes.append(None)
             continue
         thought = trajectory.user_thoughts[t] if t < len(trajectory.user_thoughts) else None
         history = "".join(_segment_text(trajectory, i, decode) for i in range(a)
                           if trajectory.segments[i].kind != "coach")
-        msgs = build_coach_prompt(ctx, history, _segment_text(trajectory, a, decode), thought, nxt)
+        out.append((t, build_coach_prompt(ctx, history, _segment_text(trajectory, a, decode), thought, nxt)))
+    return out
+
+
+def coach_notes_batch(coach: ChatModel, trajectories: Sequence[Trajectory], *,
+                      decode: Callable[[list[int]], str] | None = None, task_contexts: Sequence[str] | None = None,
+                      max_tokens: int = 256, temperature: float = 0.0) -> list[list[str | None]]:
+    """Eq 7 notes for many trajectories through ONE batched call (rollout.endpoints.chat_many): per trajectory,
+    per agent turn, the note or None (see `coach_requests`; a coach answer of exactly NONE, or nothing, is None).
+    A failed coach call is an error naming the trajectory and the turn, never a silent skip."""
+    from mimesis_jax.rollout.endpoints import chat_many
+
+    reqs = []  # (trajectory index, turn, messages)
+    for i, tr in enumerate(trajectories):
+        ctx = None if task_contexts is None else task_contexts[i]
+        try:
+            reqs += [(i, t, m) for t, m in coach_requests(tr, decode=decode, task_context=ctx)]
+        except ValueError as e:
+            raise ValueError(f"trajectory {i}: {e}") from None
+    responses = chat_many(coach, [m for _, _, m in reqs], max_tokens=max_tokens, temperature=temperature)
+    notes: list[list[str | None]] = [[None] * tr.num_agent_turns for tr in trajectories]
+    for (i, t, _), resp in zip(reqs, responses):
+        if resp.finish_reason == "error":
+            raise RuntimeError(f"trajectory {i}: coach failed on agent turn {t}: {resp.meta or resp.text!r}")
+        text = (resp.text or "").strip()
+        notes[i][t] = None if not text or text.upper() == NO_NOTE else text
+    return notes
+
+
+def coach_notes(coach: ChatModel, trajectory: Trajectory, *, decode: Callable[[list[int]], str] | None = None,
+                task_context: str | None = None, turns: Sequence[int] | None = None, max_tokens: int = 256,
+                temperature: float = 0.0) -> list[str | None]:
+    """One Eq 7 note per agent turn of one trajectory (in order), None where there is none (`coach_requests`).
+
+    The coach answering exactly NONE (or nothing) means no note; a coach reply with finish_reason "error" is an
+    error naming the turn, never a silent skip.
+    """
+    notes: list[str | None] = [None] * trajectory.num_agent_turns
+    for t, msgs in coach_requests(trajectory, decode=decode, task_context=task_context, turns=turns):
         resp = coach.chat(msgs, max_tokens=max_tokens, temperature=temperature)
         if resp.finish_reason == "error":
             raise RuntimeError(f"coach failed on agent turn {t}: {resp.meta or resp.text!r}")
         text = (resp.text or "").strip()
-        notes.append(None if not text or text.upper() == NO_NOTE else text)
+        notes[t] = None if not text or text.upper() == NO_NOTE else text
     return notes
 
 

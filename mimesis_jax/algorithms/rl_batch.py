@@ -22,8 +22,8 @@ A list of `rollout.trajectory.Trajectory` becomes one `PackedRL`:
   indexes the flattened [K * Tn] axis.
 
 Shapes are bucketed (row length, branch length and row count rounded up on a geometric ladder, see `bucket`)
-so the jitted step compiles once per bucket. All counts that normalise the loss are taken over the whole batch here, before
-it is split into micro-batches or over devices.
+so the jitted step compiles once per bucket. All counts that normalise the loss are taken over the whole batch
+here, before it is split into micro-batches or over devices.
 """
 
 from __future__ import annotations

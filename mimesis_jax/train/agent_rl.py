@@ -28,7 +28,6 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
