@@ -156,6 +156,9 @@ def test_packing_errors_name_the_trajectory():
     trajs = random_batch(0, CFG.vocab_size, (2, 3))
     with pytest.raises(ValueError, match="trajectory 1: .* exceed row_len"):
         pack_trajectories(trajs, row_len=len(trajs[0].student_tokens()) + 1)
+    trajs[1].segments[-1].logprobs = [float("nan")] * len(trajs[1].segments[-1].tokens)
+    with pytest.raises(ValueError, match="trajectory 1: agent segment .* non-finite"):
+        pack_trajectories(trajs)
     trajs[1].segments[-1].logprobs = None
     with pytest.raises(ValueError, match="trajectory 1: agent segment .* no rollout log-probs"):
         pack_trajectories(trajs)

@@ -25,7 +25,7 @@ before it (coach_t + header_t + agent_t[:k] after the trunk prefix).
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +35,10 @@ from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories, unpack_turns
 from mimesis_jax.models import hidden_states
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout.base import ChatModel, Message
-from mimesis_jax.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:  # annotations only: algorithms/ does not import rollout/ (rollout depends on algorithms)
+    from mimesis_jax.rollout.base import ChatModel, Message
+    from mimesis_jax.rollout.trajectory import Trajectory
 
 # ------------------------------------------------------------------------------------- Eq 7: the coach
 COACH_SYSTEM = (

@@ -180,6 +180,8 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
                 if lp is None and n:
                     raise ValueError(f"trajectory {i}: agent segment {a} has no rollout log-probs; set the "
                                      "step's old_logprobs='recompute' or record them in the sampler")
+                if lp is not None and not np.all(np.isfinite(lp)):
+                    raise ValueError(f"trajectory {i}: agent segment {a} has a non-finite rollout log-prob")
     need_T = max(len(l.tokens) for l in lays)
     T = bucket(need_T, pad_multiple) if row_len is None else int(row_len)
     blen = [sum(len(b[0]) for b in l.branches) for l in lays]
