@@ -5,6 +5,7 @@
     export   --workdir DIR --out HFDIR [--step N] [--dtype float32|bfloat16]  checkpoint -> HF directory
     demo     [--workdir DIR]        tiny mid-training -> ThoughtTrace SFT -> export -> load_hf, on a CPU
     config   --config configs/<name>.py [--set ...]                            print the resolved config
+    serve    --checkpoint HFDIR --tokenizer SPEC --port P    OpenAI-compatible /v1/chat/completions on localhost
 
 A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
 SIGTERM-triggered checkpoint; 1 when training stops on a non-finite loss or runs out of data; 2 for a bad
@@ -53,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--sft-config", default=os.path.join(REPO_CONFIGS, "tiny_sft.py"))
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                     help="overrides applied to both stages")
+    from mimesis_jax.rollout import serve
+
+    serve.add_args(sub.add_parser("serve", help="serve a local model on an OpenAI-compatible /v1/chat/completions"))
     sp = sub.add_parser("config", help="print the resolved run config as JSON")
     sp.add_argument("--config", required=True)
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
@@ -142,6 +146,10 @@ def main(argv=None) -> int:
             return 0
         if args.command == "demo":
             return _demo(args)
+        if args.command == "serve":
+            from mimesis_jax.rollout import serve
+
+            return serve.run(args)
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

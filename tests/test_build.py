@@ -56,3 +56,34 @@ def test_every_listed_file_exists_and_deps_resolve():
         for d in deps:
             if d.startswith(":"):
                 assert d[1:] in names, f"BUILD target {name} depends on unknown target {d}"
+
+
+def _imported_files(path):
+    """Project modules a file imports (ignoring `if TYPE_CHECKING:` blocks, which are annotations only)."""
+    import re
+
+    with open(os.path.join(ROOT, path)) as f:
+        src = f.read()
+    src = re.sub(r"if TYPE_CHECKING:[^\n]*\n((    [^\n]*)?\n)+", "\n", src)
+    out = set()
+    pat = r"^\s*(?:from|import)\s+(mimesis_jax(?:\.\w+)*)(?:\s+import\s+\(?([\w, ]+))?"
+    for m in re.finditer(pat, src, re.M):
+        mod, names = m.group(1), m.group(2)
+        for cand in [mod] + ([f"{mod}.{n.strip()}" for n in names.split(",") if n.strip()] if names else []):
+            base = cand.replace(".", "/")
+            for fn in (base + ".py", base + "/__init__.py"):
+                if os.path.exists(os.path.join(ROOT, fn)) and fn != path:
+                    out.add(fn)
+    return out
+
+
+def test_library_deps_cover_imports():
+    libs = [(name, srcs, deps) for kind, name, srcs, deps in _targets() if kind == "py_library"]
+    owner = {s: name for name, srcs, _ in libs for s in srcs}
+    for name, srcs, deps in libs:
+        for s in srcs:
+            for imported in _imported_files(s):
+                target = owner.get(imported)
+                assert target is not None, f"{s} imports {imported}, which no py_library lists"
+                assert target == name or f":{target}" in deps, \
+                    f"BUILD: {name} ({s}) imports {imported} from :{target} but does not depend on it"
