@@ -34,7 +34,6 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("mlp", "tensor"),
     ("lin_heads", "tensor"),
     ("lin_kv_heads", "tensor"),
-    ("lin_qkv", "tensor"),
     ("head_dim", None),
     ("lin_dim", None),
     ("conv", None),

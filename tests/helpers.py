@@ -24,8 +24,10 @@ def randomize_torch_model(model, seed: int = 0, scale: float = 0.15, norm_scale:
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if "norm" in name and p.ndim == 1:
-                base = 0.0 if getattr(model.config, "model_type", "").startswith("qwen3_5") else 1.0
-                p.copy_(base + norm_scale * noise)
+                # Qwen3.5 norms compute x * (1 + w) (w near 0), except the DeltaNet's gated output norm (x * w)
+                offset_norm = getattr(model.config, "model_type", "").startswith("qwen3_5") and \
+                    not name.endswith("linear_attn.norm.weight")
+                p.copy_((0.0 if offset_norm else 1.0) + norm_scale * noise)
             elif name.endswith("A_log"):
                 p.copy_(torch.log(torch.rand(p.shape, generator=g) * 4 + 0.5))
             elif name.endswith("dt_bias"):

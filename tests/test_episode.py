@@ -45,7 +45,7 @@ def test_full_episode_segments_rewards_and_no_thought_leak(tok):
     [traj] = run_episodes(agent, user, [_task()], EpisodeConfig(max_turns=8))
     assert traj.status == "ok" and traj.invalid_reason is None
     assert traj.turn_rewards == [0.0, 0.0, 0.0, 0.0, 1.0]
-    assert traj.task["rollout"]["end_reason"] == "terminated" and traj.task["rollout"]["turns"] == 5
+    assert traj.meta["end_reason"] == "terminated" and traj.meta["turns"] == 5
     assert traj.user_thoughts == [THOUGHT, None, None, None, None]
     assert traj.user_utterances == ["It is a yellow fruit.", None, None, None, None]
     info = traj.env_info
@@ -112,8 +112,8 @@ def test_simulator_opener_unclosed_thought_and_user_errors(tok):
     # the simulator writes the opening turn when the agent's messages do not end with a user message
     opener = ScriptedChatModel(["<think>\nI start.\n</think>\n\nI need help finding a word."])
     [traj] = run_episodes(agent, opener, [_task(opener=None)], EpisodeConfig(max_turns=1))
-    assert traj.task["rollout"]["opening_utterance"] == "I need help finding a word."
-    assert traj.task["rollout"]["opening_thought"] == "I start."
+    assert traj.meta["opening_utterance"] == "I need help finding a word."
+    assert traj.meta["opening_thought"] == "I start."
     assert "I need help finding a word." in tok.decode(traj.segments[0].tokens)
     assert "I start." not in tok.decode(traj.student_tokens())
     assert opener.calls[0] == [_task().user_messages[0]]
@@ -133,18 +133,18 @@ def test_limits_batching_and_user_stop(tok):
     tasks[3].rollout_id, tasks[3].group_id = 42, 7
     cfg = EpisodeConfig(max_turns=3)
     trajs = run_episodes(agent, None, tasks, cfg)
-    assert [t.task["rollout"]["end_reason"] for t in trajs] == ["truncated", "turn_limit", "turn_limit", "turn_limit"]
+    assert [t.meta["end_reason"] for t in trajs] == ["truncated", "turn_limit", "turn_limit", "turn_limit"]
     assert [t.num_agent_turns for t in trajs] == [2, 3, 3, 3] and all(t.status == "ok" for t in trajs)
     assert agent.batch_sizes == [4, 4, 3]  # every live dialogue's agent turn in one call per round
     assert trajs[3].rollout_id == 42 and trajs[3].group_id == 7 and trajs[0].rollout_id == 0
     # the user can end the episode (env.observe_user), and the context limit ends it cleanly
     agent = ScriptedAgent(tok, [tool_call_text("action", "Are we done?")])
     [t] = run_episodes(agent, ScriptedChatModel(["<think>\nbye\n</think>\n\nThanks! ###STOP###"]), [_task()], cfg)
-    assert t.task["rollout"]["end_reason"] == "user_ended" and t.env_info[-1]["user"] == {"user_stopped": True}
+    assert t.meta["end_reason"] == "user_ended" and t.env_info[-1]["user"] == {"user_stopped": True}
     n0 = len(render_messages(tok, _task().agent_messages, tools=[INTERACT_TOOL]).ids)
     [t] = run_episodes(agent, None, [_task()], EpisodeConfig(max_turns=5, agent_max_tokens=10,
                                                                max_context_tokens=n0 + 30))
-    assert t.task["rollout"]["end_reason"] == "context_limit" and t.status == "ok"
+    assert t.meta["end_reason"] == "context_limit" and t.status == "ok"
 
 
 class ChattyEnv(SecretWordEnv):

@@ -1,5 +1,5 @@
 """The OpenAI-compatible server: a real server on 127.0.0.1 hit by real HTTP clients (urllib and this project's
-OpenAIChatModel), in-process and as `python -m mimesis_jax.rollout.serve`."""
+OpenAIChatModel), in-process and as `python -m mimesis_jax serve`."""
 
 import concurrent.futures
 import json
@@ -134,10 +134,11 @@ def test_missing_tokenizer_is_a_named_error(checkpoint):
         serve.build_server(args)
 
 
-def test_module_entry_point_serves(checkpoint):
-    """`python -m mimesis_jax.rollout.serve` as a separate process: read its URL, query it, stop it."""
+def test_cli_serve_command_serves(checkpoint):
+    """`python -m mimesis_jax serve --checkpoint DIR --port P` as a separate process: read its URL, query it with
+    a real HTTP client, stop it."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-    proc = subprocess.Popen([sys.executable, "-m", "mimesis_jax.rollout.serve", "--checkpoint", checkpoint,
+    proc = subprocess.Popen([sys.executable, "-m", "mimesis_jax", "serve", "--checkpoint", checkpoint,
                              "--tokenizer", "tiny", "--port", "0", "--max-tokens", "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -36,7 +36,7 @@ from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories, unpack_
 from mimesis_jax.models import hidden_states
 from mimesis_jax.models.config import ModelConfig
 
-if TYPE_CHECKING:  # annotations only: algorithms/ does not import rollout/ (rollout depends on algorithms)
+if TYPE_CHECKING:  # annotations only; rollout.endpoints is imported where the coach is called
     from mimesis_jax.rollout.base import ChatModel, Message
     from mimesis_jax.rollout.trajectory import Trajectory
 

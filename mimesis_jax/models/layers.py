@@ -136,5 +136,15 @@ def maybe_remat(fn: Callable, config: ModelConfig, static_argnums: tuple[int, ..
     return jax.checkpoint(fn, policy=policy, prevent_cse=not config.scan_layers, static_argnums=static_argnums)
 
 
+def default_positions_segments(tokens: jax.Array, positions=None, segment_ids=None):
+    """Positions 0..T-1 and one segment per row, where the caller gave none."""
+    B, T = tokens.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    if segment_ids is None:
+        segment_ids = jnp.ones((B, T), jnp.int32)
+    return positions, segment_ids
+
+
 def embed_lookup(embedding: jax.Array, tokens: jax.Array, dtype) -> jax.Array:
     return jnp.take(embedding, tokens, axis=0).astype(dtype)

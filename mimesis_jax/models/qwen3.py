@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from mimesis_jax.models import kv_cache
 from mimesis_jax.models.attention import branch_mask, cache_mask, dot_product_attention, segment_causal_mask
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.models.layers import ParamSpec, apply_rope, embed_lookup, maybe_remat, rms_norm, rope_tables, swiglu
+from mimesis_jax.models.layers import (ParamSpec, apply_rope, default_positions_segments, embed_lookup, maybe_remat,
+                                      rms_norm, rope_tables, swiglu)
 from mimesis_jax.sharding import constrain
 
 
@@ -145,15 +146,6 @@ def _run_layers(config: ModelConfig, layers: dict, x, rope, mask, branch=None):
             carry, _ = body(carry, jax.tree.map(lambda a: a[i], layers))
         x, xb = carry
     return x, xb
-
-
-def default_positions_segments(tokens, positions, segment_ids):
-    B, T = tokens.shape
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if segment_ids is None:
-        segment_ids = jnp.ones((B, T), jnp.int32)
-    return positions, segment_ids
 
 
 def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, positions=None, segment_ids=None,

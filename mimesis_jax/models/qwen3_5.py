@@ -55,7 +55,8 @@ from mimesis_jax.models import kv_cache
 from mimesis_jax.models.attention import cache_mask, dot_product_attention, segment_causal_mask
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.models.gated_delta import chunk_gated_delta_rule, l2_normalize, recurrent_gated_delta_rule
-from mimesis_jax.models.layers import ParamSpec, apply_rope, embed_lookup, maybe_remat, rms_norm, rope_tables, swiglu
+from mimesis_jax.models.layers import (ParamSpec, apply_rope, default_positions_segments, embed_lookup, maybe_remat,
+                                      rms_norm, rope_tables, swiglu)
 from mimesis_jax.sharding import constrain
 
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -366,15 +367,6 @@ def _run_layers(config: ModelConfig, params: dict, x, lin_ctx, full_ctx, lin_cac
     return x, ungroup(lin_new), ungroup(full_new)
 
 
-def _defaults(tokens, positions, segment_ids):
-    B, T = tokens.shape
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if segment_ids is None:
-        segment_ids = jnp.ones((B, T), jnp.int32)
-    return positions, segment_ids
-
-
 def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, positions=None, segment_ids=None,
                   branch: dict | None = None):
     """Final-norm hidden states [B, T, D] of (packed) rows; returns (hidden, None).
@@ -384,7 +376,7 @@ def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, position
     if branch is not None:
         raise NotImplementedError("qwen3_5_text: CSD teacher branches are implemented for the Qwen3 agent only "
                                   "(the simulator is scored with plain sequences)")
-    positions, segment_ids = _defaults(tokens, positions, segment_ids)
+    positions, segment_ids = default_positions_segments(tokens, positions, segment_ids)
     B = tokens.shape[0]
     K = config.linear_conv_kernel_dim
     x = _residual(config, embed_lookup(params["embed"], tokens, config.compute_dtype))

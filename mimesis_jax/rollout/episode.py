@@ -22,7 +22,7 @@ its thought makes the episode INVALID with the reason -- never a reward of 0.
 Recorded segments (rollout/trajectory.py): the agent's initial context (public); then per agent turn the
 assistant header (its own public segment, where a CSD coach note is later inserted before it), the agent segment
 (sampled tokens through `<|im_end|>`, with log-probs), and public segments for the turn's closing newline, the
-tool response and the user's utterance turn. Per-episode extras go to `trajectory.task["rollout"]`:
+tool response and the user's utterance turn. Per-episode extras go to `trajectory.meta`:
 opening thought/utterance, reset feedback/info, end reason, number of turns.
 """
 
@@ -120,7 +120,7 @@ def _add(ep: _Live, kind: str, tokens, logprobs=None, text=None):
 
 def _end(ep: _Live, reason: str, invalid: str | None = None):
     ep.done = True
-    ep.traj.task["rollout"]["end_reason"] = reason
+    ep.traj.meta["end_reason"] = reason
     if invalid is not None:
         ep.traj.status, ep.traj.invalid_reason = "invalid", invalid
 
@@ -146,7 +146,7 @@ def _user_turns(eps: list[_Live], user, cfg: EpisodeConfig, refusal: RefusalDete
             if reason is not None:
                 _end(ep, "invalid", f"{where}: {reason}")
         if opening:
-            ep.traj.task["rollout"].update(opening_thought=thought, opening_utterance=utterance)
+            ep.traj.meta.update(opening_thought=thought, opening_utterance=utterance)
         else:
             ep.traj.user_thoughts.append(thought)
             ep.traj.user_utterances.append(utterance)
@@ -186,7 +186,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
         rid = i if task.rollout_id is None else task.rollout_id
         obs, info = task.env.reset(seed=task.reset_seed)
         meta = {"reset_feedback": (obs or {}).get("feedback"), "reset_info": info}
-        traj = Trajectory(segments=[], group_id=task.group_id, rollout_id=rid, task={**task.task, "rollout": meta})
+        traj = Trajectory(segments=[], group_id=task.group_id, rollout_id=rid, task=dict(task.task), meta=meta)
         view = None if (user is None or task.user_messages is None) else [dict(m) for m in task.user_messages]
         eps.append(_Live(i, task, traj, [], view))
 
@@ -270,6 +270,6 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             if not ep.done and ep.turns >= cfg.max_turns:
                 _end(ep, "turn_limit")
     for ep in eps:
-        ep.traj.task["rollout"]["turns"] = ep.turns
+        ep.traj.meta["turns"] = ep.turns
         ep.traj.validate()
     return [ep.traj for ep in eps]

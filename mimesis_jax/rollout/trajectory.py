@@ -47,6 +47,7 @@ class Trajectory:
     task: dict[str, Any] = dataclasses.field(default_factory=dict)
     status: str = "ok"  # ok | invalid
     invalid_reason: str | None = None
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # rollout extras (end reason, turns, ...)
 
     # ------------------------------------------------------------------ views
     def agent_indices(self) -> list[int]:
