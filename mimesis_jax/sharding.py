@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
+from flax.linen import partitioning as flax_partitioning
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -51,12 +52,22 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-def rules_of(config_or_rules=None) -> dict[str, Any]:
-    """The rules table as a dict, from a ModelConfig (its `sharding_rules`), a table, or None (defaults)."""
+def rules_table(config_or_rules=None) -> tuple[tuple[str, Any], ...]:
+    """The rules as (logical, mesh) pairs, from a ModelConfig (its `sharding_rules`), a table/dict, or None
+    (DEFAULT_RULES). A logical name may appear several times: later entries are fallbacks (Flax semantics)."""
     rules = getattr(config_or_rules, "sharding_rules", config_or_rules)
     if rules is None:
         rules = DEFAULT_RULES
-    return dict(rules.items() if isinstance(rules, Mapping) else rules)
+    pairs = rules.items() if isinstance(rules, Mapping) else rules
+    return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in pairs)
+
+
+def rules_of(config_or_rules=None) -> dict[str, Any]:
+    """The rules as a dict {logical: first mesh target} (lookups such as the batch axes)."""
+    out: dict[str, Any] = {}
+    for k, v in rules_table(config_or_rules):
+        out.setdefault(k, v)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ meshes
@@ -99,22 +110,24 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
 # ------------------------------------------------------------------------------- logical -> mesh
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int],
                     rules=None) -> P:
-    """PartitionSpec for one tensor of `shape` whose dims are named `axes`."""
-    table = rules_of(rules)
-    used: set[str] = set()
+    """PartitionSpec for one tensor of `shape` whose dims are named `axes`.
+
+    Flax's `logical_to_mesh_axes` resolves the names (rule order is priority; a mesh axis serves one dim; a
+    repeated logical name is a fallback), then mesh axes the mesh lacks (or of size 1) are dropped and a dim
+    that the remaining axes do not divide drops trailing axes until they do.
+    """
+    table = rules_table(rules)
+    known = {k for k, _ in table}
+    for name in axes:
+        if name is not None and name not in known:
+            raise KeyError(f"logical axis {name!r} has no sharding rule; rules cover {sorted(known)}")
+    resolved = flax_partitioning.logical_to_mesh_axes(tuple(axes), table)
     out = []
-    for name, dim in zip(axes, shape):
-        if name is None:
-            out.append(None)
-            continue
-        if name not in table:
-            raise KeyError(f"logical axis {name!r} has no sharding rule; rules cover {sorted(table)}")
-        target = table[name]
-        target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-        target = [a for a in target if a in mesh_shape and a not in used and mesh_shape[a] > 1]
+    for entry, dim in zip(tuple(resolved) + (None,) * (len(shape) - len(resolved)), shape):
+        target = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+        target = [a for a in target if mesh_shape.get(a, 1) > 1]
         while target and dim % math.prod(mesh_shape[a] for a in target):
             target.pop()
-        used.update(target)
         out.append(None if not target else (target[0] if len(target) == 1 else tuple(target)))
     return P(*out)
 
@@ -159,6 +172,16 @@ def batch_spec(ndim: int = 2, rules=None, shape=None, mesh=None) -> P:
         target = rules_of(rules)["act_batch"]
         return P(target, *([None] * (ndim - 1)))
     return logical_to_spec(axes, shape, _mesh_shape(mesh), rules)
+
+
+def batch_shard_count(mesh: Mesh | None, rules=None) -> int:
+    """How many ways the row (batch) axis is split on `mesh` under the act_batch rule (1 without a mesh):
+    batches are padded to a multiple of this so every row shard is equal."""
+    if mesh is None:
+        return 1
+    target = rules_of(rules)["act_batch"]
+    target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    return int(math.prod(dict(mesh.shape).get(a, 1) for a in target))
 
 
 def batch_sharding(mesh: Mesh, shape, rules=None) -> NamedSharding:

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
+from mimesis_jax import sharding
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories, unpack_turns
 from mimesis_jax.models import hidden_states
 from mimesis_jax.models.config import ModelConfig
@@ -303,25 +304,12 @@ def score(config: ModelConfig, params, trajectories: Sequence[Trajectory], *, me
     With a mesh, rows are split over its batch axes and parameters are used as they are placed.
     """
     packed = pack_trajectories(trajectories, teacher=teacher, use_rollout_logprobs=False, row_len=row_len,
-                               rows_multiple=batch_shard_count(mesh, config), pad_multiple=pad_multiple)
+                               rows_multiple=sharding.batch_shard_count(mesh, config), pad_multiple=pad_multiple)
     return score_packed(config, params, packed, mesh)
 
 
-def batch_shard_count(mesh, config: ModelConfig) -> int:
-    """How many ways the row axis of a batch is split on `mesh` under the act_batch rule (1 without a mesh)."""
-    from mimesis_jax import sharding
-
-    if mesh is None:
-        return 1
-    target = sharding.rules_of(config)["act_batch"]
-    target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    return int(np.prod([mesh.shape[a] for a in target if a in mesh.shape]))
-
-
 def score_packed(config: ModelConfig, params, packed: PackedRL, mesh=None):
-    """`score` on an already packed batch (rows a multiple of batch_shard_count(mesh, config))."""
-    from mimesis_jax import sharding
-
+    """`score` on an already packed batch (rows a multiple of sharding.batch_shard_count(mesh, config))."""
     arrays = {k: v for k, v in packed.arrays.items()}
     if mesh is None:
         s, t = _score_jit(config, params, arrays, packed.teacher)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.linen import initializers as flax_init
 
 from mimesis_jax.models.config import ModelConfig
 
@@ -47,25 +48,24 @@ def spec_shapes(config: ModelConfig, specs):
 
 
 def init_from_specs(config: ModelConfig, specs, rng: jax.Array):
-    """Initialises every parameter of a spec pytree. Matrices ~ N(0, initializer_range) as HF does."""
+    """Initialises every parameter of a spec pytree with Flax's initialisers: matrices ~ N(0, initializer_range)
+    as HF does, norms at their neutral value, the DeltaNet decay parameters as transformers draws them."""
     leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
     keys = jax.random.split(rng, len(leaves))
     dtype = config.weight_dtype
     out = []
+    inits = {
+        "normal": flax_init.normal(stddev=config.initializer_range),
+        "zeros": flax_init.zeros_init(),
+        "ones": flax_init.ones_init(),
+        "dt_bias": flax_init.ones_init(),
+        # Qwen3.5 gated DeltaNet: A ~ U(0, 16) (as transformers), stored as log(A)
+        "a_log": lambda key, shape, dtype: jnp.log(jax.random.uniform(key, shape, dtype, 1e-2, 16.0)),
+    }
     for key, s in zip(keys, leaves):
-        if s.init == "normal":
-            v = config.initializer_range * jax.random.normal(key, s.shape, jnp.float32)
-        elif s.init == "zeros":
-            v = jnp.zeros(s.shape, jnp.float32)
-        elif s.init == "ones":
-            v = jnp.ones(s.shape, jnp.float32)
-        elif s.init == "a_log":  # Qwen3.5 gated DeltaNet: A ~ U(0, 16), stored as log(A)
-            v = jnp.log(jax.random.uniform(key, s.shape, jnp.float32, 1e-4, 16.0))
-        elif s.init == "dt_bias":
-            v = jnp.ones(s.shape, jnp.float32)
-        else:
+        if s.init not in inits:
             raise ValueError(f"unknown initialiser {s.init!r}")
-        out.append(v.astype(dtype))
+        out.append(inits[s.init](key, s.shape, jnp.float32).astype(dtype))
     return jax.tree.unflatten(treedef, out)
 
 

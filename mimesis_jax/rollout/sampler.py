@@ -201,14 +201,6 @@ def _stop_lists(stop_ids, n: int) -> list[list[int]]:
     return [[int(t) for t in stop_ids]] * n
 
 
-def _batch_shards(mesh, config) -> int:
-    if mesh is None:
-        return 1
-    target = sharding.rules_of(config)["act_batch"]
-    target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    return int(np.prod([dict(mesh.shape).get(a, 1) for a in target]))
-
-
 def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_new_tokens,
              temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), seed=0, mesh=None,
              buckets: Buckets | None = None) -> list[Sample]:
@@ -248,7 +240,7 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
     else:
         seeds, salts = [int(seed)] * n, list(range(n))
 
-    B = buckets.batch(n, _batch_shards(mesh, config))
+    B = buckets.batch(n, sharding.batch_shard_count(mesh, config))
     P = buckets.prompt(max(len(p) for p in prompts))
     N = buckets.new_tokens(max(max_new))
     S = buckets.stops(max(len(s) for s in stops))

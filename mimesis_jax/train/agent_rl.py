@@ -33,7 +33,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mimesis_jax import sharding
 from mimesis_jax.algorithms import csd, grpo
-from mimesis_jax.algorithms.csd import batch_shard_count
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.models.config import ModelConfig
 
@@ -142,7 +141,7 @@ class RLStep:
     # ---------------------------------------------------------------------------------- placement
     def rows_multiple(self) -> int:
         """Row counts must be a multiple of this: micro-batches x batch-sharding devices."""
-        return self.rl.num_microbatches * batch_shard_count(self.mesh, self.config)
+        return self.rl.num_microbatches * sharding.batch_shard_count(self.mesh, self.config)
 
     def _batch_sharding(self, shape):
         spec = sharding.logical_to_spec((None, "act_batch") + (None,) * (len(shape) - 2), shape,
