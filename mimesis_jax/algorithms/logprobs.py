@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from mimesis_jax.models import hidden_states, lm_head_weight
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.layers import embed_lookup
 
 _NEG_INF = -jnp.inf
 
@@ -123,7 +124,8 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets
     W = lm_head_weight(config, params)
     h = hidden.astype(config.compute_dtype)
     Wc = W.astype(config.compute_dtype)
-    target_logit = jnp.einsum("btd,btd->bt", h.astype(jnp.float32), jnp.take(Wc, targets, axis=0).astype(jnp.float32))
+    target_logit = jnp.einsum("btd,btd->bt", h.astype(jnp.float32),
+                              embed_lookup(Wc, targets, jnp.float32, config))
     lse = chunked_logsumexp(h, Wc, config.logits_seq_chunk, config.logits_vocab_chunk)
     return target_logit - lse
 

@@ -146,5 +146,16 @@ def default_positions_segments(tokens: jax.Array, positions=None, segment_ids=No
     return positions, segment_ids
 
 
-def embed_lookup(embedding: jax.Array, tokens: jax.Array, dtype) -> jax.Array:
-    return jnp.take(embedding, tokens, axis=0).astype(dtype)
+def embed_lookup(embedding: jax.Array, tokens: jax.Array, dtype, config: ModelConfig | None = None) -> jax.Array:
+    """Rows of a [V, D] table for token ids [B, T] -> [B, T, D] in `dtype`, split over the batch axes.
+
+    Under a mesh the table is first gathered over its `embed` (FSDP) axis, as FSDP does for every weight, and
+    only stays split over `vocab`: a gather whose table is split along D would have to be re-laid-out from
+    D-split to batch-split, which XLA's SPMD partitioner can only do by replicating it.
+    """
+    from mimesis_jax.sharding import constrain
+
+    narrowing = jnp.dtype(dtype).itemsize < embedding.dtype.itemsize  # cast before the gather only if smaller
+    table = constrain(embedding.astype(dtype) if narrowing else embedding, ("vocab", None), config)
+    rows = jnp.take(table, tokens, axis=0).astype(dtype)
+    return constrain(rows, ("act_batch", "act_length", "act_embed"), config)

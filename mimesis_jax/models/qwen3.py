@@ -158,13 +158,13 @@ def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, position
     """
     positions, segment_ids = default_positions_segments(tokens, positions, segment_ids)
     dt = config.compute_dtype
-    x = _residual(config, embed_lookup(params["embed"], tokens, dt))
+    x = _residual(config, embed_lookup(params["embed"], tokens, dt, config))
     rope = rope_tables(positions, config.rotary_dim, config.rope_theta)
     mask = segment_causal_mask(segment_ids)
     br = None
     if branch is not None:
         emb = jax.lax.stop_gradient(params["embed"])
-        xb = _residual(config, embed_lookup(emb, branch["tokens"], dt))
+        xb = _residual(config, embed_lookup(emb, branch["tokens"], dt, config))
         rope_b = rope_tables(branch["positions"], config.rotary_dim, config.rope_theta)
         mask_b = branch_mask(segment_ids, branch["trunk_segment"], branch["prefix_len"], branch["branch_ids"])
         br = (rope_b, mask_b, xb)
@@ -198,7 +198,7 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
     seg_all, q_slots = kv_cache.write_segments(cache, segment_ids)
     mask = cache_mask(segment_ids, q_slots, seg_all)
     cos, sin = rope_tables(positions, config.rotary_dim, config.rope_theta)
-    x = embed_lookup(params["embed"], tokens, dt)
+    x = embed_lookup(params["embed"], tokens, dt, config)
 
     def body(x, inputs):
         lp, kc, vc = inputs

@@ -379,7 +379,7 @@ def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, position
     positions, segment_ids = default_positions_segments(tokens, positions, segment_ids)
     B = tokens.shape[0]
     K = config.linear_conv_kernel_dim
-    x = _residual(config, embed_lookup(params["embed"], tokens, config.compute_dtype))
+    x = _residual(config, embed_lookup(params["embed"], tokens, config.compute_dtype, config))
     lin_ctx = linear_context(segment_ids, jnp.zeros((B,), jnp.int32), jnp.zeros((B, K - 1), jnp.int32))
     full_ctx = {"rope": rope_tables(positions, config.rotary_dim, config.rope_theta),
                 "mask": segment_causal_mask(segment_ids)}
@@ -426,7 +426,7 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
         segment_ids = jnp.ones(tokens.shape, jnp.int32)
     n_lin, n_full = _counts(config)
     T = tokens.shape[1]
-    x = embed_lookup(params["embed"], tokens, config.compute_dtype)
+    x = embed_lookup(params["embed"], tokens, config.compute_dtype, config)
     seg_all, q_slots = kv_cache.write_segments(cache, segment_ids)
     new_cache = {"segment_ids": seg_all, "index": cache["index"] + T}
     lin_ctx = full_ctx = lin_cache = full_cache = None
