@@ -74,3 +74,14 @@ def hf_greedy(path: str, ids: np.ndarray, n: int) -> np.ndarray:
                              do_sample=False, eos_token_id=None, pad_token_id=0,
                              attention_mask=torch.ones(ids.shape, dtype=torch.long))
     return out[:, ids.shape[1]:].numpy()
+
+
+def expected_ids_mask(tok, pieces):
+    """Independent construction of (ids, loss mask) from pieces (kind, value, is_target): kind "c" = one control
+    token by name, "t" = plain text encoded on its own."""
+    ids, mask = [], []
+    for kind, value, target in pieces:
+        new = [tok.token_id(value)] if kind == "c" else tok.encode(value)
+        ids += new
+        mask += [int(target)] * len(new)
+    return np.asarray(ids, np.int32), np.asarray(mask, np.int32)

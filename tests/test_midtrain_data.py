@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from helpers import expected_ids_mask
 from mimesis_jax.data.midtrain import RecordError, conversation_messages, midtrain_example
 from mimesis_jax.data.tokenizer import load_tokenizer, samples_dir
 
@@ -15,14 +16,6 @@ def tok(tmp_path_factory):
     return load_tokenizer("tiny", cache_dir=str(tmp_path_factory.mktemp("tok")))
 
 
-def _expected(tok, pieces):
-    """Independent construction: pieces are (kind, value, is_target); kind "c" = control token, "t" = text."""
-    ids, mask = [], []
-    for kind, value, target in pieces:
-        new = [tok.token_id(value)] if kind == "c" else tok.encode(value)
-        ids += new
-        mask += [int(target)] * len(new)
-    return np.asarray(ids, np.int32), np.asarray(mask, np.int32)
 
 
 def _turn(role, text, target):
@@ -43,7 +36,7 @@ CONV = {"messages": [
 
 def test_loss_on_every_user_turn_token_by_token(tok):
     ex = midtrain_example(tok, CONV)
-    ids, mask = _expected(tok, _turn("system", "You are Rui, 61, retired.", 0)
+    ids, mask = expected_ids_mask(tok, _turn("system", "You are Rui, 61, retired.", 0)
                           + _turn("user", "my printer prints blank pages", 1)
                           + _turn("assistant", "Check the ink cartridges first.", 0)
                           + _turn("user", "did that. still blank!!", 1)

@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from helpers import expected_ids_mask
 from mimesis_jax.data.chat import generation_prompt
 from mimesis_jax.data.midtrain import RecordError
 from mimesis_jax.data.thoughttrace import (REACTION_LABELS, REASON_LABELS, persona_prompt, render_thought,
@@ -33,13 +34,6 @@ RECORD = {
 }
 
 
-def _expected(tok, pieces):
-    ids, mask = [], []
-    for kind, value, target in pieces:
-        new = [tok.token_id(value)] if kind == "c" else tok.encode(value)
-        ids += new
-        mask += [int(target)] * len(new)
-    return np.asarray(ids, np.int32), np.asarray(mask, np.int32)
 
 
 def _plain(role, text):
@@ -64,7 +58,7 @@ def test_thought_template():
 def test_targets_token_by_token(tok):
     ex = thoughttrace_example(tok, RECORD)
     persona = "Your task: Find a cheap blender.\nWhat you expect from the assistant: Two options.\nAbout you: age: 25-34; occupation: student"
-    ids, mask = _expected(tok, _plain("system", persona)
+    ids, mask = expected_ids_mask(tok, _plain("system", persona)
                           + _thinking_user(render_thought([], [("task_motivation", "Mine broke yesterday.")]),
                                            "Which blender should I buy?")
                           + _plain("assistant", "Here are ten blenders with full specs...")
