@@ -3,8 +3,8 @@
 A `ModelConfig` holds two kinds of fields:
 
 * **architecture** fields, which round-trip through a HF `config.json` (`from_hf_dict` / `to_hf_dict`);
-* **runtime** fields (`dtype`, `param_dtype`, `remat`, `scan_layers`, `attention_impl`, log-prob chunk sizes),
-  which choose how the same function runs and are never written to a checkpoint.
+* **runtime** fields (`dtype`, `param_dtype`, `remat`, `scan_layers`, `attention_impl` and its block sizes,
+  log-prob chunk sizes), which choose how the same function runs and are never written to a checkpoint.
 
 The config is hashable so it can be a static argument of `jax.jit`. Family-specific architecture fields
 (the Qwen3.5 linear-attention dims) live here too, with `None` meaning "not used by this family".
@@ -26,12 +26,14 @@ RUNTIME_FIELDS = (
     "remat",
     "scan_layers",
     "attention_impl",
+    "attention_block_q",
+    "attention_block_k",
     "logits_seq_chunk",
     "logits_vocab_chunk",
     "sharding_rules",
 )
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("dense",)
+ATTENTION_IMPLS = ("dense", "blockwise")  # see models/attention.py
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -74,7 +76,9 @@ class ModelConfig:
     param_dtype: str = "float32"  # dtype parameters are stored in (fp32 master weights)
     remat: str = "none"  # per-layer rematerialisation policy, one of REMAT_POLICIES
     scan_layers: bool = True  # jax.lax.scan over stacked layers (fast compiles) vs a Python loop
-    attention_impl: str = "dense"
+    attention_impl: str = "dense"  # one of ATTENTION_IMPLS: dense reference, or blockwise (flash) for long rows
+    attention_block_q: int = 512  # blockwise: queries per block (an upper bound; see blockwise_attention.py)
+    attention_block_k: int = 512  # blockwise: keys per block
     logits_seq_chunk: int = 256  # tokens per chunk in the memory-safe log-prob path
     logits_vocab_chunk: int = 16384  # vocabulary entries per chunk in the memory-safe log-prob path
     # logical axis -> mesh axes; None means mimesis_jax.sharding.DEFAULT_RULES. Part of the (static) config so
@@ -127,6 +131,9 @@ class ModelConfig:
         need(self.param_dtype in DTYPES, "param_dtype", f"must be one of {list(DTYPES)}")
         need(self.remat in REMAT_POLICIES, "remat", f"must be one of {REMAT_POLICIES}")
         need(self.attention_impl in ATTENTION_IMPLS, "attention_impl", f"must be one of {ATTENTION_IMPLS}")
+        for key in ("attention_block_q", "attention_block_k"):
+            v = getattr(self, key)
+            need(isinstance(v, int) and not isinstance(v, bool) and v > 0, key, "must be a positive integer")
         need(self.logits_seq_chunk > 0, "logits_seq_chunk", "must be > 0")
         need(self.logits_vocab_chunk > 0, "logits_vocab_chunk", "must be > 0")
         if self.model_type == "qwen3_5_text":

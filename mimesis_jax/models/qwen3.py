@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from mimesis_jax.models import kv_cache
-from mimesis_jax.models.attention import branch_mask, cache_mask, dot_product_attention, segment_causal_mask
+from mimesis_jax.models.attention import attend, attend_groups, branch_specs, cache_spec, causal_spec, config_kwargs
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.layers import (ParamSpec, apply_rope, default_positions_segments, embed_lookup, maybe_remat,
                                       rms_norm, rope_tables, swiglu)
@@ -104,36 +104,38 @@ def _residual(config, x):
     return constrain(x, ("act_batch", "act_length", "act_embed"), config)
 
 
-def _layer(config: ModelConfig, lp: dict, x: jax.Array, rope, mask, branch_in=None):
+def _layer(config: ModelConfig, lp: dict, x: jax.Array, rope, spec, branch_in=None):
     """One decoder layer on the trunk and, if given, on the CSD teacher branches.
 
-    branch_in = (xb, rope_b, mask_b): the branches use stop-gradient copies of the same (already gathered)
-    layer parameters and stop-gradient trunk K/V, so they carry no tangent and cost no backward work.
+    branch_in = (xb, rope_b, (trunk_spec_b, self_spec_b)): the branches use stop-gradient copies of the same
+    (already gathered) layer parameters and stop-gradient trunk K/V, so they carry no tangent and cost no
+    backward work. A branch query attends to two key groups, the trunk's and its own branch's, merged
+    exactly by their log-sum-exps (attention.attend_groups).
     """
     cos, sin = rope
+    kw = config_kwargs(config)
     h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
     q, k, v = _qkv(config, lp["attn"], h, cos, sin)
-    x = _residual(config, x + _attn_out(config, lp["attn"], dot_product_attention(q, k, v, mask)))
+    x = _residual(config, x + _attn_out(config, lp["attn"], attend(q, k, v, spec, **kw)))
     x = _residual(config, x + _mlp(config, lp, x))
     if branch_in is None:
         return x, None
-    xb, (cos_b, sin_b), mask_b = branch_in
+    xb, (cos_b, sin_b), (to_trunk, to_self) = branch_in
     pb = jax.lax.stop_gradient(lp)
     hb = rms_norm(xb, pb["input_norm"], config.rms_norm_eps)
     qb, kb, vb = _qkv(config, pb["attn"], hb, cos_b, sin_b)
-    kk = jnp.concatenate([jax.lax.stop_gradient(k), kb], axis=1)
-    vv = jnp.concatenate([jax.lax.stop_gradient(v), vb], axis=1)
-    xb = _residual(config, xb + _attn_out(config, pb["attn"], dot_product_attention(qb, kk, vv, mask_b)))
+    groups = [(jax.lax.stop_gradient(k), jax.lax.stop_gradient(v), to_trunk), (kb, vb, to_self)]
+    xb = _residual(config, xb + _attn_out(config, pb["attn"], attend_groups(qb, groups, **kw)))
     xb = _residual(config, xb + _mlp(config, pb, xb))
     return x, xb
 
 
-def _run_layers(config: ModelConfig, layers: dict, x, rope, mask, branch=None):
+def _run_layers(config: ModelConfig, layers: dict, x, rope, spec, branch=None):
     """Applies all layers (lax.scan over the stacked params, or a Python loop); returns (x, xb)."""
     def body(carry, lp):
         x, xb = carry
         bin_ = None if branch is None else (xb, branch[0], branch[1])
-        x, xb = _layer(config, lp, x, rope, mask, bin_)
+        x, xb = _layer(config, lp, x, rope, spec, bin_)
         return (x, xb), None
 
     body = maybe_remat(body, config)
@@ -154,21 +156,21 @@ def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, position
 
     tokens/positions/segment_ids: [B, T]; segment id 0 marks padding; a packed row holds several segments
     whose positions restart. `branch` (CSD teacher branches, all [B, Tb]): ``tokens``, ``positions``,
-    ``branch_ids`` (0 = pad), ``trunk_segment`` and ``prefix_len`` -- see attention.branch_mask.
+    ``branch_ids`` (0 = pad), ``trunk_segment`` and ``prefix_len`` -- see masks.branch_specs.
     """
     positions, segment_ids = default_positions_segments(tokens, positions, segment_ids)
     dt = config.compute_dtype
     x = _residual(config, embed_lookup(params["embed"], tokens, dt, config))
     rope = rope_tables(positions, config.rotary_dim, config.rope_theta)
-    mask = segment_causal_mask(segment_ids)
+    spec = causal_spec(segment_ids)
     br = None
     if branch is not None:
         emb = jax.lax.stop_gradient(params["embed"])
         xb = _residual(config, embed_lookup(emb, branch["tokens"], dt, config))
         rope_b = rope_tables(branch["positions"], config.rotary_dim, config.rope_theta)
-        mask_b = branch_mask(segment_ids, branch["trunk_segment"], branch["prefix_len"], branch["branch_ids"])
-        br = (rope_b, mask_b, xb)
-    x, xb = _run_layers(config, params["layers"], x, rope, mask, br)
+        specs_b = branch_specs(segment_ids, branch["trunk_segment"], branch["prefix_len"], branch["branch_ids"])
+        br = (rope_b, specs_b, xb)
+    x, xb = _run_layers(config, params["layers"], x, rope, spec, br)
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     if xb is not None:
         xb = rms_norm(xb, jax.lax.stop_gradient(params["final_norm"]), config.rms_norm_eps)
@@ -196,7 +198,8 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
     dt = config.compute_dtype
     index = cache["index"]
     seg_all, q_slots = kv_cache.write_segments(cache, segment_ids)
-    mask = cache_mask(segment_ids, q_slots, seg_all)
+    spec = cache_spec(segment_ids, q_slots, seg_all)
+    kw = config_kwargs(config)
     cos, sin = rope_tables(positions, config.rotary_dim, config.rope_theta)
     x = embed_lookup(params["embed"], tokens, dt, config)
 
@@ -205,7 +208,7 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
         h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
         q, k, v = _qkv(config, lp["attn"], h, cos, sin)
         kc, vc = kv_cache.write_layer(kc, vc, k, v, index)
-        x = x + _attn_out(config, lp["attn"], dot_product_attention(q, kc, vc, mask))
+        x = x + _attn_out(config, lp["attn"], attend(q, kc, vc, spec, **kw))
         x = x + _mlp(config, lp, x)
         return x, (kc, vc)
 

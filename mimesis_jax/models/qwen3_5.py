@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mimesis_jax.models import kv_cache
-from mimesis_jax.models.attention import cache_mask, dot_product_attention, segment_causal_mask
+from mimesis_jax.models.attention import attend, cache_spec, causal_spec, config_kwargs
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.models.gated_delta import chunk_gated_delta_rule, l2_normalize, recurrent_gated_delta_rule
 from mimesis_jax.models.layers import (ParamSpec, apply_rope, default_positions_segments, embed_lookup, maybe_remat,
@@ -186,7 +186,7 @@ def _full_attention(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
     if cache is not None:
         kc, vc = kv_cache.write_layer(cache["k"], cache["v"], k, v, ctx["index"])
         k, v, new = kc, vc, {"k": kc, "v": vc}
-    o = dot_product_attention(q, k, v, ctx["mask"]) * jax.nn.sigmoid(gate)
+    o = attend(q, k, v, ctx["spec"], **config_kwargs(config)) * jax.nn.sigmoid(gate)
     return jnp.einsum("bthk,hkd->btd", o, p["o"].astype(dt)), new
 
 
@@ -382,7 +382,7 @@ def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, position
     x = _residual(config, embed_lookup(params["embed"], tokens, config.compute_dtype, config))
     lin_ctx = linear_context(segment_ids, jnp.zeros((B,), jnp.int32), jnp.zeros((B, K - 1), jnp.int32))
     full_ctx = {"rope": rope_tables(positions, config.rotary_dim, config.rope_theta),
-                "mask": segment_causal_mask(segment_ids)}
+                "spec": causal_spec(segment_ids)}
     x, _, _ = _run_layers(config, params, x, lin_ctx, full_ctx, remat=True)
     return _norm(config, x, params["final_norm"]), None
 
@@ -436,7 +436,7 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
         new_cache.update(conv_seg=lin_ctx["window_seg"], state_seg=lin_ctx["state_seg"])
     if n_full:
         full_ctx = {"rope": rope_tables(positions, config.rotary_dim, config.rope_theta),
-                    "mask": cache_mask(segment_ids, q_slots, seg_all), "index": cache["index"]}
+                    "spec": cache_spec(segment_ids, q_slots, seg_all), "index": cache["index"]}
         full_cache = {"k": cache["k"], "v": cache["v"]}
     x, lin_new, full_new = _run_layers(config, params, x, lin_ctx, full_ctx, lin_cache, full_cache)
     if n_lin:
