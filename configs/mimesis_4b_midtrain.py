@@ -17,8 +17,9 @@ Chosen here (the paper is silent; change with --set):
   100 steps (2%), cosine decay to 10% of the peak LR.
 * bf16 compute with fp32 master weights and optimizer state; full per-layer rematerialisation.
 * checkpoint every 250 steps (~6 h), keep 3, asynchronous.
-At 24K tokens the dense reference attention materialises [heads / tensor, T, T] scores per full-attention
-layer; a memory-efficient attention backend (`model.attention_impl`) is needed on 80 GB devices.
+At 24K tokens the dense reference attention would materialise [heads / tensor, T, T] fp32 scores per
+full-attention layer, so the run selects the blockwise (flash) backend: `model.attention_impl=blockwise` with
+the default 512 x 512 blocks (`model.attention_block_q` / `attention_block_k`).
 """
 
 from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, RunConfig,
@@ -30,7 +31,7 @@ def paper_midtrain(size: str) -> RunConfig:
     return RunConfig(
         name=f"mimesis_{size}_midtrain",
         stage="midtrain",
-        model=qwen3_5_model(size),
+        model=qwen3_5_model(size).replace(attention_impl="blockwise"),
         tokenizer=TokenizerConfig(name="qwen3_5"),
         init=InitConfig(from_hf=f"checkpoints/Qwen3.5-{size.upper()}"),  # the pretrained backbone (HF directory)
         data=DataConfig(sources=(SourceConfig("data/midtrain/*.jsonl", format="midtrain"),),

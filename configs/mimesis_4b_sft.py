@@ -15,7 +15,8 @@ Chosen here (the paper is silent):
   dominate), clip 1.0; 3 warmup steps, cosine to 10%.
 * bf16 compute, fp32 master weights (a 1e-7 update vanishes in bf16 weights), full remat.
 * checkpoint every 20 steps (one per epoch), keep 3.
-At 32K tokens a memory-efficient attention backend (`model.attention_impl`) is needed, as for mid-training.
+At 32K tokens the run selects the blockwise (flash) attention backend (`model.attention_impl=blockwise`), as
+mid-training does.
 """
 
 from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, RunConfig,
@@ -27,7 +28,7 @@ def paper_sft(size: str) -> RunConfig:
     return RunConfig(
         name=f"mimesis_{size}_sft",
         stage="sft",
-        model=qwen3_5_model(size),
+        model=qwen3_5_model(size).replace(attention_impl="blockwise"),
         tokenizer=TokenizerConfig(name="qwen3_5"),
         init=InitConfig(from_workdir=f"runs/mimesis_{size}_midtrain"),
         data=DataConfig(sources=(SourceConfig("data/thoughttrace/train.jsonl", format="thoughttrace"),),

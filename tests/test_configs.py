@@ -154,6 +154,7 @@ def test_paper_config_builds_abstractly(name):
         assert abs(slots / want["tokens"] - 1) < 0.05, slots
     mc = cfg.runtime_model()
     assert (mc.model_type, mc.dtype, mc.param_dtype) == ("qwen3_5_text", "bfloat16", "float32")
+    assert mc.attention_impl == "blockwise"  # 24K-32K rows: no [B, H, T, T] scores
     mesh_shape = {k: v for k, v in cfg.mesh.axes().items()}
     assert -1 not in mesh_shape.values() and math.prod(mesh_shape.values()) == want["devices"]
     mesh = jax.sharding.AbstractMesh(tuple(mesh_shape.values()), tuple(mesh_shape))
