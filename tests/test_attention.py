@@ -321,7 +321,8 @@ def test_model_forward_logprob_grads_and_decoding_equal_across_backends(name):
     def lp_grad(cfg):
         return jax.jit(jax.grad(lambda p: jnp.sum(token_logprobs(cfg, p, toks, pos, seg) * (seg[:, 1:] != 0))))(params)
 
-    for ga, gb in zip(jax.tree.leaves(lp_grad(dense)), jax.tree.leaves(lp_grad(block))):
+    # (the blockwise gradient under full remat: its backward recomputes the flash forward, then runs its VJP)
+    for ga, gb in zip(jax.tree.leaves(lp_grad(dense)), jax.tree.leaves(lp_grad(block.replace(remat="full")))):
         np.testing.assert_allclose(np.asarray(gb), np.asarray(ga), atol=2e-5 * max(1.0, np.abs(ga).max()))
 
     # prefill of a left-padded prompt, then single-token decoding, equals the dense full forward
