@@ -20,13 +20,13 @@ backends are compared wherever both ran. CPU numbers are only indicative of acce
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 
 from mimesis_jax.models.attention import attend
 from mimesis_jax.models.masks import causal_spec
+from mimesis_jax.profiling import fmt_mib, fmt_ms, max_rel_diff, measure
 
 
 def make_inputs(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, segments: int, seed: int = 0):
@@ -44,34 +44,6 @@ def grad_fn(impl: str, block: int):
         o = attend(q, k, v, causal_spec(seg), impl=impl, block_q=block, block_k=block)
         return jnp.sum(o * w)
     return jax.value_and_grad(loss, argnums=(0, 1, 2))
-
-
-def measure(fn, args, repeats: int, max_bytes: int | None) -> dict:
-    compiled = jax.jit(fn).lower(*args).compile()
-    mem = compiled.memory_analysis()
-    temp = None if mem is None else int(mem.temp_size_in_bytes)
-    if max_bytes is not None and temp is not None and temp > max_bytes:
-        return {"time": None, "bytes": temp, "out": None}
-    out = jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    return {"time": min(times), "bytes": temp, "out": out}
-
-
-def _max_rel_diff(a, b) -> float:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return max(float(jnp.abs(x - y).max() / (jnp.abs(y).max() + 1e-30)) for x, y in zip(la, lb))
-
-
-def _mib(n) -> str:
-    return "n/a" if n is None else f"{n / 2 ** 20:9.1f} MiB"
-
-
-def _ms(t) -> str:
-    return "  not run" if t is None else f"{t * 1e3:9.1f} ms"
 
 
 def main(argv=None) -> None:
@@ -95,12 +67,14 @@ def main(argv=None) -> None:
           f"{'time d/b':>8} {'temp d/b':>8}  max rel diff")
     for T in a.seqs:
         args = make_inputs(a.batch, T, a.heads, a.kv_heads, a.head_dim, a.segments)
-        b = measure(grad_fn("blockwise", a.block), args, a.repeats, 0 if a.memory_only else None)
-        d = measure(grad_fn("dense", a.block), args, a.repeats, 0 if a.memory_only else int(a.max_dense_mib * 2 ** 20))
-        t_ratio = "n/a" if d["time"] is None or b["time"] is None else f"{d['time'] / b['time']:.2f}x"
-        m_ratio = "n/a" if not (d["bytes"] and b["bytes"]) else f"{d['bytes'] / b['bytes']:.1f}x"
-        diff = "n/a" if d["out"] is None else f"{_max_rel_diff(b['out'], d['out']):.1e}"
-        print(f"{T:6d}  {_ms(d['time']):>12} {_mib(d['bytes']):>13}  {_ms(b['time']):>14} {_mib(b['bytes']):>14}  "
+        b = measure(grad_fn("blockwise", a.block), args, a.repeats,
+                    max_temp_bytes=0 if a.memory_only else None)
+        d = measure(grad_fn("dense", a.block), args, a.repeats,
+                    max_temp_bytes=0 if a.memory_only else int(a.max_dense_mib * 2 ** 20))
+        t_ratio = "n/a" if d.time is None or b.time is None else f"{d.time / b.time:.2f}x"
+        m_ratio = "n/a" if not (d.temp_bytes and b.temp_bytes) else f"{d.temp_bytes / b.temp_bytes:.1f}x"
+        diff = "n/a" if d.out is None else f"{max_rel_diff(b.out, d.out):.1e}"
+        print(f"{T:6d}  {fmt_ms(d.time):>12} {fmt_mib(d.temp_bytes):>13}  {fmt_ms(b.time):>14} {fmt_mib(b.temp_bytes):>14}  "
               f"{t_ratio:>8} {m_ratio:>8}  {diff}", flush=True)
 
 

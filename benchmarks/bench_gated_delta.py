@@ -17,12 +17,12 @@ the CPU numbers are only indicative of the accelerator ones.
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 
 from mimesis_jax.models.gated_delta import chunk_gated_delta_rule, l2_normalize, recurrent_gated_delta_rule
+from mimesis_jax.profiling import fmt_mib, max_rel_diff, measure
 
 
 def make_inputs(batch: int, seq: int, heads: int, dk: int, dv: int, seed: int = 0):
@@ -52,28 +52,6 @@ def backward_fns(chunk: int):
     return {name: with_grad(fn) for name, fn in forward_fns(chunk).items()}
 
 
-def measure(fn, args, repeats: int) -> dict:
-    compiled = jax.jit(fn).lower(*args).compile()
-    mem = compiled.memory_analysis()
-    peak = None if mem is None else int(mem.temp_size_in_bytes + mem.output_size_in_bytes)
-    out = jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    return {"time": min(times), "bytes": peak, "out": out}
-
-
-def _max_rel_diff(a, b) -> float:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return max(float(jnp.abs(x - y).max() / (jnp.abs(y).max() + 1e-30)) for x, y in zip(la, lb))
-
-
-def _fmt_bytes(n) -> str:
-    return "n/a" if n is None else f"{n / 2 ** 20:9.1f} MiB"
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seq", type=int, default=4096)
@@ -95,11 +73,11 @@ def main(argv=None) -> None:
     for title, fns, args in suites:
         res = {name: measure(fn, args, a.repeats) for name, fn in fns.items()}
         c, r = res["chunked"], res["recurrent"]
-        print(f"\n{title}  (outputs agree to max rel diff {_max_rel_diff(c['out'], r['out']):.1e})")
+        print(f"\n{title}  (outputs agree to max rel diff {max_rel_diff(c.out, r.out):.1e})")
         for name, m in res.items():
-            print(f"  {name:10s} {m['time'] * 1e3:10.1f} ms   {_fmt_bytes(m['bytes'])}")
-        mem_ratio = "n/a" if not (c["bytes"] and r["bytes"]) else f"{r['bytes'] / c['bytes']:.2f}x"
-        print(f"  recurrent / chunked: time {r['time'] / c['time']:.2f}x, memory {mem_ratio}")
+            print(f"  {name:10s} {m.time * 1e3:10.1f} ms   {fmt_mib(m.peak_bytes)}")
+        mem_ratio = "n/a" if not (c.peak_bytes and r.peak_bytes) else f"{r.peak_bytes / c.peak_bytes:.2f}x"
+        print(f"  recurrent / chunked: time {r.time / c.time:.2f}x, memory {mem_ratio}")
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ and the ratios (a)/(b). Both run in this process on the same inputs; only ratios
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from mimesis_jax.algorithms.logprobs import chunked_logsumexp
+from mimesis_jax.profiling import max_rel_diff, measure
 
 
 def full_path(h, W, targets):
@@ -31,20 +31,6 @@ def chunked_path(seq_chunk, vocab_chunk):
         tgt = jnp.einsum("btd,btd->bt", h, jnp.take(W, targets, axis=0), preferred_element_type=jnp.float32)
         return (tgt - chunked_logsumexp(h, W, seq_chunk, vocab_chunk)).sum()
     return f
-
-
-def measure(fn, args, repeats):
-    g = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))
-    compiled = g.lower(*args).compile()
-    mem = compiled.memory_analysis()
-    temp = getattr(mem, "temp_size_in_bytes", float("nan"))
-    out = jax.block_until_ready(compiled(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - t0)
-    return temp, best, out
 
 
 def main():
@@ -63,8 +49,11 @@ def main():
     t = jnp.asarray(rng.randint(0, a.vocab, (a.batch, a.seq)).astype(np.int32))
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; B={a.batch} T={a.seq} D={a.hidden} V={a.vocab} "
           f"chunks: seq {a.seq_chunk} x vocab {a.vocab_chunk}")
-    mf, tf, (vf, gf) = measure(full_path, (h, W, t), a.repeats)
-    mc, tc, (vc, gc) = measure(chunked_path(a.seq_chunk, a.vocab_chunk), (h, W, t), a.repeats)
+    full = measure(jax.value_and_grad(full_path, argnums=(0, 1)), (h, W, t), a.repeats)
+    chunked = measure(jax.value_and_grad(chunked_path(a.seq_chunk, a.vocab_chunk), argnums=(0, 1)), (h, W, t),
+                      a.repeats)
+    mf, tf, (vf, gf) = full.temp_bytes, full.time, full.out
+    mc, tc, (vc, gc) = chunked.temp_bytes, chunked.time, chunked.out
     logits_bytes = a.batch * a.seq * a.vocab * 4
     print(f"{'path':<10}{'peak scratch MiB':>18}{'time s':>10}")
     print(f"{'full':<10}{mf / 2**20:>18.1f}{tf:>10.3f}")
@@ -72,7 +61,7 @@ def main():
     print(f"memory ratio full/chunked = {mf / mc:.1f}x   time ratio full/chunked = {tf / tc:.2f}x   "
           f"(one fp32 [B,T,V] logits tensor = {logits_bytes / 2**20:.1f} MiB)")
     dv = abs(float(vf) - float(vc)) / abs(float(vf))
-    dg = max(float(jnp.abs(x - y).max() / (jnp.abs(x).max() + 1e-30)) for x, y in zip(gf, gc))
+    dg = max_rel_diff(gc, gf)
     print(f"agreement: |value| rel {dv:.1e}, max grad rel {dg:.1e}")
 
 
