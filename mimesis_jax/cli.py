@@ -5,7 +5,7 @@
     export   --workdir DIR --out HFDIR [--step N] [--dtype float32|bfloat16]  checkpoint -> HF directory
     demo     [--workdir DIR]        tiny mid-training -> ThoughtTrace SFT -> export -> load_hf, on a CPU
     config   --config configs/<name>.py [--set ...]                            print the resolved config
-    serve    --checkpoint HFDIR --tokenizer SPEC --port P    OpenAI-compatible /v1/chat/completions on localhost
+    serve    --checkpoint HFDIR|WORKDIR [--step N] --port P   OpenAI-compatible /v1/chat/completions on localhost
 
 A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
 SIGTERM-triggered checkpoint; 1 when training stops on a non-finite loss or runs out of data; 2 for a bad
@@ -148,8 +148,9 @@ def main(argv=None) -> int:
             return _demo(args)
         if args.command == "serve":
             from mimesis_jax.rollout import serve
+            from mimesis_jax.train.export import load_trained
 
-            return serve.run(args)
+            return serve.run(args, trained_loader=load_trained)
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import jax
+import numpy as np
 import pytest
 
 from mimesis_jax import models
@@ -134,12 +135,36 @@ def test_missing_tokenizer_is_a_named_error(checkpoint):
         serve.build_server(args)
 
 
-def test_cli_serve_command_serves(checkpoint):
-    """`python -m mimesis_jax serve --checkpoint DIR --port P` as a separate process: read its URL, query it with
-    a real HTTP client, stop it."""
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A training workdir (orbax checkpoints at steps 1 and 2) whose run config names the tiny tokenizer."""
+    from mimesis_jax.config import CheckpointConfig, MeshConfig, OptimizerConfig, RunConfig, TrainConfig
+    from mimesis_jax.train.loop import train
+    from mimesis_jax.train.synthetic import SyntheticData
+
+    model = ModelConfig(vocab_size=1024, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, logits_seq_chunk=16,
+                        logits_vocab_chunk=256)
+    cfg = RunConfig(stage="midtrain", model=model, data=SyntheticData(vocab_size=1024, seq_len=16),
+                    optimizer=OptimizerConfig(lr=1e-2, warmup_steps=0, schedule="constant"),
+                    train=TrainConfig(steps=2, global_batch=2, dtype="float32", progress_bar=False,
+                                      tensorboard=False),
+                    mesh=MeshConfig(data=1, fsdp=1, tensor=1), checkpoint=CheckpointConfig(every=1, keep=5))
+    wd = str(tmp_path_factory.mktemp("trained"))
+    train(cfg, wd, handle_signals=False)
+    return wd
+
+
+@pytest.mark.parametrize("kind", ["hf", "workdir"])
+def test_cli_serve_command_serves(kind, request):
+    """`python -m mimesis_jax serve --checkpoint DIR --port P` as a separate process, DIR a HF directory or a
+    training workdir (whose run config supplies the tokenizer): read its URL, query it with a real HTTP client,
+    stop it."""
+    checkpoint = request.getfixturevalue("checkpoint" if kind == "hf" else "workdir")
+    tok = ["--tokenizer", "tiny"] if kind == "hf" else []
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-    proc = subprocess.Popen([sys.executable, "-m", "mimesis_jax", "serve", "--checkpoint", checkpoint,
-                             "--tokenizer", "tiny", "--port", "0", "--max-tokens", "6"],
+    proc = subprocess.Popen([sys.executable, "-m", "mimesis_jax", "serve", "--checkpoint", checkpoint, *tok,
+                             "--port", "0", "--max-tokens", "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -151,3 +176,41 @@ def test_cli_serve_command_serves(checkpoint):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _serve_args(checkpoint, *extra):
+    return serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+        ["--checkpoint", checkpoint, "--port", "0", "--max-tokens", "6", *extra])
+
+
+def test_serves_a_training_workdir_at_any_step(workdir):
+    from mimesis_jax.train.export import load_trained
+
+    srv = serve.build_server(_serve_args(workdir), trained_loader=load_trained).start()
+    try:
+        _, want, step, tok_name = load_trained(workdir)
+        assert step == 2 and tok_name == "tiny" and srv.model.tok.vocab_size == 1024  # the run's tokenizer
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(srv.model.params), jax.device_get(want))
+        status, body = _post(srv.url, {"messages": CONV, "temperature": 0, "max_tokens": 6})
+        direct = LocalChatModel(srv.model.config, want, srv.model.tok).chat(CONV, max_tokens=6, temperature=0.0)
+        assert status == 200 and body["choices"][0]["message"]["content"] == direct.text
+    finally:
+        srv.stop()
+    first = serve.build_server(_serve_args(workdir, "--step", "1"), trained_loader=load_trained)
+    step1 = load_trained(workdir, 1)[1]
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(first.model.params), jax.device_get(step1))
+    assert not np.array_equal(np.asarray(step1["embed"]), np.asarray(want["embed"]))  # a different checkpoint
+
+
+def test_checkpoint_kind_errors_are_named(workdir, checkpoint, tmp_path):
+    from mimesis_jax.train.checkpoint import CheckpointError
+    from mimesis_jax.train.export import load_trained
+
+    with pytest.raises(SystemExit, match="--step 3: .* is a HF directory"):
+        serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--step", "3"))
+    with pytest.raises(SystemExit, match="neither a HF directory .*nor a training workdir"):
+        serve.build_server(_serve_args(str(tmp_path)), trained_loader=load_trained)
+    with pytest.raises(SystemExit, match="neither a HF directory"):  # the module's own entry point: HF only
+        serve.build_server(_serve_args(workdir))
+    with pytest.raises(CheckpointError, match="no checkpoint at step 7"):
+        serve.build_server(_serve_args(workdir, "--step", "7"), trained_loader=load_trained)

@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server for a local model (e.g. the frozen user simulator), on localhost.
 
     python -m mimesis_jax serve --checkpoint HF_DIR --port 8000 [--tokenizer SPEC] [--generation-role user]
-    python -m mimesis_jax.rollout.serve --checkpoint HF_DIR --port 0       # the same, before the CLI exists
+    python -m mimesis_jax serve --checkpoint WORKDIR [--step N] --port 8000  # a training run's checkpoint
+    python -m mimesis_jax.rollout.serve --checkpoint HF_DIR --port 0       # HF directories only
 
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`. Standard library `ThreadingHTTPServer`;
 concurrent requests are collected by one worker (up to `--max-batch`, waiting at most `--batch-wait-ms` for
@@ -284,10 +285,14 @@ class ChatServer:
 
 # ------------------------------------------------------------------------------------ command line
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--checkpoint", required=True, help="HF model directory (config.json + safetensors)")
+    parser.add_argument("--checkpoint", required=True,
+                        help="HF model directory (config.json + safetensors); through `python -m mimesis_jax serve` "
+                             "also a training workdir (its latest checkpoint, or --step)")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a training workdir (default latest)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer spec for data.tokenizer.load_tokenizer: tiny | qwen3 | qwen3_5 | hf:DIR | "
-                             "sentencepiece:FILE (default: hf:CHECKPOINT when it holds tokenizer files)")
+                             "sentencepiece:FILE (default: hf:CHECKPOINT when it holds tokenizer files; a workdir's "
+                             "run tokenizer)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--model-name", default=None, help="the model id reported (default: checkpoint dir name)")
@@ -306,24 +311,48 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def build_server(args) -> ChatServer:
+def _load_weights(args, trained_loader):
+    """(config, params, default tokenizer spec or None, where the weights came from) for --checkpoint: a HF
+    directory (config.json + safetensors) or, when the caller supplies `trained_loader` (the CLI passes
+    train.export.load_trained), a training workdir's orbax checkpoint at --step."""
+    import jax
+    import jax.numpy as jnp
+
     from mimesis_jax import models
+
+    ckpt = args.checkpoint
+    if not os.path.isdir(ckpt):
+        raise SystemExit(f"--checkpoint {ckpt}: not a directory")
+    if os.path.isfile(os.path.join(ckpt, "config.json")):
+        if args.step is not None:
+            raise SystemExit(f"--step {args.step}: {ckpt} is a HF directory (one set of weights); --step selects a "
+                             "checkpoint of a training workdir")
+        tok = f"hf:{ckpt}" if any(os.path.exists(os.path.join(ckpt, f)) for f in TOKENIZER_FILES) else None
+        config, params = models.load_hf(ckpt, dtype=args.dtype)
+        return config, params, tok, f"{ckpt}/config.json"
+    if trained_loader is not None and os.path.isdir(os.path.join(ckpt, "checkpoints")):
+        config, params, step, tok = trained_loader(ckpt, args.step)
+        if args.dtype != "float32":
+            params = jax.tree.map(lambda x: x.astype(jnp.dtype(args.dtype)), params)
+            config = config.replace(param_dtype=args.dtype, dtype=args.dtype)
+        return config, params, tok, f"{ckpt} step {step}"
+    kinds = "a HF directory (no config.json)" + (" nor a training workdir (no checkpoints/)" if trained_loader else "")
+    raise SystemExit(f"--checkpoint {ckpt}: neither {kinds}")
+
+
+def build_server(args, trained_loader=None) -> ChatServer:
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.rollout.endpoints import LocalChatModel
 
-    if not os.path.isdir(args.checkpoint):
-        raise SystemExit(f"--checkpoint {args.checkpoint}: not a directory")
-    spec = args.tokenizer
+    config, params, default_tok, source = _load_weights(args, trained_loader)
+    spec = args.tokenizer or default_tok
     if spec is None:
-        if not any(os.path.exists(os.path.join(args.checkpoint, f)) for f in TOKENIZER_FILES):
-            raise SystemExit(f"--checkpoint {args.checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
-                             "pass --tokenizer SPEC (e.g. tiny, qwen3, qwen3_5, hf:DIR)")
-        spec = f"hf:{args.checkpoint}"
-    config, params = models.load_hf(args.checkpoint, dtype=args.dtype)
+        raise SystemExit(f"--checkpoint {args.checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                         "pass --tokenizer SPEC (e.g. tiny, qwen3, qwen3_5, hf:DIR)")
     tok = load_tokenizer(spec)
     if tok.vocab_size > config.vocab_size:
         raise SystemExit(f"--tokenizer {spec}: {tok.vocab_size} ids do not fit the model's vocab_size "
-                         f"{config.vocab_size} ({args.checkpoint}/config.json)")
+                         f"{config.vocab_size} ({source})")
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     model = LocalChatModel(config, params, tok, generation_role=args.generation_role,
                            enable_thinking=args.enable_thinking, max_tokens=args.max_tokens, seed=args.seed, name=name)
@@ -331,8 +360,8 @@ def build_server(args) -> ChatServer:
                       batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit)
 
 
-def run(args) -> int:
-    server = build_server(args)
+def run(args, trained_loader=None) -> int:
+    server = build_server(args, trained_loader)
     print(f"serving {server.model_name} on {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Any
 
 from mimesis_jax import config as config_lib
 from mimesis_jax import models, sharding
@@ -17,10 +18,9 @@ from mimesis_jax.models.config import DTYPES, ConfigError
 from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
 
 
-def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32", log=print) -> int:
-    """Writes the checkpoint at `step` (latest if None) of `workdir` to `out`; returns the step exported."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"export: --dtype must be one of {list(DTYPES)}, got {dtype!r}")
+def load_trained(workdir: str, step: int | None = None) -> tuple[models.ModelConfig, Any, int, str | None]:
+    """The parameters of a training workdir's checkpoint at `step` (latest if None), in float32:
+    (model config, params, step, the run's tokenizer spec or None). Used by export and by `serve`."""
     ck = Checkpointer(workdir, read_only=True)
     try:
         step = ck.resolve_step(step)
@@ -31,8 +31,15 @@ def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "flo
         params, step = ck.restore_params(step, target)
     finally:
         ck.close()
+    return mc, params, step, (run.get("tokenizer") or {}).get("name")
+
+
+def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32", log=print) -> int:
+    """Writes the checkpoint at `step` (latest if None) of `workdir` to `out`; returns the step exported."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"export: --dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    mc, params, step, tok_name = load_trained(workdir, step)
     models.save_hf(out, mc.replace(param_dtype=dtype), params)
-    tok_name = (run.get("tokenizer") or {}).get("name")
     if tok_name:
         _save_tokenizer(tok_name, out, log)
     log(f"export: {workdir} step {step} -> {os.path.abspath(out)} ({mc.model_type}, {dtype})")
