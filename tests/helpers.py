@@ -15,6 +15,18 @@ def torch_available() -> bool:
         return False
 
 
+def assert_trees_equal(a, b) -> None:
+    """Two parameter pytrees have the same structure (a zip over leaves would not notice a missing one) and
+    bit-identical leaves."""
+    import jax
+
+    sa, sb = jax.tree.structure(a), jax.tree.structure(b)
+    assert sa == sb, f"pytree structures differ:\n{sa}\n{sb}"
+    for (path, x), y in zip(jax.tree.leaves_with_path(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(jax.device_get(x)), np.asarray(jax.device_get(y)),
+                                      err_msg=jax.tree_util.keystr(path))
+
+
 def randomize_torch_model(model, seed: int = 0, scale: float = 0.15, norm_scale: float = 0.1):
     """Re-draws every weight so logits are O(1) and norms are not all-ones (a stronger parity check)."""
     import torch

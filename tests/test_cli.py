@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from helpers import assert_trees_equal
 from mimesis_jax import models
 from mimesis_jax.cli import main
 from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
@@ -99,7 +100,7 @@ def test_export_reads_back_and_loads_in_transformers(sigtermed_run, tmp_path):
     saved, step = ck.restore_params(None, abstract_like(ab, jax.tree.map(lambda _: rep, ab)))
     ck.close()
     assert config.model_type == "qwen3_5_text" and config.hidden_size == mc.hidden_size
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), jax.device_get(saved))
+    assert_trees_equal(params, saved)
 
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM

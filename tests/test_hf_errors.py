@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from helpers import assert_trees_equal
 from mimesis_jax import models
 from mimesis_jax.models import ConfigError, ModelConfig
 from mimesis_jax.models.hf import CheckpointError
@@ -130,8 +131,7 @@ def test_sharded_index_roundtrip(tmp_path):
     assert os.path.exists(os.path.join(path, "model.safetensors.index.json"))
     assert len([f for f in os.listdir(path) if f.endswith(".safetensors")]) > 1
     _, loaded = models.load_hf(path)
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_trees_equal(params, loaded)
     # a shard listed in the index but missing is named
     victim = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))[-1]
     os.remove(os.path.join(path, victim))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from helpers import hf_greedy, hf_logits, randomize_torch_model
+from helpers import assert_trees_equal, hf_greedy, hf_logits, randomize_torch_model
 from mimesis_jax import models
 from mimesis_jax.models import qwen3_5
 from mimesis_jax.algorithms.logprobs import token_logprobs
@@ -133,8 +133,7 @@ def test_save_hf_roundtrip_loads_in_transformers(checkpoint, tmp_path):
         np.testing.assert_array_equal(src[name], dst[name], err_msg=name)
     config2, params2 = models.load_hf(out)
     assert config2 == config
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_trees_equal(params, params2)
 
 
 def test_greedy_generate_matches_transformers(checkpoint):
@@ -219,8 +218,7 @@ def test_full_multimodal_checkpoint_layout(checkpoint, tmp_path):
               open(out / "config.json", "w"))
     config2, params2 = models.load_hf(str(out))
     assert config2 == config
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_trees_equal(params, params2)
     del full["model.language_model.norm.weight"]
     save_file(full, str(out / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="model.norm.weight"):

@@ -1,13 +1,11 @@
 """Qwen3 (agent model) against transformers' Qwen3ForCausalLM in torch, fp32."""
 
-import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import hf_greedy, hf_logits, make_hf_qwen3
+from helpers import assert_trees_equal, hf_greedy, hf_logits, make_hf_qwen3
 from mimesis_jax import models
 
 pytest.importorskip("torch")
@@ -61,8 +59,7 @@ def test_save_hf_roundtrip_loads_in_transformers(checkpoint, tmp_path):
     np.testing.assert_allclose(hf_logits(out, ids), hf_logits(checkpoint, ids), atol=1e-6)
     config2, params2 = models.load_hf(out)
     assert config2 == config
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_trees_equal(params, params2)
 
 
 def test_greedy_generate_matches_transformers(checkpoint):

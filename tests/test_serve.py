@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from helpers import assert_trees_equal
 from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ModelConfig
@@ -190,7 +191,7 @@ def test_serves_a_training_workdir_at_any_step(workdir):
     try:
         _, want, step, tok_name = load_trained(workdir)
         assert step == 2 and tok_name == "tiny" and srv.model.tok.vocab_size == 1024  # the run's tokenizer
-        jax.tree.map(np.testing.assert_array_equal, jax.device_get(srv.model.params), jax.device_get(want))
+        assert_trees_equal(srv.model.params, want)
         status, body = _post(srv.url, {"messages": CONV, "temperature": 0, "max_tokens": 6})
         direct = LocalChatModel(srv.model.config, want, srv.model.tok).chat(CONV, max_tokens=6, temperature=0.0)
         assert status == 200 and body["choices"][0]["message"]["content"] == direct.text
@@ -198,7 +199,7 @@ def test_serves_a_training_workdir_at_any_step(workdir):
         srv.stop()
     first = serve.build_server(_serve_args(workdir, "--step", "1"), trained_loader=load_trained)
     step1 = load_trained(workdir, 1)[1]
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(first.model.params), jax.device_get(step1))
+    assert_trees_equal(first.model.params, step1)
     assert not np.array_equal(np.asarray(step1["embed"]), np.asarray(want["embed"]))  # a different checkpoint
 
 
