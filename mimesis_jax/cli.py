@@ -6,6 +6,7 @@
     demo     [--workdir DIR]        tiny mid-training -> ThoughtTrace SFT -> export -> load_hf, on a CPU
     config   --config configs/<name>.py [--set ...]                            print the resolved config
     serve    --checkpoint HFDIR|WORKDIR [--step N] --port P   OpenAI-compatible /v1/chat/completions on localhost
+    rollout  --agent SPEC --user SPEC [--tasks FILE ...] --n N --out FILE.jsonl   episodes of the UserRL gyms
 
 A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
 SIGTERM-triggered checkpoint; 1 when training stops on a non-finite loss or runs out of data; 2 for a bad
@@ -57,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     from mimesis_jax.rollout import serve
 
     serve.add_args(sub.add_parser("serve", help="serve a local model on an OpenAI-compatible /v1/chat/completions"))
+    from mimesis_jax.envs.userrl import run as gym_run
+
+    gym_run.add_args(sub.add_parser("rollout", help="run episodes of the UserRL gyms; trajectories to JSONL"))
     sp = sub.add_parser("config", help="print the resolved run config as JSON")
     sp.add_argument("--config", required=True)
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
@@ -151,6 +155,11 @@ def main(argv=None) -> int:
             from mimesis_jax.train.export import load_trained
 
             return serve.run(args, trained_loader=load_trained)
+        if args.command == "rollout":
+            from mimesis_jax.envs.userrl import run as gym_run
+            from mimesis_jax.train.export import load_trained
+
+            return gym_run.run(args, trained_loader=load_trained)
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

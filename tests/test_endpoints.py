@@ -255,3 +255,56 @@ def test_local_simulator_framing(local):
     assert (thought, utterance) == split_thought(r.text, thinking=True)
     if "</think>" not in r.text:  # a reply that never closes its thought has no utterance: nothing reaches the agent
         assert utterance is None and thought == r.text.strip()
+
+
+# ------------------------------------------------------------------------------------ remote agent
+def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_env):
+    """A remote agent for evaluation: the token prompt goes out as text, the reply comes back as ids + <|im_end|>;
+    a 503 is retried; the key is sent in the header only."""
+    from mimesis_jax.data.tokenizer import load_tokenizer
+    from mimesis_jax.rollout.endpoints import RemoteCompletionsAgent
+
+    tok = load_tokenizer("tiny")
+    done = {"choices": [{"index": 0, "text": "I will search now.", "finish_reason": "stop"}]}
+    cut = {"choices": [{"index": 0, "text": "I will", "finish_reason": "length"}]}
+    srv = fake([(503, {"error": "busy"}, {}, 0), (200, done, {}, 0), (200, cut, {}, 0)])
+    agent = RemoteCompletionsAgent(srv.url, "agent-x", tok, api_key_env=key_env, backoff=0.01, max_concurrency=1)
+    prompts = [list(tok.encode("Hello there")), list(tok.encode("Second prompt"))]
+    out = agent.generate_tokens(prompts, max_tokens=9, temperature=0.0, seed=[1, 2])
+    assert out[0].tokens == list(tok.encode("I will search now.")) + [tok.im_end_id]
+    assert out[0].finish_reason == "stop" and out[0].logprobs is None and out[0].prompt_len == len(prompts[0])
+    assert out[1].tokens == list(tok.encode("I will")) and out[1].finish_reason == "length"
+    req = srv.requests[1]
+    assert req["path"] == "/v1/completions" and req["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert req["body"]["prompt"] == tok.decode(prompts[0]) and req["body"]["stop"] == ["<|im_end|>"]
+    assert (req["body"]["max_tokens"], req["body"]["temperature"], req["body"]["seed"]) == (9, 0.0, 1)
+    srv2 = fake([(200, {"nothing": 1}, {}, 0)])
+    bad = RemoteCompletionsAgent(srv2.url, "agent-x", tok, api_key_env=None)
+    with pytest.raises(EndpointError, match="malformed completion response"):
+        bad.generate_tokens([prompts[0]], max_tokens=4)
+
+
+def test_batched_chat_model_samples_concurrent_calls_together(local):
+    """Concurrent calls from many threads (envs asking their user) go through one sampler call, each getting
+    what an unbatched call with the same seed gives."""
+    from mimesis_jax.rollout.serve import BatchedChatModel
+
+    config, params, tok = local
+    base = LocalChatModel(config, params, tok, max_tokens=6, temperature=1.0)
+    batched = BatchedChatModel(base, max_batch=8, batch_wait_ms=300)
+    convs = [[{"role": "user", "content": f"Question number {i}"}] for i in range(4)]
+    try:
+        results = [None] * 4
+
+        def ask(i):
+            results[i] = batched.chat(convs[i], seed=100 + i)
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        batched.close()
+    assert batched.engine.batch_sizes == [4]
+    for i, r in enumerate(results):
+        assert r.token_ids == base.chat(convs[i], seed=100 + i).token_ids

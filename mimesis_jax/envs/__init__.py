@@ -1,6 +1,6 @@
 """Environments the agent is trained and evaluated in (environments.md): protocol, registry, tool schema."""
 
 from mimesis_jax.envs.base import (  # noqa: F401
-    CHOICES, INTERACT_TOOL, TOOL_NAME, Env, EnvError, SecretWordEnv, ToolCall, format_action, make, parse_action,
-    parse_tool_call, register, registered, tool_call_text, tool_feedback,
+    CHOICES, INTERACT_TOOL, TOOL_NAME, Env, EnvError, InvalidEpisode, SecretWordEnv, ToolCall, format_action, make,
+    parse_action, parse_tool_call, register, registered, tool_call_text, tool_feedback,
 )

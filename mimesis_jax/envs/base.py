@@ -16,6 +16,10 @@ Hooks the episode runner (rollout/episode.py) uses, with defaults in `Env`:
 * `info["to_user"]` after a step -- the text the user simulator receives from the agent this turn, or None when
   the user is not addressed (then no user turn follows). When the key is absent the runner uses the content of
   an `[action]` step and None for `[answer]` / `[search]`.
+* `info["user_thought"]` / `info["user_utterance"]` -- set by envs that talk to their user model themselves (the
+  UserRL gyms): the runner records them as the simulator's private thought and public utterance of this turn
+  (what the CSD coach reads, Eq 7). Such envs set `info["to_user"] = None`: the reply is already in the feedback.
+* raising `InvalidEpisode(reason)` from `step` -- the other side refused or failed: the episode is INVALID.
 * `observe_user(utterance) -> (reward, terminated, info)` -- lets an env react to the user's public utterance
   (e.g. a user who ends the conversation); the reward is added to the turn's reward. Default: (0.0, False, {}).
 """
@@ -59,6 +63,12 @@ StepResult = tuple[dict, float, bool, bool, dict]
 
 class EnvError(ValueError):
     """Bad environment configuration or use; the message names the environment and the key."""
+
+
+class InvalidEpisode(RuntimeError):
+    """Raised by an environment whose other side (user, judge, classifier model) refused its role, failed, or gave
+    an answer that could not be parsed: the episode runner marks the episode INVALID with this reason -- never a
+    reward of 0 (paper.md 4.3, metrics.md)."""
 
 
 # ------------------------------------------------------------------------------------- actions

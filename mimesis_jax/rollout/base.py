@@ -50,3 +50,36 @@ class ScriptedChatModel:
             out = self._replies[self._i % len(self._replies)]
             self._i += 1
         return out if isinstance(out, ChatResponse) else ChatResponse(text=str(out))
+
+
+class SimulatorAsResponder:
+    """Lets a user *simulator* answer where a gym asks a chat model for the user's reply.
+
+    Gyms (envs/userrl) talk to their user model the way any chat endpoint is asked for a role-played reply: the
+    gym's side speaks as ``user`` and the simulated user answers as ``assistant`` (UserRL, tau-bench). A MIMESIS
+    simulator instead sees the dialogue with its true roles and writes the next ``user`` turn (data/chat.py's
+    framing; `LocalChatModel(generation_role="user")` or `serve --generation-role user`). This wrapper swaps
+    ``user`` <-> ``assistant`` in the messages (system stays), so the simulator reads the agent side as
+    ``assistant`` and its own earlier replies as ``user``, and returns its turn unchanged.
+    """
+
+    _SWAP = {"user": "assistant", "assistant": "user"}
+
+    def __init__(self, simulator):
+        self.simulator = simulator
+
+    @staticmethod
+    def flip(messages: Sequence[Message]) -> list[Message]:
+        return [{**m, "role": SimulatorAsResponder._SWAP.get(m.get("role"), m.get("role"))} for m in messages]
+
+    def chat(self, messages, **kwargs) -> ChatResponse:
+        return self.simulator.chat(self.flip(messages), **kwargs)
+
+    @property
+    def chat_batch(self):
+        """Present exactly when the simulator has one (a local model: batched, and called one request at a time)."""
+        batch = self.simulator.chat_batch  # AttributeError when the simulator has none
+
+        def run(conversations, **kwargs) -> list[ChatResponse]:
+            return batch([self.flip(c) for c in conversations], **kwargs)
+        return run

@@ -262,7 +262,11 @@ class OpenAIChatModel:
         return delay * (1.0 + self.jitter * random.random())
 
     def chat(self, messages, *, max_tokens=None, temperature=None, stop=None, **extra) -> ChatResponse:
-        data = json.dumps(self._request_body(messages, max_tokens, temperature, stop, extra)).encode()
+        return self._parse(self._post(self._request_body(messages, max_tokens, temperature, stop, extra)))
+
+    def _post(self, body: dict) -> bytes:
+        """POSTs `body` as JSON to `self.url` with the retry policy; returns the raw response body."""
+        data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         key = self._key()
         if self.api_key_env is not None:
@@ -275,8 +279,7 @@ class OpenAIChatModel:
             retry_after = None
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    raw = resp.read()
-                return self._parse(raw)
+                    return resp.read()
             except urllib.error.HTTPError as e:
                 detail = self._redact(e.read()[:500].decode("utf-8", "replace"))
                 last = f"HTTP {e.code}: {detail}"
@@ -310,3 +313,53 @@ class OpenAIChatModel:
             lps = [float(x["logprob"]) for x in content_lp]
         return ChatResponse(text=msg.get("content") or "", token_ids=choice.get("token_ids"), logprobs=lps,
                             finish_reason=choice.get("finish_reason") or "stop", meta=meta)
+
+
+class RemoteCompletionsAgent(OpenAIChatModel):
+    """A remote agent for the episode runner over an OpenAI-compatible `/completions` endpoint (vLLM, SGLang, ...).
+
+    The runner hands token prompts; they are decoded to text (the chat template is already in them), sent as
+    `prompt`, and the returned text is encoded back with `tokenizer` (+ `<|im_end|>` when the server stopped).
+    Log-probs are None and the ids are re-tokenised, so these rollouts are for evaluation, not for RL updates
+    (the RL stages use an in-process agent, whose samples are token-exact). Same key/retry policy as
+    OpenAIChatModel.
+    """
+
+    def __init__(self, base_url: str, model: str, tokenizer, **kwargs):
+        super().__init__(base_url, model, **kwargs)
+        self.url = base_url.rstrip("/") + "/completions"
+        self.tok = tokenizer
+
+    def __repr__(self):
+        return f"RemoteCompletionsAgent(url={self.url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
+
+    def _one(self, prompt, max_tokens, temperature, top_p, top_k, seed) -> sampler.Sample:
+        body = {"model": self.model, "prompt": self.tok.decode(list(prompt)), "max_tokens": int(max_tokens),
+                "temperature": float(temperature), "top_p": float(top_p), "stop": ["<|im_end|>"],
+                **self.extra_body}
+        if top_k:
+            body["top_k"] = int(top_k)
+        if seed is not None:
+            body["seed"] = int(seed)
+        raw = self._post(body)
+        try:
+            choice = json.loads(raw)["choices"][0]
+            text, finish = choice["text"], choice.get("finish_reason") or "stop"
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+            raise EndpointError(f"{self.url}: malformed completion response ({type(e).__name__}: {e}); body starts "
+                                f"{self._redact(raw[:200].decode('utf-8', 'replace'))!r}") from None
+        toks = list(self.tok.encode(text))
+        if finish == "stop":
+            toks.append(int(self.tok.im_end_id))
+        return sampler.Sample(toks, None, "stop" if finish == "stop" else "length", len(prompt))
+
+    def generate_tokens(self, prompts, *, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None):
+        n = len(prompts)
+
+        def per(v, default):
+            v = default if v is None else v
+            return list(v) if isinstance(v, (list, tuple)) else [v] * n
+        args = zip(prompts, per(max_tokens, self.max_tokens or 1024), per(temperature, self.temperature or 0.0),
+                   per(top_p, 1.0), per(top_k, 0), per(seed, None))
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(self.max_concurrency, n))) as pool:
+            return list(pool.map(lambda a: self._one(*a), args))

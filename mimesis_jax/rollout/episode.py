@@ -28,12 +28,13 @@ opening thought/utterance, reset feedback/info, end reason, number of turns.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
 
-from mimesis_jax.envs.base import INTERACT_TOOL, Env, format_action, parse_tool_call, tool_feedback
+from mimesis_jax.envs.base import INTERACT_TOOL, Env, InvalidEpisode, format_action, parse_tool_call, tool_feedback
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import chat_many, response_thought
 from mimesis_jax.rollout.refusal import RefusalDetector
@@ -70,6 +71,7 @@ class EpisodeConfig:
     tools: tuple = (INTERACT_TOOL,)
     refusal_rules: dict[str, str] | None = None  # None: refusal.DEFAULT_RULES
     check_thought_for_refusal: bool = True
+    env_workers: int = 16  # threads stepping envs at once (envs whose step calls a user/judge model overlap)
 
 
 class ScriptedAgent:
@@ -159,6 +161,24 @@ def _user_turns(eps: list[_Live], user, cfg: EpisodeConfig, refusal: RefusalDete
     return accepted
 
 
+def _env_step(ep: _Live, call):
+    try:
+        if call.ok:
+            return ep.task.env.step(format_action(call.choice, call.content))
+        return ep.task.env.invalid_action(call.error)
+    except Exception as e:  # reported by the caller, in order
+        return e
+
+
+def _env_steps(live: list[_Live], calls: list, workers: int) -> list:
+    """Each live dialogue's env step; in a thread pool when `workers` > 1 (env steps that wait on remote models
+    overlap; a local model shared by several envs serialises its own calls)."""
+    if workers <= 1 or len(live) <= 1:
+        return [_env_step(ep, c) for ep, c in zip(live, calls)]
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(live))) as pool:
+        return list(pool.map(_env_step, live, calls))
+
+
 def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfig | None = None, *,
                  tokenizer=None) -> list[Trajectory]:
     """Runs every task to its end and returns one Trajectory per task, in order.
@@ -218,7 +238,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens, temperature=cfg.agent_temperature,
             top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
             seed=[_seed(cfg.seed, ep.traj.rollout_id, ep.turns) for ep in live])
-        pending = []
+        calls = []
         for ep, s in zip(live, samples):
             _add(ep, "public", header)
             ended_cleanly = bool(s.tokens) and s.tokens[-1] == im_end
@@ -227,16 +247,22 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             _add(ep, "agent", s.tokens, s.logprobs, text=reply)
             _add(ep, "public", newline if ended_cleanly else [im_end] + newline)
             ep.turns += 1
-            # 2. environment step
-            call = parse_tool_call(reply)
-            try:
-                if call.ok:
-                    result = ep.task.env.step(format_action(call.choice, call.content))
-                else:
-                    result = ep.task.env.invalid_action(call.error)
-            except Exception as e:
+            calls.append(parse_tool_call(reply))
+        # 2. environment steps: concurrent, since an env may call its own user / judge models (UserRL gyms)
+        results = _env_steps(live, calls, cfg.env_workers)
+        pending = []
+        for ep, call, result in zip(live, calls, results):
+            if isinstance(result, InvalidEpisode):  # the env's user/judge refused, failed or never parsed
+                ep.traj.turn_rewards.append(0.0)
+                ep.traj.env_info.append({"choice": call.choice, "content": call.content, "tool_error": call.error,
+                                         "invalid": str(result)})
+                ep.traj.user_thoughts.append(None)
+                ep.traj.user_utterances.append(None)
+                _end(ep, "invalid", f"agent turn {ep.turns - 1}: {result}")
+                continue
+            if isinstance(result, Exception):
                 raise RuntimeError(f"task {ep.index} (rollout {ep.traj.rollout_id}), agent turn {ep.turns - 1}: the "
-                                   f"environment raised {type(e).__name__}: {e}") from e
+                                   f"environment raised {type(result).__name__}: {result}") from result
             obs, reward, terminated, truncated, info = result
             feedback = str((obs or {}).get("feedback", ""))
             info = dict(info or {})
@@ -253,9 +279,9 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             elif to_user is not None and ep.user_view is not None:
                 ep.user_view.append({"role": "assistant", "content": to_user})
                 pending.append(ep)
-            if ep not in pending:
-                ep.traj.user_thoughts.append(None)
-                ep.traj.user_utterances.append(None)
+            if ep not in pending:  # an env that talks to its user itself reports the turn in info
+                ep.traj.user_thoughts.append(info.get("user_thought"))
+                ep.traj.user_utterances.append(info.get("user_utterance"))
         # 3. user-simulator turn: one batched call
         for ep, utterance in (_user_turns(pending, user, cfg, refusal, opening=False) if pending else []):
             # the agent sees the utterance only, as a plain user turn (no think block of any kind)

@@ -177,6 +177,30 @@ class BatchingEngine:
             j.done.set()
 
 
+class BatchedChatModel:
+    """A ChatModel whose concurrent `chat` calls (from many threads: e.g. the envs of a rollout batch, each asking
+    its user or judge) are sampled together through one `BatchingEngine` -- in-process, no HTTP. Close it when done.
+    """
+
+    def __init__(self, model: "LocalChatModel", *, max_batch: int = 64, batch_wait_ms: float = 20.0):
+        self.model = model
+        self.engine = BatchingEngine(model, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
+
+    def chat(self, messages, *, max_tokens=None, temperature=None, stop=None, top_p=None, top_k=None, seed=None,
+             enable_thinking=None, **_):
+        from mimesis_jax.rollout.base import ChatResponse
+
+        job = self.engine.submit({"messages": list(messages), "max_tokens": max_tokens, "temperature": temperature,
+                                  "top_p": top_p, "top_k": top_k, "seed": seed, "stop": list(stop or []),
+                                  "enable_thinking": enable_thinking})
+        if job.error is not None:
+            return ChatResponse(text="", finish_reason="error", meta={"error": job.error})
+        return job.result
+
+    def close(self):
+        self.engine.close()
+
+
 # ------------------------------------------------------------------------------------ the server
 def completion_body(model_name: str, req: dict, resp, tok) -> dict:
     from mimesis_jax.rollout.endpoints import split_thought
@@ -340,23 +364,36 @@ def _load_weights(args, trained_loader):
     raise SystemExit(f"--checkpoint {ckpt}: neither {kinds}")
 
 
-def build_server(args, trained_loader=None) -> ChatServer:
+def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str | None = None,
+                    dtype: str = "float32", generation_role: str = "assistant", enable_thinking: bool = False,
+                    max_tokens: int = 512, seed: int = 0, name: str | None = None,
+                    trained_loader=None) -> "LocalChatModel":
+    """A LocalChatModel from a HF directory or (with `trained_loader`) a training workdir, with the checkpoint's
+    tokenizer unless `tokenizer` names one. What `serve` and `rollout` load models with."""
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.rollout.endpoints import LocalChatModel
 
+    args = argparse.Namespace(checkpoint=checkpoint, step=step, dtype=dtype)
     config, params, default_tok, source = _load_weights(args, trained_loader)
-    spec = args.tokenizer or default_tok
+    spec = tokenizer or default_tok
     if spec is None:
-        raise SystemExit(f"--checkpoint {args.checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+        raise SystemExit(f"--checkpoint {checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
                          "pass --tokenizer SPEC (e.g. tiny, qwen3, qwen3_5, hf:DIR)")
     tok = load_tokenizer(spec)
     if tok.vocab_size > config.vocab_size:
         raise SystemExit(f"--tokenizer {spec}: {tok.vocab_size} ids do not fit the model's vocab_size "
                          f"{config.vocab_size} ({source})")
-    name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
-    model = LocalChatModel(config, params, tok, generation_role=args.generation_role,
-                           enable_thinking=args.enable_thinking, max_tokens=args.max_tokens, seed=args.seed, name=name)
-    return ChatServer(model, host=args.host, port=args.port, model_name=name, max_batch=args.max_batch,
+    name = name or os.path.basename(os.path.normpath(checkpoint))
+    return LocalChatModel(config, params, tok, generation_role=generation_role, enable_thinking=enable_thinking,
+                          max_tokens=max_tokens, seed=seed, name=name)
+
+
+def build_server(args, trained_loader=None) -> ChatServer:
+    model = load_chat_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype,
+                            generation_role=args.generation_role, enable_thinking=args.enable_thinking,
+                            max_tokens=args.max_tokens, seed=args.seed, name=args.model_name,
+                            trained_loader=trained_loader)
+    return ChatServer(model, host=args.host, port=args.port, model_name=model.name, max_batch=args.max_batch,
                       batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit)
 
 
