@@ -1,0 +1,322 @@
+"""FunctionGym (environments.md, "The gyms"): find a hidden arithmetic rule over four numbers, then answer it on
+the test case. No LLM takes part: the environment computes everything itself.
+
+Data: `functions.json` (UserRL's file name and format): a list of records
+``{"id": "func-1", "rule": "c * (a * b) * d", "test_case": [3, 5, 5, 3], "expected_result": 225.0}``.
+A task's create arguments name the record (`id`) and may set `max_turns` (UserRL's tool default: 20 steps).
+
+Rules, as UserRL's FunctionGym has them (every step's reward is 0.0 unless stated):
+
+* ``[action] ...`` -- every number in the content (pattern ``-?\\d+(\\.\\d*)?``, read as floats; "1, 2, 3, 4" and
+  "1 2 3 4" both work) is an input. Empty content -> "Please provide four numbers after [action]."; not exactly four
+  numbers -> "Please provide exactly four numbers."; the four numbers equal to the test case (same order, compared
+  as numbers, so "3.0 5 5 3" is the test case [3, 5, 5, 3] too) -> refused without a value; otherwise the rule is
+  evaluated on the floats, the result rounded with Python's ``round(x, 4)`` and reported as
+  "For numbers [1.0, 2.0, 3.0, 4.0], the result is 10.0.". Any arithmetic failure (division by zero, overflow
+  of a power, a complex power of a negative number) -> UserRL's "Error parsing numbers or calculating result..."
+  message; the episode goes on.
+* ``[search] test`` (case-insensitive) -> "Test case: [3, 5, 5, 3]"; any other content -> "Search content should
+  only be 'test' to get the test case."
+* ``[answer] x`` -- x is read with Python's ``float`` (empty -> "Answer is empty..."; unreadable -> "Invalid
+  numerical answer..."); correct when ``abs(x - expected_result) <= 1e-6`` (UserRL's `compare_answers`): reward
+  1.0 (`correct_answer_reward`) and the episode ends; a wrong answer gets 0.0 (`incorrect_answer_reward`), and the
+  episode goes on (the agent may answer again).
+* ``[finish]`` -- ends the episode, reward 0 (UserRL accepts it; the `interact_with_env` tool of this project offers
+  only action/answer/search, so only a direct `step("[finish]")` reaches it).
+* any other text -> "Invalid action format. Please use [action], [search], [answer], or [finish].", reward 0.
+* the episode is truncated after `max_steps` steps (UserRL default 20); UserRL's `step_penalty` (x step number,
+  subtracted from every step's reward) and `normalize_rewards` (clip to [0, 1]) are options, off by default as in
+  UserRL.
+
+The feedback texts are UserRL's own wording (the observable rules of the gym, kept exact on purpose).
+
+Rules are never run with `eval`: each rule string is parsed with `ast` at load time and accepted only when it is
+built from numbers, the variables a b c d, the operators + - * / ** (binary), unary minus and parentheses;
+anything else is an EnvError naming the file, the record and its id. Evaluation uses Python's own float
+arithmetic on those nodes, so results (and failures) are those of UserRL's evaluation of the same string.
+
+Choices where UserRL is ambiguous or unsafe (written down here):
+* `int ** int` with an exponent above 1,000 (possible only between two literal constants, never with a, b, c, d,
+  which are floats) is computed in floats (an overflow error, like float powers) instead of as a huge integer.
+* step info carries `function_id` (and the parsed numbers / submitted answer), not the hidden rule or the expected
+  result, since trajectories record step info; `FunctionGym.record` holds them for callers that need them.
+* UserRL marks a step both terminated and truncated when a correct answer arrives on the last step; here (as for
+  every gym of this project) such a step is terminated only.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import math
+import operator
+import os
+import pathlib
+import re
+from typing import Callable, Sequence
+
+from mimesis_jax.envs.base import EnvError, StepResult
+from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, index_records, read_json
+from mimesis_jax.envs.userrl.tasks import register_gym
+
+DATA_FILE = "functions.json"  # UserRL's file name
+VARIABLES = ("a", "b", "c", "d")
+ANSWER_TOLERANCE = 1e-6  # UserRL's compare_answers
+RESULT_DIGITS = 4  # UserRL rounds each [action] result with round(x, 4)
+
+# ----------------------------------------------------------------------------------- feedback (UserRL's wording)
+FB_RESET = ("New function problem loaded. You can use [action] with four numbers to test the function, [search] for "
+            "test case, or [answer] with your final guess.")
+FB_INVALID = "Invalid action format. Please use [action], [search], [answer], or [finish]."
+FB_NO_NUMBERS = "Please provide four numbers after [action]."
+FB_NOT_FOUR = "Please provide exactly four numbers."
+FB_TEST_CASE = "This is the test case and I cannot provide you with the calculation feedback."
+FB_CALC_ERROR = ("Error parsing numbers or calculating result. This may happen like when division by zero occurs. "
+                 "Please try again with different number combinations.")
+FB_SEARCH_ONLY_TEST = "Search content should only be 'test' to get the test case."
+FB_ANSWER_EMPTY = "Answer is empty. Please provide a numerical answer."
+FB_ANSWER_NOT_NUMBER = "Invalid numerical answer. Please provide a valid number."
+FB_CORRECT = "Your answer is correct!"
+FB_WRONG = ("Your answer is wrong. Please continue to try and reason about the hidden function and make your answer "
+            "attempt later.")
+FB_FINISH_CORRECT = "Episode finished. You answered correctly!"
+FB_FINISH_WRONG = "Episode finished without correct answer. The expected result for the test case was: {expected}"
+
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d*)?")
+
+
+# ----------------------------------------------------------------------------------- the rule evaluator
+class RuleEvaluationError(ArithmeticError):
+    """A rule could not be evaluated on some inputs (e.g. a complex power of a negative number)."""
+
+
+def _power(x, y):
+    if type(x) is int and type(y) is int and abs(y) > 1000:  # two literals: no giant integers
+        x = float(x)
+    value = x ** y
+    if isinstance(value, complex):
+        raise RuleEvaluationError(f"{x!r} ** {y!r} is complex")
+    return value
+
+
+_BINARY: dict[type, Callable] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+                                 ast.Div: operator.truediv, ast.Pow: _power}
+_ALLOWED = "numbers, the variables a b c d, + - * / **, unary minus and parentheses"
+
+
+def _node_text(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # pragma: no cover - unparse handles every node ast.parse makes
+        return type(node).__name__
+
+
+def _build(node: ast.AST, fail: Callable[[str], EnvError]) -> Callable[[Sequence[float]], float]:
+    """A closure computing `node` from (a, b, c, d); only the nodes the gym allows."""
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if type(value) not in (int, float):
+            raise fail(f"the constant {value!r} is not a number")
+        return lambda xs: value
+    if isinstance(node, ast.Name):
+        if node.id not in VARIABLES:
+            raise fail(f"unknown name {node.id!r} (only a, b, c, d)")
+        i = VARIABLES.index(node.id)
+        return lambda xs: xs[i]
+    if isinstance(node, ast.BinOp):
+        op = _BINARY.get(type(node.op))
+        if op is None:
+            raise fail(f"operator {type(node.op).__name__} in {_node_text(node)!r} is not allowed")
+        left, right = _build(node.left, fail), _build(node.right, fail)
+        return lambda xs: op(left(xs), right(xs))
+    if isinstance(node, ast.UnaryOp):
+        if not isinstance(node.op, ast.USub):
+            raise fail(f"unary {type(node.op).__name__} in {_node_text(node)!r} is not allowed")
+        inner = _build(node.operand, fail)
+        return lambda xs: -inner(xs)
+    raise fail(f"{type(node).__name__} {_node_text(node)!r} is not allowed")
+
+
+def compile_rule(rule: str, where: str) -> Callable[[Sequence[float]], float]:
+    """The hidden rule as a function of (a, b, c, d). `where` names the file/record for errors: anything but
+    numbers, a b c d, + - * / **, unary minus and parentheses is an EnvError."""
+    def fail(why: str) -> EnvError:
+        return EnvError(f"{where}: field 'rule' {rule!r} is not a FunctionGym rule ({why}; allowed: {_ALLOWED})")
+
+    if not isinstance(rule, str) or not rule.strip():
+        raise fail("empty")
+    try:
+        tree = ast.parse(rule.strip(), mode="eval")
+    except SyntaxError as e:
+        raise fail(f"syntax error: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise fail(f"unparseable: {type(e).__name__}") from None
+    try:
+        return _build(tree.body, fail)
+    except RecursionError:
+        raise fail("nested too deeply") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionRecord:
+    """One record of functions.json."""
+
+    id: str
+    rule: str
+    test_case: tuple  # as stored (ints in UserRL's file)
+    expected_result: float
+    fn: Callable[[Sequence[float]], float] = dataclasses.field(repr=False, compare=False)
+
+    def evaluate(self, numbers: Sequence[float]):
+        """The rule on `numbers` rounded as UserRL reports it; raises ArithmeticError (incl. ZeroDivisionError,
+        OverflowError, RuleEvaluationError) when the rule cannot be computed there."""
+        try:
+            value = self.fn([float(x) for x in numbers])
+        except RecursionError:
+            raise RuleEvaluationError("the rule is nested too deeply") from None
+        return round(value, RESULT_DIGITS)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def parse_records(records, where: str) -> dict[str, FunctionRecord]:
+    """Validated records by id; errors name `where` (the file), the record (index and id) and the field."""
+    index_records(records, "id", where)  # list, ids present and unique
+    out: dict[str, FunctionRecord] = {}
+    for i, r in enumerate(records):
+        rid = str(r["id"])
+        at = f"{where}, record {i} (id {rid!r})"
+        rule = field(r, "rule", str, at)
+        test_case = field(r, "test_case", list, at)
+        if len(test_case) != 4 or not all(_is_number(x) for x in test_case):
+            raise EnvError(f"{at}: field 'test_case' must be a list of four numbers, got {test_case!r}")
+        expected = field(r, "expected_result", (int, float), at)
+        if not math.isfinite(expected):
+            raise EnvError(f"{at}: field 'expected_result' must be a finite number, got {expected!r}")
+        out[rid] = FunctionRecord(rid, rule, tuple(test_case), float(expected), compile_rule(rule, at))
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _load(path: str, mtime: float) -> dict[str, FunctionRecord]:
+    return parse_records(read_json(path), path)
+
+
+def load_functions(path: str | os.PathLike | None = None) -> dict[str, FunctionRecord]:
+    """Every record of a functions.json (default: the shipped one), validated, by id (cached per file version)."""
+    p = data_file(DATA_FILE) if path is None else pathlib.Path(path)
+    if not p.is_file():
+        raise EnvError(f"FunctionGym data file {p} does not exist")
+    return _load(str(p), p.stat().st_mtime)
+
+
+def parse_numbers(text: str) -> list[float]:
+    """Every number in an [action]'s content, as floats (UserRL's reading: "1, 2, 3, 4" -> four numbers)."""
+    return [float(m) for m in _NUMBER_RE.findall(text)]
+
+
+# ----------------------------------------------------------------------------------- the gym
+@register_gym("FunctionGym")
+class FunctionGym(UserRLEnv):
+    """FunctionGym: `[action] a b c d` -> f(a, b, c, d); `[search] test` -> the test case; `[answer] x` -> 1.0 when
+    x is f(test case) within 1e-6 (ends the episode). See the module docstring for every rule."""
+
+    prompt_file = "function"
+    default_max_steps = 20
+    invalid_action_feedback = FB_INVALID
+
+    def __init__(self, function_id: str, *, data_dir: str | os.PathLike | None = None, max_steps: int | None = None,
+                 seed=None, correct_answer_reward: float = 1.0, incorrect_answer_reward: float = 0.0,
+                 step_penalty: float = 0.0, normalize_rewards: bool = False):
+        super().__init__(max_steps=max_steps, seed=seed)
+        path = data_file(DATA_FILE, data_dir)
+        records = load_functions(path)
+        if str(function_id) not in records:
+            raise EnvError(f"{path}: no FunctionGym record with id {function_id!r}")
+        if correct_answer_reward < 0:
+            raise EnvError(f"{self.name}: correct_answer_reward must be non-negative, got {correct_answer_reward}")
+        self.record = records[str(function_id)]
+        self.correct_answer_reward, self.incorrect_answer_reward = float(correct_answer_reward), float(
+            incorrect_answer_reward)
+        self.step_penalty, self.normalize_rewards = float(step_penalty), bool(normalize_rewards)
+        self.answered_correctly = False
+
+    @classmethod
+    def from_task(cls, task, *, data_dir=None, user=None, judge=None, retriever=None, seed=None, max_steps=None,
+                  **options) -> "FunctionGym":
+        """The env of a FunctionGym task: create_kwargs {id, max_turns?}; `user`/`judge`/`retriever` are not used
+        (no LLM in this gym); options: correct_answer_reward, incorrect_answer_reward, step_penalty,
+        normalize_rewards."""
+        allowed = {"correct_answer_reward", "incorrect_answer_reward", "step_penalty", "normalize_rewards"}
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise EnvError(f"FunctionGym: unknown options {unknown}; known: {sorted(allowed)}")
+        kwargs = dict(task.create_kwargs)
+        function_id = kwargs.get("id", task.id)
+        if max_steps is None and kwargs.get("max_turns") is not None:
+            turns = kwargs["max_turns"]
+            if isinstance(turns, bool) or not isinstance(turns, int):
+                raise EnvError(f"{task.source or 'task'}: field 'create_kwargs.max_turns' must be an integer, "
+                               f"got {turns!r}")
+            max_steps = turns
+        return cls(str(function_id), data_dir=data_dir, max_steps=max_steps, seed=seed, **options)
+
+    # ------------------------------------------------------------------------------- protocol
+    def _reset(self):
+        self.answered_correctly = False
+        return FB_RESET, {"function_id": self.record.id, "test_case": list(self.record.test_case)}
+
+    def step(self, action_text: str) -> StepResult:
+        # UserRL also accepts "[finish]" (ends the episode); everything else goes through the shared dispatch.
+        if isinstance(action_text, str) and action_text.strip().startswith("[finish]"):
+            if self.done:
+                raise EnvError(f"{self.name}: the episode has ended; call reset() first")
+            self.step_count += 1
+            self._turn_user = {}
+            feedback = (FB_FINISH_CORRECT if self.answered_correctly
+                        else FB_FINISH_WRONG.format(expected=self.record.expected_result))
+            return self._finish(feedback, 0.0, True, {"finished": True})
+        return super().step(action_text)
+
+    def _finish(self, feedback, reward, terminated, info):
+        reward = float(reward) - self.step_penalty * self.step_count
+        if self.normalize_rewards:
+            reward = max(0.0, min(1.0, reward))
+        return super()._finish(feedback, reward, terminated, {"function_id": self.record.id, **info})
+
+    # ------------------------------------------------------------------------------- choices
+    def _action(self, content: str):
+        if not content:
+            return FB_NO_NUMBERS, 0.0, False, {"invalid_action": "no numbers"}
+        numbers = parse_numbers(content)
+        if len(numbers) != 4:
+            return FB_NOT_FOUR, 0.0, False, {"invalid_action": f"{len(numbers)} numbers"}
+        if numbers == [float(x) for x in self.record.test_case]:
+            return FB_TEST_CASE, 0.0, False, {"numbers": numbers, "test_case_refused": True}
+        try:
+            result = self.record.evaluate(numbers)
+        except ArithmeticError as e:
+            return FB_CALC_ERROR, 0.0, False, {"numbers": numbers, "error": f"{type(e).__name__}: {e}"}
+        return f"For numbers {numbers}, the result is {result}.", 0.0, False, {"numbers": numbers, "result": result}
+
+    def _search(self, content: str):
+        if content.lower() != "test":
+            return FB_SEARCH_ONLY_TEST, 0.0, False, {"invalid_action": "search content is not 'test'"}
+        return f"Test case: {list(self.record.test_case)}", 0.0, False, {}
+
+    def _answer(self, content: str):
+        if not content:
+            return FB_ANSWER_EMPTY, 0.0, False, {"invalid_action": "empty answer"}
+        try:
+            answer = float(content)
+        except ValueError:
+            return FB_ANSWER_NOT_NUMBER, 0.0, False, {"invalid_action": "answer is not a number"}
+        correct = abs(answer - self.record.expected_result) <= ANSWER_TOLERANCE
+        info = {"submitted_answer": answer, "correct": correct}
+        if correct:
+            self.answered_correctly = True
+            return FB_CORRECT, self.correct_answer_reward, True, info
+        return FB_WRONG, self.incorrect_answer_reward, False, info
