@@ -101,7 +101,7 @@ def test_foldgrpo_counts_each_rollout_once():
     scores = [1.0, 5.0, 9.0, 2.0, 3.0, 7.0]
     groups = [0, 0, 0, 0, 0, 1]
     rollouts = [10, 10, 10, 11, 12, 13]
-    adv = grpo.group_advantages(scores, groups, rollouts)
+    adv = grpo.group_advantages(scores, groups, rollouts, fold=True)
     np.testing.assert_allclose(adv, ref_group_advantages(scores, groups, rollouts), rtol=1e-12)
     m, s = 2.0, 1.0  # over {1, 2, 3}
     np.testing.assert_allclose(adv[:5], [(x - m) / (s + 1e-6) for x in scores[:5]], rtol=1e-12)
@@ -109,7 +109,7 @@ def test_foldgrpo_counts_each_rollout_once():
     # duplicating a rollout's segment does not move the statistics: plain GRPO on the unique ones agrees
     np.testing.assert_allclose(adv[[0, 3, 4]], grpo.group_normalize([1.0, 2.0, 3.0], [0, 0, 0]), rtol=1e-12)
     # a group with several segments but ONE rollout id is a single-member group
-    np.testing.assert_allclose(grpo.group_advantages([4.0, 6.0], [0, 0], [3, 3]), [4 / (1 + 1e-6), 6 / (1 + 1e-6)])
+    np.testing.assert_allclose(grpo.group_advantages([4.0, 6.0], [0, 0], [3, 3], fold=True), [4 / (1 + 1e-6), 6 / (1 + 1e-6)])
 
 
 def test_foldgrpo_random_against_numpy():
@@ -118,7 +118,7 @@ def test_foldgrpo_random_against_numpy():
         n = 30
         scores, groups, rollouts = rng.randn(n).tolist(), rng.randint(0, 4, n).tolist(), rng.randint(0, 12, n).tolist()
         for divide_std in (True, False):
-            np.testing.assert_allclose(grpo.group_advantages(scores, groups, rollouts, divide_std=divide_std),
+            np.testing.assert_allclose(grpo.group_advantages(scores, groups, rollouts, fold=True, divide_std=divide_std),
                                        ref_group_advantages(scores, groups, rollouts, divide_std=divide_std),
                                        rtol=1e-10, atol=1e-12)
 
@@ -129,11 +129,24 @@ def test_turn_advantages_are_credit_times_normalised_score():
     groups, rollouts = [0, 0, 0, 1, 1], [0, 1, 1, 2, 3]
     for credit in grpo.CREDIT_METHODS:
         for score in grpo.SCORE_METHODS:
-            got = grpo.turn_advantages(rewards, groups, rollouts, credit=credit, score=score, gamma=0.8)
+            got = grpo.turn_advantages(rewards, groups, rollouts, credit=credit, score=score, gamma=0.8, fold=True)
             s = [ref_score(r, score, 0.8) for r in rewards]
             a = ref_group_advantages(s, groups, rollouts)
             for g, r, ai in zip(got, rewards, a):
                 np.testing.assert_allclose(g, np.asarray(ref_credits(r, credit, 0.8)) * ai, rtol=1e-10, atol=1e-12)
+
+
+def test_duplicate_rollout_ids_raise_unless_folding():
+    with pytest.raises(ValueError, match=r"rollout id 7 appears 2 times \(segments \[1, 2\]\) but no folding"):
+        grpo.group_advantages([1.0, 2.0, 3.0], [0, 0, 0], [5, 7, 7])
+    trs = [_traj([1.0], 0, 4), _traj([0.0], 0, 4)]
+    with pytest.raises(ValueError, match="rollout id 4 appears 2 times"):
+        grpo.trajectory_turn_advantages(trs)
+    # the same ids with folding: one member -> mean 0, std 1
+    got = grpo.trajectory_turn_advantages(trs, fold=True)
+    np.testing.assert_allclose([g[0] for g in got], [1.0 / (1 + 1e-6), 0.0])
+    # without rollout ids every segment is its own rollout
+    np.testing.assert_allclose(grpo.group_advantages([1.0, 3.0], [0, 0]), [-1 / (2 ** 0.5 + 1e-6), 1 / (2 ** 0.5 + 1e-6)])
 
 
 def _traj(rewards, group, rollout, status="ok"):

@@ -114,14 +114,16 @@ def trajectory_score(turn_rewards, method: str = "sum", gamma: float = 0.8) -> f
 
 
 # ----------------------------------------------------------------------- group normalisation (FoldGRPO)
-def group_advantages(scores, group_ids, rollout_ids=None, *, eps: float = 1e-6,
+def group_advantages(scores, group_ids, rollout_ids=None, *, fold: bool = False, eps: float = 1e-6,
                      divide_std: bool = True) -> np.ndarray:
-    """FoldGRPO group-normalised advantages (paper.md §3.3; plain GRPO when every rollout id is unique).
+    """Group-normalised advantages: plain GRPO, or FoldGRPO (paper.md §3.3) with `fold=True`.
 
     scores[i], group_ids[i], rollout_ids[i] describe segment i (a trajectory, or one fold of a rollout).
     Per group, the statistics use the FIRST segment seen for each rollout id, so a rollout split into k
     segments counts once: mean and unbiased std (ddof=1) over those scores, mean 0 and std 1 when the group
     has a single rollout. A_i = (S_i - mean) / (std + eps), or S_i - mean when divide_std is False.
+    Without `fold`, every segment must be its own rollout: a repeated rollout id is an error naming it (two
+    dialogues sharing an id would silently collapse into one member of their group's baseline).
     """
     s = np.asarray(scores, dtype=np.float64)
     g = np.asarray(group_ids)
@@ -134,6 +136,14 @@ def group_advantages(scores, group_ids, rollout_ids=None, *, eps: float = 1e-6,
     r = np.arange(n) if rollout_ids is None else np.asarray(rollout_ids)
     if r.shape != (n,):
         raise ValueError(f"rollout_ids {r.shape} must have the length of scores ({n})")
+    if not fold and rollout_ids is not None:
+        uniq, counts = np.unique(r, return_counts=True)
+        if np.any(counts > 1):
+            dup = uniq[counts > 1][0].item()
+            where = np.flatnonzero(r == dup).tolist()
+            raise ValueError(f"rollout id {dup!r} appears {len(where)} times (segments {where}) but no folding was "
+                             "asked for: give every dialogue its own rollout id, or pass fold=True (FoldGRPO) when "
+                             "segments of one rollout share it")
     stats: dict = {}
     first: dict = {}
     for i in range(n):
@@ -157,12 +167,12 @@ def group_advantages(scores, group_ids, rollout_ids=None, *, eps: float = 1e-6,
 
 def group_normalize(scores, group_ids, *, eps: float = 1e-6, divide_std: bool = True) -> np.ndarray:
     """GRPO z-normalisation of trajectory scores within their groups (every score its own rollout)."""
-    return group_advantages(scores, group_ids, None, eps=eps, divide_std=divide_std)
+    return group_advantages(scores, group_ids, None, fold=False, eps=eps, divide_std=divide_std)
 
 
 def turn_advantages(turn_rewards: Sequence[Sequence[float]], group_ids, rollout_ids=None, *,
                     credit: str = "equalized", score: str = "sum", gamma: float = 0.8, eps: float = 1e-6,
-                    divide_std: bool = True) -> list[np.ndarray]:
+                    divide_std: bool = True, fold: bool = False) -> list[np.ndarray]:
     """A_{i,t} = c_{i,t} x normalised S_i for every trajectory i and agent turn t (paper.md §4.1)."""
     scores = []
     for i, r in enumerate(turn_rewards):
@@ -170,12 +180,13 @@ def turn_advantages(turn_rewards: Sequence[Sequence[float]], group_ids, rollout_
             scores.append(trajectory_score(r, score, gamma))
         except ValueError as e:
             raise ValueError(f"trajectory {i}: {e}") from None
-    adv = group_advantages(scores, group_ids, rollout_ids, eps=eps, divide_std=divide_std)
+    adv = group_advantages(scores, group_ids, rollout_ids, fold=fold, eps=eps, divide_std=divide_std)
     return [turn_credits(r, credit, gamma) * a for r, a in zip(turn_rewards, adv)]
 
 
 def trajectory_turn_advantages(trajectories, *, credit: str = "equalized", score: str = "sum",
-                               gamma: float = 0.8, eps: float = 1e-6, divide_std: bool = True) -> list[np.ndarray]:
+                               gamma: float = 0.8, eps: float = 1e-6, divide_std: bool = True,
+                               fold: bool = False) -> list[np.ndarray]:
     """`turn_advantages` from `rollout.trajectory.Trajectory` objects (their turn_rewards, group_id, rollout_id).
 
     An invalid trajectory (simulator refusal, endpoint failure) is an error here: the caller must drop it
@@ -191,7 +202,7 @@ def trajectory_turn_advantages(trajectories, *, credit: str = "equalized", score
                              "agent turns")
         rewards.append(tr.turn_rewards)
     return turn_advantages(rewards, [t.group_id for t in trajectories], [t.rollout_id for t in trajectories],
-                           credit=credit, score=score, gamma=gamma, eps=eps, divide_std=divide_std)
+                           credit=credit, score=score, gamma=gamma, eps=eps, divide_std=divide_std, fold=fold)
 
 
 # --------------------------------------------------------------------------- loss normaliser (host)
