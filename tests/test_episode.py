@@ -136,7 +136,15 @@ def test_limits_batching_and_user_stop(tok):
     assert [t.meta["end_reason"] for t in trajs] == ["truncated", "turn_limit", "turn_limit", "turn_limit"]
     assert [t.num_agent_turns for t in trajs] == [2, 3, 3, 3] and all(t.status == "ok" for t in trajs)
     assert agent.batch_sizes == [4, 4, 3]  # every live dialogue's agent turn in one call per round
-    assert trajs[3].rollout_id == 42 and trajs[3].group_id == 7 and trajs[0].rollout_id == 0
+    assert trajs[3].rollout_id == 42 and trajs[3].group_id == 7
+    # default rollout ids never collide, within a call or across calls; a repeated explicit id is an error
+    again = run_episodes(agent, None, [_task(), _task()], cfg)
+    ids = [t.rollout_id for t in trajs[:3] + again]
+    assert len(set(ids)) == 5 and 42 not in ids
+    clash = [_task(), _task()]
+    clash[0].rollout_id = clash[1].rollout_id = 9
+    with pytest.raises(ValueError, match="task 1: rollout id 9 is already used by task 0"):
+        run_episodes(agent, None, clash, cfg)
     # the user can end the episode (env.observe_user), and the context limit ends it cleanly
     agent = ScriptedAgent(tok, [tool_call_text("action", "Are we done?")])
     [t] = run_episodes(agent, ScriptedChatModel(["<think>\nbye\n</think>\n\nThanks! ###STOP###"]), [_task()], cfg)
@@ -248,5 +256,5 @@ def test_bad_tasks_are_named(tok):
             raise KeyError("boom")
     t = _task()
     t.env = Broken("a")
-    with pytest.raises(RuntimeError, match=r"task 0 \(rollout 0\), agent turn 0: the environment raised KeyError"):
+    with pytest.raises(RuntimeError, match=r"task 0 \(rollout \d+\), agent turn 0: the environment raised KeyError"):
         run_episodes(ScriptedAgent(tok, [tool_call_text("search", "hint")]), None, [t])

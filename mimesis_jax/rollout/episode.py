@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,7 +51,7 @@ class EpisodeTask:
     agent_messages: list[Message]  # system prompt (env description) and, optionally, the user's opening message
     user_messages: list[Message] | None = None  # the simulator's view: system = persona / goal. None = no simulator
     group_id: int = 0
-    rollout_id: int | None = None  # default: the task's index in the call
+    rollout_id: int | None = None  # default: the next id of a process-wide counter (never reused)
     task: dict[str, Any] = dataclasses.field(default_factory=dict)
     reset_seed: int | None = None
 
@@ -108,6 +109,10 @@ class _Live:
     done: bool = False
     turns: int = 0
     pending_user: bool = False
+    seed_key: int = 0  # the explicit rollout id, else the task's index: identical calls sample identically
+
+
+_ROLLOUT_IDS = itertools.count(1 << 40)  # default ids: far above the ids training drivers assign from 0
 
 
 def _seed(*parts: int) -> int:
@@ -200,15 +205,19 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     im_end = int(tok.im_end_id)
 
     eps: list[_Live] = []
+    seen_ids: dict[int, int] = {}
     for i, task in enumerate(tasks):
         if not task.agent_messages:
             raise ValueError(f"task {i}: agent_messages is empty (it needs at least the system prompt)")
-        rid = i if task.rollout_id is None else task.rollout_id
+        rid = next(_ROLLOUT_IDS) if task.rollout_id is None else task.rollout_id
+        if rid in seen_ids:
+            raise ValueError(f"task {i}: rollout id {rid} is already used by task {seen_ids[rid]} of this call")
+        seen_ids[rid] = i
         obs, info = task.env.reset(seed=task.reset_seed)
         meta = {"reset_feedback": (obs or {}).get("feedback"), "reset_info": info}
         traj = Trajectory(segments=[], group_id=task.group_id, rollout_id=rid, task=dict(task.task), meta=meta)
         view = None if (user is None or task.user_messages is None) else [dict(m) for m in task.user_messages]
-        eps.append(_Live(i, task, traj, [], view))
+        eps.append(_Live(i, task, traj, [], view, seed_key=i if task.rollout_id is None else int(rid)))
 
     # the opening user turn: given in the agent's messages, or written by the simulator
     openers = [ep for ep in eps if ep.task.agent_messages[-1].get("role") != "user" and ep.user_view is not None]
@@ -237,7 +246,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
         samples = agent.generate_tokens(
             [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens, temperature=cfg.agent_temperature,
             top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
-            seed=[_seed(cfg.seed, ep.traj.rollout_id, ep.turns) for ep in live])
+            seed=[_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live])
         calls = []
         for ep, s in zip(live, samples):
             _add(ep, "public", header)
