@@ -5,6 +5,12 @@ The other side of a gym -- the user (the frozen simulator, in-process or over HT
 OpenAI-compatible endpoint, at temperature 0 by default. Each role's prompt is a template stored as data next to
 the gyms (`prompts/<gym>.toml`, `string.Template` placeholders `$name`), never buried in code.
 
+Talking to the user model: a gym asks it for the user's reply the way any chat endpoint is asked for a role-played
+reply -- system = the role and what the user privately knows, the gym/agent side as `user` messages, the simulated
+user's earlier replies as `assistant` -- so a remote assistant model (UserRL's baselines) answers correctly as is.
+A MIMESIS simulator, which writes `user` turns in its own framing, is wrapped in `rollout.base.SimulatorAsResponder`
+(the `rollout` command and the RL stages do this for local simulators), which swaps the two roles.
+
 Failure rules (paper.md 4.3, metrics.md): a user model that refuses its role (rollout/refusal.py) or any model
 call that fails raises `InvalidEpisode`, and the episode runner marks the episode INVALID with the reason -- never
 a reward of 0. A judge/classifier answer that does not parse is asked again once (same prompt); a second failure is
@@ -255,6 +261,19 @@ class UserRLEnv(Env):
             raise InvalidEpisode(f"{self.name}: {reason}")
         self._turn_user = {"user_thought": thought, "user_utterance": utterance}
         return utterance
+
+    @property
+    def user_turn(self) -> dict[str, str | None]:
+        """This step's user turn so far: {"user_thought", "user_utterance"}, or {} when the user was not asked."""
+        return dict(self._turn_user)
+
+    def clear_user_turn(self) -> None:
+        self._turn_user = {}
+
+    def set_user_turn(self, thought: str | None, utterance: str | None) -> None:
+        """Overrides what this step reports as the user's private thought and public utterance (for gyms whose
+        user answers in a structured form, e.g. JSON {thought, response})."""
+        self._turn_user = {"user_thought": thought, "user_utterance": utterance}
 
     def ask_parsed(self, model, messages: Sequence[Message], parse: Callable[[str], Any], *, role: str = "judge"):
         """A judge/classifier answer through `parse` (raises ValueError on a bad answer); one retry, then INVALID."""

@@ -185,11 +185,10 @@ class PersuadeEnv(UserRLEnv):
             except ValueError as e:
                 errors.append(str(e))
                 continue
-            thoughts = [t for t in (self._turn_user.get("user_thought"), reply["thought"]) if t]
-            self._turn_user = {"user_thought": "\n\n".join(thoughts) if thoughts else None,
-                               "user_utterance": reply["response"]}
+            thoughts = [t for t in (self.user_turn.get("user_thought"), reply["thought"]) if t]
+            self.set_user_turn("\n\n".join(thoughts) if thoughts else None, reply["response"])
             return reply
-        self._turn_user = {}
+        self.clear_user_turn()
         raise InvalidEpisode(f"{self.name}: the persuadee's answer did not parse twice: {errors[-1]}")
 
     # -------------------------------------------------------------- construction
