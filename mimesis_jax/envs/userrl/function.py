@@ -275,7 +275,7 @@ class FunctionGym(UserRLEnv):
             if self.done:
                 raise EnvError(f"{self.name}: the episode has ended; call reset() first")
             self.step_count += 1
-            self._turn_user = {}
+            self.clear_user_turn()
             feedback = (FB_FINISH_CORRECT if self.answered_correctly
                         else FB_FINISH_WRONG.format(expected=self.record.expected_result))
             return self._finish(feedback, 0.0, True, {"finished": True})
