@@ -2,5 +2,5 @@
 
 from mimesis_jax.envs.base import (  # noqa: F401
     CHOICES, INTERACT_TOOL, TOOL_NAME, Env, EnvError, InvalidEpisode, SecretWordEnv, ToolCall, format_action, make,
-    parse_action, parse_tool_call, register, registered, tool_call_text, tool_feedback,
+    parse_action, parse_tool_call, register, registered, tool_call_text, tool_feedback, visible_reply,
 )

@@ -19,6 +19,8 @@ Hooks the episode runner (rollout/episode.py) uses, with defaults in `Env`:
 * `info["user_thought"]` / `info["user_utterance"]` -- set by envs that talk to their user model themselves (the
   UserRL gyms): the runner records them as the simulator's private thought and public utterance of this turn
   (what the CSD coach reads, Eq 7). Such envs set `info["to_user"] = None`: the reply is already in the feedback.
+* `tool_mode` (class attribute, default True) -- False for free-text envs (toy and dialogue-only envs): the runner
+  sends the agent's whole visible reply (thinking removed) to `step` instead of parsing a tool call.
 * raising `InvalidEpisode(reason)` from `step` -- the other side refused or failed: the episode is INVALID.
 * `observe_user(utterance) -> (reward, terminated, info)` -- lets an env react to the user's public utterance
   (e.g. a user who ends the conversation); the reward is added to the turn's reward. Default: (0.0, False, {}).
@@ -122,10 +124,7 @@ def parse_tool_call(reply: str) -> ToolCall:
     Whitespace around the JSON is tolerated, `arguments` may also be a JSON-encoded string, a numeric `content`
     is turned into text, and calls inside a `<think>` block do not count. Exactly one call is expected per turn.
     """
-    visible = _THINK_RE.sub("", reply)
-    if "<think>" in visible:  # an unclosed thinking block: everything after it is thought
-        visible = visible[: visible.index("<think>")]
-    bodies = _TOOL_CALL_RE.findall(visible)
+    bodies = _TOOL_CALL_RE.findall(visible_reply(reply))
     if not bodies:
         return ToolCall(error="no <tool_call> found in the reply")
     if len(bodies) > 1:
@@ -154,6 +153,14 @@ def parse_tool_call(reply: str) -> ToolCall:
     return ToolCall(choice=choice, content=str(content))
 
 
+def visible_reply(reply: str) -> str:
+    """The part of an agent reply outside `<think>` blocks (an unclosed block hides the rest), stripped."""
+    visible = _THINK_RE.sub("", reply)
+    if "<think>" in visible:
+        visible = visible[: visible.index("<think>")]
+    return visible.strip()
+
+
 def tool_call_text(choice: str, content: str) -> str:
     """The canonical text of one call (what a well-behaved agent writes; used by scripted agents and tests)."""
     body = json.dumps({"name": TOOL_NAME, "arguments": {"choice": choice, "content": content}}, ensure_ascii=False)
@@ -165,6 +172,7 @@ class Env:
     """Base class of environments. Subclasses implement `reset` and `step`; the hooks have defaults."""
 
     name = "env"
+    tool_mode = True  # False: step() receives the agent's visible reply text (no interact_with_env parsing)
     invalid_action_feedback = ("Invalid action. Call interact_with_env with choice 'action', 'answer' or 'search' "
                                "and the content the environment description asks for.")
 

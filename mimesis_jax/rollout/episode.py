@@ -35,7 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mimesis_jax.envs.base import INTERACT_TOOL, Env, InvalidEpisode, format_action, parse_tool_call, tool_feedback
+from mimesis_jax.envs.base import (INTERACT_TOOL, Env, InvalidEpisode, ToolCall, format_action, parse_tool_call,
+                                   tool_feedback, visible_reply)
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import chat_many, response_thought
 from mimesis_jax.rollout.refusal import RefusalDetector
@@ -168,6 +169,8 @@ def _user_turns(eps: list[_Live], user, cfg: EpisodeConfig, refusal: RefusalDete
 
 def _env_step(ep: _Live, call):
     try:
+        if call.choice == "text":
+            return ep.task.env.step(call.content)
         if call.ok:
             return ep.task.env.step(format_action(call.choice, call.content))
         return ep.task.env.invalid_action(call.error)
@@ -256,7 +259,10 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             _add(ep, "agent", s.tokens, s.logprobs, text=reply)
             _add(ep, "public", newline if ended_cleanly else [im_end] + newline)
             ep.turns += 1
-            calls.append(parse_tool_call(reply))
+            if getattr(ep.task.env, "tool_mode", True):
+                calls.append(parse_tool_call(reply))
+            else:  # a free-text env reads the visible reply itself
+                calls.append(ToolCall(choice="text", content=visible_reply(reply)))
         # 2. environment steps: concurrent, since an env may call its own user / judge models (UserRL gyms)
         results = _env_steps(live, calls, cfg.env_workers)
         pending = []
@@ -275,7 +281,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             obs, reward, terminated, truncated, info = result
             feedback = str((obs or {}).get("feedback", ""))
             info = dict(info or {})
-            to_user = info.pop("to_user", call.content if call.ok and call.choice == "action" else None)
+            to_user = info.pop("to_user", call.content if call.ok and call.choice in ("action", "text") else None)
             ep.traj.env_info.append({**info, "feedback": feedback, "reward": float(reward),
                                      "terminated": bool(terminated), "truncated": bool(truncated),
                                      "choice": call.choice, "content": call.content, "tool_error": call.error,

@@ -31,7 +31,7 @@ MAX_PROMPT_TOKENS = 1152  # UserRL drops prompts of this many tokens or more
 
 @dataclasses.dataclass(frozen=True)
 class MixtureConfig:
-    sources: tuple[str, ...] = ("shipped:train",)  # task files/folders, or shipped:train / shipped:test
+    sources: tuple[str, ...] = ("shipped:train",)  # task files/folders, shipped:train / shipped:test, or toy:N
     weights: tuple[tuple[str, float], ...] = tuple(USERRL_TRAIN_ROWS.items())  # gym -> weight; () = by row count
     gyms: tuple[str, ...] = ()  # keep only these gyms (() = every gym with weight > 0, or all when weights=())
     max_prompt_tokens: int = MAX_PROMPT_TOKENS  # drop prompts with at least this many tokens (0 = keep all)
@@ -46,6 +46,14 @@ def resolve_sources(sources: Sequence[str], gyms: Sequence[str] | None = None) -
     for src in sources:
         if src.startswith("shipped:"):
             tasks.extend(shipped_tasks(src.split(":", 1)[1], gyms))
+        elif src.startswith("toy:"):  # toy:N[:letter] -- N ToyKeyword tasks (envs/toy.py), for CPU runs
+            from mimesis_jax.envs.toy import toy_tasks
+            parts = src.split(":")
+            try:
+                n = int(parts[1])
+            except (IndexError, ValueError):
+                raise EnvError(f"mixture source {src!r}: expected toy:N or toy:N:letter") from None
+            tasks.extend(toy_tasks(n, letter=parts[2] if len(parts) > 2 else "s"))
         else:
             tasks.extend(load_tasks(src, gyms=gyms))
     return tasks
@@ -77,9 +85,10 @@ def filter_long_prompts(tasks: Sequence[Task], tokenizer, max_tokens: int = MAX_
 def build_tasks(cfg: MixtureConfig, tokenizer=None) -> tuple[list[Task], dict[str, int]]:
     """The mixture's tasks (after gym selection and, with a tokenizer, the prompt-length filter) and drop counts."""
     weights = cfg.weight_map()
-    unknown = sorted(set(weights) - set(GYM_MODULES)) + sorted(set(cfg.gyms) - set(GYM_MODULES))
+    known = set(GYM_MODULES) | {"ToyKeyword"}
+    unknown = sorted(set(weights) - known) + sorted(set(cfg.gyms) - known)
     if unknown:
-        raise EnvError(f"mixture: unknown gyms {unknown}; known: {sorted(GYM_MODULES)}")
+        raise EnvError(f"mixture: unknown gyms {unknown}; known: {sorted(known)}")
     if any(w < 0 for w in weights.values()):
         raise EnvError(f"mixture: weights must be >= 0, got {weights}")
     gyms = list(cfg.gyms) or ([g for g, w in weights.items() if w > 0] if weights else None)

@@ -49,12 +49,18 @@ def register_gym(name: str):
 
 
 def gym_class(name: str) -> type:
-    """The env class of a UserRL gym (imports its module on first use)."""
-    if name not in GYM_MODULES:
-        raise EnvError(f"unknown UserRL gym {name!r}; known: {sorted(GYM_MODULES)}")
-    if name not in _CLASSES:
-        importlib.import_module(f"mimesis_jax.envs.userrl.{GYM_MODULES[name]}")
-    return _CLASSES[name]
+    """The env class of a UserRL gym (imports its module on first use), or of another registered env class that
+    builds from a Task (`from_task`, e.g. envs/toy.py's ToyKeyword)."""
+    if name in GYM_MODULES:
+        if name not in _CLASSES:
+            importlib.import_module(f"mimesis_jax.envs.userrl.{GYM_MODULES[name]}")
+        return _CLASSES[name]
+    from mimesis_jax.envs import base, toy  # noqa: F401  (registers the toy envs)
+
+    cls = base._REGISTRY.get(name)
+    if cls is None or not hasattr(cls, "from_task"):
+        raise EnvError(f"unknown gym {name!r}; known: {sorted(GYM_MODULES)} and ToyKeyword")
+    return cls
 
 
 @dataclasses.dataclass

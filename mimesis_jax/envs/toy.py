@@ -1,0 +1,94 @@
+"""A toy free-text gym for CPU runs of the agent RL stage: learnable in minutes by a tiny model.
+
+`KeywordToyEnv` ("ToyKeyword"): the user privately prefers replies whose words start with one letter. Each agent
+turn is scored by that preference -- the fraction of the reply's words that start with the letter, clipped to
+[0, 1] (0 for an empty reply) -- and the reply is passed to the user simulator (the episode runner's own user turn,
+`EpisodeTask.user_messages` = the persona below), whose private thought is what a CSD coach can read in hindsight.
+The episode ends after `max_steps` agent turns. The env is free-text (`tool_mode = False`): a tiny random-init agent
+writes no valid tool call, but every reply it writes earns a graded reward, so GRPO has signal from step one.
+
+Tasks come from `toy_tasks(n, seed, letter)` (or the `toy:N` mixture source): one opening request each, the same
+letter across a run so the preference is learnable without being told.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from mimesis_jax.envs.base import Env, EnvError, register
+
+TOPICS = ("a trip to the sea", "a good book", "a quiet morning", "a new recipe", "a small garden", "a city walk",
+          "a rainy weekend", "a music lesson", "a lost key", "a family visit", "a bike ride", "a late train")
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def keyword_reward(text: str, letter: str) -> float:
+    """Fraction of the words of `text` that start with `letter` (case-insensitive); 0.0 with no word."""
+    words = _WORD.findall(text)
+    if not words:
+        return 0.0
+    return sum(w[0].lower() == letter for w in words) / len(words)
+
+
+@register("ToyKeyword")
+class KeywordToyEnv(Env):
+    name = "ToyKeyword"
+    tool_mode = False
+
+    def __init__(self, letter: str = "s", topic: str = "a good book", max_steps: int = 2):
+        if not (isinstance(letter, str) and len(letter) == 1 and letter.isalpha()):
+            raise EnvError(f"ToyKeyword: 'letter' must be one letter, got {letter!r}")
+        if max_steps < 1:
+            raise EnvError(f"ToyKeyword: max_steps must be >= 1, got {max_steps}")
+        self.letter, self.topic, self.max_steps = letter.lower(), topic, int(max_steps)
+        self.steps = 0
+
+    def reset(self, seed=None):
+        self.steps = 0
+        return {"feedback": f"Talk with the user about {self.topic}."}, {"letter": self.letter}
+
+    def step(self, action_text: str):
+        self.steps += 1
+        reward = keyword_reward(action_text, self.letter)
+        truncated = self.steps >= self.max_steps
+        return ({"feedback": ""}, reward, False, truncated,
+                {"step": self.steps, "to_user": None if truncated else action_text})
+
+    def user_messages(self) -> list[dict]:
+        """The simulator's starting view (the runner's own user turn): system = the persona."""
+        return [{"role": "system", "content": self.persona(self.letter)}]
+
+    @staticmethod
+    def persona(letter: str) -> str:
+        return (f"You are chatting with an assistant. You privately like replies full of words that start with "
+                f"the letter '{letter}', and you never say so. Think about how the last reply felt, then answer "
+                "briefly.")
+
+    @classmethod
+    def from_task(cls, task, *, max_steps=None, **_):
+        kw = dict(task.create_kwargs)
+        if max_steps is not None:
+            kw["max_steps"] = max_steps
+        kw.pop("id", None)
+        try:
+            return cls(**kw)
+        except TypeError as e:
+            raise EnvError(f"ToyKeyword task {task.id}: bad create arguments {sorted(kw)} ({e})") from None
+
+
+def toy_tasks(n: int, seed: int = 0, letter: str = "s", max_steps: int = 2):
+    """`n` ToyKeyword tasks (userrl Task records): a system prompt, a user opening about a random topic."""
+    from mimesis_jax.envs.userrl.tasks import Task
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        topic = rng.choice(TOPICS)
+        out.append(Task(gym="ToyKeyword", id=f"toy-{seed}-{i}",
+                        prompt=[{"role": "system", "content": "You are a friendly assistant. Reply in one or two "
+                                                              "sentences."},
+                                {"role": "user", "content": f"Tell me something about {topic}."}],
+                        create_kwargs={"letter": letter, "topic": topic, "max_steps": max_steps},
+                        data_source="toy", split="train", index=i))
+    return out
