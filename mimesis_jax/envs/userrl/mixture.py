@@ -97,7 +97,10 @@ def build_tasks(cfg: MixtureConfig, tokenizer=None) -> tuple[list[Task], dict[st
     if tokenizer is not None:
         tasks, dropped = filter_long_prompts(tasks, tokenizer, cfg.max_prompt_tokens)
     if not tasks:
-        raise EnvError(f"mixture: no task left from sources {list(cfg.sources)} (gyms {gyms})")
+        why = (f"; {sum(dropped.values())} dropped for prompts of >= {cfg.max_prompt_tokens} tokens {dropped} "
+               "(a small tokenizer such as 'tiny' makes prompts longer: raise or disable max_prompt_tokens)"
+               if dropped else "")
+        raise EnvError(f"mixture: no task left from sources {list(cfg.sources)} (gyms {gyms}){why}")
     return tasks, dropped
 
 
