@@ -144,9 +144,9 @@ def main(argv=None) -> int:
             export_hf(args.workdir, args.out, args.step, args.dtype)
             return 0
         if args.command == "config":
-            from mimesis_jax.config import load_config
+            from mimesis_jax.config import load_config, to_dict
 
-            print(json.dumps(load_config(args.config, args.overrides).to_dict(), indent=2))
+            print(json.dumps(to_dict(load_config(args.config, args.overrides, kind=object)), indent=2))
             return 0
         if args.command == "demo":
             return _demo(args)

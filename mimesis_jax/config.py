@@ -245,8 +245,13 @@ def diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- loading
-def load_config(path: str, overrides: Sequence[str] = ()) -> RunConfig:
-    """Imports `path` (a Python file defining get_config()), applies `--set` overrides, validates."""
+def load_config(path: str, overrides: Sequence[str] = (), kind: type | tuple = None):
+    """Imports `path` (a Python file defining get_config()), applies `--set` overrides, validates.
+
+    `kind`: the config class(es) expected (default RunConfig, the Stage I training runs; other stages and tools
+    pass theirs, e.g. the agent RL stage's config or a gym mixture). A config other than RunConfig is validated
+    by its own `validate()` method when it has one."""
+    kind = RunConfig if kind is None else kind
     if not os.path.isfile(path):
         raise ConfigError(f"--config {path}: no such file")
     spec = importlib.util.spec_from_file_location(f"_mimesis_config_{abs(hash(path))}", path)
@@ -256,12 +261,16 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> RunConfig:
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     if not callable(getattr(module, "get_config", None)):
-        raise ConfigError(f"{path}: a config file must define get_config() returning a RunConfig")
+        raise ConfigError(f"{path}: a config file must define get_config() returning its config")
     cfg = module.get_config()
-    if not isinstance(cfg, RunConfig):
-        raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, expected RunConfig")
+    if not isinstance(cfg, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, expected {names}")
     cfg = apply_overrides(cfg, overrides)
-    return validate(cfg)
+    if isinstance(cfg, RunConfig):
+        return validate(cfg)
+    check = getattr(cfg, "validate", None)
+    return check() if callable(check) else cfg
 
 
 def load_sibling(config_file: str, name: str):

@@ -334,3 +334,27 @@ def test_base_env_protocol_errors():
     with pytest.raises(EnvError, match="max_steps must be >= 1"):
         _EchoGym(max_steps=0)
     assert isinstance(env, Env)
+
+
+def test_mixture_configs():
+    """The shipped mixture configs: training = UserRL's five training gyms in its proportions; evaluation = all
+    eight gyms' test tasks once each; --set overrides are type-checked."""
+    import os
+
+    from mimesis_jax.config import load_config
+    from mimesis_jax.models.config import ConfigError
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    train = load_config(os.path.join(root, "configs/userrl_train_mixture.py"), kind=mixture.MixtureConfig)
+    assert train.weight_map() == {"TravelGym": 925, "TauGym": 500, "TurtleGym": 423, "PersuadeGym": 378,
+                                  "FunctionGym": 200} and train.max_prompt_tokens == 1152 and train.max_turns == 16
+    tasks, _ = mixture.build_tasks(train)
+    assert {t.gym for t in tasks} == set(mixture.USERRL_TRAIN_ROWS) and all(t.split == "train" for t in tasks)
+    ev = load_config(os.path.join(root, "configs/userrl_eval_mixture.py"), ["max_turns=8"], kind=mixture.MixtureConfig)
+    tasks, _ = mixture.build_tasks(ev)
+    assert {t.gym for t in tasks} == set(GYM_MODULES) and ev.max_turns == 8
+    with pytest.raises(ConfigError, match="config key 'max_turns'"):
+        load_config(os.path.join(root, "configs/userrl_eval_mixture.py"), ["max_turns=0"], kind=mixture.MixtureConfig)
+    with pytest.raises(ConfigError, match="unknown gyms"):
+        load_config(os.path.join(root, "configs/userrl_eval_mixture.py"), ["gyms=('ChessGym',)"],
+                    kind=mixture.MixtureConfig)

@@ -40,6 +40,24 @@ class MixtureConfig:
     def weight_map(self) -> dict[str, float]:
         return {g: float(w) for g, w in self.weights}
 
+    def validate(self) -> "MixtureConfig":
+        """Checks every key a `--set` can reach; errors name the key (config.load_config calls this)."""
+        from mimesis_jax.models.config import ConfigError
+
+        known = set(GYM_MODULES) | {"ToyKeyword"}
+        bad = sorted({g for g, _ in self.weights} - known) + sorted(set(self.gyms) - known)
+        if bad:
+            raise ConfigError(f"config key 'weights'/'gyms': unknown gyms {bad}; known: {sorted(known)}")
+        if any(float(w) < 0 for _, w in self.weights):
+            raise ConfigError(f"config key 'weights': weights must be >= 0, got {self.weights}")
+        if not self.sources:
+            raise ConfigError("config key 'sources': at least one task source is needed")
+        if self.max_prompt_tokens < 0:
+            raise ConfigError(f"config key 'max_prompt_tokens': must be >= 0, got {self.max_prompt_tokens}")
+        if self.max_turns < 1:
+            raise ConfigError(f"config key 'max_turns': must be >= 1, got {self.max_turns}")
+        return self
+
 
 def resolve_sources(sources: Sequence[str], gyms: Sequence[str] | None = None) -> list[Task]:
     tasks: list[Task] = []

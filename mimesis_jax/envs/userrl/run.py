@@ -25,6 +25,11 @@ import time
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="trajectories JSONL (one record per episode)")
     src = p.add_argument_group("tasks")
+    src.add_argument("--mixture", default=None,
+                     help="a mixture config (configs/userrl_{train,eval}_mixture.py); --tasks/--split/--gyms and "
+                          "--max-prompt-tokens then come from it")
+    src.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                     help="override a mixture config value, e.g. --set sources='(\"data/test.parquet\",)'")
     src.add_argument("--tasks", nargs="+", default=None, help="task files/folders (default: the shipped split)")
     src.add_argument("--split", choices=("train", "test"), default="test", help="shipped split when no --tasks")
     src.add_argument("--gyms", default=None, help="comma-separated UserRL gym names (default: all present)")
@@ -79,6 +84,7 @@ def run(args, trained_loader=None) -> int:
     from tqdm import tqdm
 
     from mimesis_jax.envs.base import EnvError
+    from mimesis_jax.models.config import ConfigError
     from mimesis_jax.envs.userrl import mixture, scoring
     from mimesis_jax.envs.userrl.episodes import episode_tasks, trajectory_record
     from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
@@ -90,15 +96,21 @@ def run(args, trained_loader=None) -> int:
         judge_spec = None if args.judge is None else _spec(args, "judge")
         user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
                                      user_style=args.user_style, trained_loader=trained_loader)
-        cfg = mixture.MixtureConfig(sources=tuple(args.tasks) if args.tasks else (f"shipped:{args.split}",),
-                                    weights=tuple(mixture.USERRL_TRAIN_ROWS.items()) if (
-                                        args.split == "train" and not args.tasks and not gyms) else (),
-                                    gyms=gyms, max_prompt_tokens=args.max_prompt_tokens)
+        if args.mixture:
+            from mimesis_jax.config import load_config
+
+            cfg = load_config(args.mixture, args.overrides, kind=mixture.MixtureConfig)
+            args.max_prompt_tokens, args.max_turns = cfg.max_prompt_tokens, cfg.max_turns
+        else:
+            cfg = mixture.MixtureConfig(sources=tuple(args.tasks) if args.tasks else (f"shipped:{args.split}",),
+                                        weights=tuple(mixture.USERRL_TRAIN_ROWS.items()) if (
+                                            args.split == "train" and not args.tasks and not gyms) else (),
+                                        gyms=gyms, max_prompt_tokens=args.max_prompt_tokens)
         tasks, dropped = mixture.build_tasks(cfg, agent.tok)
         if args.n is not None:
             tasks = mixture.MixtureSampler(tasks, cfg.weight_map() or None, seed=args.seed).sample(args.n)
         retriever = _retriever(args)
-    except EnvError as e:
+    except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if dropped:
