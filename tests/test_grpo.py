@@ -109,7 +109,8 @@ def test_foldgrpo_counts_each_rollout_once():
     # duplicating a rollout's segment does not move the statistics: plain GRPO on the unique ones agrees
     np.testing.assert_allclose(adv[[0, 3, 4]], grpo.group_normalize([1.0, 2.0, 3.0], [0, 0, 0]), rtol=1e-12)
     # a group with several segments but ONE rollout id is a single-member group
-    np.testing.assert_allclose(grpo.group_advantages([4.0, 6.0], [0, 0], [3, 3], fold=True), [4 / (1 + 1e-6), 6 / (1 + 1e-6)])
+    np.testing.assert_allclose(grpo.group_advantages([4.0, 6.0], [0, 0], [3, 3], fold=True),
+                               [4 / (1 + 1e-6), 6 / (1 + 1e-6)])
 
 
 def test_foldgrpo_random_against_numpy():
@@ -118,7 +119,8 @@ def test_foldgrpo_random_against_numpy():
         n = 30
         scores, groups, rollouts = rng.randn(n).tolist(), rng.randint(0, 4, n).tolist(), rng.randint(0, 12, n).tolist()
         for divide_std in (True, False):
-            np.testing.assert_allclose(grpo.group_advantages(scores, groups, rollouts, fold=True, divide_std=divide_std),
+            np.testing.assert_allclose(grpo.group_advantages(scores, groups, rollouts, fold=True,
+                                                             divide_std=divide_std),
                                        ref_group_advantages(scores, groups, rollouts, divide_std=divide_std),
                                        rtol=1e-10, atol=1e-12)
 
@@ -146,7 +148,8 @@ def test_duplicate_rollout_ids_raise_unless_folding():
     got = grpo.trajectory_turn_advantages(trs, fold=True)
     np.testing.assert_allclose([g[0] for g in got], [1.0 / (1 + 1e-6), 0.0])
     # without rollout ids every segment is its own rollout
-    np.testing.assert_allclose(grpo.group_advantages([1.0, 3.0], [0, 0]), [-1 / (2 ** 0.5 + 1e-6), 1 / (2 ** 0.5 + 1e-6)])
+    np.testing.assert_allclose(grpo.group_advantages([1.0, 3.0], [0, 0]),
+                               [-1 / (2 ** 0.5 + 1e-6), 1 / (2 ** 0.5 + 1e-6)])
 
 
 def _traj(rewards, group, rollout, status="ok"):

@@ -39,8 +39,8 @@ def _row(gym="FunctionGym", rid="func-3", index=0, **create):
 
 # ------------------------------------------------------------------------------------------ loaders
 def test_parquet_in_userrl_schema_round_trips(tmp_path):
-    rows = [_row("FunctionGym", "func-3", 0), _row("TravelGym", "flight:2-37|hotel:2-9", 1),
-            _row("TurtleGym", "The Online Meeting", 2, title="The Online Meeting", surface="s", bottom="b")]
+    rows = [_row("FunctionGym", "func-3", 0), _row("TravelGym", "flight:2-178|hotel:2-106", 1),
+            _row("TurtleGym", "The Stopped Clocks", 2, title="The Stopped Clocks", surface="s", bottom="b")]
     # a mixed file's struct columns hold every gym's keys; absent ones are null (as in UserRL's alltrain parquet)
     for r in rows:
         ck = r["extra_info"]["tools_kwargs"]["interact_with_env"]["create_kwargs"]
@@ -50,13 +50,13 @@ def test_parquet_in_userrl_schema_round_trips(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), path)
     tasks = load_tasks(path)
     assert [t.gym for t in tasks] == ["FunctionGym", "TravelGym", "TurtleGym"]
-    assert [t.id for t in tasks] == ["func-3", "flight:2-37|hotel:2-9", "The Online Meeting"]
+    assert [t.id for t in tasks] == ["func-3", "flight:2-178|hotel:2-106", "The Stopped Clocks"]
     assert tasks[0].create_kwargs == {"id": "func-3"}  # nulls and env_name dropped
-    assert tasks[2].create_kwargs == {"id": "The Online Meeting", "title": "The Online Meeting", "surface": "s",
+    assert tasks[2].create_kwargs == {"id": "The Stopped Clocks", "title": "The Stopped Clocks", "surface": "s",
                                       "bottom": "b"}
-    assert tasks[1].prompt[1] == {"role": "user", "content": "Task flight:2-37|hotel:2-9 begins."}
+    assert tasks[1].prompt[1] == {"role": "user", "content": "Task flight:2-178|hotel:2-106 begins."}
     assert tasks[0].index == 0 and tasks[0].split == "test" and tasks[0].reward_model["ground_truth"] == "42.0"
-    assert load_tasks(path, gyms=["TravelGym"])[0].id == "flight:2-37|hotel:2-9"
+    assert load_tasks(path, gyms=["TravelGym"])[0].id == "flight:2-178|hotel:2-106"
     # a task written back is the same row
     again = task_from_row(tasks[0].to_row(), "again")
     assert (again.gym, again.id, again.prompt, again.create_kwargs) == (

@@ -1,6 +1,6 @@
 """FunctionGym (envs/userrl/function.py): every feedback/reward branch of UserRL's rules, the hidden rules checked on
 random inputs against an evaluator written here (a hand-written lambda per shipped rule), the safe rule parser, the
-data/task loaders and an episode through `run_episodes`. Expected texts are UserRL's wording, written out here."""
+data/task loaders and an episode through `run_episodes`. Expected texts are the module's FB_* constants."""
 
 import json
 import math
@@ -13,24 +13,25 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import EnvError, tool_call_text
 from mimesis_jax.envs.userrl import DATA_DIR, TASKS_DIR, load_tasks, make_env
 from mimesis_jax.envs.userrl.common import load_prompts
+from mimesis_jax.envs.userrl import function as fn
 from mimesis_jax.envs.userrl.function import FunctionGym, load_functions
 from mimesis_jax.rollout.base import ScriptedChatModel
 from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
-RESET = ("New function problem loaded. You can use [action] with four numbers to test the function, [search] for "
-         "test case, or [answer] with your final guess.")
-INVALID = "Invalid action format. Please use [action], [search], [answer], or [finish]."
-NO_NUMBERS = "Please provide four numbers after [action]."
-NOT_FOUR = "Please provide exactly four numbers."
-TEST_CASE = "This is the test case and I cannot provide you with the calculation feedback."
-CALC_ERROR = ("Error parsing numbers or calculating result. This may happen like when division by zero occurs. "
-              "Please try again with different number combinations.")
-SEARCH_ONLY = "Search content should only be 'test' to get the test case."
-EMPTY = "Answer is empty. Please provide a numerical answer."
-NOT_NUMBER = "Invalid numerical answer. Please provide a valid number."
-CORRECT = "Your answer is correct!"
-WRONG = ("Your answer is wrong. Please continue to try and reason about the hidden function and make your answer "
-         "attempt later.")
+RESET, INVALID, NO_NUMBERS, NOT_FOUR = fn.FB_RESET, fn.FB_INVALID, fn.FB_NO_NUMBERS, fn.FB_NOT_FOUR
+TEST_CASE, CALC_ERROR, SEARCH_ONLY = fn.FB_TEST_CASE, fn.FB_CALC_ERROR, fn.FB_SEARCH_ONLY_TEST
+EMPTY, NOT_NUMBER, CORRECT, WRONG = fn.FB_ANSWER_EMPTY, fn.FB_ANSWER_NOT_NUMBER, fn.FB_CORRECT, fn.FB_WRONG
+
+
+def result(numbers: str, value) -> str:
+    """The [action] feedback for inputs shown as `numbers` (a list of floats as text) and the rounded `value`."""
+    return fn.FB_RESULT.format(numbers=numbers, result=value)
+
+
+def case_text(case) -> str:
+    return fn.FB_TEST_CASE_IS.format(test_case=case)
+
+
 REFUSING_USER = "As an AI language model, I cannot pretend to be a user."
 
 # The shipped rules, written by hand as Python (independent of the implementation's parser/evaluator).
@@ -63,7 +64,7 @@ def expected_feedback(fid, nums):
     if isinstance(value, complex):
         return CALC_ERROR
     shown = "[" + ", ".join(repr(x) for x in floats) + "]"
-    return f"For numbers {shown}, the result is {round(value, 4)}."
+    return result(shown, round(value, 4))
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +136,12 @@ def test_action_parsing_branches():
         ("[action] 1 2 3", NOT_FOUR),
         ("[action] 1 2 3 4 5", NOT_FOUR),
         ("[action] one two three four", NOT_FOUR),
-        ("[action] 1,2,3,4", "For numbers [1.0, 2.0, 3.0, 4.0], the result is 1.0."),
-        ("[action]1 2 3 4", "For numbers [1.0, 2.0, 3.0, 4.0], the result is 1.0."),
-        ("[action] a=2, b=3, c=-1, d=0.5", "For numbers [2.0, 3.0, -1.0, 0.5], the result is 4.5."),
-        ("[action] 1.25 2 3 4", "For numbers [1.25, 2.0, 3.0, 4.0], the result is 1.5."),
-        ("[action] 0.1 0.2 0 0", "For numbers [0.1, 0.2, 0.0, 0.0], the result is 0.02."),  # round(.., 4)
-        ("[action] 0.123 0.456 0 0", f"For numbers [0.123, 0.456, 0.0, 0.0], the result is {round(0.123 * 0.456, 4)}."),
+        ("[action] 1,2,3,4", result("[1.0, 2.0, 3.0, 4.0]", 1.0)),
+        ("[action]1 2 3 4", result("[1.0, 2.0, 3.0, 4.0]", 1.0)),
+        ("[action] a=2, b=3, c=-1, d=0.5", result("[2.0, 3.0, -1.0, 0.5]", 4.5)),
+        ("[action] 1.25 2 3 4", result("[1.25, 2.0, 3.0, 4.0]", 1.5)),
+        ("[action] 0.1 0.2 0 0", result("[0.1, 0.2, 0.0, 0.0]", 0.02)),  # round(.., 4)
+        ("[action] 0.123 0.456 0 0", result("[0.123, 0.456, 0.0, 0.0]", round(0.123 * 0.456, 4))),
     ]
     for text, want in cases:
         obs, reward, terminated, truncated, _ = env.step(text)
@@ -153,7 +154,7 @@ def test_test_case_is_refused_exactly_as_numbers_in_order():
         obs, reward, terminated, _, info = env.step(text)
         assert (obs["feedback"], reward, terminated) == (TEST_CASE, 0.0, False) and info["test_case_refused"]
     obs, *_ = env.step("[action] 7 4 2 9")  # same numbers, other order: evaluated
-    assert obs["feedback"] == "For numbers [7.0, 4.0, 2.0, 9.0], the result is 21.0."
+    assert obs["feedback"] == result("[7.0, 4.0, 2.0, 9.0]", 21.0)
 
 
 def test_arithmetic_failures_give_the_error_feedback():
@@ -164,7 +165,7 @@ def test_arithmetic_failures_give_the_error_feedback():
     assert env14.step("[action] 400 10 1 1")[0]["feedback"] == CALC_ERROR  # float overflow
     assert env14.step("[action] -1 0 1 1")[0]["feedback"] == CALC_ERROR  # 0 ** -1
     obs, reward, terminated, truncated, _ = env14.step("[action] -1 2 3 1")
-    assert obs["feedback"] == "For numbers [-1.0, 2.0, 3.0, 1.0], the result is 2.5."
+    assert obs["feedback"] == result("[-1.0, 2.0, 3.0, 1.0]", 2.5)
     assert (reward, terminated, truncated, env14.done) == (0.0, False, False, False)
 
 
@@ -172,7 +173,7 @@ def test_search_branches():
     env = _env("func-3")
     for text in ("[search] test", "[search] TEST", "[search]test", "[search]   Test  "):
         obs, reward, terminated, _, _ = env.step(text)
-        assert (obs["feedback"], reward, terminated) == ("Test case: [5, 2, 8, 6]", 0.0, False)
+        assert (obs["feedback"], reward, terminated) == (case_text([5, 2, 8, 6]), 0.0, False)
     for text in ("[search] rule", "[search]", "[search] test case", "[search] the test"):
         assert env.step(text)[0]["feedback"] == SEARCH_ONLY
 
@@ -212,7 +213,7 @@ def test_invalid_format_finish_and_truncation():
     assert env.invalid_action("no <tool_call> found")[0]["feedback"] == INVALID
     obs, reward, terminated, truncated, _ = env.step("[finish]")
     assert (reward, terminated, truncated) == (0.0, True, False)
-    assert obs["feedback"] == "Episode finished without correct answer. The expected result for the test case was: 63.0"
+    assert obs["feedback"] == fn.FB_FINISH_WRONG.format(expected=63.0)
 
     env = _env("func-2")  # UserRL's default: 20 steps
     for i in range(19):
@@ -277,12 +278,12 @@ def test_allowed_rule_forms_evaluate(tmp_path):
     recs = load_functions(path)
     env = FunctionGym("f1", data_dir=tmp_path)
     env.reset()
-    assert env.step("[action] 5 2 0 -3")[0]["feedback"] == f"For numbers [5.0, 2.0, 0.0, -3.0], the result is " \
-                                                          f"{round(-(5.0 - 2.0) ** 2 / 3.0 + 2.5, 4)}."
+    assert env.step("[action] 5 2 0 -3")[0]["feedback"] == result("[5.0, 2.0, 0.0, -3.0]",
+                                                                 round(-(5.0 - 2.0) ** 2 / 3.0 + 2.5, 4))
     assert recs["f2"].evaluate([1, 2, 7, 4]) == 7.0
     env = FunctionGym("f3", data_dir=tmp_path)
     env.reset()
-    assert env.step("[action] 2 2 2 2")[0]["feedback"] == "For numbers [2.0, 2.0, 2.0, 2.0], the result is 9."
+    assert env.step("[action] 2 2 2 2")[0]["feedback"] == result("[2.0, 2.0, 2.0, 2.0]", 9)
 
 
 # ------------------------------------------------------------------------------------------------ loaders
@@ -325,7 +326,7 @@ def test_data_dir_may_hold_userrl_layout(tmp_path, shipped):
     shutil.copy(DATA_DIR / "functions.json", target / "functions.json")
     env = make_env(load_tasks(TASKS_DIR / "function_test.jsonl")[0], data_dir=tmp_path)
     env.reset()
-    assert env.step("[search] test")[0]["feedback"] == f"Test case: {shipped['func-10']['test_case']}"
+    assert env.step("[search] test")[0]["feedback"] == case_text(shipped['func-10']['test_case'])
 
 
 def test_task_files(shipped):
@@ -375,13 +376,13 @@ def test_end_to_end_episode(tok, shipped):
     assert traj.meta["end_reason"] == "terminated" and traj.meta["turns"] == 6
     assert traj.meta["reset_feedback"] == RESET
     assert [i["feedback"] for i in traj.env_info] == [
-        "Test case: [4, 7, 2, 9]", "For numbers [1.0, 2.0, 3.0, 4.0], the result is 1.0.", INVALID, TEST_CASE, WRONG,
+        case_text([4, 7, 2, 9]), result("[1.0, 2.0, 3.0, 4.0]", 1.0), INVALID, TEST_CASE, WRONG,
         CORRECT]
     assert traj.env_info[2]["tool_error"].startswith("tool call is not valid JSON")
     # the env's own user turns are recorded (none here: no user side) and the simulator was never called
     assert traj.user_utterances == [None] * 6 and traj.user_thoughts == [None] * 6 and user.calls == []
     # the agent saw each step's feedback and reward
-    assert "Test case: [4, 7, 2, 9]\nReward: 0.0" in tok.decode(agent.prompts[1])
+    assert case_text([4, 7, 2, 9]) + "\nReward: 0.0" in tok.decode(agent.prompts[1])
     assert all(shipped["func-1"]["rule"] not in tok.decode(p) for p in agent.prompts)  # the rule stays hidden
 
 

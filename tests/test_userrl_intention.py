@@ -210,7 +210,7 @@ def test_malformed_record_names_file_record_and_field(tmp_path):
     bad["missing_details"][0]["importance"] = "4"
     d = _write(tmp_path, [record([1], "A")], [record([3], "C"), bad])
     with pytest.raises(EnvError, match=r"all_intentions_test\.json, record 1 .*missing_details\[0\]: "
-                                       r"field 'importance' must be 1, 2 or 3"):
+                                       r"field 'importance' is '4', not one of 1, 2, 3"):
         make_env(_task_with_id("C"), data_dir=d)
     del bad["missing_details"][0]["description"]
     d = _write(tmp_path, [record([1], "A")], [bad])

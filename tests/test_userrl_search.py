@@ -9,6 +9,7 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text
 from mimesis_jax.envs import userrl
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.userrl import search as sg
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.retriever import Passage, RetrieverError
 from mimesis_jax.rollout.base import ScriptedChatModel
@@ -86,7 +87,7 @@ def test_search_limit_empty_queries_count_and_later_searches_do_not_run(tasks):
     ret = CountingRetriever()
     env, _ = make(tasks, retriever=ret)
     obs, r, term, *_ = env.step("[search]   ")  # empty: answered, but it uses one of the searches
-    assert "empty" in obs["feedback"] and (r, term) == (NOTHING, False) and ret.calls == []
+    assert obs["feedback"] == sg.SEARCH_EMPTY and (r, term) == (NOTHING, False) and ret.calls == []
     for i in range(MAX_SEARCHES - 1):
         obs, r, term, *_ = env.step(f"[search] q{i}")
         assert (r, term) == (NOTHING, False)
@@ -94,7 +95,7 @@ def test_search_limit_empty_queries_count_and_later_searches_do_not_run(tasks):
     for _ in range(2):
         obs, r, term, trunc, info = env.step("[search] one more")
         assert (r, term, trunc) == (NOTHING, False, False) and info["search_limit"]
-        assert "searches allowed" in obs["feedback"]
+        assert obs["feedback"] == sg.SEARCH_LIMIT.format(limit=MAX_SEARCHES)
     assert len(ret.calls) == MAX_SEARCHES - 1  # never called past the limit
     obs, r, term, *_ = env.step("[answer] Halvard Oune")  # answering still works
     assert (r, term) == (CORRECT, True)
@@ -106,7 +107,7 @@ def test_no_hits_and_backend_failure(tasks):
     assert "no results" in obs["feedback"] and info["results"] == [] and r == NOTHING
     env, _ = make(tasks, retriever=CountingRetriever(fail=True))
     obs, r, term, trunc, info = env.step("[search] x")
-    assert obs["feedback"].startswith("The search failed:") and (r, term, trunc) == (NOTHING, False, False)
+    assert obs["feedback"].startswith(sg.SEARCH_FAILED.format(error="")) and (r, term, trunc) == (NOTHING, False, False)
     assert "HTTP 503" in info["search_error"]
 
 
@@ -115,7 +116,8 @@ def test_no_hits_and_backend_failure(tasks):
 def test_normalised_match_is_correct_without_the_judge(tasks, answer):
     env, judge = make(tasks, "Corvane-1")
     obs, r, term, trunc, info = env.step(f"[answer] {answer}")
-    assert (r, term, trunc) == (CORRECT, True, False) and "Correct" in obs["feedback"]
+    assert (r, term, trunc) == (CORRECT, True, False)
+    assert obs["feedback"] == sg.ANSWER_CORRECT.format(answer=answer.strip())
     assert judge.calls == [] and info["judged_by"] == "match"
     with pytest.raises(EnvError, match="ended"):
         env.step("[answer] again")
@@ -135,7 +137,7 @@ def test_judge_yes_is_correct_and_sees_question_answer_reference(tasks):
 def test_judge_no_is_wrong_the_episode_goes_on_and_can_still_be_won(tasks):
     env, judge = make(tasks, "Corvane-3", judge=ScriptedChatModel([verdict("No", "Wrong year.")]))
     obs, r, term, trunc, info = env.step("[answer] 1820")
-    assert (r, term, trunc) == (WRONG, False, False) and "Incorrect" in obs["feedback"]
+    assert (r, term, trunc) == (WRONG, False, False) and obs["feedback"] == sg.ANSWER_WRONG.format(answer="1820")
     assert "1794" not in obs["feedback"] and info["judge"]["correct"] is False
     obs, r, term, *_ = env.step("[answer] 1794")
     assert (r, term) == (CORRECT, True) and len(judge.calls) == 1
@@ -144,7 +146,7 @@ def test_judge_no_is_wrong_the_episode_goes_on_and_can_still_be_won(tasks):
 def test_empty_answer_action_choice_and_missing_prefix(tasks):
     env, judge = make(tasks)
     obs, r, term, *_ = env.step("[answer]   ")
-    assert "empty" in obs["feedback"] and (r, term) == (NOTHING, False)
+    assert obs["feedback"] == sg.ANSWER_EMPTY and (r, term) == (NOTHING, False)
     for text in ("[action] Can you give me a hint?", "Halvard Oune", "[finish]"):
         obs, r, term, _, info = env.step(text)
         assert obs["feedback"].startswith("Invalid action") and (r, term) == (NOTHING, False)

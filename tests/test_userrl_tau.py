@@ -173,13 +173,13 @@ def test_invalid_json_answers():
                     '{"name": 7, "arguments": {}}', "please look up my order", "get_order_details: {oops",
                     '"just a string"']:
         obs, reward, term, trunc, info = env.step(f"[answer] {content}")
-        assert obs["feedback"].startswith("Invalid tool call format") and (reward, term, trunc) == (0.0, False, False)
+        assert obs["feedback"] == env.prompt("invalid_tool_call") and (reward, term, trunc) == (0.0, False, False)
         assert "invalid_tool_call" in info
     # UserRL's second form, `name: {arguments}`, is a valid call
     fb = env.step('[answer] get_order_details: {"order_id": "#L1001"}')[0]["feedback"]
     assert json.loads(fb)["order_id"] == "#L1001"
     obs, reward, term, _, info = env.step("no prefix at all")
-    assert obs["feedback"].startswith("Invalid action format") and "invalid_action" in info
+    assert obs["feedback"] == env.invalid_action_feedback and "invalid_action" in info
     assert user.calls == [] and env.backend.data == _db()
 
 
@@ -286,7 +286,7 @@ def test_user_turns_stop_marker_roles_and_private_thought():
     msgs = user.calls[0]
     assert [m["role"] for m in msgs] == ["system", "assistant", "user"]  # the customer answers as assistant
     assert "cancel your pending order #L1001" in msgs[0]["content"] and STOP in msgs[0]["content"]
-    assert msgs[1]["content"] == "Hi, I need to cancel an order I placed a couple of days ago."
+    assert msgs[1]["content"] == "Hi, an order from a couple of days ago has to be cancelled, please."
     assert msgs[2]["content"] == "Could I have your email?"
     obs, reward, term, _, info = env.step("[action] Anything else?")
     assert user.calls[1][3] == {"role": "assistant", "content": "It's mara.okafor@example.com",
@@ -299,7 +299,7 @@ def test_refusing_failing_or_empty_user_is_invalid():
                   ChatResponse("", finish_reason="error", meta={"error": "boom"}), "   "]:
         env, _ = _env(replies=[reply])
         with pytest.raises(InvalidEpisode):
-            env.step("[action] Hello, how can I help?")
+            env.step("[action] Hi, what can I do for you?")
 
 
 # --------------------------------------------------------------------------------------- loaders

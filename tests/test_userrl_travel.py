@@ -10,6 +10,7 @@ import pytest
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text, userrl
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.userrl import travel as tv
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.rollout.base import ScriptedChatModel
 from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
@@ -120,7 +121,7 @@ def test_search_branches(variant):
         for v in RAW[t.id][d]["arguments"].values():
             assert str(v) in j.calls[0][1]["content"]
     obs, r, *_ = env.step(f"[search] {d0} again")
-    assert r == 0.0 and "already" in obs["feedback"]
+    assert r == 0.0 and obs["feedback"] == tv.SEARCH_REPEAT.format(aspect=d0)
     assert env.step("[search] something odd")[1] == 0.0
     assert env.step("[search] unrelated")[1] == 0.0
     assert len(j.calls) == 4
@@ -220,9 +221,10 @@ def test_answer_branches_and_termination():
     obs, r, term, _, info = env.step(f"[answer] {x[d0][0]}")
     assert (r, term) == (BEST, False) and info["aspect"] == d0 and info["answer_parts"][0]["verdict"] == "best"
     obs, r, term, _, info = env.step(f"[answer] {x[d0][1]}")  # one choice per aspect
-    assert (r, term) == (0.0, False) and "already recommended" in obs["feedback"] and info["aspect"] == d0
+    assert (r, term) == (0.0, False) and info["aspect"] == d0
+    assert obs["feedback"] == tv.ANSWER_REPEAT.format(letter=x[d0][1][0])
     obs, r, _, _, info = env.step("[answer] hotel please")
-    assert r == 0.0 and "not a valid option ID" in obs["feedback"] and info["aspect"] is None
+    assert r == 0.0 and obs["feedback"] == tv.ANSWER_BAD_ID.format(id="hotel please") and info["aspect"] is None
     obs, r, term, _, info = env.step(f"[answer] {x[d1][1]}")
     assert (r, term) == (CORRECT, False) and info["aspect"] == d1  # the best of d1 is still missing
     # the answered aspects' preferences are dropped: the classifier is shown none
@@ -233,7 +235,7 @@ def test_answer_branches_and_termination():
     env, _, _ = make(t)
     assert env.step(f"[answer] {x[d0][0]}")[1:3] == (BEST, False)
     obs, r, term, trunc, _ = env.step(f"[answer] {x[d1][0]}")
-    assert (r, term, trunc) == (BEST, True, False) and "best option" in obs["feedback"]
+    assert (r, term, trunc) == (BEST, True, False) and obs["feedback"] == tv.VERDICT_BEST + tv.RECORDED_ONE
     with pytest.raises(EnvError):
         env.step("[action] more?")
 
@@ -257,7 +259,7 @@ def test_answer_penalty_multi_ids_and_sync_path():
     # sync path: several ids refused; all aspects answered ends the episode
     env, _, _ = make(t, userrl_path="sync")
     obs, r, term, _, _ = env.step(f"[answer] {x[d0][0]}, {x[d1][0]}")
-    assert (r, term) == (0.0, False) and "exactly one option" in obs["feedback"]
+    assert (r, term) == (0.0, False) and obs["feedback"] == tv.ANSWER_MULTI
     assert env.step(f"[answer] {x[d0][2]}")[1:3] == (0.0, False)
     assert env.step(f"[answer] {x[d1][2]}")[1:3] == (0.0, True)
     env, _, _ = make(t)
@@ -269,10 +271,11 @@ def test_finish_invalid_format_truncation_and_options():
     t = TRAIN[0]
     env, _, _ = make(t)
     obs, r, term, _, _ = env.step("[finish]")
-    assert (r, term) == (0.0, True) and obs["feedback"].startswith("Session ended")
+    assert (r, term) == (0.0, True)
+    assert obs["feedback"] == tv.FINISHED.format(found=0, total=len(env.remaining_prefs), ratio=0.0)
     env, _, _ = make(t, max_steps=2, judge=[search_says("False")])
     obs, r, term, trunc, _ = env.step("hello")
-    assert (r, term, trunc) == (0.0, False, False) and "[action]" in obs["feedback"]
+    assert (r, term, trunc) == (0.0, False, False) and obs["feedback"] == tv.INVALID_FORMAT
     assert env.step("[search] x")[2:4] == (False, True)
     row = dict(t.to_row())
     row["extra_info"]["tools_kwargs"]["interact_with_env"]["create_kwargs"]["max_turns"] = 16

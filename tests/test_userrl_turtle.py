@@ -8,7 +8,7 @@ import pytest
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
-from mimesis_jax.envs.userrl import DATA_DIR, make_env, shipped_tasks
+from mimesis_jax.envs.userrl import DATA_DIR, make_env, shipped_tasks, turtle
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.envs.userrl.turtle import TurtleGym, load_stories
 from mimesis_jax.rollout.base import ScriptedChatModel
@@ -127,6 +127,8 @@ def test_answer_rewards_are_improvements_over_the_best_score():
         assert info["covered"] == covered
         for s in statements:
             assert (s in obs["feedback"]) == (s in covered)
+        lines = [turtle.COVERED_HEADER, *(f"- {s}" for s in covered), turtle.COVERED_FOOTER]
+        assert obs["feedback"] == ("\n".join(lines) if covered else turtle.NONE_COVERED)
         assert term == (i == 3) and not trunc
     assert rewards == pytest.approx([0.55, 0.0, 0.3, 0.15])
     # the judge saw the story, the bottom and the numbered statements, never the weights
@@ -139,7 +141,7 @@ def test_answer_rewards_are_improvements_over_the_best_score():
 def test_no_covered_statement_feedback_and_partial_scores():
     env = env_for("The Black Window", judge=[judge_reply([0.5, 0.5, 0])])
     obs, reward, term, _, info = env.step("[answer] He wanted privacy.")
-    assert "does not get any" in obs["feedback"] and info["covered"] == []
+    assert obs["feedback"] == turtle.NONE_COVERED and info["covered"] == []
     assert reward == rubric_score("The Black Window", [0.5, 0.5, 0]) == pytest.approx(0.4) and not term
 
 

@@ -226,7 +226,7 @@ class SecretWordEnv(Env):
     """
 
     name = "secret_word"
-    invalid_action_feedback = "Invalid action format. Please use [action], [search] or [answer]."
+    invalid_action_feedback = "That step was not understood: start it with [action], [search] or [answer]."
 
     def __init__(self, secret: str, hint: str = "", max_steps: int = 20, stop_marker: str = "###STOP###"):
         if not secret or not isinstance(secret, str):

@@ -92,3 +92,50 @@ def toy_tasks(n: int, seed: int = 0, letter: str = "s", max_steps: int = 2):
                         create_kwargs={"letter": letter, "topic": topic, "max_steps": max_steps},
                         data_source="toy", split="train", index=i))
     return out
+
+
+# ------------------------------------------------------------------------------------ scripted sides
+_LETTER = re.compile(r"start with the letter '([a-z])'")
+
+
+class ToyUser:
+    """A rule-based ToyKeyword user (a `ChatModel` in the simulator's framing: system = the persona, its own turns
+    `user`, the agent's `assistant`). Its private thought states how well the last reply matched the secret letter
+    -- exactly the hindsight a CSD coach should turn into a note; its utterance never reveals the letter."""
+
+    def chat(self, messages, **_):
+        from mimesis_jax.rollout.base import ChatResponse
+
+        m = _LETTER.search(messages[0].get("content", "")) if messages else None
+        letter = m.group(1) if m else "s"
+        last = next((x.get("content", "") for x in reversed(messages) if x.get("role") == "assistant"), "")
+        words = _WORD.findall(last)
+        hits = sum(w[0].lower() == letter for w in words)
+        thought = (f"Only {hits} of {len(words)} words in that reply started with '{letter}'. I wanted far more "
+                   f"words starting with '{letter}'.")
+        return ChatResponse(text=f"<think>\n{thought}\n</think>\n\nHmm. Tell me more.", meta={"model": "toy-user"})
+
+    def chat_batch(self, conversations, **kw):
+        return [self.chat(c, **kw) for c in conversations]
+
+
+class ToyCoach:
+    """A rule-based coach for ToyKeyword: reads the user's thought in the coach prompt (Eq 7 input) and writes the
+    note a good coach would -- which letter the words should start with. With `shuffle_seed` set it names a
+    random letter instead (the uninformative-notes control)."""
+
+    def __init__(self, shuffle_seed: int | None = None):
+        self.rng = None if shuffle_seed is None else random.Random(shuffle_seed)
+
+    def chat(self, messages, **_):
+        from mimesis_jax.rollout.base import ChatResponse
+
+        text = "\n".join(x.get("content", "") for x in messages)
+        m = re.search(r"words starting with '([a-z])'", text)
+        if m is None:
+            return ChatResponse(text="NONE")
+        letter = m.group(1) if self.rng is None else self.rng.choice("abcdefghijklmnoprstuvwy")
+        return ChatResponse(text=f"Use many words that start with '{letter}'.")
+
+    def chat_batch(self, conversations, **kw):
+        return [self.chat(c, **kw) for c in conversations]

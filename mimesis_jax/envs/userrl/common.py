@@ -225,8 +225,8 @@ class UserRLEnv(Env):
     name = "userrl"
     prompt_file = ""
     default_max_steps = 20
-    invalid_action_feedback = ("Invalid action format. Call interact_with_env with choice 'action', 'answer' or "
-                               "'search' as the environment description says.")
+    invalid_action_feedback = ("That step was not understood: call interact_with_env with choice 'action', 'answer' "
+                               "or 'search' as the environment description says.")
 
     def __init__(self, *, user=None, judge=None, max_steps: int | None = None, temperature: float | None = 0.0,
                  max_tokens: int | None = 1024, user_thinking: bool = False, refusal_rules=None, seed=None):

@@ -4,7 +4,8 @@ evaluator share).
 A UserRL gym talks to its own user / judge models inside `step` (envs/userrl/common.py), so its EpisodeTask has
 no `user_messages`: the runner's own simulator turn is not used, and the user's thought/utterance come back in
 the step info. A free-text env with a `user_messages()` persona (envs/toy.py) uses the runner's simulator turn
-instead: pass that simulator (in its own framing) as `run_episodes(..., user=...)`. `task` on the trajectory records the gym, the task id and where it came from, which is what
+instead: pass that simulator (in its own framing) as `run_episodes(..., user=...)`.
+`task` on the trajectory records the gym, the task id and where it came from, which is what
 `scoring.score_trajectory` reads.
 """
 
@@ -27,17 +28,19 @@ def env_seed(seed: int, group: int, member: int) -> int:
 
 def episode_tasks(tasks: Sequence[Task], *, group_size: int = 1, first_group: int = 0, first_rollout_id: int = 0,
                   seed: int = 0, data_dir=None, user=None, judge=None, retriever=None, max_steps=None,
-                  **env_options) -> list[EpisodeTask]:
+                  gym_options: dict[str, dict] | None = None) -> list[EpisodeTask]:
     """`group_size` episodes per task (a GRPO group shares `group_id`); rollout ids are consecutive from
-    `first_rollout_id`, so a caller that advances it per batch never reuses one. Each env is built fresh."""
+    `first_rollout_id`, so a caller that advances it per batch never reuses one. Each env is built fresh;
+    `gym_options[gym]` are extra create options of that gym (e.g. {"TravelGym": {"reward_variant": "eval"}})."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     out, rid = [], int(first_rollout_id)
     for g, task in enumerate(tasks):
         gid = first_group + g
         for m in range(group_size):
+            options = (gym_options or {}).get(task.gym, {})
             env = make_env(task, data_dir=data_dir, user=user, judge=judge, retriever=retriever,
-                           seed=env_seed(seed, gid, m), max_steps=max_steps, **env_options)
+                           seed=env_seed(seed, gid, m), max_steps=max_steps, **options)
             persona = getattr(env, "user_messages", None)  # free-text envs whose user is the runner's simulator
             out.append(EpisodeTask(env=env, agent_messages=[dict(x) for x in task.prompt],
                                    user_messages=persona() if callable(persona) else None,

@@ -2,33 +2,33 @@
 the test case. No LLM takes part: the environment computes everything itself.
 
 Data: `functions.json` (UserRL's file name and format): a list of records
-``{"id": "func-1", "rule": "c * (a * b) * d", "test_case": [3, 5, 5, 3], "expected_result": 225.0}``.
+``{"id": "func-1", "rule": "a * b + c - d", "test_case": [4, 7, 2, 9], "expected_result": 21.0}``.
 A task's create arguments name the record (`id`) and may set `max_turns` (UserRL's tool default: 20 steps).
 
 Rules, as UserRL's FunctionGym has them (every step's reward is 0.0 unless stated):
 
 * ``[action] ...`` -- every number in the content (pattern ``-?\\d+(\\.\\d*)?``, read as floats; "1, 2, 3, 4" and
-  "1 2 3 4" both work) is an input. Empty content -> "Please provide four numbers after [action]."; not exactly four
-  numbers -> "Please provide exactly four numbers."; the four numbers equal to the test case (same order, compared
-  as numbers, so "3.0 5 5 3" is the test case [3, 5, 5, 3] too) -> refused without a value; otherwise the rule is
-  evaluated on the floats, the result rounded with Python's ``round(x, 4)`` and reported as
-  "For numbers [1.0, 2.0, 3.0, 4.0], the result is 10.0.". Any arithmetic failure (division by zero, overflow
-  of a power, a complex power of a negative number) -> UserRL's "Error parsing numbers or calculating result..."
-  message; the episode goes on.
-* ``[search] test`` (case-insensitive) -> "Test case: [3, 5, 5, 3]"; any other content -> "Search content should
-  only be 'test' to get the test case."
-* ``[answer] x`` -- x is read with Python's ``float`` (empty -> "Answer is empty..."; unreadable -> "Invalid
-  numerical answer..."); correct when ``abs(x - expected_result) <= 1e-6`` (UserRL's `compare_answers`): reward
+  "1 2 3 4" both work) is an input. Empty content -> FB_NO_NUMBERS; not exactly four numbers -> FB_NOT_FOUR; the
+  four numbers equal to the test case (same order, compared as numbers, so "4.0 7 2 9" is the test case
+  [4, 7, 2, 9] too) -> FB_TEST_CASE, no value; otherwise the rule is evaluated on the floats, the result rounded
+  with Python's ``round(x, 4)`` and reported with FB_RESULT (the inputs shown as a list of floats, e.g.
+  [1.0, 2.0, 3.0, 4.0]). Any arithmetic failure (division by zero, overflow of a power, a complex power of a
+  negative number) -> FB_CALC_ERROR; the episode goes on.
+* ``[search] test`` (case-insensitive) -> FB_TEST_CASE_IS with the test case, e.g. [4, 7, 2, 9]; any other
+  content -> FB_SEARCH_ONLY_TEST.
+* ``[answer] x`` -- x is read with Python's ``float`` (empty -> FB_ANSWER_EMPTY; unreadable ->
+  FB_ANSWER_NOT_NUMBER); correct when ``abs(x - expected_result) <= 1e-6`` (UserRL's `compare_answers`): reward
   1.0 (`correct_answer_reward`) and the episode ends; a wrong answer gets 0.0 (`incorrect_answer_reward`), and the
   episode goes on (the agent may answer again).
 * ``[finish]`` -- ends the episode, reward 0 (UserRL accepts it; the `interact_with_env` tool of this project offers
   only action/answer/search, so only a direct `step("[finish]")` reaches it).
-* any other text -> "Invalid action format. Please use [action], [search], [answer], or [finish].", reward 0.
+* any other text -> FB_INVALID, reward 0.
 * the episode is truncated after `max_steps` steps (UserRL default 20); UserRL's `step_penalty` (x step number,
   subtracted from every step's reward) and `normalize_rewards` (clip to [0, 1]) are options, off by default as in
   UserRL.
 
-The feedback texts are UserRL's own wording (the observable rules of the gym, kept exact on purpose).
+The feedback texts (the FB_* constants) are this project's own wording; what each one tells the agent, and when,
+follows UserRL's rules.
 
 Rules are never run with `eval`: each rule string is parsed with `ast` at load time and accepted only when it is
 built from numbers, the variables a b c d, the operators + - * / ** (binary), unary minus and parentheses;
@@ -65,23 +65,25 @@ VARIABLES = ("a", "b", "c", "d")
 ANSWER_TOLERANCE = 1e-6  # UserRL's compare_answers
 RESULT_DIGITS = 4  # UserRL rounds each [action] result with round(x, 4)
 
-# ----------------------------------------------------------------------------------- feedback (UserRL's wording)
-FB_RESET = ("New function problem loaded. You can use [action] with four numbers to test the function, [search] for "
-            "test case, or [answer] with your final guess.")
-FB_INVALID = "Invalid action format. Please use [action], [search], [answer], or [finish]."
-FB_NO_NUMBERS = "Please provide four numbers after [action]."
-FB_NOT_FOUR = "Please provide exactly four numbers."
-FB_TEST_CASE = "This is the test case and I cannot provide you with the calculation feedback."
-FB_CALC_ERROR = ("Error parsing numbers or calculating result. This may happen like when division by zero occurs. "
-                 "Please try again with different number combinations.")
-FB_SEARCH_ONLY_TEST = "Search content should only be 'test' to get the test case."
-FB_ANSWER_EMPTY = "Answer is empty. Please provide a numerical answer."
-FB_ANSWER_NOT_NUMBER = "Invalid numerical answer. Please provide a valid number."
-FB_CORRECT = "Your answer is correct!"
-FB_WRONG = ("Your answer is wrong. Please continue to try and reason about the hidden function and make your answer "
-            "attempt later.")
-FB_FINISH_CORRECT = "Episode finished. You answered correctly!"
-FB_FINISH_WRONG = "Episode finished without correct answer. The expected result for the test case was: {expected}"
+# ----------------------------------------------------------------------------------- feedback (this project's wording)
+FB_RESET = ("A hidden function of four numbers is ready. Send [action] with four numbers to see what it returns, "
+            "[search] test to see the test case, and [answer] with the value you think it gives on the test case.")
+FB_INVALID = "Unrecognised step: start it with [action], [search], [answer] or [finish]."
+FB_NO_NUMBERS = "[action] needs four numbers after it."
+FB_NOT_FOUR = "An [action] takes four numbers, no more and no fewer."
+FB_TEST_CASE = "Those four numbers are the test case; finding its value is your task, so it is not revealed."
+FB_CALC_ERROR = ("The function has no value on these inputs (a division by zero, for instance). Choose another set "
+                 "of four numbers.")
+FB_RESULT = "The function maps {numbers} to {result}."
+FB_TEST_CASE_IS = "The test case is {test_case}."
+FB_SEARCH_ONLY_TEST = "The only search available is 'test' (it reveals the test case)."
+FB_ANSWER_EMPTY = "Nothing follows [answer]: give a number."
+FB_ANSWER_NOT_NUMBER = "That answer is not a number. Give a single numeric value."
+FB_CORRECT = "Right: that is the function's value on the test case!"
+FB_WRONG = ("That is not the function's value on the test case. Keep probing the hidden function and answer again "
+            "once you have a better guess.")
+FB_FINISH_CORRECT = "The episode is over, and you found the right value."
+FB_FINISH_WRONG = "The episode is over without a right answer. The function's value on the test case was {expected}."
 
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d*)?")
 
@@ -237,7 +239,7 @@ class FunctionGym(UserRLEnv):
         if str(function_id) not in records:
             raise EnvError(f"{path}: no FunctionGym record with id {function_id!r}")
         if correct_answer_reward < 0:
-            raise EnvError(f"{self.name}: correct_answer_reward must be non-negative, got {correct_answer_reward}")
+            raise EnvError(f"{self.name}: correct_answer_reward must be >= 0, got {correct_answer_reward}")
         self.record = records[str(function_id)]
         self.correct_answer_reward, self.incorrect_answer_reward = float(correct_answer_reward), float(
             incorrect_answer_reward)
@@ -300,12 +302,12 @@ class FunctionGym(UserRLEnv):
             result = self.record.evaluate(numbers)
         except ArithmeticError as e:
             return FB_CALC_ERROR, 0.0, False, {"numbers": numbers, "error": f"{type(e).__name__}: {e}"}
-        return f"For numbers {numbers}, the result is {result}.", 0.0, False, {"numbers": numbers, "result": result}
+        return FB_RESULT.format(numbers=numbers, result=result), 0.0, False, {"numbers": numbers, "result": result}
 
     def _search(self, content: str):
         if content.lower() != "test":
             return FB_SEARCH_ONLY_TEST, 0.0, False, {"invalid_action": "search content is not 'test'"}
-        return f"Test case: {list(self.record.test_case)}", 0.0, False, {}
+        return FB_TEST_CASE_IS.format(test_case=list(self.record.test_case)), 0.0, False, {}
 
     def _answer(self, content: str):
         if not content:

@@ -112,10 +112,10 @@ def parse_responder(text: str) -> dict:
 def importance_of(detail, where: str) -> int:
     value = field(detail, "importance", (int, str), where)
     if isinstance(value, str) and not value.strip().isdigit():
-        raise EnvError(f"{where}: field 'importance' must be 1, 2 or 3, got {value!r}")
+        raise EnvError(f"{where}: field 'importance' is {value!r}, not one of 1, 2, 3")
     level = int(value)
     if level not in (1, 2, 3):
-        raise EnvError(f"{where}: field 'importance' must be 1, 2 or 3, got {value!r}")
+        raise EnvError(f"{where}: field 'importance' is {value!r}, not one of 1, 2, 3")
     return level
 
 

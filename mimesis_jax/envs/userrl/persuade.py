@@ -28,7 +28,7 @@ Choices where UserRL is silent, lenient or unreachable here (written down, as th
 
 * An unparseable persuadee answer (no JSON object, no non-empty string `response`, or a `stance` outside the seven
   levels) is asked again once with the same prompt; a second failure is an INVALID episode (`InvalidEpisode`).
-  UserRL instead shows a canned "trouble understanding" reply with reward 0 and, for an unknown stance string,
+  UserRL instead shows a canned could-not-understand reply with reward 0 and, for an unknown stance string,
   stores it so that every later step scores 0. Stances are matched ignoring case and extra whitespace. This retry
   is a gym-local helper (`_ask_persuadee`, a loop around `ask_user`) since `ask_parsed` is for judges and records
   no user turn. A refusal (rollout/refusal.py) is INVALID at once, without a retry.

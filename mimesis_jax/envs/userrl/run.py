@@ -53,6 +53,8 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                            help=f"how the model is asked (default: {default_style} for local models, assistant "
                                 "for remote ones)")
     p.add_argument("--user-thinking", action="store_true", help="local simulator writes <think> thought first")
+    p.add_argument("--travel-reward-variant", choices=("eval", "train", "gym"), default="eval",
+                   help="TravelGym's reward table (UserRL: eval in evaluation, train in RL)")
     p.add_argument("--max-turns", type=int, default=16, help="agent turns per episode (paper: 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="agent sampling temperature (eval: 0)")
     p.add_argument("--batch", type=int, default=16, help="episodes run together (one sampler call per turn)")
@@ -127,7 +129,8 @@ def run(args, trained_loader=None) -> int:
             chunk = tasks[start:start + per_batch]
             ep_tasks = episode_tasks(chunk, group_size=args.group, first_group=start,
                                      first_rollout_id=start * args.group, seed=args.seed, data_dir=args.data_dir,
-                                     user=user, judge=judge, retriever=retriever)
+                                     user=user, judge=judge, retriever=retriever,
+                                     gym_options={"TravelGym": {"reward_variant": args.travel_reward_variant}})
             for traj in run_episodes(agent, None, ep_tasks, ecfg, tokenizer=agent.tok):
                 rec = trajectory_record(traj)
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")

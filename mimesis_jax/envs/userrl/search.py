@@ -8,7 +8,8 @@ settings its tool's env manager uses: eval_method "llm", max_steps = the task's 
   included. Past the limit the search is not run: a message asks for an answer instead (reward 0). An empty
   query gets a message (reward 0). Otherwise the retriever's top `max_search_results` (5) passages are returned as
   a numbered list, title then "- Snippet:" line, as UserRL lays out web results (reward 0). A backend failure
-  (`RetrieverError`) is answered "search failed: ..." with reward 0 and the episode goes on, as in UserRL.
+  (`RetrieverError`) is answered with SEARCH_FAILED and the error, reward 0, and the episode goes on, as in
+  UserRL.
 * `[answer] <text>` -- an empty answer gets a message (reward 0). Otherwise the answer is first compared with the
   reference after normalisation (lower case, letters and digits only); equal = correct without asking the judge.
   Else (eval_method "llm") the judge model decides (prompts/search.toml: JSON {reasoning, judgment, feedback},
@@ -48,6 +49,15 @@ QUESTIONS_FILE = "questions.json"
 CORPUS_FILE = "search_corpus.jsonl"
 
 CORRECT_REWARD = 1.0
+# feedback (this project's wording)
+RESET = "Question: {question}\nLook things up with [search], and reply with [answer] once you know."
+SEARCH_LIMIT = ("You have used all {limit} searches allowed. Give your answer with [answer] now; further searches "
+                "will not run.")
+SEARCH_EMPTY = "Nothing to look up: write a query after [search]."
+SEARCH_FAILED = "The search backend returned an error: {error}"
+ANSWER_EMPTY = "Nothing to grade: write your answer after [answer]."
+ANSWER_CORRECT = "'{answer}' is right. Well done!"
+ANSWER_WRONG = "'{answer}' does not answer the question."
 INCORRECT_REWARD = 0.0
 
 
@@ -131,8 +141,7 @@ class SearchGym(UserRLEnv):
     # -------------------------------------------------------------- protocol
     def _reset(self):
         self.search_count, self.answered_correctly, self.search_history = 0, False, []
-        feedback = (f"New question: {self.question}\nUse [search] to look for information or [answer] to give your "
-                    "answer.")
+        feedback = RESET.format(question=self.question)
         return feedback, {"question_id": self.question_id, "question": self.question,
                           "correct_answer": self.answer_text}
 
@@ -143,14 +152,13 @@ class SearchGym(UserRLEnv):
         self.search_count += 1  # counted before anything else, as UserRL does (empty and over-limit ones too)
         info = {"question_id": self.question_id, "search_count": self.search_count}
         if self.search_count > self.max_search_steps:
-            return (f"You have used all {self.max_search_steps} searches allowed. Give your answer with [answer] "
-                    "now; further searches will not run.", 0.0, False, {**info, "search_limit": True})
+            return SEARCH_LIMIT.format(limit=self.max_search_steps), 0.0, False, {**info, "search_limit": True}
         if not query:
-            return "The search query is empty. Write what to search for after [search].", 0.0, False, info
+            return SEARCH_EMPTY, 0.0, False, info
         try:
             passages = list(self.retriever.search(query, k=self.max_search_results))[: self.max_search_results]
         except RetrieverError as e:
-            return f"The search failed: {e}", 0.0, False, {**info, "search_error": str(e)}
+            return SEARCH_FAILED.format(error=e), 0.0, False, {**info, "search_error": str(e)}
         ids = [p.id for p in passages]
         self.search_history.append({"query": query, "results": ids, "step": self.step_count})
         return format_results(query, passages), 0.0, False, {**info, "query": query, "results": ids}
@@ -158,7 +166,7 @@ class SearchGym(UserRLEnv):
     def _answer(self, answer: str):
         info = {"question_id": self.question_id}
         if not answer:
-            return "The answer is empty. Write your answer after [answer].", 0.0, False, info
+            return ANSWER_EMPTY, 0.0, False, info
         correct = normalize_answer(answer) == normalize_answer(self.answer_text)
         info["judged_by"] = "match"
         if not correct and self.eval_method == "llm":
@@ -172,8 +180,8 @@ class SearchGym(UserRLEnv):
         self.answered_correctly = correct
         info["correct"] = correct
         if correct:
-            return f"Correct! '{answer}' is the right answer.", CORRECT_REWARD, True, info
-        return f"Incorrect: '{answer}' is not the right answer.", INCORRECT_REWARD, False, info
+            return ANSWER_CORRECT.format(answer=answer), CORRECT_REWARD, True, info
+        return ANSWER_WRONG.format(answer=answer), INCORRECT_REWARD, False, info
 
     # -------------------------------------------------------------- construction
     @classmethod

@@ -44,12 +44,12 @@ Choices where UserRL is silent or unreachable here (written down, as the brief a
   the instruction prompt, the agent's turns `user`, the customer's own turns `assistant`; a MIMESIS simulator
   gets its true roles back through `SimulatorAsResponder`.
 * A user model that refuses its role or fails is an INVALID episode (`InvalidEpisode`), never UserRL's
-  "Error communicating with user" text with reward 0.
+  communication-error text with reward 0.
 * UserRL's `[finish]` cannot be sent through `interact_with_env` (choices action/answer/search only).
 * Local domain: the hash is sha256 of canonical JSON (sorted keys) instead of tau-bench's `str(to_hashable(...))`;
   both compare the same structure. "respond" is not a tool there (only `[action]` talks to the customer); with
   tau-bench, `[answer] {"name": "respond", ...}` reaches its env as in UserRL, and an exception of its step is
-  answered "Error executing tool call: ..." (UserRL's handling).
+  answered with TOOL_CALL_FAILED and the exception's text (UserRL's handling, in this project's words).
   `[search] help` shows the policy for tau-bench tasks too (their wiki), beside UserRL's guidance.
 * A `max_turns` create argument (UserRL's tool option) sets the step limit when `max_steps` is not given.
 """
@@ -73,6 +73,7 @@ STOP_MARKER = "###STOP###"
 RESPOND = "respond"  # tau-bench's name of the "talk to the user" action
 TERMINATE_TOOLS = ("transfer_to_human_agents",)
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
+TOOL_CALL_FAILED = "The tool call could not be carried out: {error}"
 
 
 # ------------------------------------------------------------------------------------ local tools
@@ -382,7 +383,7 @@ class TauBenchBackend:
         except InvalidEpisode:
             raise
         except Exception as e:  # noqa: BLE001
-            return f"Error executing tool call: {e}", 0.0, False, {}
+            return TOOL_CALL_FAILED.format(error=e), 0.0, False, {}
 
     def _step(self, name: str, kwargs: dict) -> tuple[str, float, bool, dict]:
         r = self.env.step(self.Action(name=name, kwargs=kwargs))
@@ -472,8 +473,8 @@ class TauEnv(UserRLEnv):
 
     prompt_file = "tau"
     default_max_steps = 30
-    invalid_action_feedback = ("Invalid action format. Call the interact_with_env tool with choice 'search', "
-                               "'action' or 'answer' as the system instruction says.")
+    invalid_action_feedback = ("This step was not understood. Use the interact_with_env tool, with choice "
+                               "'search', 'action' or 'answer', as the system instruction describes.")
 
     def __init__(self, record: dict, *, db: dict | None = None, policy: str = "", where: str = "TauGym record",
                  user=None, judge=None, max_steps: int | None = None, **options):

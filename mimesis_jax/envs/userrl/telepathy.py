@@ -25,7 +25,7 @@ project's own code):
   are not used by the env (they shape the agent's task text).
 
 Choices where UserRL is ambiguous or failure-prone (recorded here):
-* Judge answers: UserRL counts only the exact string "Yes" as correct and shows "Unable to evaluate your guess"
+* Judge answers: UserRL counts only the exact string "Yes" as correct and shows a fixed could-not-evaluate text
   with reward 0 when the answer does not parse or lacks `judgment`/`feedback`. Here `judgment` must be a string
   that reads yes or no (case and a trailing full stop or exclamation mark ignored) and `feedback` a string; anything
   else is asked again once, then the episode is INVALID (project rule: failures are never a reward 0). An empty
@@ -48,6 +48,8 @@ from mimesis_jax.envs.userrl.turtle import check_shaping, host_answer, shaped_re
 
 ENTITY_FILE = "all_entities_refined.json"
 ENTITY_FIELDS = ("id", "title", "description", "goal", "target_entity", "category")
+RESET_FEEDBACK = ("TelepathyGym: there is a secret entity on my mind. Narrow it down with questions I can answer "
+                  "Yes, No or Maybe, and give your answer when you want to name it.")
 
 
 # ------------------------------------------------------------------------------------ data
@@ -123,8 +125,7 @@ class TelepathyGym(UserRLEnv):
     def _reset(self):
         self.best_score, self.clue_history = 0.0, []
         info = {"title": self.entity["title"], "category": self.entity.get("category", "")}
-        return ("Welcome to TelepathyGym! I have something in mind. Ask me Yes-or-No questions to work out what it "
-                "is, and answer when you are ready to guess."), info
+        return RESET_FEEDBACK, info
 
     def _reward(self, base: float) -> float:
         return shaped_reward(base, self.step_count, reward_scale=self.reward_scale, step_penalty=self.step_penalty,

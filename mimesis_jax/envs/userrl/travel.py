@@ -85,26 +85,28 @@ DEFAULTS: dict[str, Any] = {
 }
 ACTION_TYPES = {"1": "normal", "2": "asks_held_preference", "3": "asks_missing_preference", "4": "too_vague"}
 
-SEARCH_DOWN = "The search service is having trouble right now. Please try again later."
-_REVISE = ("Revise it so that it (1) fits what the traveller needs, (2) is a single request, and (3) gives exactly "
-           "the right search arguments, no more and no fewer.")
-SEARCH_WRONG = "Something is wrong with your search request, or its arguments are not accurate. " + _REVISE
-SEARCH_NA = "Your search request is well formed, but it matches none of the searches this trip needs. " + _REVISE
-SEARCH_OK = "Your search request has the right arguments."
-SEARCH_REPEAT = ("Your search request has the right arguments, but the options for <{aspect}> were already returned "
-                 "by an earlier search. Use those results.")
+SEARCH_DOWN = "The search service is unavailable at the moment; send the search again a little later."
+_REVISE = ("Rework it: match what the traveller needs, send a single request, and give all of the correct search "
+           "arguments and nothing else.")
+SEARCH_WRONG = "This search request is faulty, or some of its arguments are off. " + _REVISE
+SEARCH_NA = "This search request is well formed, but no search this trip needs looks like it. " + _REVISE
+SEARCH_OK = "Search accepted: the arguments are right."
+SEARCH_REPEAT = ("Search accepted, but the <{aspect}> options already came back from an earlier search; work with "
+                 "those results.")
+SEARCH_OPTIONS = "Every <{aspect}> option found:"
 ANSWER_MULTI = "You recommended several options at once. Recommend exactly one option per answer."
 ANSWER_BAD_ID = "'{id}' is not a valid option ID. An ID is a capital letter and a number, such as H1, F12 or C4."
-ANSWER_REPEAT = ("You have already recommended an option whose ID starts with '{letter}'. Only one option may be "
-                 "recommended per travel aspect; turn to the search, preferences and options of the other aspects.")
-VERDICT_BEST = "Your recommendation includes the best option!"
-VERDICT_BEST_WRONG = "Your recommendation includes the best option, but also wrong options."
-VERDICT_CORRECT = "Your recommendation includes a suitable option, but not the best one."
-VERDICT_CORRECT_WRONG = "Your recommendation includes a suitable option, but not the best one, and wrong options."
-VERDICT_NONE = "Your recommendation includes neither the best option nor a suitable one."
-RECORDED_ONE = (" The choice is recorded: do not recommend another option for this travel aspect. Carry on with the "
-                "other aspects of the trip.")
-RECORDED_ANY = " The choice is recorded: do not recommend these options again. Carry on with the conversation."
+ANSWER_REPEAT = ("An option starting with '{letter}' has been recommended already, and each travel aspect takes a "
+                 "single recommendation. Move on to searching, asking and recommending for the other aspects.")
+VERDICT_BEST = "Excellent: the best option is among your picks!"
+VERDICT_BEST_WRONG = "The best option is among your picks, but so are options that do not fit."
+VERDICT_CORRECT = "Your picks include an option that fits, though not the best one."
+VERDICT_CORRECT_WRONG = "Your picks include an option that fits, though not the best one, and options that do not fit."
+VERDICT_NONE = "None of your picks is the best option or one that fits."
+RECORDED_ONE = (" This recommendation is final: this travel aspect takes no further options. Go on with the other "
+                "aspects of the trip.")
+RECORDED_ANY = " This recommendation is final: leave these options out from now on. Go on with the conversation."
+FINISHED = "Conversation closed: {found} of {total} preferences came to light ({ratio:.2%})."
 INVALID_FORMAT = "The environment could not read this step: it must start with [action], [search] or [answer]."
 
 
@@ -263,8 +265,7 @@ class TravelGym(UserRLEnv):
             self.clear_user_turn()
             total = len(self.elicited) + len(self.remaining_prefs)
             ratio = len(self.elicited) / total if total else 0.0
-            feedback = (f"Session ended. You uncovered {len(self.elicited)}/{total} preferences "
-                        f"({ratio:.2%}).")
+            feedback = FINISHED.format(found=len(self.elicited), total=total, ratio=ratio)
             return self._finish(feedback, 0.0, True, {"choice": "finish"})
         return super().step(action_text)
 
@@ -310,7 +311,7 @@ class TravelGym(UserRLEnv):
         self.unsearched.remove(aspect)
         lines = [json.dumps(o, ensure_ascii=False) for o in self.options[aspect]]
         feedback = (f"{SEARCH_OK}\n\n{self.prompt('schema_' + aspect).strip()}\n\n"
-                    f"All options for <{aspect}>:\n" + "\n".join(lines)).strip()
+                    f"{SEARCH_OPTIONS.format(aspect=aspect)}\n" + "\n".join(lines)).strip()
         return self._search_reply(content, feedback, f"{SEARCH_OK} ... (option list omitted) ...",
                                   self.cfg["search_correct_reward"], "correct", aspect)
 

@@ -9,7 +9,7 @@ in this project's own code):
   for the host). The host's answer is the step's feedback, verbatim: UserRL takes the `response` field of the
   host's JSON as is and does not check it against Yes/No/Maybe, so neither does this gym. A host that answers in
   UserRL's JSON form `{"thought", "response"}` has its `response` shown and its `thought` kept private; a JSON
-  answer without a `response` text is a failed host turn (INVALID; UserRL shows "Feedback not available" with
+  answer without a `response` text is a failed host turn (INVALID; UserRL shows a fixed no-feedback text with
   reward 0). Reward: the shaped 0 (below).
 * `[answer] <story>` -- the judge (`ask_parsed`, role "judge") scores each rubric statement of the story's
   `evaluation` list 0 / 0.5 / 1 (the rubric is shown without its weights). The story's score is
@@ -29,7 +29,7 @@ in this project's own code):
 
 Choices where UserRL is ambiguous or failure-prone (recorded here):
 * Judge answers: UserRL `literal_eval`s the text and multiplies any value it finds; a failed parse or a wrong
-  number of scores gives "Feedback not available" and reward 0. Here a judge answer must be a JSON object whose
+  number of scores gives a fixed no-feedback text and reward 0. Here a judge answer must be a JSON object whose
   `scores` list has one entry per statement, each `score` one of 0, 0.5, 1 (the values the judge is told to use);
   anything else is asked again once, then the episode is INVALID (project rule: failures are never a reward 0).
 * Termination tolerance: the in-order float sum of some rubrics is 0.9999999999999999 for a perfect answer (138
@@ -54,6 +54,11 @@ from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, parse_js
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 STORY_FILE = "all_stories_refined.json"
+# feedback of an [answer] (this project's wording); the covered statements go between header and footer
+COVERED_HEADER = "Key points your story already captures:"
+COVERED_FOOTER = ("Parts of the hidden story may still be missing: more questions, then another answer, can earn "
+                  "more.")
+NONE_COVERED = "None of the key points shows up in your story so far."
 JUDGE_VALUES = (0, 0.5, 1)  # the only per-statement judgments a judge may give
 
 
@@ -90,7 +95,7 @@ def host_answer(env: UserRLEnv, utterance: str) -> str:
 
 def check_shaping(name: str, reward_scale: float, step_penalty: float) -> None:
     if not isinstance(reward_scale, (int, float)) or not reward_scale > 0:
-        raise EnvError(f"{name}: reward_scale must be positive, got {reward_scale!r}")
+        raise EnvError(f"{name}: reward_scale must be > 0, got {reward_scale!r}")
     if not isinstance(step_penalty, (int, float)) or not math.isfinite(step_penalty):
         raise EnvError(f"{name}: step_penalty must be a number, got {step_penalty!r}")
 
@@ -194,7 +199,7 @@ class TurtleGym(UserRLEnv):
             if key not in story:
                 raise EnvError(f"{self.name}: the story has no {key!r} (use load_stories)")
         if not isinstance(success_threshold, (int, float)) or not 0 <= success_threshold <= 1:
-            raise EnvError(f"{self.name}: success_threshold must be between 0 and 1, got {success_threshold!r}")
+            raise EnvError(f"{self.name}: success_threshold must lie in [0, 1], got {success_threshold!r}")
         if not isinstance(threshold_tolerance, (int, float)) or not 0 <= threshold_tolerance < 0.01:
             raise EnvError(f"{self.name}: threshold_tolerance must be in [0, 0.01), got {threshold_tolerance!r}")
         check_shaping(self.name, reward_scale, step_penalty)
@@ -241,11 +246,9 @@ class TurtleGym(UserRLEnv):
         self.best_score = max(self.best_score, score)
         covered = [c["statement"] for c, j in zip(criteria, judgments) if j == 1]
         if covered:
-            feedback = ("Your story gets these key points right:\n" + "\n".join(f"- {s}" for s in covered)
-                        + "\nThe hidden story may hold more than you have found. Keep asking questions, and answer "
-                          "again when you know more.")
+            feedback = "\n".join([COVERED_HEADER, *(f"- {s}" for s in covered), COVERED_FOOTER])
         else:
-            feedback = "Your story does not get any of the key points right yet."
+            feedback = NONE_COVERED
         terminated = score >= self.success_threshold - self.threshold_tolerance
         info = {"score": score, "best_score": self.best_score, "judgments": list(judgments), "covered": covered}
         return feedback, self._reward(base), terminated, info
