@@ -233,7 +233,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
         elif id(ep) in given and ep.user_view is not None:
             ep.user_view.append({"role": "user", "content": msgs[-1]["content"]})
         rendered = render_messages(tok, msgs, enable_thinking=cfg.agent_thinking, add_generation_prompt=False,
-                                   tools=tools)
+                                   tools=tools if getattr(ep.task.env, "tool_mode", True) else None)
         _add(ep, "public", rendered.ids)
 
     while True:

@@ -71,8 +71,10 @@ class MetricsLogger:
     STDOUT_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")
 
     def __init__(self, workdir: str, *, total_steps: int, start_step: int, log_every: int = 1,
-                 tensorboard: bool = True, progress_bar: bool = True, stage: str = ""):
+                 tensorboard: bool = True, progress_bar: bool = True, stage: str = "",
+                 stdout_keys: tuple[str, ...] | None = None):
         self.primary = jax.process_index() == 0
+        self.stdout_keys = self.STDOUT_KEYS if stdout_keys is None else tuple(stdout_keys)
         self.log_every = log_every
         self.total = total_steps
         self.stage = stage
@@ -126,7 +128,7 @@ class MetricsLogger:
                                  tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
         if step % self.log_every == 0 or step == self.total:
             parts = [f"{self.stage} step {step}/{self.total}"] + [
-                f"{k} {_fmt(record[k])}" for k in self.STDOUT_KEYS if k in record]
+                f"{k} {_fmt(record[k])}" for k in self.stdout_keys if k in record]
             self.write(" | ".join(parts))
             if self.tb is not None:
                 for k, v in record.items():

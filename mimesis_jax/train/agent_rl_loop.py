@@ -1,0 +1,444 @@
+"""Stage II end to end (paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
+
+    result = run(cfg, workdir)        # cfg: AgentRLConfig; resumes when workdir holds a checkpoint
+    python -m mimesis_jax agentrl --config configs/tiny_agentrl_csd.py --workdir runs/agent [--set ...]
+
+One RL step:
+1. draw `rollout.prompts_per_step` tasks from the gym mixture (envs/userrl/mixture.py, d by weight);
+2. run `rollout.group_size` dialogues per task against the frozen simulator (episode runner: the agent samples
+   token-exactly in-process; the simulator is in-process or a remote endpoint; gyms ask their user / judge);
+   every dialogue gets a rollout id never used before in the run;
+3. drop INVALID episodes (refusal, endpoint failure) from their groups and count them; a group left with fewer
+   than `rollout.min_valid_per_group` valid dialogues is skipped and counted -- never given raw-score advantages;
+4. turn rewards -> credits and group-normalised advantages (Eq 5-6 setting, algorithms/grpo.py);
+5. with CSD (rl.alpha > 0): the coach writes hindsight notes for every turn the simulator answered (Eq 7, one
+   batched call), inserted before each turn's assistant header;
+6. the kept groups are split into PPO mini-batches of `rollout.mini_batch_prompts` groups, each packed
+   (algorithms/rl_batch.py); old log-probs are fixed once for the whole step (the sampler's, or recomputed with
+   the pre-update parameters) BEFORE the first update, so from the second mini-batch on the ratios of Eq 5 move
+   away from 1 and clipping (Eq 6) acts;
+7. one optimizer update per mini-batch (train/agent_rl.py: Eq 6 + alpha Eq 10, global-norm clipping and the LR
+   schedule of `optimizer`); metrics.
+
+Checkpoints (train/checkpoint.py) hold params, optimizer state, step, RNG and the task sampler's state plus the
+next rollout id, so a resumed run reproduces the uninterrupted run's per-step metrics (the simulator, judge and
+coach run at temperature 0 and every sampling seed derives from (train.seed, step, rollout id)). SIGTERM finishes
+the current step, saves, and returns. Validation every `validation.every` steps runs the evaluation tasks at
+temperature 0 and logs their UserRL evaluation scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from mimesis_jax import config as config_lib
+from mimesis_jax import sharding
+from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
+                                TrainConfig)
+from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
+from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
+from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+
+STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s")
+
+
+# ------------------------------------------------------------------------------------------ config
+@dataclasses.dataclass(frozen=True)
+class UserSideConfig:
+    """The frozen sides: the user simulator, the gyms' judge, the CSD coach (spec syntax: rollout/specs.py)."""
+
+    simulator: str = "tiny"  # tiny | HF dir | training workdir | http(s)://host:port/v1 | toy-user (envs/toy.py)
+    simulator_model: str = ""  # remote: the served model name
+    simulator_style: str = ""  # how gyms ask it: simulator | assistant ("" = simulator if local, else assistant)
+    simulator_thinking: bool = True  # a local simulator writes <think> thought first (the coach reads it)
+    simulator_max_tokens: int = 512
+    key_env: str = ""  # remote: env var holding the API key ("" = no auth)
+    judge: str = ""  # "" = the simulator's weights (or endpoint) asked as an assistant
+    judge_model: str = ""
+    # "" = the simulator's weights (or endpoint) as an assistant + the coach prompt; toy-coach(-shuffled) with toy-user
+    coach: str = ""
+    coach_model: str = ""
+    coach_max_tokens: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = 128  # tasks per RL step (UserRL batch 128)
+    group_size: int = 8  # dialogues per task (paper Table 13)
+    mini_batch_prompts: int = 16  # tasks (whole groups) per optimizer update (UserRL mini-batch 16)
+    max_turns: int = 16  # agent turns per dialogue (Table 13)
+    agent_max_tokens: int = 8192  # per agent turn (Table 13: max response 8,192)
+    temperature: float = 1.0  # agent sampling temperature in training (Table 13)
+    row_len: int = 0  # packed row length; 0 = bucketed from the batch
+    min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
+    env_workers: int = 16  # env steps run concurrently (gyms wait on their user / judge)
+    travel_reward_variant: str = "train"  # TravelGym's reward table in training (UserRL: train)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationConfig:
+    every: int = 0  # steps between validations (0 = never)
+    sources: tuple[str, ...] = ("shipped:test",)
+    gyms: tuple[str, ...] = ()
+    max_tasks: int = 0  # 0 = every task once
+    temperature: float = 0.0  # Table 13: validation at temperature 0
+    travel_reward_variant: str = "eval"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentRLConfig:
+    model: ModelConfig  # the agent's architecture (checked against init.from_hf / from_workdir weights)
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    init: InitConfig = InitConfig()
+    users: UserSideConfig = UserSideConfig()
+    gyms: MixtureConfig = MixtureConfig()
+    rl: RLConfig = RLConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    optimizer: OptimizerConfig = OptimizerConfig(lr=1e-6, schedule="constant", clip_norm=1.0)
+    train: TrainConfig = TrainConfig(steps=100)
+    mesh: MeshConfig = MeshConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig(every=10)
+    validation: ValidationConfig = ValidationConfig()
+    name: str = ""
+    stage: str = "agentrl"
+
+    def replace(self, **kw) -> "AgentRLConfig":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return config_lib.to_dict(self)
+
+    def runtime_model(self) -> ModelConfig:
+        return self.model.replace(dtype=self.train.dtype, param_dtype="float32", remat=self.train.remat)
+
+    def updates_per_step(self) -> int:
+        return -(-self.rollout.prompts_per_step // self.rollout.mini_batch_prompts)
+
+    def validate(self) -> "AgentRLConfig":
+        def need(ok, key, msg):
+            if not ok:
+                raise ConfigError(f"config key '{key}': {msg}")
+
+        r = self.rollout
+        need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+        need(r.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO normalises within a group)")
+        need(1 <= r.mini_batch_prompts <= r.prompts_per_step, "rollout.mini_batch_prompts",
+             f"must be in [1, rollout.prompts_per_step={r.prompts_per_step}]")
+        need(r.max_turns >= 1, "rollout.max_turns", "must be >= 1")
+        need(r.agent_max_tokens >= 1, "rollout.agent_max_tokens", "must be >= 1")
+        need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
+        need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
+             f"must be in [2, rollout.group_size={r.group_size}]")
+        need(r.travel_reward_variant in ("train", "eval", "gym"), "rollout.travel_reward_variant",
+             "must be train, eval or gym")
+        need(self.validation.every >= 0, "validation.every", "must be >= 0")
+        need(self.train.steps >= 1, "train.steps", "must be >= 1")
+        need(self.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
+        need(self.optimizer.lr > 0, "optimizer.lr", "must be > 0")
+        need(self.optimizer.warmup_steps <= self.train.steps * self.updates_per_step(), "optimizer.warmup_steps",
+             "counts optimizer updates and must be <= train.steps x updates per step")
+        need(not (self.init.from_workdir and self.init.from_hf), "init.from_hf",
+             "set at most one of init.from_workdir and init.from_hf")
+        self.gyms.validate()
+        return self
+
+
+def load(path: str, overrides=()) -> AgentRLConfig:
+    try:
+        return config_lib.load_config(path, overrides, kind=AgentRLConfig)
+    except ValueError as e:  # RLConfig's own checks
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{path}: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------ sides
+@dataclasses.dataclass
+class UserSide:
+    simulator: Any  # for the runner's own user turn (free-text envs): the simulator in its own framing
+    gym_user: Any  # what gyms ask (SimulatorAsResponder around a simulator)
+    judge: Any
+    coach: Any
+    closers: list = dataclasses.field(default_factory=list)
+
+    def close(self):
+        for c in self.closers:
+            c.close()
+
+
+def build_user_side(u: UserSideConfig, trained_loader=None) -> UserSide:
+    from mimesis_jax.rollout.base import SimulatorAsResponder
+    from mimesis_jax.rollout.endpoints import LocalChatModel
+    from mimesis_jax.rollout.serve import BatchedChatModel
+    from mimesis_jax.rollout.specs import ModelSpec, chat_model_from_spec, local_model
+
+    from mimesis_jax.envs.toy import ToyCoach, ToyUser
+
+    key = u.key_env or None
+    if u.simulator == "toy-user":  # the rule-based ToyKeyword user (envs/toy.py): CPU toys and tests
+        toy = ToyUser()
+        coach = ToyCoach() if u.coach in ("", "toy-coach") else ToyCoach(shuffle_seed=0) \
+            if u.coach == "toy-coach-shuffled" else None
+        if coach is None:
+            raise ConfigError(f"config key 'users.coach': with users.simulator=toy-user use toy-coach or "
+                              f"toy-coach-shuffled, got {u.coach!r}")
+        return UserSide(toy, SimulatorAsResponder(toy), toy, coach)
+    sim_spec = ModelSpec(u.simulator, model_name=u.simulator_model or None, api_key_env=key,
+                         max_tokens=u.simulator_max_tokens, thinking=u.simulator_thinking)
+    style = u.simulator_style or ("assistant" if sim_spec.remote else "simulator")
+    closers = []
+    if sim_spec.remote:
+        sim = chat_model_from_spec(sim_spec, style="assistant")
+        as_assistant = sim
+        gym_user = SimulatorAsResponder(sim) if style == "simulator" else sim
+    else:
+        base = local_model(sim_spec, role="user", model_type="qwen3_5", trained_loader=trained_loader)
+        sim = base
+        assistant = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
+                                   max_tokens=u.coach_max_tokens, name=f"{base.name}-assistant")
+        batched_sim, as_assistant = BatchedChatModel(base), BatchedChatModel(assistant)
+        closers += [batched_sim, as_assistant]
+        gym_user = SimulatorAsResponder(batched_sim) if style == "simulator" else batched_sim
+
+    def other(spec, model_name):
+        if not spec:
+            return as_assistant
+        m = chat_model_from_spec(ModelSpec(spec, model_name=model_name or None, api_key_env=key),
+                                 style="assistant", trained_loader=trained_loader)
+        if hasattr(m, "close"):
+            closers.append(m)
+        return m
+    return UserSide(sim, gym_user, other(u.judge, u.judge_model), other(u.coach, u.coach_model), closers)
+
+
+# ------------------------------------------------------------------------------------------ result
+@dataclasses.dataclass
+class AgentRLResult:
+    workdir: str
+    start_step: int
+    final_step: int
+    metrics: dict[int, dict]  # step -> the logged record, for the steps run in this call
+    preempted: bool
+    checkpoint_step: int | None
+
+
+def _mean(xs):
+    xs = [float(x) for x in xs]
+    return float(np.mean(xs)) if xs else 0.0
+
+
+def _group_filter(trajs, min_valid: int):
+    """(kept trajectories, invalid count, skipped groups): invalid episodes leave their group; a group with
+    fewer than `min_valid` valid dialogues is skipped whole."""
+    groups: dict[int, list] = {}
+    invalid = 0
+    for t in trajs:
+        if t.status != "ok":
+            invalid += 1
+            continue
+        groups.setdefault(t.group_id, []).append(t)
+    all_groups = {t.group_id for t in trajs}
+    kept, skipped = [], 0
+    for g in sorted(all_groups):
+        members = groups.get(g, [])
+        if len(members) < min_valid:
+            skipped += 1
+        else:
+            kept.append(members)
+    return kept, invalid, skipped
+
+
+def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, tokenizer=None,
+        trained_loader=None, handle_signals: bool = True, on_rollouts=None, log=print) -> AgentRLResult:
+    """Runs (or resumes) the agent RL stage in `workdir` (module docstring). `user_side` replaces the configured
+    simulator / judge / coach (tests: scripted models); `on_rollouts(step, trajectories)` sees each step's
+    dialogues after the coach (debugging, tests, custom logging)."""
+    from mimesis_jax.algorithms import csd, grpo
+    from mimesis_jax.data.tokenizer import load_tokenizer
+    from mimesis_jax.envs.userrl import scoring
+    from mimesis_jax.envs.userrl.episodes import episode_tasks
+    from mimesis_jax.rollout.endpoints import LocalChatModel
+    from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
+    from mimesis_jax.train.loop import _StopFlag, initial_params, model_config_for, state_shardings
+    from mimesis_jax.train.metrics import MetricsLogger
+    from mimesis_jax.train.optim import make_optimizer, make_schedule
+    from mimesis_jax.train.step import init_train_state
+
+    cfg = cfg.validate()
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
+    model_config = model_config_for(cfg, tok)
+    cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
+    run_dict = cfg.to_dict()
+    try:
+        mesh = sharding.make_mesh(cfg.mesh.axes())
+    except ValueError as e:
+        raise ConfigError(f"config section 'mesh': {e}") from None
+    total_updates = cfg.train.steps * cfg.updates_per_step()
+    tx = make_optimizer(cfg.optimizer, total_updates, model_config)
+    schedule = make_schedule(cfg.optimizer, total_updates)
+    step_fn = make_rl_step(model_config, tx, mesh, cfg.rl)
+    abs_state, shardings = state_shardings(model_config, tx, mesh)
+
+    tasks, dropped = build_tasks(cfg.gyms, tok)
+    if dropped:
+        log(f"gyms: dropped {sum(dropped.values())} task(s) with prompts of >= {cfg.gyms.max_prompt_tokens} "
+            f"tokens: {dropped}")
+    sampler = MixtureSampler(tasks, cfg.gyms.weight_map() or None, seed=cfg.train.seed)
+    val_tasks = []
+    if cfg.validation.every:
+        vcfg = MixtureConfig(sources=cfg.validation.sources, weights=(), gyms=cfg.validation.gyms,
+                             max_prompt_tokens=cfg.gyms.max_prompt_tokens)
+        val_tasks, _ = build_tasks(vcfg, tok)
+        if cfg.validation.max_tasks:
+            val_tasks = val_tasks[:cfg.validation.max_tasks]
+
+    ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+    latest = ckpt.latest_step()
+    if latest is not None:
+        state, data_state, stored = ckpt.restore(latest, abstract_like(abs_state, shardings))
+        changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
+        if changed:
+            log(f"resume: the run config differs from the checkpoint's in: {changed}")
+        sampler.restore(data_state["sampler"])
+        next_rid = int(data_state["next_rollout_id"])
+        log(f"resume: {workdir} from step {latest}")
+    else:
+        params = initial_params(cfg, model_config, mesh, shardings["params"], log)
+        init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
+        state = init(params, jax.random.fold_in(jax.random.key(cfg.train.seed), 1))
+        next_rid = 0
+        with open(os.path.join(workdir, "run_config.json"), "w") as f:
+            json.dump(run_dict, f, indent=2)
+    start = int(jax.device_get(state["step"]))
+    if start >= cfg.train.steps:
+        log(f"nothing to do: checkpoint step {start} >= train.steps={cfg.train.steps}")
+        ckpt.close()
+        return AgentRLResult(workdir, start, start, {}, False, latest)
+
+    own_side = user_side is None
+    side = build_user_side(cfg.users, trained_loader) if own_side else user_side
+    r = cfg.rollout
+    ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
+                         agent_temperature=r.temperature, user_temperature=0.0,
+                         user_thinking=cfg.users.simulator_thinking, user_max_tokens=cfg.users.simulator_max_tokens,
+                         env_workers=r.env_workers)
+    log(f"agentrl: {model_config.model_type} | mesh {dict(mesh.shape)} | {r.prompts_per_step} tasks x "
+        f"{r.group_size} dialogues per step, {cfg.updates_per_step()} updates per step | alpha {cfg.rl.alpha} | "
+        f"steps {start}->{cfg.train.steps}")
+    logger = MetricsLogger(workdir, total_steps=cfg.train.steps, start_step=start, log_every=cfg.train.log_every,
+                           tensorboard=cfg.train.tensorboard, progress_bar=cfg.train.progress_bar, stage="agentrl",
+                           stdout_keys=STDOUT_KEYS)
+    stop = _StopFlag(handle_signals)
+    step, saved, preempted = start, latest, False
+    history: dict[int, dict] = {}
+    render_note = csd.chat_note_renderer(tok)
+
+    def rollouts(params, task_list, temperature, seed, first_group, first_rid, group_size, travel_variant):
+        agent = LocalChatModel(model_config, params, tok, max_tokens=r.agent_max_tokens, name="agent")
+        eps = episode_tasks(task_list, group_size=group_size, first_group=first_group, first_rollout_id=first_rid,
+                            seed=seed, user=side.gym_user, judge=side.judge,
+                            gym_options={"TravelGym": {"reward_variant": travel_variant}})
+        ec = dataclasses.replace(ecfg, agent_temperature=temperature, seed=seed)
+        return run_episodes(agent, side.simulator, eps, ec, tokenizer=tok)
+
+    try:
+        while step < cfg.train.steps:
+            t0 = time.perf_counter()
+            seed = int(np.random.SeedSequence([cfg.train.seed, step + 1]).generate_state(1)[0])
+            drawn = sampler.sample(r.prompts_per_step)
+            trajs = rollouts(state["params"], drawn, r.temperature, seed, step * r.prompts_per_step, next_rid,
+                             r.group_size, r.travel_reward_variant)
+            next_rid += len(trajs)
+            t1 = time.perf_counter()
+            kept, n_invalid, skipped = _group_filter(trajs, r.min_valid_per_group)
+            n_notes = 0
+            if cfg.rl.alpha > 0 and kept:
+                flat = [t for g in kept for t in g]
+                notes = csd.coach_notes_batch(side.coach, flat, decode=tok.decode,
+                                              max_tokens=cfg.users.coach_max_tokens, temperature=0.0)
+                for t, ns in zip(flat, notes):
+                    n_notes += csd.add_coach_notes(t, ns, render_note)
+            t2 = time.perf_counter()
+            if on_rollouts is not None:
+                on_rollouts(step + 1, trajs)
+            ms = []
+            if kept:
+                batches = []
+                for i in range(0, len(kept), r.mini_batch_prompts):
+                    chunk = [t for g in kept[i:i + r.mini_batch_prompts] for t in g]
+                    packed = prepare_batch(chunk, cfg.rl, rows_multiple=step_fn.rows_multiple(),
+                                           row_len=r.row_len or None)
+                    batches.append(step_fn.place(packed))
+                if cfg.rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
+                    batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
+                params, opt_state = state["params"], state["opt_state"]
+                for b in batches:
+                    params, opt_state, m = step_fn(params, opt_state, b)
+                    ms.append(jax.device_get(m))  # waits: never queue sharded CPU steps
+                state = dict(state, params=params, opt_state=opt_state)
+            step += 1
+            state["step"] = jax.numpy.asarray(step, jax.numpy.int32)
+            t3 = time.perf_counter()
+            rec = _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cfg,
+                               rollout_s=t1 - t0, coach_s=t2 - t1, train_s=t3 - t2,
+                               lr=float(schedule(max(0, step * cfg.updates_per_step() - 1))))
+            if cfg.validation.every and step % cfg.validation.every == 0 and val_tasks:
+                vt = rollouts(state["params"], val_tasks, cfg.validation.temperature, 12345, 0, 1 << 30, 1,
+                              cfg.validation.travel_reward_variant)
+                summ = scoring.summarize([scoring.score_trajectory(t) for t in vt])
+                for gym, s in summ.items():
+                    rec[f"val/{gym}"] = s.mean_eval_score
+                rec["val/overall"] = scoring.overall_score(summ)
+                rec["val/invalid"] = sum(s.invalid for s in summ.values())
+            history[step] = rec
+            logger.log(step, rec)
+            preempted = stop.is_set()
+            if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or preempted:
+                ckpt.save(step, state, {"sampler": sampler.state, "next_rollout_id": next_rid}, run_dict)
+                saved = step
+            if preempted:
+                logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to resume")
+                break
+    finally:
+        stop.restore()
+        logger.close()
+        ckpt.close()
+        if own_side:
+            side.close()
+    return AgentRLResult(workdir, start, step, history, preempted, saved)
+
+
+def _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cfg, **timing) -> dict:
+    valid = [t for t in trajs if t.status == "ok"]
+    score = lambda t: grpo.trajectory_score(t.turn_rewards, cfg.rl.score, cfg.rl.gamma)  # noqa: E731
+    rec: dict[str, Any] = {
+        "reward_mean": _mean(score(t) for t in valid),
+        "train_reward_mean": _mean(scoring.training_reward([s.get("reward", 0.0) for s in t.env_info])
+                                   for t in valid),
+        "episodes": len(trajs), "invalid": n_invalid, "invalid_frac": n_invalid / max(1, len(trajs)),
+        "skipped_groups": skipped, "trained_groups": len(kept), "updates": len(ms), "coach_notes": n_notes,
+        "turns_mean": _mean(t.num_agent_turns for t in trajs),
+    }
+    for gym in sorted({t.task.get("gym", "?") for t in trajs}):
+        rec[f"reward/{gym}"] = _mean(score(t) for t in valid if t.task.get("gym") == gym)
+    agent_tokens = sum(len(s.tokens) for t in trajs for s in t.segments if s.kind == "agent")
+    rec.update(timing)
+    rec["rollout_tokens_per_s"] = agent_tokens / max(timing["rollout_s"], 1e-9)
+    keys = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "clip_frac", "entropy", "approx_kl",
+            "grad_norm")
+    for k in keys:
+        rec[k] = _mean(float(m[k]) for m in ms if k in m) if ms else 0.0
+    if ms:
+        rec["clip_frac_last"] = float(ms[-1]["clip_frac"])
+        rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(timing["train_s"], 1e-9)
+    return rec
