@@ -153,6 +153,19 @@ def qwen3_5_model(size: str) -> ModelConfig:
     raise ConfigError(f"qwen3_5_model: unknown size {size!r} (expected '4b' or '9b')")
 
 
+def qwen3_model(size: str) -> ModelConfig:
+    """Architecture of the paper's agent backbone (Qwen3-8B, paper §4), as its HF config.json gives it: hidden
+    4096, MLP 12288, 36 layers, 32 query / 8 KV heads of 128, q/k RMSNorm, rope theta 1e6, untied embeddings,
+    vocab 151,936, 40,960 positions, eos <|im_end|> = 151,645. The downloaded config.json wins at load time
+    (`init.from_hf` refuses a checkpoint whose architecture differs)."""
+    if size != "8b":
+        raise ConfigError(f"qwen3_model: unknown size {size!r} (expected '8b')")
+    return ModelConfig(model_type="qwen3", vocab_size=151_936, hidden_size=4096, intermediate_size=12288,
+                       num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                       rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=False,
+                       max_position_embeddings=40_960, eos_token_id=151_645, bos_token_id=None, pad_token_id=None)
+
+
 # ------------------------------------------------------------------------------------------ checks
 def validate(cfg: RunConfig) -> RunConfig:
     """Cross-field checks; every error names its key."""

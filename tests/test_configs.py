@@ -1,5 +1,6 @@
 """Run configs: --set parsing and its named errors; the paper configs build abstractly (no arrays)."""
 
+import dataclasses
 import math
 import os
 import time
@@ -227,3 +228,24 @@ def test_model_vocab_from_tokenizer():
 def test_optimizer_and_train_defaults_are_valid():
     validate(RunConfig(stage="sft", model=BASE.model, data=SyntheticData(), optimizer=OptimizerConfig(),
                        train=TrainConfig()))
+
+
+def test_agent_rl_paper_configs_follow_table_13():
+    """configs/qwen3_8b_agentrl_{grpo,csd}.py: Table 13 and UserRL's inherited settings; an ~8.2B Qwen3 agent."""
+    from mimesis_jax.train import agent_rl_loop
+
+    grpo_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl_grpo.py"))
+    csd_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl_csd.py"))
+    for c in (grpo_cfg, csd_cfg):
+        assert c.train.steps == 100 and c.rollout.group_size == 8 and c.rollout.max_turns == 16
+        assert c.optimizer.lr == 1e-6 and c.rl.gamma == 0.8 and c.rl.beta == 5.0
+        assert c.rollout.temperature == 1.0 and c.validation.temperature == 0.0
+        assert c.train.dtype == "bfloat16" and c.train.remat == "full" and c.model.attention_impl == "blockwise"
+        assert c.gyms.max_prompt_tokens == 1152 and c.rollout.max_context_tokens == 1152 + 8192
+        assert (c.rollout.prompts_per_step, c.rollout.mini_batch_prompts, c.updates_per_step()) == (128, 16, 8)
+        assert (c.rl.eps_low, c.rl.eps_high, c.rl.loss_agg) == (0.2, 0.2, "token-mean")
+        assert math.prod(v for v in c.mesh.axes().values()) == 16
+    assert grpo_cfg.rl.alpha == 0.0 and csd_cfg.rl.alpha == 0.01
+    assert dataclasses.replace(csd_cfg.rl, alpha=0.0) == grpo_cfg.rl
+    n = sum(math.prod(x.shape) for x in jax.tree.leaves(models.abstract_params(grpo_cfg.model)))
+    assert 8.1e9 < n < 8.3e9, n

@@ -75,7 +75,8 @@ class RolloutConfig:
     group_size: int = 8  # dialogues per task (paper Table 13)
     mini_batch_prompts: int = 16  # tasks (whole groups) per optimizer update (UserRL mini-batch 16)
     max_turns: int = 16  # agent turns per dialogue (Table 13)
-    agent_max_tokens: int = 8192  # per agent turn (Table 13: max response 8,192)
+    agent_max_tokens: int = 8192  # per agent turn
+    max_context_tokens: int = 0  # a dialogue ends (status ok) before its context would pass this (0 = no limit)
     temperature: float = 1.0  # agent sampling temperature in training (Table 13)
     row_len: int = 0  # packed row length; 0 = bucketed from the batch
     min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
@@ -134,6 +135,9 @@ class AgentRLConfig:
              f"must be in [1, rollout.prompts_per_step={r.prompts_per_step}]")
         need(r.max_turns >= 1, "rollout.max_turns", "must be >= 1")
         need(r.agent_max_tokens >= 1, "rollout.agent_max_tokens", "must be >= 1")
+        need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
+        need(not (r.row_len and r.max_context_tokens and r.row_len < r.max_context_tokens), "rollout.row_len",
+             f"must be >= rollout.max_context_tokens={r.max_context_tokens} (a whole dialogue fits one row)")
         need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
         need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
              f"must be in [2, rollout.group_size={r.group_size}]")
@@ -330,6 +334,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     r = cfg.rollout
     ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
                          agent_temperature=r.temperature, user_temperature=0.0,
+                         max_context_tokens=r.max_context_tokens or None,
                          user_thinking=cfg.users.simulator_thinking, user_max_tokens=cfg.users.simulator_max_tokens,
                          env_workers=r.env_workers)
     log(f"agentrl: {model_config.model_type} | mesh {dict(mesh.shape)} | {r.prompts_per_step} tasks x "
