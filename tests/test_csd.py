@@ -290,7 +290,9 @@ def test_fused_loss_gradient_equals_naive(mesh_name, teacher, trajectories, grad
 
 
 # --------------------------------------------------------------------- no backward work for branches
-_T, _TB = 56, 37  # lengths no other dim shares: branch work shows up as dims 37, 36 (= Tb - 1) or 93 (= T + Tb)
+# lengths no other dim shares: branch work shows up as dims 37 (Tb), 93 (T + Tb) or 23 (branch head positions);
+# the student's head runs on 19 positions (the trunk's agent tokens)
+_T, _TB, _KA, _KC = 56, 37, 19, 23
 _IMPLS = {"dense": {}, "blockwise": dict(attention_impl="blockwise", attention_block_q=16, attention_block_k=16)}
 
 
@@ -301,8 +303,9 @@ def _small_packed():
             Segment("coach", [60, 61, 62, 63]), Segment("public", [30, 31]),
             Segment("agent", [70, 71, 72, 73, 74, 75], logprobs=[-1.0] * 6)]
     tr = Trajectory(segs, turn_rewards=[1.0, 0.0])
-    packed = pack_trajectories([tr], [[1.0, -0.5]], row_len=_T, branch_len=_TB)
+    packed = pack_trajectories([tr], [[1.0, -0.5]], row_len=_T, branch_len=_TB, head_len=_KA, branch_head_len=_KC)
     assert packed.arrays["tokens"].shape == (1, _T) and packed.arrays["branch_tokens"].shape == (1, _TB)
+    assert packed.arrays["head_idx"].shape == (1, _KA) and packed.arrays["branch_head_idx"].shape == (1, _KC)
     return {k: jnp.asarray(v) for k, v in packed.arrays.items()}
 
 
@@ -328,7 +331,7 @@ def test_branches_do_no_backward_work(remat, scan, impl):
     cfg = CFG.replace(remat=remat, scan_layers=scan, **_IMPLS[impl])
     batch, params = _small_packed(), scaled_params(cfg)
     rl = RLConfig(alpha=1.0)
-    branch_dims = {_TB, _TB - 1, _T + _TB}
+    branch_dims = {_TB, _TB - 1, _T + _TB, _KC}
 
     def backward_dims(loss):  # the jaxpr of the vjp function alone (residuals in), traced abstractly
         leaves, tree = jax.tree.flatten(jax.eval_shape(lambda p: jax.vjp(loss, p)[1], params))
@@ -337,8 +340,10 @@ def test_branches_do_no_backward_work(remat, scan, impl):
         return _dims_in(bwd.jaxpr)
 
     fwd_dims = _dims_in(jax.make_jaxpr(lambda p: rl_loss(cfg, rl, p, batch)[0])(params).jaxpr)
-    assert {_TB, _TB - 1} <= fwd_dims, "the forward must run the branches"
-    assert not backward_dims(lambda p: rl_loss(cfg, rl, p, batch)[0]) & branch_dims
+    assert {_TB, _KC} <= fwd_dims, "the forward must run the branches and their LM head"
+    bwd = backward_dims(lambda p: rl_loss(cfg, rl, p, batch)[0])
+    assert _KA in bwd, "the student's LM head (on its gathered positions) must show in the backward"
+    assert not bwd & branch_dims
 
     def leaky(p):  # negative control: a teacher score that (wrongly) differentiates through the LM head
         h, hb = hidden_states(cfg, p, batch["tokens"], batch["positions"], batch["segment_ids"], {

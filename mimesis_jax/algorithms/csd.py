@@ -3,8 +3,9 @@
 Pieces, each named after what it computes:
 
 * Eq 7, the coach: `build_coach_prompt` (the documented template below) and `coach_notes` /
-  `coach_notes_batch`, which ask any `ChatModel` for one hindsight note per agent turn; `coach_note_message` + `add_coach_notes` turn a note into
-  a coach segment placed before the turn's assistant header (rollout/trajectory.py placement rule).
+  `coach_notes_batch`, which ask any `ChatModel` for one hindsight note per agent turn; `coach_note_message` +
+  `add_coach_notes` turn a note into a coach segment placed before the turn's assistant header
+  (rollout/trajectory.py placement rule).
 * Eq 8 `csd_delta`, Eq 9 `csd_weights`, Eq 10 `csd_loss`, Eq 11 `combined_loss`.
 * The scoring passes over a packed batch (algorithms/rl_batch.py):
   `fused_logprobs` -- ONE pass through the layers: the trunk (student sequences, with gradient) and one
@@ -14,6 +15,10 @@ Pieces, each named after what it computes:
   the backward jaxpr and the compiled FLOPs, with and without remat, scanned and unrolled layers).
   `naive_packed_logprobs` -- the reference: each coached turn's full teacher sequence as its own row through
   the plain forward (no gradient).
+  The LM head and its log-softmax run only where a log-prob is used: at the hidden states that predict the
+  agent tokens of the trunk (batch['head_idx']) and the coached agent tokens of the branches
+  (batch['branch_head_idx']); a fixed, bucketed count per row (rl_batch), gathered before `logprobs_from_hidden`.
+  Every log-prob is log_softmax(logits / temperature) (the sampling temperature; 1 by default).
 * `score(config, params, trajectories)` -> per trajectory, per agent segment, (student, teacher) log-probs;
   `naive_score` computes the same one sequence at a time through `logprobs.token_logprobs` (tests, benchmarks).
 
@@ -241,31 +246,64 @@ def _gather_teacher(src: jax.Array, batch) -> jax.Array:
     return jnp.take_along_axis(src, batch["teacher_src"], axis=1)
 
 
-def student_logprobs(config: ModelConfig, params, batch) -> jax.Array:
-    """Student log-probs [B, T] (token-aligned, with gradient) from the trunk alone."""
+def _head_logprobs(config: ModelConfig, params, h: jax.Array, tokens: jax.Array, idx: jax.Array,
+                   temperature) -> jax.Array:
+    """log p(tokens[b, idx[b, k]] | prefix) [B, K] from the hidden states [B, T, D] at idx - 1 only: the LM head
+    and its log-softmax run on K gathered positions instead of all T."""
+    hk = jnp.take_along_axis(h, jnp.maximum(idx - 1, 0)[..., None], axis=1)
+    return logprobs_from_hidden(config, params, hk, jnp.take_along_axis(tokens, idx, axis=1), temperature)
+
+
+def _scatter_rows(lp: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B, K] values of the mask's tokens in row order -> [B, T] token-aligned (0 off the mask). The k-th masked
+    token of a row takes entry k (cumulative count - 1): a gather, so its transpose is a scatter-add."""
+    on = mask > 0
+    slot = jnp.clip(jnp.cumsum(on, axis=1, dtype=jnp.int32) - 1, 0, lp.shape[1] - 1)
+    return jnp.where(on, jnp.take_along_axis(lp, slot, axis=1), 0.0)
+
+
+def _student_from_hidden(config: ModelConfig, params, h: jax.Array, batch, temperature) -> jax.Array:
     toks = batch["tokens"]
-    h, _ = hidden_states(config, params, toks, batch["positions"], batch["segment_ids"])
-    return _token_aligned(logprobs_from_hidden(config, params, h[:, :-1], toks[:, 1:]))
+    if "head_idx" in batch:
+        return _scatter_rows(_head_logprobs(config, params, h, toks, batch["head_idx"], temperature),
+                             batch["agent_mask"])
+    # no head positions (a batch of trunk keys only): every position through the head
+    return _token_aligned(logprobs_from_hidden(config, params, h[:, :-1], toks[:, 1:], temperature))
 
 
-def fused_logprobs(config: ModelConfig, params, batch) -> tuple[jax.Array, jax.Array]:
+def student_logprobs(config: ModelConfig, params, batch, temperature: float = 1.0) -> jax.Array:
+    """Student log-probs [B, T] (token-aligned, with gradient) from the trunk alone, log_softmax(logits / T).
+
+    With batch['head_idx'] the head runs on the agent tokens only and other entries are 0; without it, on every
+    position (the value at a non-agent token is then the log-prob of that token)."""
+    h, _ = hidden_states(config, params, batch["tokens"], batch["positions"], batch["segment_ids"])
+    return _student_from_hidden(config, params, h, batch, temperature)
+
+
+def fused_logprobs(config: ModelConfig, params, batch, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
     """(student [B, T] with gradient, teacher [B, T] stop-gradient) from ONE trunk + branches pass.
 
-    The teacher value is meaningful on coached agent tokens only (batch['coached_mask']).
+    The teacher value is meaningful on coached agent tokens only (batch['coached_mask']); the LM head runs on the
+    branch positions of batch['branch_head_idx'] (if present; else on every branch position).
     """
     toks = batch["tokens"]
     branch = {"tokens": batch["branch_tokens"], "positions": batch["branch_positions"],
               "branch_ids": batch["branch_ids"], "trunk_segment": batch["branch_trunk_segment"],
               "prefix_len": batch["branch_prefix_len"]}
     h, hb = hidden_states(config, params, toks, batch["positions"], batch["segment_ids"], branch)
-    student = _token_aligned(logprobs_from_hidden(config, params, h[:, :-1], toks[:, 1:]))
+    student = _student_from_hidden(config, params, h, batch, temperature)
     frozen = jax.lax.stop_gradient(params)
-    btoks = batch["branch_tokens"]
-    src = _token_aligned(logprobs_from_hidden(config, frozen, jax.lax.stop_gradient(hb[:, :-1]), btoks[:, 1:]))
-    return student, jax.lax.stop_gradient(_gather_teacher(src, batch))
+    hb, btoks = jax.lax.stop_gradient(hb), batch["branch_tokens"]
+    if "branch_head_idx" in batch:
+        teacher = _scatter_rows(_head_logprobs(config, frozen, hb, btoks, batch["branch_head_idx"], temperature),
+                                batch["coached_mask"])
+    else:
+        src = _token_aligned(logprobs_from_hidden(config, frozen, hb[:, :-1], btoks[:, 1:], temperature))
+        teacher = _gather_teacher(src, batch)
+    return student, jax.lax.stop_gradient(teacher)
 
 
-def naive_packed_logprobs(config: ModelConfig, params, batch) -> jax.Array:
+def naive_packed_logprobs(config: ModelConfig, params, batch, temperature: float = 1.0) -> jax.Array:
     """Reference teacher: every coached turn's full teacher sequence as its own row ([B, K, Tn]) through the
     plain forward with stop-gradient parameters; returns the token-aligned teacher log-probs [B, T]."""
     B, K, Tn = batch["naive_tokens"].shape
@@ -273,17 +311,18 @@ def naive_packed_logprobs(config: ModelConfig, params, batch) -> jax.Array:
     frozen = jax.lax.stop_gradient(params)
     toks = flat(batch["naive_tokens"])
     h, _ = hidden_states(config, frozen, toks, flat(batch["naive_positions"]), flat(batch["naive_segment_ids"]))
-    src = _token_aligned(logprobs_from_hidden(config, frozen, h[:, :-1], toks[:, 1:])).reshape(B, K * Tn)
-    return jax.lax.stop_gradient(_gather_teacher(src, batch))
+    src = _token_aligned(logprobs_from_hidden(config, frozen, h[:, :-1], toks[:, 1:], temperature))
+    return jax.lax.stop_gradient(_gather_teacher(src.reshape(B, K * Tn), batch))
 
 
-def student_teacher_logprobs(config: ModelConfig, params, batch, teacher: str):
-    """(student, teacher-or-None) for a packed (micro-)batch; teacher in fused | naive | none."""
+def student_teacher_logprobs(config: ModelConfig, params, batch, teacher: str, temperature: float = 1.0):
+    """(student, teacher-or-None) for a packed (micro-)batch; teacher in fused | naive | none; both at the
+    sampling temperature T: log_softmax(logits / T)."""
     if teacher == "fused":
-        return fused_logprobs(config, params, batch)
-    student = student_logprobs(config, params, batch)
+        return fused_logprobs(config, params, batch, temperature)
+    student = student_logprobs(config, params, batch, temperature)
     if teacher == "naive":
-        return student, naive_packed_logprobs(config, params, batch)
+        return student, naive_packed_logprobs(config, params, batch, temperature)
     if teacher == "none":
         return student, None
     raise ValueError(f"teacher must be fused | naive | none, got {teacher!r}")

@@ -119,9 +119,22 @@ def _lse_bwd(seq_chunk, vocab_chunk, res, g):
 chunked_logsumexp.defvjp(_lse_fwd, _lse_bwd)
 
 
-def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets: jax.Array) -> jax.Array:
-    """log p(targets | hidden) [B, T] fp32 from final hidden states [B, T, D], memory-safe."""
+def _check_temperature(temperature) -> None:
+    if isinstance(temperature, (int, float)) and not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+
+
+def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets: jax.Array,
+                         temperature: float = 1.0) -> jax.Array:
+    """log p(targets | hidden) [B, T] fp32 from final hidden states [B, T, D], memory-safe.
+
+    temperature T: log_softmax(logits / T) (the sampler's distribution at temperature T); logits / T =
+    (hidden / T) . W, so the hidden states are scaled (in fp32) before the head.
+    """
+    _check_temperature(temperature)
     W = lm_head_weight(config, params)
+    if not (isinstance(temperature, (int, float)) and temperature == 1.0):
+        hidden = hidden.astype(jnp.float32) / temperature
     h = hidden.astype(config.compute_dtype)
     Wc = W.astype(config.compute_dtype)
     target_logit = jnp.einsum("btd,btd->bt", h.astype(jnp.float32),
@@ -130,16 +143,17 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets
     return target_logit - lse
 
 
-def token_logprobs(config: ModelConfig, params, input_ids, positions=None, segment_ids=None) -> jax.Array:
+def token_logprobs(config: ModelConfig, params, input_ids, positions=None, segment_ids=None,
+                   temperature: float = 1.0) -> jax.Array:
     """log p(input_ids[:, 1:] | prefix) [B, T-1] in float32; never materialises [B, T, V] logits.
 
-    Equals log_softmax(forward(...))[:, :-1] gathered at input_ids[:, 1:]. With packed rows the entry at a
-    segment boundary (first token of a segment predicted from the previous segment) is meaningless: callers
-    mask it (see `next_token_mask`).
+    Equals log_softmax(forward(...) / temperature)[:, :-1] gathered at input_ids[:, 1:]. With packed rows the
+    entry at a segment boundary (first token of a segment predicted from the previous segment) is meaningless:
+    callers mask it (see `next_token_mask`).
     """
     input_ids = jnp.asarray(input_ids, jnp.int32)
     h, _ = hidden_states(config, params, input_ids, positions, segment_ids)
-    return logprobs_from_hidden(config, params, h[:, :-1], input_ids[:, 1:])
+    return logprobs_from_hidden(config, params, h[:, :-1], input_ids[:, 1:], temperature)
 
 
 def next_token_mask(segment_ids: jax.Array) -> jax.Array:

@@ -20,10 +20,21 @@ A list of `rollout.trajectory.Trajectory` becomes one `PackedRL`:
 * **naive teacher rows** [B, K, Tn] (``teacher="naive"``, the reference path): each coached turn's full
   teacher sequence (Trajectory.teacher_sequence) as its own row, K rows per trunk row; ``teacher_src``
   indexes the flattened [K * Tn] axis.
+* **LM-head positions** (the head and its log-softmax run only there, see csd.py): ``head_idx`` [B, Ka], the
+  trunk index of every agent token of the row in row order (exactly the ones of ``agent_mask``; its log-prob
+  comes from the hidden state at index - 1), and with fused branches ``branch_head_idx`` [B, Kc], for the k-th
+  coached token of the row (row order, the ones of ``coached_mask``) its branch index (= its ``teacher_src``).
+  Entries past a row's count are 0 (index 0 is never an agent token).
 
-Shapes are bucketed (row length, branch length and row count rounded up on a geometric ladder, see `bucket`)
-so the jitted step compiles once per bucket. All counts that normalise the loss are taken over the whole batch
-here, before it is split into micro-batches or over devices.
+Rows (`_assign_rows`): first fit, longest trajectory first, gives the fewest rows; then the per-row teacher-branch,
+agent and coached tokens are balanced over the rows by a multi-dimensional first fit under the smallest caps that
+fit, because a branch is tied to its trunk row (it attends to its trajectory's trunk prefix), so the longest
+per-row branch block sets the branch row length Tb (and the longest per-row counts set the head counts). Shapes
+are bucketed so that the jitted step compiles once per bucket: the trunk row length on the coarse `bucket`
+ladder (usually fixed: the context limit), the row count, Tb and the head counts on finer ladders of their own
+(`ROW_STEPS`, `BRANCH_STEPS`, `HEAD_STEPS`).
+All counts that normalise the loss are taken over the whole batch here, before it is split into micro-batches or
+over devices.
 """
 
 from __future__ import annotations
@@ -41,6 +52,10 @@ TRUNK_KEYS = ("tokens", "positions", "segment_ids")
 TOKEN_KEYS = ("agent_mask", "coached_mask", "advantages", "old_logp", "grpo_weight", "csd_weight", "teacher_src")
 BRANCH_KEYS = ("branch_tokens", "branch_positions", "branch_ids", "branch_trunk_segment", "branch_prefix_len")
 NAIVE_KEYS = ("naive_tokens", "naive_positions", "naive_segment_ids")
+HEAD_KEYS = ("head_idx", "branch_head_idx")  # [B, Ka] always; [B, Kc] with fused branches
+ROW_STEPS = 8  # `bucket` ladder steps per octave of the row count: at most 1/9 of the rows left empty
+BRANCH_STEPS = 16  # ... of the branch row length: at most 1/17 padding from the ladder
+HEAD_STEPS = 8  # ... of the LM-head counts (head_idx, branch_head_idx)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,14 +104,18 @@ def split_microbatches(arrays: dict[str, np.ndarray], num_microbatches: int) -> 
     return {k: v.reshape((M, B // M) + v.shape[1:]) for k, v in arrays.items()}
 
 
-def bucket(n: int, multiple: int) -> int:
-    """The smallest `multiple` x m >= n with m on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (1 and 1.5 times
-    powers of two): at most ~2 log2(range) distinct shapes, at most 1/3 padding beyond the multiple."""
+def bucket(n: int, multiple: int, steps: int = 2) -> int:
+    """The smallest `multiple` x m >= n with m on a geometric ladder of `steps` values per octave: every integer up
+    to 2 x steps, then k x 2^e with steps <= k < 2 x steps. steps = 2: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (1 and 1.5
+    times powers of two; at most 1/3 padding beyond the multiple, ~2 log2(range) shapes); steps = 8: 1 .. 16, 18,
+    20, .., 30, 32, 36, ... (at most 1/9 padding, ~8 log2(range) shapes)."""
     m = max(1, int(math.ceil(n / multiple)))
-    if m <= 2:
+    if m <= 2 * steps:
         return m * multiple
-    p = 1 << (m - 1).bit_length()  # the power of two >= m
-    return (3 * p // 4 if 3 * p // 4 >= m else p) * multiple
+    e = 0
+    while steps << (e + 1) < m:
+        e += 1
+    return -(-m // (1 << e)) * (1 << e) * multiple
 
 
 # --------------------------------------------------------------------------------- per trajectory
@@ -147,19 +166,82 @@ def _layout(tr, idx: int, teacher: str) -> _Layout:
 
 
 # ------------------------------------------------------------------------------------------ packing
+def _first_fit(order, sizes: np.ndarray, caps, max_rows: int | None = None) -> list[list[int]] | None:
+    """First fit of the items in `order` into rows; sizes [dims, items], caps [dims]. None if more than
+    max_rows rows would be needed."""
+    caps = np.asarray(caps, np.int64)
+    used = np.zeros((0, len(caps)), np.int64)
+    rows: list[list[int]] = []
+    for i in order:
+        s = sizes[:, i]
+        fits = np.flatnonzero(np.all(used + s <= caps, axis=1))
+        if len(fits):
+            rows[fits[0]].append(i)
+            used[fits[0]] += s
+        elif max_rows is not None and len(rows) >= max_rows:
+            return None
+        else:
+            rows.append([i])
+            used = np.vstack([used, s[None]])
+    return rows
+
+
+def _assign_rows(sizes: np.ndarray, caps: Sequence[int | None], num_rows: int | None,
+                 rows_multiple: int) -> tuple[list[list[int]], int]:
+    """Trajectories -> rows (lists of trajectory indices) and the row count B.
+
+    sizes [D, N]: per trajectory its trunk tokens (dimension 0) and the per-row loads to balance (fused: branch
+    tokens, agent tokens, coached tokens; else agent tokens); caps [D]: the row length, then fixed caps or None.
+    1. First fit, longest trunk first: the fewest rows, R.
+    2. B = num_rows, else R on the `ROW_STEPS` ladder of rows_multiple.
+    3. Balance the loads over the B rows: caps = s x (the per-row mean of each load), s growing from 1 (or the
+       largest item) by 1/128 steps, until a first fit (items by decreasing max over dimensions of size / cap)
+       fits in B rows. The longest per-row load sets the branch row length and the head counts, so this is
+       what keeps their padding low. Falls back to step 1's rows once the caps reach step 1's loads.
+    """
+    big = np.iinfo(np.int64).max // 4
+    fixed = np.array([big if c is None else int(c) for c in caps], np.int64)
+    base = _first_fit(np.argsort(-sizes[0], kind="stable"), sizes, fixed)
+    B = bucket(len(base), rows_multiple, ROW_STEPS) if num_rows is None else int(num_rows)
+    if B < len(base) or B % rows_multiple:
+        raise ValueError(f"num_rows={B}: the trajectories need {len(base)} rows of {caps[0]} tokens and the row "
+                         f"count must be a multiple of rows_multiple={rows_multiple}")
+    loads = sizes[1:]
+    mean = loads.sum(1) / B
+    on = mean > 0
+    if not on.any():
+        return base, B
+    hi = np.array([max(int(load[r].sum()) for r in base) for load in loads])  # step 1's loads
+    scale = max(1.0, float((loads.max(1)[on] / mean[on]).max()))
+    while True:
+        cap = np.minimum(np.where(on, np.ceil(scale * mean), big), fixed[1:]).astype(np.int64)
+        if np.all(cap >= hi):
+            return base, B
+        key = np.max(sizes / np.concatenate([fixed[:1], np.maximum(cap, 1)])[:, None], axis=0)
+        rows = _first_fit(np.argsort(-key, kind="stable"), sizes, np.concatenate([fixed[:1], cap]), max_rows=B)
+        if rows is not None:
+            return rows, B
+        scale *= 1 + 1 / 128
+
+
 def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[float]] | None = None, *,
                       teacher: str = "fused", loss_agg: str = "token-mean", use_rollout_logprobs: bool = True,
                       row_len: int | None = None, branch_len: int | None = None, naive_len: int | None = None,
-                      num_rows: int | None = None, rows_multiple: int = 1, pad_multiple: int = 64) -> PackedRL:
-    """Packs trajectories (first-fit, longest first) into trunk rows, teacher branches and per-token arrays.
+                      num_rows: int | None = None, head_len: int | None = None,
+                      branch_head_len: int | None = None, rows_multiple: int = 1,
+                      pad_multiple: int = 64) -> PackedRL:
+    """Packs trajectories into trunk rows, teacher branches, LM-head index arrays and per-token arrays.
 
     advantages[i][t]: the advantage of agent turn t of trajectory i (grpo.trajectory_turn_advantages); None
     gives zeros (scoring only). use_rollout_logprobs: take old log-probs from Segment.logprobs (an agent
     segment without them is an error); False leaves zeros for the step to recompute.
-    row_len / branch_len / naive_len / num_rows fix the shapes; None picks the `bucket` of the need (lengths on
-    the pad_multiple ladder, rows on the rows_multiple ladder, rows_multiple = e.g. micro-batches x
-    batch-sharding devices). In a training loop fix row_len (the context limit) and num_rows (the batch) so
-    that only the branch length varies, over a handful of buckets.
+    Rows: see `_assign_rows` (first fit by length, then the teacher-branch load balanced over the rows).
+    row_len / branch_len / naive_len / num_rows / head_len / branch_head_len fix the shapes; None picks the need
+    on a ladder (row_len: `bucket` of the longest trajectory; branch_len and the head counts: the longest per-row
+    need on the `BRANCH_STEPS` / `HEAD_STEPS` ladders of pad_multiple, head counts capped at the row lengths;
+    num_rows: the `ROW_STEPS` ladder of rows_multiple, e.g. micro-batches x batch-sharding devices). In a
+    training loop fix row_len (the context limit); the other shapes then vary over a handful of values each
+    (fix them too for exactly one compiled step: a batch that does not fit is an error).
     """
     if teacher not in TEACHER_MODES:
         raise ValueError(f"teacher must be one of {TEACHER_MODES}, got {teacher!r}")
@@ -182,47 +264,44 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
                                      "step's old_logprobs='recompute' or record them in the sampler")
                 if lp is not None and not np.all(np.isfinite(lp)):
                     raise ValueError(f"trajectory {i}: agent segment {a} has a non-finite rollout log-prob")
-    need_T = max(len(l.tokens) for l in lays)
-    T = bucket(need_T, pad_multiple) if row_len is None else int(row_len)
-    blen = [sum(len(b[0]) for b in l.branches) for l in lays]
+    trunk = np.array([len(l.tokens) for l in lays], np.int64)
+    T = bucket(int(trunk.max()), pad_multiple) if row_len is None else int(row_len)
+    blen = np.array([sum(len(b[0]) for b in l.branches) for l in lays], np.int64)
+    n_agent_tr = np.array([sum(n for _, n, _, _ in l.turns) for l in lays], np.int64)
+    n_coached_tr = np.array([sum(n for _, n, c, _ in l.turns if c is not None) for l in lays], np.int64)
     Tb_cap = None if branch_len is None else int(branch_len)
     for i, lay in enumerate(lays):
-        if len(lay.tokens) > T:
-            raise ValueError(f"trajectory {i}: {len(lay.tokens)} tokens exceed row_len={T}")
+        if trunk[i] > T:
+            raise ValueError(f"trajectory {i}: {trunk[i]} tokens exceed row_len={T}")
         if Tb_cap is not None and blen[i] > Tb_cap:
             raise ValueError(f"trajectory {i}: its teacher branches need {blen[i]} tokens > branch_len={Tb_cap}")
-
-    # first fit, longest first (stable): row -> list of trajectory indices
-    order = sorted(range(len(lays)), key=lambda i: -len(lays[i].tokens))
-    rows: list[list[int]] = []
-    used_t: list[int] = []
-    used_b: list[int] = []
-    for i in order:
-        for r in range(len(rows)):
-            if used_t[r] + len(lays[i].tokens) <= T and (Tb_cap is None or used_b[r] + blen[i] <= Tb_cap):
-                rows[r].append(i)
-                used_t[r] += len(lays[i].tokens)
-                used_b[r] += blen[i]
-                break
-        else:
-            rows.append([i])
-            used_t.append(len(lays[i].tokens))
-            used_b.append(blen[i])
-    B = bucket(len(rows), rows_multiple) if num_rows is None else int(num_rows)
-    if B < len(rows) or B % rows_multiple:
-        raise ValueError(f"num_rows={B}: the trajectories need {len(rows)} rows of {T} tokens and the row count "
-                         f"must be a multiple of rows_multiple={rows_multiple}")
+        if head_len is not None and n_agent_tr[i] > head_len:
+            raise ValueError(f"trajectory {i}: {n_agent_tr[i]} agent tokens > head_len={head_len}")
+        if branch_head_len is not None and n_coached_tr[i] > branch_head_len:
+            raise ValueError(f"trajectory {i}: {n_coached_tr[i]} coached tokens > branch_head_len={branch_head_len}")
     any_coached = any(l.branches or l.naive for l in lays)
     mode = teacher if any_coached else "none"
+    fused = mode == "fused"
+    if fused:  # balanced per row: branch tokens (-> Tb), agent tokens (-> Ka), coached tokens (-> Kc)
+        sizes, caps = np.stack([trunk, blen, n_agent_tr, n_coached_tr]), [T, Tb_cap, head_len, branch_head_len]
+    else:
+        sizes, caps = np.stack([trunk, n_agent_tr]), [T, head_len]
+    rows, B = _assign_rows(sizes, caps, num_rows, rows_multiple)
+    need = [max(int(x[r].sum()) for r in rows) for x in sizes]  # the longest per-row trunk and loads
+
+    def head_count(need: int, fixed: int | None, cap: int) -> int:
+        return min(bucket(need, pad_multiple, HEAD_STEPS), cap) if fixed is None else int(fixed)
 
     arr = {k: np.zeros((B, T), np.int32) for k in TRUNK_KEYS}
     for k in TOKEN_KEYS:
         arr[k] = np.zeros((B, T), np.int32 if k == "teacher_src" else np.float32)
+    arr["head_idx"] = np.zeros((B, head_count(need[-2 if fused else 1], head_len, T)), np.int32)
     seq_ids = np.full((B, T), -1, np.int64)
-    if mode == "fused":
-        Tb = bucket(max(used_b), pad_multiple) if Tb_cap is None else Tb_cap
+    if fused:
+        Tb = bucket(need[1], pad_multiple, BRANCH_STEPS) if Tb_cap is None else Tb_cap
         for k in BRANCH_KEYS:
             arr[k] = np.zeros((B, Tb), np.int32)
+        arr["branch_head_idx"] = np.zeros((B, head_count(need[3], branch_head_len, Tb)), np.int32)
     elif mode == "naive":
         K = max(sum(len(lays[i].naive) for i in row) for row in rows)
         need_n = max(len(s) for l in lays for s, _ in l.naive)
@@ -278,6 +357,12 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
                     nk += 1
                 bi += 1
             off += L
+    for r in range(B):  # the LM-head positions, in row order (0 = padding: index 0 is never an agent token)
+        a = np.flatnonzero(arr["agent_mask"][r])
+        arr["head_idx"][r, :len(a)] = a
+        if fused:
+            c = np.flatnonzero(arr["coached_mask"][r])
+            arr["branch_head_idx"][r, :len(c)] = arr["teacher_src"][r, c]
     n_agent = int(arr["agent_mask"].sum())
     n_coached = int(arr["coached_mask"].sum())
     arr["grpo_weight"] = loss_token_weights(arr["agent_mask"], seq_ids, loss_agg)

@@ -1,0 +1,217 @@
+"""Packing at scale (algorithms/rl_batch.py): the bucket ladders, the realistic length mix of benchmarks/bench_csd.py
+(trunk utilisation, branch padding, every token where it belongs), fixed shapes, the LM head on the agent positions
+only (== the full-position path, values and gradients) and the sampling temperature of the log-probs (== NumPy
+log_softmax(logits / T))."""
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
+from mimesis_jax import models
+from mimesis_jax.algorithms import csd
+from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
+from mimesis_jax.algorithms.rl_batch import HEAD_KEYS, bucket, pack_trajectories
+
+CFG = tiny_config()
+
+
+def _bench_csd():
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_csd.py"
+    spec = importlib.util.spec_from_file_location("bench_csd", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ------------------------------------------------------------------------------------------- ladders
+@pytest.mark.parametrize("steps", [2, 8, 16])
+def test_bucket_ladder_matches_its_definition(steps):
+    """Every integer up to 2 x steps, then k x 2^e with steps <= k < 2 x steps; padding < 1/(steps + 1) above."""
+    ladder = sorted(set(range(1, 2 * steps + 1)) | {k << e for e in range(24) for k in range(steps, 2 * steps)})
+    for multiple in (1, 64):
+        for n in np.unique(np.geomspace(1, 3e6, 4000).astype(int)):
+            m = -(-int(n) // multiple)
+            want = next(v for v in ladder if v >= m)
+            assert bucket(int(n), multiple, steps) == multiple * want, (n, multiple)
+            if m > 2 * steps:
+                assert (want - m) / want < 1 / (steps + 1)
+
+
+# ------------------------------------------------------------------------------------- realistic mix
+def test_realistic_mix_meets_the_packing_targets_and_places_every_token():
+    """256 dialogues of the benchmark's length mix in rows of 24K: trunk utilisation >= 90%, branch padding
+    <= 15%, counted from the arrays; every student sequence, branch and LM-head index where it belongs."""
+    bench = _bench_csd()
+    rng = np.random.RandomState(7)
+    trajs = [bench.realistic_dialogue(rng, 150_000, i) for i in range(256)]
+    packed = pack_trajectories(trajs, teacher="fused", use_rollout_logprobs=False, row_len=24576)
+    a = packed.arrays
+    util = (a["segment_ids"] > 0).sum() / a["segment_ids"].size
+    pad = 1 - (a["branch_ids"] > 0).sum() / a["branch_ids"].size
+    print(f"rows {a['tokens'].shape}, branches {a['branch_ids'].shape}: trunk utilisation {util:.1%}, "
+          f"branch padding {pad:.1%}")
+    assert util >= 0.90 and pad <= 0.15
+    agents_in_row = {r: [] for r in range(a["tokens"].shape[0])}  # (trunk start, tokens) of every agent turn
+    coached_in_row = {r: [] for r in range(a["tokens"].shape[0])}
+    for tr, slots in zip(trajs, packed.turns):
+        r = slots[0].row
+        sid = a["segment_ids"][r, slots[0].start]
+        np.testing.assert_array_equal(a["tokens"][r][a["segment_ids"][r] == sid], tr.student_tokens())
+        want_branch = []
+        for slot, ai, c in zip(slots, tr.agent_indices(), tr.coach_for_turn()):
+            toks = tr.segments[ai].tokens
+            assert slot.row == r and slot.coached == (c is not None)
+            agents_in_row[r].append((slot.start, toks))
+            if c is not None:
+                coached_in_row[r].append((slot.start, toks))
+                want_branch += tr.segments[c].tokens + tr.segments[ai - 1].tokens + toks
+        mine = (a["branch_trunk_segment"][r] == sid) & (a["branch_ids"][r] > 0)
+        np.testing.assert_array_equal(a["branch_tokens"][r][mine], want_branch)
+    for r in agents_in_row:  # the head positions: the row's agent (coached) tokens in row order, then zeros
+        agent = np.concatenate([t for _, t in sorted(agents_in_row[r])] or [[]]).astype(np.int64)
+        coached = np.concatenate([t for _, t in sorted(coached_in_row[r])] or [[]]).astype(np.int64)
+        idx, bidx = a["head_idx"][r], a["branch_head_idx"][r]
+        np.testing.assert_array_equal(a["tokens"][r, idx[:len(agent)]], agent)
+        np.testing.assert_array_equal(a["branch_tokens"][r, bidx[:len(coached)]], coached)
+        assert not idx[len(agent):].any() and not bidx[len(coached):].any()
+
+
+def test_fixed_shapes_are_kept_and_overflow_is_an_error():
+    kw = dict(row_len=192, num_rows=4, branch_len=96, head_len=48, branch_head_len=48, pad_multiple=16)
+    want = {"tokens": (4, 192), "branch_tokens": (4, 96), "head_idx": (4, 48), "branch_head_idx": (4, 48)}
+    for seed in (3, 4):
+        packed = pack_trajectories(random_batch(seed, CFG.vocab_size, (3, 5, 2, 4)), **kw)
+        assert {k: packed.arrays[k].shape for k in want} == want
+    trajs = random_batch(3, CFG.vocab_size, (3, 5, 2, 4))
+    with pytest.raises(ValueError, match=r"trajectory \d: \d+ agent tokens > head_len=4"):
+        pack_trajectories(trajs, **{**kw, "head_len": 4})
+    with pytest.raises(ValueError, match=r"trajectory \d: \d+ coached tokens > branch_head_len=2"):
+        pack_trajectories(trajs, **{**kw, "branch_head_len": 2})
+    with pytest.raises(ValueError, match="num_rows=1: the trajectories need"):
+        pack_trajectories(trajs, **{**kw, "num_rows": 1, "row_len": 160})
+
+
+# ------------------------------------------------------------------------------ LM head at agent positions
+def _full_position_logprobs(config, params, batch):
+    """The previous path, written out: the LM head on every trunk and branch position, token-aligned, the
+    teacher gathered through teacher_src."""
+    branch = {"tokens": batch["branch_tokens"], "positions": batch["branch_positions"],
+              "branch_ids": batch["branch_ids"], "trunk_segment": batch["branch_trunk_segment"],
+              "prefix_len": batch["branch_prefix_len"]}
+    h, hb = models.hidden_states(config, params, batch["tokens"], batch["positions"], batch["segment_ids"], branch)
+    aligned = lambda lp: jnp.pad(lp, ((0, 0), (1, 0)))  # noqa: E731
+    s = aligned(logprobs_from_hidden(config, params, h[:, :-1], batch["tokens"][:, 1:]))
+    frozen = jax.lax.stop_gradient(params)
+    tb = aligned(logprobs_from_hidden(config, frozen, jax.lax.stop_gradient(hb)[:, :-1], batch["branch_tokens"][:, 1:]))
+    return s, jax.lax.stop_gradient(jnp.take_along_axis(tb, batch["teacher_src"], axis=1))
+
+
+def _dims(jaxpr) -> set:
+    dims = set()
+    for eqn in jaxpr.eqns:
+        for v in list(eqn.invars) + list(eqn.outvars):
+            dims.update(getattr(getattr(v, "aval", None), "shape", ()))
+        for p in eqn.params.values():
+            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    dims |= _dims(inner)
+    return dims
+
+
+def test_head_at_agent_positions_equals_the_full_position_path():
+    """Student and teacher log-probs and the gradient of a loss over them: gathered head == every position; the
+    gathered path never runs the head over the T - 1 or Tb - 1 shifted positions."""
+    T, Tb = 211, 137  # T - 1 = 210 and Tb - 1 = 136: dims nothing else has
+    trajs = random_batch(21, CFG.vocab_size, (4, 7, 2, 5, 1))
+    packed = pack_trajectories(trajs, teacher="fused", row_len=T, branch_len=Tb, pad_multiple=16)
+    batch = {k: jnp.asarray(v) for k, v in packed.arrays.items()}
+    assert batch["head_idx"].shape[1] < T and packed.num_coached_tokens > 0
+    params = scaled_params(CFG)
+    rng = np.random.RandomState(0)
+    wa = jnp.asarray(rng.randn(*batch["tokens"].shape) * packed.arrays["agent_mask"], jnp.float32)
+    wc = jnp.asarray(rng.randn(*batch["tokens"].shape) * packed.arrays["coached_mask"], jnp.float32)
+
+    def loss(fn):
+        def f(p, b):
+            s, t = fn(CFG, p, b)
+            return jnp.sum(wa * s) + jnp.sum(wc * jax.nn.sigmoid(t - jax.lax.stop_gradient(s)) * s), (s, t)
+        return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+    (l_ref, (s_ref, t_ref)), g_ref = loss(_full_position_logprobs)(params, batch)
+    (l_new, (s_new, t_new)), g_new = loss(csd.fused_logprobs)(params, batch)
+    agent, coached = packed.arrays["agent_mask"] > 0, packed.arrays["coached_mask"] > 0
+    np.testing.assert_allclose(np.asarray(s_new)[agent], np.asarray(s_ref)[agent], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(t_new)[coached], np.asarray(t_ref)[coached], rtol=1e-5, atol=1e-5)
+    assert not np.asarray(s_new)[~agent].any() and not np.asarray(t_new)[~coached].any()
+    np.testing.assert_allclose(float(l_new), float(l_ref), rtol=1e-5)
+    assert tree_rel_err(g_new, g_ref) <= 1e-5
+    # without the head keys (e.g. a batch of trunk keys only) the student falls back to every position
+    plain = {k: v for k, v in batch.items() if k not in HEAD_KEYS}
+    s_fb = np.asarray(jax.jit(lambda p, b: csd.student_logprobs(CFG, p, b))(params, plain))
+    np.testing.assert_allclose(s_fb[agent], np.asarray(s_ref)[agent], rtol=1e-5, atol=1e-5)
+    shifted = {T - 1, Tb - 1}
+    assert shifted <= _dims(jax.make_jaxpr(lambda p: _full_position_logprobs(CFG, p, batch))(params).jaxpr)
+    assert not shifted & _dims(jax.make_jaxpr(lambda p: csd.fused_logprobs(CFG, p, batch))(params).jaxpr)
+
+
+# --------------------------------------------------------------------------------------- temperature
+def _numpy_logprobs(params, seqs, temperature):
+    """log_softmax(logits / T) of each sequence from the full logits (one right-padded, causal forward), in
+    float64: per sequence, entry j = log p(seq[j + 1] | seq[:j + 1])."""
+    rows = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
+    for k, q in enumerate(seqs):
+        rows[k, :len(q)] = q
+    logits = np.asarray(models.forward(CFG, params, rows), np.float64) / temperature
+    z = logits - logits.max(-1, keepdims=True)
+    lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return [lsm[k, np.arange(len(q) - 1), np.asarray(q[1:])] for k, q in enumerate(seqs)]
+
+
+def test_temperature_is_log_softmax_of_the_scaled_logits():
+    """token_logprobs, student_logprobs and both teachers at T = 0.6, 1, 1.7 (T traced under jit and a Python
+    float) against NumPy on the full logits."""
+    params = scaled_params(CFG)
+    trajs = random_batch(4, CFG.vocab_size, (2, 3, 4))
+    students = [tr.student_tokens() for tr in trajs]
+    teachers = [[tr.teacher_sequence(k) if c is not None else None for k, c in enumerate(tr.coach_for_turn())]
+                for tr in trajs]
+    flat_t = [q for ts in teachers for q, _ in filter(None, ts)]
+    lp_tokens = jax.jit(lambda p, ids, T: token_logprobs(CFG, p, ids, temperature=T))
+    packs = {t: pack_trajectories(trajs, teacher=t, use_rollout_logprobs=False, pad_multiple=16)
+             for t in ("fused", "naive")}
+    both = {t: jax.jit(lambda p, b, T, t=t: csd.student_teacher_logprobs(CFG, p, b, t, temperature=T))
+            for t in packs}
+    student_only = jax.jit(lambda p, b, T: csd.student_logprobs(CFG, p, b, temperature=T))
+    for temperature in (0.6, 1.0, 1.7):
+        ref_s = _numpy_logprobs(params, students, temperature)
+        ref_t = iter(_numpy_logprobs(params, flat_t, temperature))
+        ref_t = [[None if x is None else next(ref_t) for x in ts] for ts in teachers]
+        np.testing.assert_allclose(np.asarray(lp_tokens(params, np.asarray(students[:1]), temperature))[0],
+                                   ref_s[0], rtol=1e-5, atol=1e-5)
+        eager = token_logprobs(CFG, params, np.asarray(students[:1]), temperature=temperature)  # a Python float
+        np.testing.assert_allclose(np.asarray(eager)[0], ref_s[0], rtol=1e-5, atol=1e-5)
+        for teacher, packed in packs.items():
+            batch = {k: jnp.asarray(v) for k, v in packed.arrays.items()}
+            s, t = map(np.asarray, both[teacher](params, batch, temperature))
+            s_only = np.asarray(student_only(params, batch, temperature))
+            n_coached = 0
+            for i, slots in enumerate(packed.turns):
+                for k, slot in enumerate(slots):
+                    sl = (slot.row, slice(slot.start, slot.start + slot.length))
+                    want = ref_s[i][slot.start - 1:slot.start - 1 + slot.length]
+                    np.testing.assert_allclose(s[sl], want, rtol=1e-5, atol=1e-5)
+                    np.testing.assert_allclose(s_only[sl], want, rtol=1e-5, atol=1e-5)
+                    if teachers[i][k] is not None:
+                        off = teachers[i][k][1]
+                        want_t = ref_t[i][k][off - 1:off - 1 + slot.length]
+                        np.testing.assert_allclose(t[sl], want_t, rtol=1e-5, atol=1e-5)
+                        n_coached += 1
+            assert n_coached >= 3
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logprobs(CFG, params, np.asarray(students[:1]), temperature=0.0)
