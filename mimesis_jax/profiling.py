@@ -6,13 +6,17 @@
   Backends without the analysis give None.
 * time: the minimum over `repeats` calls after one warm-up call, each blocked on its result (the minimum is the
   least noisy estimate on a shared machine; compilation is never timed).
+* compilations: `count_compilations()` counts the XLA programs compiled inside a block (to check that a loop
+  reuses its compiled programs: a new shape bucket compiles once, the same shapes never again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -80,3 +84,53 @@ def fmt_mib(n: int | float | None) -> str:
 
 def fmt_ms(t: float | None) -> str:
     return "  not run" if t is None else f"{t * 1e3:9.1f} ms"
+
+
+# ------------------------------------------------------------------------------------------- compilations
+# The event jax records (jax.monitoring) around every XLA backend compilation, with the program's name as
+# `fun_name` ("jit(f)" for jax.jit(f)); a persistent-compilation-cache hit is recorded too (it builds a program).
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@dataclasses.dataclass
+class Compilations:
+    """What `count_compilations` saw: the compiled programs' names, in order, and the seconds they took."""
+
+    names: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def count_of(self, fun_name: str) -> int:
+        """Programs whose name contains `fun_name` (a jitted function's __name__, e.g. "update" for "jit(update)").
+        Eager jax.numpy operations outside any jit compile small programs of their own; this leaves them out."""
+        return sum(fun_name in n for n in self.names)
+
+
+@contextlib.contextmanager
+def count_compilations() -> Iterator[Compilations]:
+    """Counts XLA compilations inside the block, through jax's public monitoring hooks::
+
+        with count_compilations() as c:
+            step(...)
+        c.count, c.count_of("update")
+
+    Compilations by other threads during the block are counted too (jax's listeners are process-wide); filter with
+    `count_of` by program name where that matters.
+    """
+    seen = Compilations()
+    lock = threading.Lock()
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            with lock:
+                seen.names.append(str(kwargs.get("fun_name", "")))
+                seen.seconds += float(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

@@ -82,15 +82,39 @@ def test_greedy_equals_argmax_forward_and_logprobs_equal_token_logprobs(model):
         np.testing.assert_allclose(s.logprobs, ref, atol=1e-5, rtol=0)
 
 
-def test_sampled_logprobs_are_temperature_one_logprobs(model):
-    """At temperature 0.7 with top-k/top-p the returned log-probs are still log pi at temperature 1, unfiltered."""
+@functools.partial(jax.jit, static_argnums=0)
+def _ref_logits(config, params, buf):
+    return models.forward(config, params, buf)
+
+
+def np_logprobs(config, params, prompt, new, temperature):
+    """Reference: NumPy log_softmax(logits / T) of the `forward` logits, at the positions of the new tokens."""
+    seq = list(prompt) + list(new)
+    z = np.asarray(_ref_logits(config, params, _padded(seq)), np.float64)[0, len(prompt) - 1:len(seq) - 1]
+    z = z / temperature
+    lse = z.max(-1) + np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1))
+    return z[np.arange(len(new)), list(new)] - lse
+
+
+def test_sampled_logprobs_are_at_the_sampling_temperature(model):
+    """At temperature 0.7 with top-k/top-p the returned log-probs are log softmax(logits / 0.7), unfiltered (the
+    default); logprob_temperature=1.0 gives temperature-1 log-probs of the same tokens, with no new program."""
     config, params = model
-    prompts = _prompts(config.vocab_size, (4, 9), seed=1)
-    out = gen(config, params, prompts, max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=30, seed=5)
-    for p, s in zip(prompts, out):
-        assert len(s.tokens) == 12
-        ref = ref_logprobs(config, params, p, s.tokens)
-        np.testing.assert_allclose(s.logprobs, ref, atol=1e-5, rtol=0)
+    prompts = _prompts(config.vocab_size, (4, 9, 6), seed=1)
+    kw = dict(max_new_tokens=12, top_p=0.9, top_k=30, seed=5)
+    out = gen(config, params, prompts, temperature=[0.7, 1.6, 0.0], **kw)
+    n = sampler.trace_count()
+    at1 = gen(config, params, prompts, temperature=[0.7, 1.6, 0.0], logprob_temperature=1.0, **kw)
+    assert sampler.trace_count() == n
+    for p, s, s1, t in zip(prompts, out, at1, (0.7, 1.6, 1.0)):  # a greedy request scores at T = 1
+        assert len(s.tokens) == 12 and s1.tokens == s.tokens
+        np.testing.assert_allclose(s.logprobs, np_logprobs(config, params, p, s.tokens, t), atol=2e-5, rtol=0)
+        np.testing.assert_allclose(s1.logprobs, np_logprobs(config, params, p, s.tokens, 1.0), atol=2e-5, rtol=0)
+    assert not np.allclose(out[0].logprobs, at1[0].logprobs, atol=1e-2)
+    with pytest.raises(ValueError, match="logprob_temperature"):
+        gen(config, params, prompts, temperature=0.7, logprob_temperature="greedy", **kw)
+    with pytest.raises(ValueError, match="logprob_temperature"):
+        gen(config, params, prompts, temperature=0.7, logprob_temperature=0.0, **kw)
 
 
 def test_same_seed_same_samples_different_seed_differs(model):
@@ -182,7 +206,8 @@ def test_choose_tokens_follows_the_filtered_distribution(temperature, top_k, top
     assert np.all(freq[ref == 0] == 0), "a filtered-out token was drawn"
     tol = 4.5 * np.sqrt(ref * (1 - ref) / n) + 1e-3  # ~4.5 standard errors per token
     assert np.all(np.abs(freq - ref) <= tol), f"frequencies {freq.round(4)} vs reference {ref.round(4)}"
-    lsm = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    z = logits.astype(np.float64) / temperature  # log-probs at the sampling temperature, unfiltered
+    lsm = z - np.log(np.exp(z - z.max()).sum()) - z.max()
     np.testing.assert_allclose(np.asarray(lp), lsm[np.asarray(tok)], atol=1e-5)
 
 

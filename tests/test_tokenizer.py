@@ -50,7 +50,7 @@ def test_round_trip_and_control_strings_stay_text(name, qwen3, qwen3_5, tmp_path
     tok = {"qwen3": qwen3, "qwen3_5": qwen3_5}.get(name) or load_tokenizer("tiny", cache_dir=str(tmp_path))
     controls = {tok.token_id(t) for t in T.CHAT_CONTROL_TOKENS} | {tok.pad_id}
     for s in STRINGS:
-        ids = tok.encode(s)
+        ids = tok.encode(s, parse_special=False)
         # Qwen tokenizers NFC-normalise (as the HF tokenizer.json and the wheel do); "tiny" keeps text as is.
         assert tok.decode(ids) == (s if name == "tiny" else unicodedata.normalize("NFC", s)), (name, s)
         assert not controls & set(ids), f"{name}: a control token was parsed out of {s!r}"
@@ -68,6 +68,7 @@ def test_hf_directory_spec_equals_built_qwen3(qwen3):
     hf = load_tokenizer("hf:" + qwen3.path)
     for s in STRINGS:
         assert hf.encode(s) == qwen3.encode(s)
+        assert hf.encode(s, parse_special=False) == qwen3.encode(s, parse_special=False)
     assert hf.im_end_id == qwen3.im_end_id and hf.vocab_size == qwen3.vocab_size
 
 
@@ -153,4 +154,52 @@ def test_hf_directory_without_tokenizer_json_goes_through_autotokenizer(tmp_path
     tok = load_tokenizer(f"hf:{tmp_path}")
     for s in STRINGS:
         assert tok.encode(s) == qwen3.encode(s), s
+        assert tok.encode(s, parse_special=False) == qwen3.encode(s, parse_special=False), s
     assert (tok.im_start_id, tok.think_end_id, tok.vocab_size) == (151644, 151668, 151669)
+
+
+# ------------------------------------------------------------------------- parsing added tokens (HF default)
+CHAT = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi"}]
+CHAT_TEXT = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+
+
+def test_qwen3_chat_string_parses_control_tokens_like_hf(qwen3):
+    """The issue's case: a chat string is 15 ids (one per control token), as HF tokenizers give by default.
+    Reference: the published Qwen ids of <|im_start|>system\n, "You are ... helpful ." (Qwen's default system
+    prompt pieces), user, Hi."""
+    want = [151644, 8948, 198, 2610, 525, 10950, 13, 151645, 198, 151644, 872, 198, 13048, 151645, 198]
+    assert qwen3.encode(CHAT_TEXT) == want
+    plain = qwen3.encode(CHAT_TEXT, parse_special=False)  # the old behaviour: control strings as text
+    assert len(plain) == 32 and qwen3.im_start_id not in plain and qwen3.decode(plain) == CHAT_TEXT
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_parse_special_equals_transformers(name, qwen3, qwen3_5):
+    """Every added token (special or not: <think>, <tool_call>, <|fim_prefix|> ...) is parsed, as transformers'
+    tokenizer.encode does; plain mode leaves all of them as text."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = {"qwen3": qwen3, "qwen3_5": qwen3_5}[name]
+    hf = PreTrainedTokenizerFast(tokenizer_file=os.path.join(tok.path, "tokenizer.json"))
+    added = [t for t, _ in T.QWEN_FAMILIES[name][3]]
+    texts = STRINGS + [CHAT_TEXT + "<think>\nok\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>",
+                       "x<|fim_prefix|>y<|im_end|><|im_end|>z", "<|im_start|><|im_start|", " ".join(added)]
+    for s in texts:
+        assert tok.encode(s) == hf.encode(s, add_special_tokens=False), s
+    ids = tok.encode(" ".join(added))
+    assert [i for i in ids if i >= T.QWEN_FAMILIES[name][1]] == [tok.token_id(t) for t in added]
+    plain = tok.encode(" ".join(added), parse_special=False)
+    assert max(plain) < T.QWEN_FAMILIES[name][1] and tok.decode(plain) == " ".join(added)
+
+
+def test_tiny_chat_string_gives_the_rendered_ids(tmp_path):
+    from mimesis_jax.data.chat import render_messages
+
+    tok = load_tokenizer("tiny", cache_dir=str(tmp_path))
+    rendered = render_messages(tok, CHAT, add_generation_prompt=True, enable_thinking=False)
+    text = tok.decode(rendered.ids)
+    assert text == CHAT_TEXT + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert tok.encode(text) == rendered.ids
+    assert tok.encode(text) == tok.sp.encode(text, out_type=int)  # sentencepiece's own user-defined symbols
+    plain = tok.encode(text, parse_special=False)
+    assert not set(plain) & {tok.token_id(t) for t in T.TINY_SYMBOLS} and tok.decode(plain) == text

@@ -126,7 +126,7 @@ class _Builder:
 
     def brk(self) -> None:
         if self._run:
-            ids = self.tok.encode("".join(self._run))
+            ids = self.tok.encode("".join(self._run), parse_special=False)  # message text never fakes a turn
             role, turn = self._run_owner
             self._append(ids, role, turn)
         self._run, self._run_owner = [], None

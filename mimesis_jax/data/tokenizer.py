@@ -8,9 +8,13 @@
 
 Three backends, one contract (`Tokenizer`):
 
-* ``encode(text)`` tokenizes *plain text*: strings such as ``"<|im_start|>"`` or ``"<think>"`` inside user text are
-  ordinary characters, never control tokens (a user cannot forge a turn boundary). Control tokens enter a sequence
-  only through ``token_id`` (the chat renderer in ``chat.py`` does that).
+* ``encode(text)`` parses the added/control tokens the tokenizer registers, as HF tokenizers do by default: the string
+  ``"<|im_start|>user\nHi<|im_end|>\n"`` gives ``[im_start_id, ..., im_end_id, ...]``, one id per control token
+  (HF backend: every added token of ``tokenizer.json``, special or not -- ``<think>``, ``<tool_call>`` ...;
+  sentencepiece: its user-defined and control pieces). ``encode(text, parse_special=False)`` tokenizes *plain text*:
+  those strings are ordinary characters, never control tokens, so text from a user or a dataset cannot forge a turn
+  boundary. The chat renderer (``chat.py``) encodes message text that way and adds control tokens through
+  ``token_id``.
 * ``encode`` is concatenation-friendly: no BOS/EOS and no dummy-prefix space are added, so joining the ids of text
   pieces split at control tokens gives the same ids as the HF tokenizer on the whole string.
 * ``decode(ids)`` is the inverse, control tokens included (``skip_special_tokens`` drops the tokens the backend marks
@@ -92,7 +96,8 @@ class Tokenizer:
         """Size of the id space: max id + 1 (models may pad their embedding beyond it)."""
         raise NotImplementedError
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`; added/control-token strings become their ids unless parse_special=False."""
         raise NotImplementedError
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
@@ -146,9 +151,9 @@ class HFTokenizer(Tokenizer):
 
     A directory with ``tokenizer.json`` is read directly with ``tokenizers`` (the file AutoTokenizer would wrap);
     any other directory goes through ``transformers.AutoTokenizer`` and must yield a fast tokenizer. Text is
-    encoded by the same pipeline minus the added tokens that would be parsed out of user text (every special one
-    and the chat control strings); decoding joins the plain decode of the runs between those tokens with their
-    strings.
+    encoded by that pipeline (``parse_special=True``: added tokens are split out first, exactly as HF does) or by
+    the same pipeline without any added token (``parse_special=False``: plain text); decoding joins the plain
+    decode of the runs between added tokens with their strings.
     """
 
     def __init__(self, path: str, name: str | None = None):
@@ -176,15 +181,14 @@ class HFTokenizer(Tokenizer):
         added = spec.get("added_tokens", [])
         self._added = {t["content"]: int(t["id"]) for t in added}
         self._special_ids = {int(t["id"]) for t in added if t.get("special")}
-        lifted = [t for t in added if t.get("special") or t["content"] in CHAT_CONTROL_TOKENS
-                  or t["content"] == ENDOFTEXT]
-        self._lifted = {int(t["id"]): t["content"] for t in lifted}
-        spec["added_tokens"] = [t for t in added if int(t["id"]) not in self._lifted]
+        self._lifted = {int(t["id"]): t["content"] for t in added}
         from tokenizers import Tokenizer as _TK
 
-        self._plain = _TK.from_str(json.dumps(spec))
-        self._plain.no_padding()
-        self._plain.no_truncation()
+        self._full = _TK.from_str(json.dumps(spec))  # HF's pipeline: added tokens parsed out of the text
+        self._plain = _TK.from_str(json.dumps(dict(spec, added_tokens=[])))  # the same without added tokens
+        for tk in (self._full, self._plain):
+            tk.no_padding()
+            tk.no_truncation()
         model_vocab = spec.get("model", {}).get("vocab") or {}
         ids = list(model_vocab.values()) if isinstance(model_vocab, dict) else [len(model_vocab) - 1]
         self._vocab_size = max(ids + list(self._added.values()) + [self._plain.get_vocab_size(True) - 1]) + 1
@@ -193,12 +197,12 @@ class HFTokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
         if not text:
             return []
-        return self._plain.encode(text, add_special_tokens=False).ids
+        return (self._full if parse_special else self._plain).encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         out, run = [], []
@@ -222,43 +226,53 @@ class HFTokenizer(Tokenizer):
 
 # ------------------------------------------------------------------------------------ sentencepiece backend
 class SentencePieceTokenizer(Tokenizer):
-    """A sentencepiece model. Control tokens are pieces looked up by name (user-defined symbols in "tiny")."""
+    """A sentencepiece model. Its registered tokens are its user-defined pieces (the chat control symbols in "tiny")
+    and its control pieces; ``parse_special=True`` maps their strings in text to their ids."""
 
     def __init__(self, model_file: str, name: str | None = None):
         import sentencepiece as spm
+        from sentencepiece import sentencepiece_model_pb2 as pb
 
         if not os.path.isfile(model_file):
             raise TokenizerError(f"sentencepiece: no model file {model_file!r}")
         self.name = name or model_file
         self.model_file = model_file
         self.sp = spm.SentencePieceProcessor(model_file=model_file)
-        unk = self.sp.unk_id()
-        self._symbols = {s: self.sp.piece_to_id(s) for s in TINY_SYMBOLS if self.sp.piece_to_id(s) != unk}
-        self._special_ids = {i for p, i in self._symbols.items() if p in _TINY_SPECIAL}
-        # Occurrences of the control symbols inside plain text must not become control tokens.
-        syms = sorted(self._symbols, key=len, reverse=True)
-        self._sym_re = re.compile("|".join(re.escape(s) for s in syms)) if syms else None
+        proto = pb.ModelProto()
+        proto.ParseFromString(self.sp.serialized_model_proto())
+        kinds = pb.ModelProto.SentencePiece
+        user = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == kinds.USER_DEFINED and p.piece}
+        control = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == kinds.CONTROL and p.piece}
+        self._symbols = control | user
+        self._special_ids = {i for p, i in self._symbols.items() if p in _TINY_SPECIAL} | set(control.values())
+        # sentencepiece itself always parses user-defined pieces out of text; plain text must escape them.
+        self._user_re = _alternation(user)
+        self._symbol_re = _alternation(self._symbols)
 
     @property
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
         if not text:
             return []
-        if self._sym_re is None:
+        sym_re = self._symbol_re if parse_special else self._user_re
+        if sym_re is None:
             return self.sp.encode(text, out_type=int)
         out: list[int] = []
         pos = 0
-        for m in self._sym_re.finditer(text):
+        for m in sym_re.finditer(text):
             if m.start() > pos:
                 out += self.sp.encode(text[pos:m.start()], out_type=int)
-            # Encode the symbol's characters as text: its first character alone, then the rest (which cannot
-            # match the symbol any more).
             s = m.group(0)
-            out += self.sp.encode(s[0], out_type=int) + self.sp.encode(s[1:], out_type=int)
+            if parse_special:
+                out.append(self._symbols[s])
+            else:
+                # The symbol's characters as text: its first character alone, then the rest (which cannot match
+                # the symbol any more).
+                out += self.sp.encode(s[0], out_type=int) + self.sp.encode(s[1:], out_type=int)
             pos = m.end()
         if pos < len(text):
             out += self.sp.encode(text[pos:], out_type=int)
@@ -275,6 +289,12 @@ class SentencePieceTokenizer(Tokenizer):
             return self._symbols[token]
         tid = self.sp.piece_to_id(token)
         return None if tid == self.sp.unk_id() or self.sp.id_to_piece(tid) != token else tid
+
+
+def _alternation(strings: Iterable[str]) -> re.Pattern | None:
+    """A regex matching any of `strings`, the longest first at each position (as HF's added-token split does)."""
+    ordered = sorted(strings, key=len, reverse=True)
+    return re.compile("|".join(re.escape(x) for x in ordered)) if ordered else None
 
 
 # ------------------------------------------------------------------------ Qwen tokenizers from .tiktoken files

@@ -3,7 +3,7 @@
     samples = generate(config, params, prompts, max_new_tokens=64, temperature=1.0, top_p=0.95,
                        stop_ids=(im_end_id,), seed=0, mesh=mesh)
     samples[i].tokens    # generated ids, through the stop token when one was produced
-    samples[i].logprobs  # log pi(token | prefix) at temperature 1 (unfiltered), what GRPO's ratio (Eq 5) needs
+    samples[i].logprobs  # log pi_T(token | prefix) at the request's sampling temperature T (unfiltered)
 
 How a call runs
 * **Buckets.** The batch is padded up to a batch bucket (a power of two, and a multiple of the mesh's batch
@@ -18,8 +18,14 @@ How a call runs
 * **Sampling** per row, from fp32 logits of the last position ([B, V], never [B, T, V]):
   temperature 0 = greedy (argmax); otherwise logits / temperature, then top-k (0 = off), then top-p (nucleus:
   the smallest prefix of the sorted distribution whose mass reaches p; 1.0 = off), then a categorical draw.
-  Tokens tied with the top-k / top-p threshold logit are kept. The returned log-prob is always
-  log_softmax(raw logits)[token], i.e. at temperature 1 and without filtering.
+  Tokens tied with the top-k / top-p threshold logit are kept.
+* **Log-probs** (`logprob_temperature`). By default ("sampling") the returned log-prob of a token is
+  log_softmax(logits / T)[token] at the request's own temperature T (T = 1 for a greedy request, T == 0): the
+  policy pi_T = softmax(logits / T) is the one the RL update must score (RLConfig.temperature = T), so that the
+  ratio pi_theta / pi_old of Eq 5 compares the same policy at the same temperature. They are NOT filtered by
+  top-k / top-p: the update scores full distributions (a vocab-chunked log-softmax, never a sorted, truncated
+  one), and an old log-prob from a renormalised nucleus would bias every ratio by the nucleus mass.
+  A float (e.g. 1.0, the former behaviour) scores every request at that temperature instead.
 * **Per-request settings.** `max_new_tokens`, `temperature`, `top_p`, `top_k` and `seed` take a scalar (shared)
   or a sequence with one value per prompt; `stop_ids` takes a sequence of ints (shared) or a sequence of
   sequences (per prompt).
@@ -114,16 +120,24 @@ def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.
 
 
 def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                  top_p: jax.Array, filtering: bool) -> tuple[jax.Array, jax.Array]:
-    """Picks one token per row from fp32 logits [B, V]; returns (tokens [B], log-probs at temperature 1 [B])."""
+                  top_p: jax.Array, filtering: bool, logprob_temperature: jax.Array | None = None
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Picks one token per row from fp32 logits [B, V]; returns (tokens [B], log-probs [B]).
+
+    The log-prob is log_softmax(logits / logprob_temperature)[token], unfiltered; logprob_temperature [B]
+    defaults to the sampling temperature (1 where a row is greedy).
+    """
     logits = logits.astype(jnp.float32)
+    if logprob_temperature is None:
+        logprob_temperature = jnp.where(temperature > 0.0, temperature, 1.0)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
     if filtering:
         scaled = filter_logits(scaled, top_k, top_p)
     drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, scaled).astype(jnp.int32)
     tok = jnp.where(temperature <= 0.0, greedy, drawn)
-    lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+    lsm = jax.nn.log_softmax(logits / logprob_temperature[:, None], axis=-1)
+    lp = jnp.take_along_axis(lsm, tok[:, None], axis=-1)[:, 0]
     return tok, lp
 
 
@@ -139,14 +153,14 @@ def _constrain_cache(config: ModelConfig, cache):
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def _generate_bucket(config: ModelConfig, params, n_new: int, filtering: bool, tokens, positions, segments,
-                     lengths, temperature, top_k, top_p, max_new, stops, seeds, salts, live):
+                     lengths, temperature, lp_temperature, top_k, top_p, max_new, stops, seeds, salts, live):
     _TRACES["count"] += 1
     B, P = tokens.shape
     row_keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(seeds, salts)
 
     def pick(logits, step):
         keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys)
-        return choose_tokens(logits, keys, temperature, top_k, top_p, filtering)
+        return choose_tokens(logits, keys, temperature, top_k, top_p, filtering, lp_temperature)
 
     def is_stop(tok):
         return jnp.any(tok[:, None] == stops, axis=-1)
@@ -203,10 +217,11 @@ def _stop_lists(stop_ids, n: int) -> list[list[int]]:
 
 def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_new_tokens,
              temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), seed=0, mesh=None,
-             buckets: Buckets | None = None) -> list[Sample]:
+             buckets: Buckets | None = None, logprob_temperature: str | float = "sampling") -> list[Sample]:
     """Samples a continuation of every prompt (token id lists of any lengths) in one batched program.
 
-    See the module docstring for the sampling rules, per-request settings, seeding and buckets.
+    See the module docstring for the sampling rules, the log-prob temperature ("sampling": each request's own
+    temperature, 1 when greedy; or one float for all), per-request settings, seeding and buckets.
     """
     n = len(prompts)
     if n == 0:
@@ -235,6 +250,15 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
             raise ValueError(f"request {i}: top_p must be in (0, 1], got {tps[i]}")
         if tks[i] < 0:
             raise ValueError(f"request {i}: top_k must be >= 0 (0 = off), got {tks[i]}")
+    if isinstance(logprob_temperature, str):
+        if logprob_temperature != "sampling":
+            raise ValueError(f"logprob_temperature must be 'sampling' or a float > 0, got {logprob_temperature!r}")
+        lp_temps = [t if t > 0 else 1.0 for t in temps]
+    else:
+        lpt = float(logprob_temperature)
+        if not (lpt > 0 and math.isfinite(lpt)):
+            raise ValueError(f"logprob_temperature must be 'sampling' or a finite float > 0, got {lpt}")
+        lp_temps = [lpt] * n
     if isinstance(seed, (list, tuple, np.ndarray)):
         seeds, salts = _per_request("seed", seed, n, int), [0] * n
     else:
@@ -264,8 +288,8 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
         return np.asarray(list(vals) + [fill] * (B - n), dtype)
 
     filtering = any(k > 0 for k in tks) or any(p < 1.0 for p in tps)
-    inputs = (tokens, positions, segments, lengths, pad(temps, 0.0, np.float32), pad(tks, 0, np.int32),
-              pad(tps, 1.0, np.float32), pad(max_new, 1, np.int32), stop_arr,
+    inputs = (tokens, positions, segments, lengths, pad(temps, 0.0, np.float32), pad(lp_temps, 1.0, np.float32),
+              pad(tks, 0, np.int32), pad(tps, 1.0, np.float32), pad(max_new, 1, np.int32), stop_arr,
               pad([s % (1 << 32) for s in seeds], 0, np.uint32), pad(salts, 0, np.uint32), live)
     if mesh is None:
         out_tok, out_lp, count = _generate_bucket(config, params, N, filtering, *inputs)

@@ -6,7 +6,7 @@
     packed = prepare_batch(trajectories, rl, rows_multiple=step.rows_multiple(), row_len=4096)
     batch = step.place(packed)                                 # [M, B/M, ...] on the mesh
     batch = step.recompute_old_logprobs(params, batch)         # only with rl.old_logprobs == "recompute"
-    params, opt_state, metrics = step(params, opt_state, batch)
+    params, opt_state, metrics = step(params, opt_state, batch)  # donates the params and opt_state passed in
 
 The step scans over the M micro-batches (gradient accumulation in the parameters' dtype and sharding), then
 applies the optimizer once. Loss per micro-batch (Eq 11): L = L_GRPO (Eq 6) + alpha L_CSD (Eq 10). Both
@@ -15,10 +15,22 @@ into per-token weights on the host (algorithms/rl_batch.py), so the accumulated 
 whatever the number of micro-batches or devices. With alpha == 0, or a batch without coached turns, no
 teacher work is traced at all: the step is exactly the GRPO step.
 
+Temperature. Every log-prob of the update (student, old, teacher, reference) is of pi_T = softmax(logits / T)
+with T = RLConfig.temperature, which must equal the rollout's sampling temperature (the sampler returns its
+log-probs at the sampling temperature by default): the ratio of Eq 5 then compares the policy that sampled
+with the one being trained. T = 1 traces exactly the former step.
+
+KL to a reference (not in the paper; its default kl_coef = 0 traces nothing about a reference). With
+kl_coef > 0 the loss adds kl_coef * L_KL, L_KL = sum over agent tokens of the GRPO token weight (the same global
+normaliser) x k(log pi_theta, log pi_ref), k one of Schulman's per-token estimators of KL(pi_theta || pi_ref)
+(`kl_estimate`); the step then takes `ref_params` (never differentiated, never donated). It is unrelated to
+CSD's beta (Eq 9), which is a sigmoid temperature, not a KL weight.
+
 Metrics (global over the batch): loss, grpo_loss, csd_loss (L_CSD before alpha), mean_w (Eq 9 weight over
 coached tokens), frac_delta_pos (fraction of coached tokens with Delta > 0), clip_frac (agent tokens whose
 clip is active), entropy (mean -log pi_theta of the sampled agent tokens: a one-sample entropy estimate),
-approx_kl (mean log pi_old - log pi_theta), grad_norm (before the optimizer), agent_tokens, coached_tokens.
+approx_kl (mean log pi_old - log pi_theta), grad_norm (before the optimizer), agent_tokens, coached_tokens;
+kl_ref (L_KL before kl_coef) only when kl_coef > 0.
 """
 
 from __future__ import annotations
@@ -31,12 +43,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mimesis_jax import sharding
+from mimesis_jax import profiling, sharding
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.models.config import ModelConfig
 
 OLD_LOGPROBS = ("rollout", "recompute")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +64,9 @@ class RLConfig:
     teacher: str = "fused"  # fused (one pass) | naive (reference: separate teacher rows)
     old_logprobs: str = "rollout"  # rollout (Segment.logprobs) | recompute (scoring pass before the update)
     num_microbatches: int = 1
+    temperature: float = 1.0  # T of every log-prob of the update: must equal the rollout's sampling temperature
+    kl_coef: float = 0.0  # weight of the KL-to-reference term (0 in the paper: no reference); needs ref_params
+    kl_estimator: str = "k3"  # k1 | k2 | k3: Schulman's per-token estimator of KL(pi_theta || pi_ref)
     # advantages (host side, grpo.trajectory_turn_advantages)
     credit: str = "equalized"
     score: str = "sum"
@@ -70,6 +86,9 @@ class RLConfig:
         need(self.teacher in ("fused", "naive"), "teacher", "must be fused or naive")
         need(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", f"must be one of {OLD_LOGPROBS}")
         need(isinstance(self.num_microbatches, int) and self.num_microbatches >= 1, "num_microbatches", ">= 1")
+        need(0 < self.temperature < float("inf"), "temperature", "must be a finite value > 0")
+        need(0 <= self.kl_coef < float("inf"), "kl_coef", "must be a finite value >= 0")
+        need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
         need(self.credit in grpo.CREDIT_METHODS, "credit", f"must be one of {grpo.CREDIT_METHODS}")
         need(self.score in grpo.SCORE_METHODS, "score", f"must be one of {grpo.SCORE_METHODS}")
 
@@ -94,11 +113,40 @@ def batch_teacher(batch, rl: RLConfig) -> str:
     return "none"
 
 
-def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None = None):
-    """Eq 11 on one micro-batch: (loss, sums for the metrics). `teacher` overrides the batch's layout
-    (tests use it to run the teacher pass with alpha = 0)."""
+def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> jax.Array:
+    """Schulman's per-token estimators of KL(pi_theta || pi_ref) at a sampled token, with
+    log r = log pi_ref - log pi_theta: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (>= 0; DeepSeekMath's
+    GRPO uses k3)."""
+    log_r = ref_logp - logp
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * jnp.square(log_r)
+    if estimator == "k3":
+        return jnp.expm1(log_r) - log_r
+    raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+def reference_kl(logp: jax.Array, ref_logp: jax.Array, weights: jax.Array, estimator: str = "k3") -> jax.Array:
+    """L_KL = sum_tokens weights x kl_estimate(logp, ref_logp): `weights` are the GRPO token weights (zero off the
+    agent tokens, the global normaliser folded in). Tokens of weight 0 are masked before the estimator (no inf x 0
+    can reach the gradient)."""
+    on = weights != 0
+    k = kl_estimate(jnp.where(on, logp, 0.0), jnp.where(on, ref_logp, 0.0), estimator)
+    return jnp.sum(weights * k)
+
+
+def _temperature_kw(rl: RLConfig) -> dict:
+    """The log-prob functions' temperature keyword; absent at T = 1 (the T = 1 program is unchanged)."""
+    return {} if rl.temperature == 1.0 else {"temperature": rl.temperature}
+
+
+def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None = None, ref_params=None):
+    """Eq 11 on one micro-batch (+ kl_coef L_KL when rl.kl_coef > 0, which needs `ref_params`): (loss, sums for
+    the metrics). `teacher` overrides the batch's layout (tests use it to run the teacher pass with alpha = 0)."""
     teacher = batch_teacher(mb, rl) if teacher is None else teacher
-    student, teacher_lp = csd.student_teacher_logprobs(config, params, mb, teacher)
+    temp = _temperature_kw(rl)
+    student, teacher_lp = csd.student_teacher_logprobs(config, params, mb, teacher, **temp)
     agent = mb["agent_mask"]
     l_grpo, clipped = grpo.grpo_loss(student, mb["old_logp"], mb["advantages"], mb["grpo_weight"], rl.eps_low,
                                      rl.eps_high)
@@ -111,15 +159,26 @@ def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None =
         "agent": jnp.sum(agent),
     }
     if teacher_lp is None:
-        return l_grpo, sums | {"csd_loss": jnp.zeros(()), "w": jnp.zeros(()), "delta_pos": jnp.zeros(()),
-                               "coached": jnp.sum(mb["coached_mask"])}
-    coached = mb["coached_mask"]
-    delta = jnp.where(coached > 0, csd.csd_delta(teacher_lp, student), 0.0)
-    w = csd.csd_weights(delta, rl.beta)
-    l_csd = csd.csd_loss(student, w, mb["csd_weight"])
-    sums |= {"csd_loss": l_csd, "w": jnp.sum(w * coached), "delta_pos": jnp.sum((delta > 0) * coached),
-             "coached": jnp.sum(coached)}
-    return csd.combined_loss(l_grpo, l_csd, rl.alpha), sums
+        loss = l_grpo
+        sums |= {"csd_loss": jnp.zeros(()), "w": jnp.zeros(()), "delta_pos": jnp.zeros(()),
+                 "coached": jnp.sum(mb["coached_mask"])}
+    else:
+        coached = mb["coached_mask"]
+        delta = jnp.where(coached > 0, csd.csd_delta(teacher_lp, student), 0.0)
+        w = csd.csd_weights(delta, rl.beta)
+        l_csd = csd.csd_loss(student, w, mb["csd_weight"])
+        sums |= {"csd_loss": l_csd, "w": jnp.sum(w * coached), "delta_pos": jnp.sum((delta > 0) * coached),
+                 "coached": jnp.sum(coached)}
+        loss = csd.combined_loss(l_grpo, l_csd, rl.alpha)
+    if rl.kl_coef > 0:
+        if ref_params is None:
+            raise ValueError(f"RLConfig.kl_coef = {rl.kl_coef} > 0 needs the reference parameters: "
+                             "step(params, opt_state, batch, ref_params=...)")
+        ref = csd.student_logprobs(config, jax.lax.stop_gradient(ref_params), mb, **temp)
+        l_kl = reference_kl(student, jax.lax.stop_gradient(ref), mb["grpo_weight"], rl.kl_estimator)
+        sums["kl_ref"] = l_kl
+        loss = loss + rl.kl_coef * l_kl
+    return loss, sums
 
 
 def _zeros(tree):
@@ -135,6 +194,7 @@ class RLStep:
         self._param_sh = None if mesh is None else sharding.param_shardings(config, mesh)
         self._opt_sh = None
         self._step = None
+        self._num_compilations = 0
         self._lg = None
         self._score = jax.jit(self._score_fn)
 
@@ -173,14 +233,18 @@ class RLStep:
 
     # ------------------------------------------------------------------------------ old log-probs
     def _score_fn(self, params, batch):
+        temp = _temperature_kw(self.rl)
+
         def one(mb):
-            return jnp.where(mb["agent_mask"] > 0, csd.student_logprobs(self.config, params, mb), 0.0)
+            return jnp.where(mb["agent_mask"] > 0, csd.student_logprobs(self.config, params, mb, **temp), 0.0)
         return jax.lax.map(one, batch)
 
     def recompute_old_logprobs(self, params, batch: dict) -> dict:
-        """batch with old_logp = log pi_theta of the current params (a no-gradient scoring pass)."""
+        """batch with old_logp = log pi_theta of the current params at rl.temperature (a no-gradient scoring
+        pass)."""
         with self._mesh_ctx():
-            old = self._score(params, {k: batch[k] for k in ("tokens", "positions", "segment_ids", "agent_mask")})
+            keys = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")
+            old = self._score(params, {k: batch[k] for k in keys if k in batch})
         return dict(batch, old_logp=old)
 
     # ------------------------------------------------------------------------------------- update
@@ -188,9 +252,9 @@ class RLStep:
         import contextlib
         return contextlib.nullcontext() if self.mesh is None else sharding.use_mesh(self.mesh)
 
-    def _update(self, params, opt_state, batch):
+    def _rl_update(self, params, opt_state, batch, ref_params):
         config, rl = self.config, self.rl
-        grad_fn = jax.value_and_grad(lambda p, mb: rl_loss(config, rl, p, mb), has_aux=True)
+        grad_fn = jax.value_and_grad(lambda p, mb: rl_loss(config, rl, p, mb, ref_params=ref_params), has_aux=True)
 
         def constrain_grads(g):
             return g if self._param_sh is None else jax.lax.with_sharding_constraint(g, self._param_sh)
@@ -203,7 +267,8 @@ class RLStep:
             return (gsum, ssum), None
 
         g0 = constrain_grads(jax.tree.map(jnp.zeros_like, params))
-        s0 = _zeros(jax.eval_shape(lambda: rl_loss(config, rl, params, jax.tree.map(lambda x: x[0], batch))[1]
+        mb0 = jax.tree.map(lambda x: x[0], batch)
+        s0 = _zeros(jax.eval_shape(lambda: rl_loss(config, rl, params, mb0, ref_params=ref_params)[1]
                                    | {"loss": jnp.zeros(())}))
         (grads, s), _ = jax.lax.scan(body, (g0, s0), batch)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
@@ -216,45 +281,86 @@ class RLStep:
             "approx_kl": s["log_ratio"] / nz(s["agent"]), "grad_norm": optax.tree.norm(grads),
             "agent_tokens": s["agent"], "coached_tokens": s["coached"],
         }
+        if "kl_ref" in s:
+            metrics["kl_ref"] = s["kl_ref"]
         return params, opt_state, metrics
 
     def _compiled(self, params):
         if self._step is None:
             if self.mesh is None:
-                self._step = jax.jit(self._update, donate_argnums=(0, 1))
+                self._step = jax.jit(self._rl_update, donate_argnums=(0, 1))
             else:
                 rep = NamedSharding(self.mesh, P())
-                self._step = jax.jit(self._update, donate_argnums=(0, 1),
+                self._step = jax.jit(self._rl_update, donate_argnums=(0, 1),
                                      out_shardings=(self._param_sh, self._opt_shardings(params), rep))
         return self._step
 
-    def __call__(self, params, opt_state, batch):
-        """One optimizer update; params and opt_state are donated. Returns (params, opt_state, metrics)."""
-        with self._mesh_ctx():
-            return self._compiled(params)(params, opt_state, batch)
+    def _check_args(self, params, opt_state, ref_params):
+        for what, tree in (("params", params), ("opt_state", opt_state), ("ref_params", ref_params)):
+            if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(tree)):
+                raise ValueError(
+                    f"RLStep: {what} holds an array that was already donated (deleted): the step consumes the "
+                    "params and opt_state passed to it; use the ones it returned: "
+                    "params, opt_state, metrics = step(params, opt_state, batch)")
+        if self.rl.kl_coef > 0:
+            if ref_params is None:
+                raise ValueError(f"RLStep: RLConfig.kl_coef = {self.rl.kl_coef} > 0 needs ref_params (the frozen "
+                                 "reference policy's parameters): step(params, opt_state, batch, ref_params)")
+            donated = {id(x) for x in jax.tree.leaves(params)}
+            if any(id(x) in donated for x in jax.tree.leaves(ref_params)):
+                raise ValueError("RLStep: ref_params shares arrays with params, which the step donates: pass a copy "
+                                 "(e.g. ref_params = jax.tree.map(jnp.copy, params) before the first step)")
+        elif ref_params is not None:
+            raise ValueError("RLStep: ref_params given but RLConfig.kl_coef == 0 (no KL term): set kl_coef > 0 to "
+                             "use a reference, or drop ref_params")
 
-    def lower(self, params, opt_state, batch):
+    def __call__(self, params, opt_state, batch, ref_params=None):
+        """One optimizer update: returns (params, opt_state, metrics).
+
+        `params` and `opt_state` are DONATED: their buffers become the results' buffers and the arrays passed in
+        are deleted by the call, so keep only the returned ones (passing a donated array again raises a
+        ValueError). To keep a copy (e.g. as the reference), copy before the call: jax.tree.map(jnp.copy, params).
+        `ref_params` (the frozen reference policy) is required when rl.kl_coef > 0 and refused otherwise; it is
+        neither donated nor differentiated, and with a mesh it is placed like the params.
+        """
+        self._check_args(params, opt_state, ref_params)
+        if ref_params is not None and self.mesh is not None:
+            ref_params = jax.device_put(ref_params, self._param_sh)
+        with self._mesh_ctx(), profiling.count_compilations() as compiled:
+            out = self._compiled(params)(params, opt_state, batch, ref_params)
+        self._num_compilations += compiled.count_of("_rl_update")
+        return out
+
+    @property
+    def num_compilations(self) -> int:
+        """How many XLA programs the update has compiled so far (one per shape bucket of the batch)."""
+        return self._num_compilations
+
+    def lower(self, params, opt_state, batch, ref_params=None):
         """The lowered update (for .compile().memory_analysis() / cost_analysis() in benchmarks)."""
         with self._mesh_ctx():
-            return self._compiled(params).lower(params, opt_state, batch)
+            return self._compiled(params).lower(params, opt_state, batch, ref_params)
 
-    def _loss_and_grads(self, params, batch):
+    def _loss_and_grads(self, params, batch, ref_params):
         config, rl = self.config, self.rl
 
-        def body(carry, mb):
-            (loss, sums), g = jax.value_and_grad(lambda p: rl_loss(config, rl, p, mb), has_aux=True)(params)
-            return jax.tree.map(jnp.add, carry, (loss, g, sums)), None
+        def loss(p, mb):
+            return rl_loss(config, rl, p, mb, ref_params=ref_params)
 
-        _, s0 = jax.eval_shape(lambda: rl_loss(config, rl, params, jax.tree.map(lambda x: x[0], batch)))
+        def body(carry, mb):
+            (value, sums), g = jax.value_and_grad(loss, has_aux=True)(params, mb)
+            return jax.tree.map(jnp.add, carry, (value, g, sums)), None
+
+        _, s0 = jax.eval_shape(lambda: loss(params, jax.tree.map(lambda x: x[0], batch)))
         init = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params), _zeros(s0))
         return jax.lax.scan(body, init, batch)[0]
 
-    def loss_and_grads(self, params, batch):
+    def loss_and_grads(self, params, batch, ref_params=None):
         """(accumulated loss, grads, metric sums) without an optimizer update: for tests and debugging."""
         if self._lg is None:
             self._lg = jax.jit(self._loss_and_grads)
         with self._mesh_ctx():
-            return self._lg(params, batch)
+            return self._lg(params, batch, ref_params)
 
 
 def make_rl_step(config: ModelConfig, optimizer: optax.GradientTransformation, mesh=None,
