@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--midtrain-config", default=os.path.join(REPO_CONFIGS, "tiny_midtrain.py"))
     sp.add_argument("--sft-config", default=os.path.join(REPO_CONFIGS, "tiny_sft.py"))
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="overrides applied to both stages")
+                    help="overrides applied to both Stage I runs")
+    sp.add_argument("--agent-steps", type=int, default=20, help="agent RL steps per arm (0 skips Stage II)")
     from mimesis_jax.rollout import serve
 
     serve.add_args(sub.add_parser("serve", help="serve a local model on an OpenAI-compatible /v1/chat/completions"))
@@ -112,8 +113,74 @@ def _demo(args) -> int:
             k = max(1, len(ls) // 5)
             print(f"{stage}: loss {np.mean(ls[:k]):.3f} (first {k} steps) -> {np.mean(ls[-k:]):.3f} (last {k}), "
                   f"checkpoint step {res.checkpoint_step}")
+    if args.agent_steps > 0:
+        if _demo_agent_rl(root, sft_dir, args.agent_steps) is None:
+            return 0
     print(f"demo done in {time.perf_counter() - t0:.0f} s: {os.path.abspath(root)}")
     return 0
+
+
+def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
+    """Stage II of the demo: the frozen tiny simulator (the SFT run) coaches; a tiny agent is trained on the toy
+    gym with GRPO and with GRPO + CSD; a table and a PNG of the reward curves go to the workdir."""
+    from mimesis_jax.train import agent_rl_loop
+    from mimesis_jax.train.export import load_trained
+
+    arms = {}
+    for arm in ("grpo", "csd"):
+        wd = os.path.join(root, f"agent_{arm}")
+        print(f"=== agent RL ({arm}): configs/tiny_agentrl_{arm}.py -> {wd}", flush=True)
+        cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl_{arm}.py"),
+                                 [f"train.steps={steps}", f"users.coach={simulator_dir}"])
+        t = time.perf_counter()
+        res = agent_rl_loop.run(cfg, wd, trained_loader=load_trained)
+        if res.preempted:
+            print(f"agent RL interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
+            return None
+        arms[arm] = (_read_metrics(wd), time.perf_counter() - t)
+    table = _reward_table(arms)
+    print(table)
+    with open(os.path.join(root, "agent_rl_summary.md"), "w") as f:
+        f.write(table + "\n")
+    _reward_plot(arms, os.path.join(root, "agent_rl_rewards.png"))
+    print(f"reward curves: {os.path.join(root, 'agent_rl_rewards.png')}")
+    return arms
+
+
+def _read_metrics(workdir: str) -> list[dict]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _reward_table(arms: dict) -> str:
+    import numpy as np
+
+    rows = ["| arm | steps | reward, first 3 steps | reward, last 3 steps | invalid | coach notes | wall s |",
+            "|---|---|---|---|---|---|---|"]
+    for arm, (recs, wall) in arms.items():
+        r = [x["reward_mean"] for x in recs]
+        rows.append(f"| {arm} | {len(recs)} | {np.mean(r[:3]):.3f} | {np.mean(r[-3:]):.3f} | "
+                    f"{sum(x['invalid'] for x in recs)} | {sum(x['coach_notes'] for x in recs)} | {wall:.0f} |")
+    return "\n".join(rows)
+
+
+def _reward_plot(arms: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for arm, (recs, _) in arms.items():
+        ax.plot([x["step"] for x in recs], [x["reward_mean"] for x in recs], marker="o", label=arm.upper())
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("mean turn reward (toy gym)")
+    ax.set_title("Tiny agent vs the frozen tiny simulator")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:

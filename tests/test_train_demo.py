@@ -1,4 +1,5 @@
-"""The main job end to end (README's first command), shortened: tiny mid-training -> SFT -> export -> load_hf."""
+"""The main job end to end (README's first command), shortened: tiny mid-training -> SFT -> export -> load_hf ->
+tiny agent GRPO and GRPO + CSD on the toy gym with the frozen simulator as the coach -> table and reward plot."""
 
 import json
 import os
@@ -14,7 +15,8 @@ from mimesis_jax.train.metrics import read_metrics
 @pytest.mark.slow
 def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
     root = str(tmp_path / "demo")
-    assert main(["demo", "--workdir", root, "--set", "train.steps=12", "train.progress_bar=false"]) == 0
+    assert main(["demo", "--workdir", root, "--set", "train.steps=12", "train.progress_bar=false",
+                 "--agent-steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "init: weights from" in out and "midtrain" in out  # SFT started from the mid-training checkpoint
     for stage in ("midtrain", "sft"):
@@ -30,3 +32,12 @@ def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
     assert config.model_type == "qwen3_5_text" and config.vocab_size == 1024
     assert os.path.isfile(os.path.join(root, "hf", "tokenizer.model"))
     assert "load_hf(" in out and "logits finite: True" in out
+    # Stage II: both arms ran 3 steps; only the CSD arm asked the coach (the frozen SFT simulator)
+    grpo, csd = (read_metrics(os.path.join(root, f"agent_{arm}")) for arm in ("grpo", "csd"))
+    assert [r["step"] for r in grpo] == [r["step"] for r in csd] == [1, 2, 3]
+    assert all(r["coach_notes"] == 0 for r in grpo) and sum(r["coach_notes"] for r in csd) > 0
+    assert all(np.isfinite(r["reward_mean"]) and r["invalid"] == 0 for r in grpo + csd)
+    table = open(os.path.join(root, "agent_rl_summary.md")).read()
+    assert table.splitlines()[2].startswith("| grpo | 3 |") and table.splitlines()[3].startswith("| csd | 3 |")
+    with open(os.path.join(root, "agent_rl_rewards.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

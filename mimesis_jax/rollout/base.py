@@ -4,7 +4,7 @@ scripted model for tests. Users (simulators), judges and coaches are all `ChatMo
     response = model.chat([{"role": "system", "content": ...}, {"role": "user", "content": ...}])
     response.text       # the generated text
     response.token_ids  # the generated token ids when the model is local (token-exact rollouts), else None
-    response.logprobs   # per-token log-probs at temperature 1 when known, else None
+    response.logprobs   # per-token log-probs (local models: at the sampling temperature) when known, else None
 """
 
 from __future__ import annotations

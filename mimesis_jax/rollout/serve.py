@@ -185,6 +185,7 @@ class BatchedChatModel:
     def __init__(self, model: "LocalChatModel", *, max_batch: int = 64, batch_wait_ms: float = 20.0):
         self.model = model
         self.engine = BatchingEngine(model, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
+        self.max_concurrency = int(max_batch)  # chat_many sends this many calls at once: one batch
 
     def chat(self, messages, *, max_tokens=None, temperature=None, stop=None, top_p=None, top_k=None, seed=None,
              enable_thinking=None, **_):

@@ -24,7 +24,7 @@ KINDS = ("public", "agent", "coach")
 class Segment:
     kind: str
     tokens: list[int]
-    logprobs: list[float] | None = None  # agent segments: the sampler's log-probs (temperature 1)
+    logprobs: list[float] | None = None  # agent segments: the sampler's log-probs (at the sampling temperature)
     text: str | None = None  # decoded text, for logs and the coach prompt (never re-tokenised)
 
     def __post_init__(self):

@@ -144,6 +144,10 @@ class AgentRLConfig:
         need(r.travel_reward_variant in ("train", "eval", "gym"), "rollout.travel_reward_variant",
              "must be train, eval or gym")
         need(self.validation.every >= 0, "validation.every", "must be >= 0")
+        sampling_t = r.temperature if r.temperature > 0 else 1.0  # greedy rollouts are scored at T = 1
+        need(getattr(self.rl, "temperature", 1.0) == sampling_t, "rl.temperature",
+             f"must equal the rollout's sampling temperature {sampling_t} (the update scores the sampled tokens "
+             "at the temperature that sampled them)")
         need(self.train.steps >= 1, "train.steps", "must be >= 1")
         need(self.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
         need(self.optimizer.lr > 0, "optimizer.lr", "must be > 0")
@@ -187,14 +191,18 @@ def build_user_side(u: UserSideConfig, trained_loader=None) -> UserSide:
     from mimesis_jax.envs.toy import ToyCoach, ToyUser
 
     key = u.key_env or None
+    if u.coach == "toy-coach-shuffled" and u.simulator != "toy-user":
+        raise ConfigError("config key 'users.coach': toy-coach-shuffled needs users.simulator=toy-user")
     if u.simulator == "toy-user":  # the rule-based ToyKeyword user (envs/toy.py): CPU toys and tests
         toy = ToyUser()
-        coach = ToyCoach() if u.coach in ("", "toy-coach") else ToyCoach(shuffle_seed=0) \
-            if u.coach == "toy-coach-shuffled" else None
-        if coach is None:
-            raise ConfigError(f"config key 'users.coach': with users.simulator=toy-user use toy-coach or "
-                              f"toy-coach-shuffled, got {u.coach!r}")
-        return UserSide(toy, SimulatorAsResponder(toy), toy, coach)
+        if u.coach in ("", "toy-coach", "toy-coach-shuffled"):
+            coach, closers = ToyCoach(shuffle_seed=0 if u.coach == "toy-coach-shuffled" else None), []
+        else:  # a model as the coach (e.g. the trained tiny simulator, asked as an assistant)
+            coach = chat_model_from_spec(ModelSpec(u.coach, model_name=u.coach_model or None, api_key_env=key,
+                                                   max_tokens=u.coach_max_tokens),
+                                         style="assistant", trained_loader=trained_loader)
+            closers = [coach] if hasattr(coach, "close") else []
+        return UserSide(toy, SimulatorAsResponder(toy), toy, coach, closers)
     sim_spec = ModelSpec(u.simulator, model_name=u.simulator_model or None, api_key_env=key,
                          max_tokens=u.simulator_max_tokens, thinking=u.simulator_thinking)
     style = u.simulator_style or ("assistant" if sim_spec.remote else "simulator")
@@ -323,6 +331,9 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
         next_rid = 0
         with open(os.path.join(workdir, "run_config.json"), "w") as f:
             json.dump(run_dict, f, indent=2)
+    ref_params = None
+    if getattr(cfg.rl, "kl_coef", 0.0) > 0:  # the reference policy: the run's initial weights, never updated
+        ref_params = initial_params(cfg, model_config, mesh, shardings["params"], log)
     start = int(jax.device_get(state["step"]))
     if start >= cfg.train.steps:
         log(f"nothing to do: checkpoint step {start} >= train.steps={cfg.train.steps}")
@@ -388,7 +399,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                     batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
                 params, opt_state = state["params"], state["opt_state"]
                 for b in batches:
-                    params, opt_state, m = step_fn(params, opt_state, b)
+                    params, opt_state, m = step_fn(params, opt_state, b, ref_params=ref_params)
                     ms.append(jax.device_get(m))  # waits: never queue sharded CPU steps
                 state = dict(state, params=params, opt_state=opt_state)
             step += 1

@@ -1,0 +1,238 @@
+"""The paper's direction on a toy (paper §4.2, Appendix E): GRPO vs GRPO + CSD when the simulator's hindsight is
+informative, and the control where it is not. A script, not a test (several minutes on a CPU).
+
+    python experiments/csd_toy.py --out runs/csd_toy [--seeds 0 1 2] [--steps 20] [--alpha 0.5]
+
+The toy (envs/toy.py, ToyKeyword): the user privately likes replies whose words start with 's'; each agent turn is
+rewarded by the fraction of its words that do. The rule-based user's private thought says how the reply matched,
+so a coach reading it (Eq 7) can write the right note: "Use many words that start with 's'".
+
+1. **Teach the agent to follow in-context notes** (warm start): a tiny Qwen3 agent is trained with a plain LM
+   loss on synthetic dialogues -- with a coach note (rendered exactly as the RL stage inserts notes, a system turn
+   before the assistant header) the reply's words start with the note's letter; without a note, with random
+   letters. The agent thus has no preference of its own, but follows notes (printed as a check).
+2. **RL without notes** from that agent, three arms x seeds, everything else equal (configs/tiny_agentrl_csd.py):
+   * `grpo`: alpha = 0;
+   * `csd`: GRPO + alpha CSD with the informative coach (the note names the user's letter);
+   * `csd_shuffled` (control): the same, but each note names a random letter -- uninformative hindsight.
+   Reported per arm: reward curves (mean over seeds), steps to reach the reward threshold (mean and spread;
+   runs that never reach it count as steps + 1 and are marked), final reward. Theory (Appendix E) predicts a gain
+   only when the note's weights co-vary with the advantage: `csd` faster than `grpo`, `csd_shuffled` no faster.
+It prints the table and writes `csd_toy.png` and `csd_toy.json` to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+LETTER = "s"
+
+
+def word_lists(min_words: int = 12) -> dict[str, list[str]]:
+    """Words of the tiny tokenizer's own training text, by first letter (letters with enough words)."""
+    from mimesis_jax.data.tokenizer import tiny_training_lines
+
+    by = {}
+    for line in tiny_training_lines():
+        for w in re.findall(r"[a-z]{3,9}", line.lower()):
+            by.setdefault(w[0], set()).add(w)
+    return {k: sorted(v) for k, v in by.items() if len(v) >= min_words}
+
+
+def warm_start_examples(tok, n: int, rng: random.Random, words: dict[str, list[str]], max_len: int):
+    """Synthetic SFT rows (ids, loss mask on the assistant replies): follow a note's letter; random otherwise."""
+    from mimesis_jax.algorithms.csd import coach_note_message
+    from mimesis_jax.data.chat import render_messages
+    from mimesis_jax.envs.toy import TOPICS
+
+    letters = sorted(words)
+    everything = [w for ws in words.values() for w in ws]
+    rows = []
+    while len(rows) < n:
+        msgs = [{"role": "system", "content": "You are a friendly assistant. Reply in one or two sentences."},
+                {"role": "user", "content": f"Tell me something about {rng.choice(TOPICS)}."}]
+        if rng.random() < 0.5:  # a two-turn variant, as the toy's second turn looks
+            msgs += [{"role": "assistant", "content": " ".join(rng.choice(everything) for _ in range(6))},
+                     {"role": "user", "content": "Hmm. Tell me more."}]
+        if rng.random() < 0.5:
+            letter = rng.choice(letters)
+            msgs.append(coach_note_message(f"Use many words that start with '{letter}'."))
+            reply = " ".join(rng.choice(words[letter]) for _ in range(rng.randint(5, 9)))
+        else:
+            reply = " ".join(rng.choice(everything) for _ in range(rng.randint(5, 9)))
+        msgs.append({"role": "assistant", "content": reply.capitalize() + "."})
+        r = render_messages(tok, msgs)
+        if len(r.ids) > max_len:
+            continue
+        last = len(msgs) - 1
+        rows.append((np.asarray(r.ids, np.int32), r.mask("assistant", turns=[last]).astype(np.float32)))
+    return rows
+
+
+def warm_start(cfg, tok, out_dir: str, steps: int, seed: int, log=print):
+    """Trains the tiny agent to follow notes (plain LM loss on the replies) and saves it as a HF directory."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from mimesis_jax import models
+    from mimesis_jax.algorithms.logprobs import token_logprobs
+    from mimesis_jax.train.loop import model_config_for
+
+    config = model_config_for(cfg, tok).replace(dtype="float32", remat="none")
+    rng = random.Random(seed)
+    words = word_lists()
+    if LETTER not in words:
+        raise SystemExit(f"the tiny tokenizer's text has too few words starting with {LETTER!r}")
+    L = 112
+    rows = warm_start_examples(tok, 2048, rng, words, L)
+    ids = np.zeros((len(rows), L), np.int32)
+    mask = np.zeros((len(rows), L), np.float32)
+    for i, (x, m) in enumerate(rows):
+        ids[i, :len(x)], mask[i, :len(m)] = x, m
+    params = models.init_params(config, jax.random.PRNGKey(seed))
+    tx = optax.adamw(3e-3, weight_decay=0.0)
+    opt = tx.init(params)
+
+    @jax.jit
+    def step(params, opt, x, m):
+        def loss(p):
+            lp = token_logprobs(config, p, x)  # predicts x[:, 1:]
+            w = m[:, 1:]
+            return -jnp.sum(lp * w) / jnp.maximum(jnp.sum(w), 1.0)
+        val, g = jax.value_and_grad(loss)(params)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt, val
+
+    order = np.random.default_rng(seed)
+    for s in range(steps):
+        b = order.integers(0, len(rows), 32)
+        params, opt, val = step(params, opt, jnp.asarray(ids[b]), jnp.asarray(mask[b]))
+        if (s + 1) % 100 == 0:
+            log(f"warm start step {s + 1}/{steps}: reply loss {float(val):.3f}")
+    models.save_hf(out_dir, config, params)
+    return config, params, words
+
+
+def note_following(config, params, tok, words, seed: int, n: int = 32) -> dict:
+    """Mean ToyKeyword reward for the user's letter: without a note, with the right note, with another note."""
+    from mimesis_jax.algorithms.csd import coach_note_message
+    from mimesis_jax.envs.toy import keyword_reward
+    from mimesis_jax.rollout.endpoints import LocalChatModel
+
+    agent = LocalChatModel(config, params, tok, max_tokens=24, temperature=1.0, seed=seed)
+    base = [{"role": "system", "content": "You are a friendly assistant. Reply in one or two sentences."},
+            {"role": "user", "content": "Tell me something about a good book."}]
+    other = next(k for k in sorted(words) if k != LETTER)
+    out = {}
+    for name, extra in (("no note", []), (f"note '{LETTER}'", [coach_note_message(
+            f"Use many words that start with '{LETTER}'.")]), (f"note '{other}'", [coach_note_message(
+                f"Use many words that start with '{other}'.")])):
+        replies = agent.chat_batch([base + extra] * n)
+        out[name] = float(np.mean([keyword_reward(r.text, LETTER) for r in replies]))
+    return out
+
+
+def run_arm(arm: str, seed: int, steps: int, alpha: float, warm_dir: str, out: str, tok):
+    from mimesis_jax.train import agent_rl_loop as rl_loop
+
+    coach = {"grpo": "toy-coach", "csd": "toy-coach", "csd_shuffled": "toy-coach-shuffled"}[arm]
+    sets = [f"train.steps={steps}", f"train.seed={seed}", f"init.from_hf={warm_dir}", "users.simulator=toy-user",
+            f"users.coach={coach}", f"rl.alpha={0.0 if arm == 'grpo' else alpha}", "train.progress_bar=false",
+            "train.tensorboard=false", "checkpoint.every=1000", "checkpoint.async_save=false"]
+    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"), sets)
+    wd = os.path.join(out, f"{arm}_seed{seed}")
+    res = rl_loop.run(cfg, wd, tokenizer=tok, handle_signals=False, log=lambda *a: None)
+    return [res.metrics[s]["reward_mean"] for s in sorted(res.metrics)]
+
+
+def steps_to(curve, threshold):
+    for i, r in enumerate(curve):
+        if r >= threshold:
+            return i + 1, True
+    return len(curve) + 1, False
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/csd_toy")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=20, help="RL steps per run")
+    p.add_argument("--alpha", type=float, default=0.5, help="CSD weight of the two CSD arms (Eq 11)")
+    p.add_argument("--threshold", type=float, default=0.4, help="reward the steps-to-threshold column uses")
+    p.add_argument("--warm-steps", type=int, default=400)
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+
+    from mimesis_jax.data.tokenizer import load_tokenizer
+    from mimesis_jax.train import agent_rl_loop as rl_loop
+
+    tok = load_tokenizer("tiny")
+    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"))
+    warm_dir = os.path.join(args.out, "warm_agent")
+    t0 = time.perf_counter()
+    config, params, words = warm_start(cfg, tok, warm_dir, args.warm_steps, seed=0)
+    check = note_following(config, params, tok, words, seed=0)
+    print("note following after the warm start (mean reward for the user's letter): "
+          + ", ".join(f"{k}: {v:.3f}" for k, v in check.items()), flush=True)
+
+    curves = {}
+    for arm in ("grpo", "csd", "csd_shuffled"):
+        for seed in args.seeds:
+            t = time.perf_counter()
+            curves.setdefault(arm, []).append(run_arm(arm, seed, args.steps, args.alpha, warm_dir, args.out, tok))
+            print(f"{arm} seed {seed}: reward {curves[arm][-1][0]:.3f} -> {curves[arm][-1][-1]:.3f} "
+                  f"({time.perf_counter() - t:.0f} s)", flush=True)
+
+    rows = ["| arm | seeds | steps to reward >= %.2f (mean +/- sd) | reached | final reward (mean +/- sd) |"
+            % args.threshold, "|---|---|---|---|---|"]
+    summary = {}
+    for arm, cs in curves.items():
+        hits = [steps_to(c, args.threshold) for c in cs]
+        n = np.array([h[0] for h in hits], float)
+        final = np.array([np.mean(c[-3:]) for c in cs])
+        summary[arm] = {"steps_to_threshold": n.tolist(), "reached": [h[1] for h in hits], "curves": cs}
+        rows.append(f"| {arm} | {len(cs)} | {n.mean():.1f} +/- {n.std(ddof=1) if len(n) > 1 else 0:.1f} | "
+                    f"{sum(h[1] for h in hits)}/{len(hits)} | {final.mean():.3f} +/- "
+                    f"{final.std(ddof=1) if len(final) > 1 else 0:.3f} |")
+    table = "\n".join(rows)
+    print(table)
+    with open(os.path.join(args.out, "csd_toy.json"), "w") as f:
+        json.dump({"args": vars(args), "note_following": check, "arms": summary, "table": table}, f, indent=2)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for arm, cs in curves.items():
+        c = np.asarray(cs)
+        x = np.arange(1, c.shape[1] + 1)
+        ax.plot(x, c.mean(0), label=arm)
+        ax.fill_between(x, c.min(0), c.max(0), alpha=0.2)
+    ax.axhline(args.threshold, color="gray", lw=0.8, ls="--")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("mean turn reward")
+    ax.set_title(f"Toy CSD: {len(args.seeds)} seeds, alpha {args.alpha} (band: min-max)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "csd_toy.png"), dpi=120)
+    print(f"wrote {args.out}/csd_toy.png and csd_toy.json in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
