@@ -9,8 +9,9 @@ so a coach reading it (Eq 7) can write the right note: "Use many words that star
 
 1. **Teach the agent to follow in-context notes** (warm start): a tiny Qwen3 agent is trained with a plain LM
    loss on synthetic dialogues -- with a coach note (rendered exactly as the RL stage inserts notes, a system turn
-   before the assistant header) the reply's words start with the note's letter; without a note, with random
-   letters. The agent thus has no preference of its own, but follows notes (printed as a check).
+   before the assistant header; the note names a letter and gives example words) the reply uses the note's
+   words; without a note, words of all four note letters. The agent thus has no preference of its own, but
+   follows notes (printed as a check).
 2. **RL without notes** from that agent, three arms x seeds, everything else equal (configs/tiny_agentrl_csd.py):
    * `grpo`: alpha = 0;
    * `csd`: GRPO + alpha CSD with the informative coach (the note names the user's letter);
@@ -27,7 +28,6 @@ import argparse
 import json
 import os
 import random
-import re
 import sys
 import time
 
@@ -39,22 +39,18 @@ sys.path.insert(0, ROOT)
 LETTER = "s"
 
 
-def word_lists(min_words: int = 12) -> dict[str, list[str]]:
-    """Words of the tiny tokenizer's own training text, by first letter (letters with enough words)."""
-    from mimesis_jax.data.tokenizer import tiny_training_lines
+def word_lists() -> dict[str, list[str]]:
+    """The words a note gives for each letter of the note alphabet (envs/toy.py ToyCoach)."""
+    from mimesis_jax.envs.toy import ToyCoach
 
-    by = {}
-    for line in tiny_training_lines():
-        for w in re.findall(r"[a-z]{3,9}", line.lower()):
-            by.setdefault(w[0], set()).add(w)
-    return {k: sorted(v) for k, v in by.items() if len(v) >= min_words}
+    return {k: list(ToyCoach.NOTE_WORDS[k]) for k in ToyCoach.NOTE_LETTERS}
 
 
 def warm_start_examples(tok, n: int, rng: random.Random, words: dict[str, list[str]], max_len: int):
     """Synthetic SFT rows (ids, loss mask on the assistant replies): follow a note's letter; random otherwise."""
     from mimesis_jax.algorithms.csd import coach_note_message
     from mimesis_jax.data.chat import render_messages
-    from mimesis_jax.envs.toy import TOPICS
+    from mimesis_jax.envs.toy import TOPICS, ToyCoach
 
     letters = sorted(words)
     everything = [w for ws in words.values() for w in ws]
@@ -67,14 +63,14 @@ def warm_start_examples(tok, n: int, rng: random.Random, words: dict[str, list[s
                      {"role": "user", "content": "Hmm. Tell me more."}]
         if rng.random() < 0.5:
             letter = rng.choice(letters)
-            msgs.append(coach_note_message(f"Use many words that start with '{letter}'."))
+            msgs.append(coach_note_message(ToyCoach.note(letter)))
             reply = " ".join(rng.choice(words[letter]) for _ in range(rng.randint(5, 9)))
         else:
             reply = " ".join(rng.choice(everything) for _ in range(rng.randint(5, 9)))
         msgs.append({"role": "assistant", "content": reply.capitalize() + "."})
         r = render_messages(tok, msgs)
-        if len(r.ids) > max_len:
-            continue
+        if len(r.ids) > max_len:  # never dropped silently: the padded length must hold every example
+            raise ValueError(f"a warm-start example has {len(r.ids)} tokens > max_len={max_len}")
         last = len(msgs) - 1
         rows.append((np.asarray(r.ids, np.int32), r.mask("assistant", turns=[last]).astype(np.float32)))
     return rows
@@ -95,7 +91,7 @@ def warm_start(cfg, tok, out_dir: str, steps: int, seed: int, log=print):
     words = word_lists()
     if LETTER not in words:
         raise SystemExit(f"the tiny tokenizer's text has too few words starting with {LETTER!r}")
-    L = 112
+    L = 224
     rows = warm_start_examples(tok, 2048, rng, words, L)
     ids = np.zeros((len(rows), L), np.int32)
     mask = np.zeros((len(rows), L), np.float32)
@@ -136,9 +132,10 @@ def note_following(config, params, tok, words, seed: int, n: int = 32) -> dict:
             {"role": "user", "content": "Tell me something about a good book."}]
     other = next(k for k in sorted(words) if k != LETTER)
     out = {}
-    for name, extra in (("no note", []), (f"note '{LETTER}'", [coach_note_message(
-            f"Use many words that start with '{LETTER}'.")]), (f"note '{other}'", [coach_note_message(
-                f"Use many words that start with '{other}'.")])):
+    from mimesis_jax.envs.toy import ToyCoach
+
+    for name, extra in (("no note", []), (f"note '{LETTER}'", [coach_note_message(ToyCoach.note(LETTER))]),
+                        (f"note '{other}'", [coach_note_message(ToyCoach.note(other))])):
         replies = agent.chat_batch([base + extra] * n)
         out[name] = float(np.mean([keyword_reward(r.text, LETTER) for r in replies]))
     return out
@@ -150,7 +147,7 @@ def run_arm(arm: str, seed: int, steps: int, alpha: float, warm_dir: str, out: s
     coach = {"grpo": "toy-coach", "csd": "toy-coach", "csd_shuffled": "toy-coach-shuffled"}[arm]
     sets = [f"train.steps={steps}", f"train.seed={seed}", f"init.from_hf={warm_dir}", "users.simulator=toy-user",
             f"users.coach={coach}", f"rl.alpha={0.0 if arm == 'grpo' else alpha}", "train.progress_bar=false",
-            "train.tensorboard=false", "checkpoint.every=1000", "checkpoint.async_save=false"]
+            "train.tensorboard=false", "train.log_every=1000", "checkpoint.every=1000", "checkpoint.async_save=false"]
     cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"), sets)
     wd = os.path.join(out, f"{arm}_seed{seed}")
     res = rl_loop.run(cfg, wd, tokenizer=tok, handle_signals=False, log=lambda *a: None)
@@ -170,8 +167,9 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=20, help="RL steps per run")
     p.add_argument("--alpha", type=float, default=0.5, help="CSD weight of the two CSD arms (Eq 11)")
-    p.add_argument("--threshold", type=float, default=0.4, help="reward the steps-to-threshold column uses")
-    p.add_argument("--warm-steps", type=int, default=400)
+    p.add_argument("--thresholds", type=float, nargs="+", default=[0.4, 0.8],
+                   help="rewards the steps-to-threshold columns use")
+    p.add_argument("--warm-steps", type=int, default=600)
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
 
@@ -195,17 +193,20 @@ def main(argv=None) -> int:
             print(f"{arm} seed {seed}: reward {curves[arm][-1][0]:.3f} -> {curves[arm][-1][-1]:.3f} "
                   f"({time.perf_counter() - t:.0f} s)", flush=True)
 
-    rows = ["| arm | seeds | steps to reward >= %.2f (mean +/- sd) | reached | final reward (mean +/- sd) |"
-            % args.threshold, "|---|---|---|---|---|"]
+    sd = lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else 0.0  # noqa: E731
+    rows = ["| arm | seeds | " + " | ".join(f"steps to reward >= {t:.2f} (mean +/- sd, reached)"
+                                            for t in args.thresholds) + " | final reward (mean +/- sd) |",
+            "|---|---|" + "---|" * len(args.thresholds) + "---|"]
     summary = {}
     for arm, cs in curves.items():
-        hits = [steps_to(c, args.threshold) for c in cs]
-        n = np.array([h[0] for h in hits], float)
+        cells, summary[arm] = [], {"curves": cs}
+        for t in args.thresholds:
+            hits = [steps_to(c, t) for c in cs]
+            n = np.array([h[0] for h in hits], float)
+            summary[arm][f"steps_to_{t}"] = n.tolist()
+            cells.append(f"{n.mean():.1f} +/- {sd(n):.1f} ({sum(h[1] for h in hits)}/{len(hits)})")
         final = np.array([np.mean(c[-3:]) for c in cs])
-        summary[arm] = {"steps_to_threshold": n.tolist(), "reached": [h[1] for h in hits], "curves": cs}
-        rows.append(f"| {arm} | {len(cs)} | {n.mean():.1f} +/- {n.std(ddof=1) if len(n) > 1 else 0:.1f} | "
-                    f"{sum(h[1] for h in hits)}/{len(hits)} | {final.mean():.3f} +/- "
-                    f"{final.std(ddof=1) if len(final) > 1 else 0:.3f} |")
+        rows.append(f"| {arm} | {len(cs)} | " + " | ".join(cells) + f" | {final.mean():.3f} +/- {sd(final):.3f} |")
     table = "\n".join(rows)
     print(table)
     with open(os.path.join(args.out, "csd_toy.json"), "w") as f:
@@ -222,7 +223,8 @@ def main(argv=None) -> int:
         x = np.arange(1, c.shape[1] + 1)
         ax.plot(x, c.mean(0), label=arm)
         ax.fill_between(x, c.min(0), c.max(0), alpha=0.2)
-    ax.axhline(args.threshold, color="gray", lw=0.8, ls="--")
+    for t in args.thresholds:
+        ax.axhline(t, color="gray", lw=0.8, ls="--")
     ax.set_xlabel("RL step")
     ax.set_ylabel("mean turn reward")
     ax.set_title(f"Toy CSD: {len(args.seeds)} seeds, alpha {args.alpha} (band: min-max)")

@@ -224,3 +224,53 @@ def test_coach_notes_never_reach_the_student_when_alpha_is_zero():
         out.append(step.loss_and_grads(params, batch))
     assert float(out[0][0]) == float(out[1][0])
     assert tree_rel_err(out[0][1], out[1][1]) == 0.0
+
+
+@pytest.mark.slow
+def test_agentrl_command_sigterm_checkpoint_resume_and_validation(tmp_path):
+    """`python -m mimesis_jax agentrl`: SIGTERM after a logged step -> a checkpoint and exit 0; the rerun resumes
+    from it; validation at temperature 0 logs the evaluation score of every validation gym."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    wd = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mimesis_jax", "agentrl", "--config", os.path.join(ROOT, "configs",
+                                                                                    "tiny_agentrl_csd.py"),
+           "--workdir", str(wd), "--set", "train.steps=1000", "checkpoint.every=1000", "train.progress_bar=false",
+           "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=2",
+           "rollout.agent_max_tokens=8", "validation.every=1", "validation.sources=('toy:3',)"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = wd / "metrics.jsonl"
+    deadline = time.time() + 400
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 1:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None and metrics.exists(), proc.stdout.read() if proc.poll() is not None else "slow"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "stop requested: checkpoint saved at step" in out and "(stopped by signal)" in out
+    import json
+
+    recs = [json.loads(x) for x in metrics.read_text().splitlines()]
+    stopped = recs[-1]["step"]
+    assert 0 <= recs[0]["val/ToyKeyword"] <= 1 and recs[0]["val/invalid"] == 0
+    assert recs[0]["val/overall"] == recs[0]["val/ToyKeyword"]  # one validation gym
+    from mimesis_jax.train.checkpoint import Checkpointer
+    assert Checkpointer(str(wd), read_only=True).latest_step() == stopped
+    again = subprocess.run(cmd[:-9] + ["train.steps=%d" % (stopped + 1), "train.progress_bar=false",
+                                      "rollout.prompts_per_step=2", "rollout.group_size=2",
+                                      "rollout.mini_batch_prompts=2", "rollout.agent_max_tokens=8",
+                                      "validation.every=1", "validation.sources=('toy:3',)"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resume: {wd} from step {stopped}" in again.stdout
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()][-1] == stopped + 1

@@ -122,7 +122,21 @@ class ToyUser:
 class ToyCoach:
     """A rule-based coach for ToyKeyword: reads the user's thought in the coach prompt (Eq 7 input) and writes the
     note a good coach would -- which letter the words should start with. With `shuffle_seed` set it names a
-    random letter instead (the uninformative-notes control)."""
+    random letter of `NOTE_LETTERS` instead (the uninformative-notes control: right only by chance)."""
+
+    NOTE_LETTERS = "mpst"  # the letters experiments/csd_toy.py teaches its agent to follow in notes
+    NOTE_WORDS = {  # examples a note gives (a tiny agent copies words from its context far more easily)
+        "m": ("moon", "milk", "map", "music", "market", "morning"),
+        "p": ("park", "paper", "plan", "piano", "picnic", "path"),
+        "s": ("sun", "sea", "sand", "song", "star", "summer"),
+        "t": ("tree", "tea", "train", "town", "table", "time"),
+    }
+
+    @classmethod
+    def note(cls, letter: str) -> str:
+        words = cls.NOTE_WORDS.get(letter)
+        tail = f", such as {', '.join(words)}" if words else ""
+        return f"Use many words that start with '{letter}'{tail}."
 
     def __init__(self, shuffle_seed: int | None = None):
         self.rng = None if shuffle_seed is None else random.Random(shuffle_seed)
@@ -134,8 +148,8 @@ class ToyCoach:
         m = re.search(r"words starting with '([a-z])'", text)
         if m is None:
             return ChatResponse(text="NONE")
-        letter = m.group(1) if self.rng is None else self.rng.choice("abcdefghijklmnoprstuvwy")
-        return ChatResponse(text=f"Use many words that start with '{letter}'.")
+        letter = m.group(1) if self.rng is None else self.rng.choice(self.NOTE_LETTERS)
+        return ChatResponse(text=self.note(letter))
 
     def chat_batch(self, conversations, **kw):
         return [self.chat(c, **kw) for c in conversations]

@@ -45,7 +45,7 @@ from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, Optimi
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
-from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+from mimesis_jax.train.checkpoint import Checkpointer
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s")
 
@@ -279,7 +279,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     from mimesis_jax.envs.userrl.episodes import episode_tasks
     from mimesis_jax.rollout.endpoints import LocalChatModel
     from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
-    from mimesis_jax.train.loop import _StopFlag, initial_params, model_config_for, state_shardings
+    from mimesis_jax.train.loop import _StopFlag, initial_params, model_config_for, restore_latest, state_shardings
     from mimesis_jax.train.metrics import MetricsLogger
     from mimesis_jax.train.optim import make_optimizer, make_schedule
     from mimesis_jax.train.step import init_train_state
@@ -315,12 +315,8 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             val_tasks = val_tasks[:cfg.validation.max_tasks]
 
     ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    latest = ckpt.latest_step()
+    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log)
     if latest is not None:
-        state, data_state, stored = ckpt.restore(latest, abstract_like(abs_state, shardings))
-        changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
-        if changed:
-            log(f"resume: the run config differs from the checkpoint's in: {changed}")
         sampler.restore(data_state["sampler"])
         next_rid = int(data_state["next_rollout_id"])
         log(f"resume: {workdir} from step {latest}")

@@ -122,6 +122,19 @@ def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:
     return abs_state, shard
 
 
+def restore_latest(ckpt: Checkpointer, abs_state, shardings, run_dict: dict, log=print):
+    """(step, state, this process's data state) of the workdir's latest checkpoint, or (None, None, None); says
+    which run-config keys changed since it was written (train.steps and checkpoint.* may change freely)."""
+    latest = ckpt.latest_step()
+    if latest is None:
+        return None, None, None
+    state, data_state, stored = ckpt.restore(latest, abstract_like(abs_state, shardings))
+    changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
+    if changed:
+        log(f"resume: the run config differs from the checkpoint's in: {changed}")
+    return latest, state, data_state
+
+
 def initial_params(cfg: RunConfig, model_config: ModelConfig, mesh, param_shardings, log=print):
     """Parameters to start from: init.from_hf, init.from_workdir, or random (seed = train.seed)."""
     init = cfg.init
@@ -316,12 +329,8 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
     factory = data or default_data_factory(cfg)
     it = factory(tokenizer, local_batch, t.seed, jax.process_index(), jax.process_count())
 
-    latest = ckpt.latest_step()
+    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log)
     if latest is not None:
-        state, data_state, stored = ckpt.restore(latest, abstract_like(abs_state, shardings))
-        changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
-        if changed:
-            log(f"resume: the run config differs from the checkpoint's in: {changed}")
         try:
             it.set_state(data_state)
         except (ValueError, KeyError, TypeError) as e:

@@ -55,11 +55,12 @@ def gym_class(name: str) -> type:
         if name not in _CLASSES:
             importlib.import_module(f"mimesis_jax.envs.userrl.{GYM_MODULES[name]}")
         return _CLASSES[name]
-    from mimesis_jax.envs import base, toy  # noqa: F401  (registers the toy envs)
+    from mimesis_jax.envs import base
 
-    cls = base._REGISTRY.get(name)
+    cls = base._REGISTRY.get(name)  # e.g. ToyKeyword, registered when envs/toy.py is imported
     if cls is None or not hasattr(cls, "from_task"):
-        raise EnvError(f"unknown gym {name!r}; known: {sorted(GYM_MODULES)} and ToyKeyword")
+        raise EnvError(f"unknown gym {name!r}; known: {sorted(GYM_MODULES)} and registered envs with from_task "
+                       f"(ToyKeyword: import mimesis_jax.envs.toy)")
     return cls
 
 
