@@ -1,0 +1,181 @@
+"""ABCD realistic-behaviour cards, the behaviour reward (paper.md 3.4, Eq 12-13) and meta-narration detection.
+
+* ``BEHAVIOURS``: the 13 behaviours of Table 5 (B1..B13) and neutral ``N``, as cards
+  {id, name, definition, looks_like, when, must_not} read from ``abcd_data/behaviours.json`` (this project's
+  own wording of Table 5).
+* ``behaviour_reward(scores)``: Eq 12, r = (w_e e + w_p p + w_n n + w_c c) / (w_e + w_p + w_n + w_c) with judged
+  components e (expression), p (placement in time), n (naturalness), c (task/fact/policy consistency), each in
+  [0, 1]; default weights e 2.0, p 1.5, n 0.75, c 0.75 (sum 5.0). Eq 13 (this project's form; the paper does
+  not print it): when the rollout *describes* the behaviour instead of performing it (meta-narration), e = p = 0.
+* ``detect_meta_narration(text)``: the first meta-narration match in a customer turn, else None.
+* ``assign_behaviour(rng)``: neutral with probability ``neutral_share`` (default 1/3, paper.md 3.4), else
+  uniform over B1..B13.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from mimesis_jax.envs.base import EnvError
+
+BEHAVIOURS_PATH = os.path.join(os.path.dirname(__file__), "abcd_data", "behaviours.json")
+CARD_FIELDS = ("id", "name", "definition", "looks_like", "when", "must_not")
+BEHAVIOUR_IDS = tuple(f"B{i}" for i in range(1, 14))  # the 13 behaviours, without neutral
+NEUTRAL = "N"
+ALL_IDS = BEHAVIOUR_IDS + (NEUTRAL,)
+
+SCORE_KEYS = ("e", "p", "n", "c")
+DEFAULT_WEIGHTS: dict[str, float] = {"e": 2.0, "p": 1.5, "n": 0.75, "c": 0.75}
+META_NARRATION_ZEROED = ("e", "p")  # Eq 13 default: expression and placement score 0
+
+
+@dataclass(frozen=True)
+class BehaviourCard:
+    id: str
+    name: str
+    definition: str
+    looks_like: str
+    when: str       # where in the dialogue the behaviour belongs
+    must_not: str   # what must not happen while performing it
+
+
+def load_behaviours(path=BEHAVIOURS_PATH) -> dict[str, BehaviourCard]:
+    """Read the behaviour cards: a JSON list of objects with CARD_FIELDS, ids exactly B1..B13 and N."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise EnvError(f"behaviour cards file {os.fspath(path)!r} is not readable JSON: {e}") from e
+    if not isinstance(data, list):
+        raise EnvError(f"behaviour cards file {os.fspath(path)!r}: expected a list of cards")
+    cards: dict[str, BehaviourCard] = {}
+    for i, c in enumerate(data):
+        if not isinstance(c, dict):
+            raise EnvError(f"behaviour cards file {os.fspath(path)!r}: card #{i} is not an object")
+        for k in CARD_FIELDS:
+            if not isinstance(c.get(k), str) or not c[k].strip():
+                raise EnvError(f"behaviour cards file {os.fspath(path)!r}: card {c.get('id', i)!r} field {k!r} "
+                               f"is missing or empty")
+        if c["id"] in cards:
+            raise EnvError(f"behaviour cards file {os.fspath(path)!r}: duplicate card id {c['id']!r}")
+        cards[c["id"]] = BehaviourCard(**{k: c[k] for k in CARD_FIELDS})
+    if set(cards) != set(ALL_IDS):
+        raise EnvError(f"behaviour cards file {os.fspath(path)!r}: ids must be exactly {ALL_IDS}, "
+                       f"got {tuple(cards)}")
+    return {k: cards[k] for k in ALL_IDS}
+
+
+BEHAVIOURS: dict[str, BehaviourCard] = load_behaviours()
+
+
+# ------------------------------------------------------------------------------------- reward
+def _unit(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EnvError(f"behaviour reward: {what} must be a number in [0, 1], got {value!r}")
+    v = float(value)
+    if math.isnan(v) or not 0.0 <= v <= 1.0:
+        raise EnvError(f"behaviour reward: {what} must be in [0, 1], got {value!r}")
+    return v
+
+
+def resolve_weights(weights: Mapping[str, float] | None = None) -> dict[str, float]:
+    """DEFAULT_WEIGHTS updated by ``weights`` (any subset of e/p/n/c); each >= 0, sum > 0."""
+    w = dict(DEFAULT_WEIGHTS)
+    for k, v in (weights or {}).items():
+        if k not in SCORE_KEYS:
+            raise EnvError(f"behaviour reward: unknown weight key {k!r} (expected {SCORE_KEYS})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise EnvError(f"behaviour reward: weight {k!r} must be a finite number >= 0, got {v!r}")
+        w[k] = float(v)
+    if sum(w.values()) <= 0:
+        raise EnvError("behaviour reward: the weights sum to 0")
+    return w
+
+
+def behaviour_reward(scores: Mapping[str, float], *, meta_narration: bool = False,
+                     weights: Mapping[str, float] | None = None,
+                     meta_narration_zeroed: tuple[str, ...] = META_NARRATION_ZEROED) -> float:
+    """Eq 12: r = sum_k w_k s_k / sum_k w_k over k in (e, p, n, c); Eq 13: meta-narration zeroes e and p."""
+    if not isinstance(scores, Mapping):
+        raise EnvError(f"behaviour reward: scores must be a mapping with keys {SCORE_KEYS}")
+    for k in scores:
+        if k not in SCORE_KEYS:
+            raise EnvError(f"behaviour reward: unknown score key {k!r} (expected {SCORE_KEYS})")
+    s = {}
+    for k in SCORE_KEYS:
+        if k not in scores:
+            raise EnvError(f"behaviour reward: score key {k!r} is missing")
+        s[k] = _unit(scores[k], f"score {k!r}")
+    if meta_narration:
+        for k in meta_narration_zeroed:
+            if k not in SCORE_KEYS:
+                raise EnvError(f"behaviour reward: meta_narration_zeroed names unknown key {k!r}")
+            s[k] = 0.0
+    w = resolve_weights(weights)
+    return sum(w[k] * s[k] for k in SCORE_KEYS) / sum(w[k] for k in SCORE_KEYS)
+
+
+# ------------------------------------------------------------------------------------- meta-narration
+# Meta-narration = the simulated customer DESCRIBES the behaviour or its role instead of performing it
+# (paper.md 3.4: "I will now act like an annoyed customer"). Each pattern is (name, regex), case-insensitive:
+_STAGE_WORDS = (r"sighs?|sighing|groans?|huffs?|scoffs?|grumbles?|frowns?|rolls? (?:my |his |her )?eyes|"
+                r"eye ?roll|taps? (?:my |his |her )?(?:foot|fingers)|clears? (?:my |his |her )?throat|"
+                r"crosses? (?:my |his |her )?arms|impatiently|angrily|annoyed|frustrated|irritated|exasperated")
+_NAME_PHRASES = "|".join(re.escape(c.name.lower()) for c in BEHAVIOURS.values() if c.id != NEUTRAL)
+META_NARRATION_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((n, re.compile(p, re.I)) for n, p in (
+    # announcing a performance: "I will (now) act/pretend/play ...", "I'm going to play the ...", "let me act as"
+    ("announces_act", r"\b(?:I(?:'ll| will| shall| am going to|'m going to| am gonna|'m gonna)|let me)\s+(?:now\s+)?"
+                      r"(?:(?:act|behave)\s+(?:like|as|out|the part|annoyed|impatient|angry|difficult|rude)|pretend|"
+                      r"portray|simulate|role-?play|stay in character|"
+                      r"play\s+(?:the|a|an|my)\s+(?:\w+\s+)?(?:role|part|character|customer|user))\b"),
+    # casting oneself as a type: "as an annoyed customer", "as a difficult user"
+    ("casts_self", r"\bas an? (?:\w+ )?(?:annoyed|impatient|angry|frustrated|difficult|demanding|entitled|rude|"
+                   r"uncooperative|confused|simulated) (?:customer|user|client|person)\b"),
+    # talking about one's role or behaviour: "my persona", "my role", "my assigned behaviour", "behaviour card"
+    # ("this behaviour" alone is left out: customers say it about the agent's conduct)
+    ("mentions_role", r"\b(?:my|this|the assigned|the target|the required) (?:persona|character)\b|"
+                      r"\bmy role\b|\b(?:assigned|target|required) behaviou?r\b|"
+                      r"\bbehaviou?r (?:card|pattern|id)\b"),
+    ("in_character", r"\b(?:in|out of|break(?:ing)?) character\b|\brole-?play(?:ing)?\b"),
+    # talking about the script: "my instructions say", "according to the scenario"
+    ("mentions_script", r"\b(?:my|the) (?:instructions|scenario|prompt|script) (?:says?|tells? me|asks? me)\b|"
+                        r"\baccording to (?:my|the) (?:instructions|scenario|script|prompt)\b"),
+    # stage directions: "*sighs*", "(rolls eyes)", "[frustrated]"
+    ("stage_direction", r"\*\s*(?:" + _STAGE_WORDS + r")[^*\n]{0,40}\*|\(\s*(?:" + _STAGE_WORDS + r")[^)\n]{0,40}\)|"
+                        r"\[\s*(?:" + _STAGE_WORDS + r")[^\]\n]{0,40}\]"),
+    # naming a behaviour: a card name ("goalpost shifting") or id ("B7") from Table 5
+    ("names_behaviour", r"(?:" + _NAME_PHRASES + r")|\bbehaviou?r\s+B(?:1[0-3]|[1-9])\b|\bB(?:1[0-3]|[1-9]):"),
+))
+
+
+def detect_meta_narration(text: str) -> str | None:
+    """The matched text of the first META_NARRATION_PATTERNS hit (in pattern order), or None when the turn
+    performs rather than describes."""
+    if not isinstance(text, str):
+        raise EnvError(f"detect_meta_narration: text must be a string, got {type(text).__name__}")
+    for _, pat in META_NARRATION_PATTERNS:
+        m = pat.search(text)
+        if m:
+            return m.group(0)
+    return None
+
+
+# ------------------------------------------------------------------------------------- assignment
+def assign_behaviour(rng, neutral_share: float = 1.0 / 3.0) -> str:
+    """One behaviour id: ``N`` with probability neutral_share, else uniform over B1..B13. ``rng`` is a
+    numpy Generator or a ``random.Random`` (anything with ``.random()`` in [0, 1)); one draw per call."""
+    if isinstance(neutral_share, bool) or not isinstance(neutral_share, (int, float)) \
+            or not 0.0 <= float(neutral_share) <= 1.0:
+        raise EnvError(f"assign_behaviour: neutral_share must be in [0, 1], got {neutral_share!r}")
+    if not callable(getattr(rng, "random", None)):
+        raise EnvError("assign_behaviour: rng must have a .random() method (numpy Generator or random.Random)")
+    u = float(rng.random())
+    if u < neutral_share:
+        return NEUTRAL
+    i = int((u - neutral_share) / (1.0 - neutral_share) * len(BEHAVIOUR_IDS))
+    return BEHAVIOUR_IDS[min(i, len(BEHAVIOUR_IDS) - 1)]
