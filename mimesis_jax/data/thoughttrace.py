@@ -35,24 +35,9 @@ import numpy as np
 
 from mimesis_jax.data.chat import ChatFormatError, render_messages
 from mimesis_jax.data.midtrain import RecordError, conversation_messages
+from mimesis_jax.data.thought_phrases import REACTION_LABELS, REASON_LABELS, template_phrases  # noqa: F401
 from mimesis_jax.data.tokenizer import Tokenizer
 
-REASON_LABELS = {
-    "task_motivation": "I'm writing this because of the goal I have in mind.",
-    "task_continuation": "I want to keep the task moving.",
-    "task_reorientation": "I want to change direction.",
-    "context_grounding_and_constraints": "I need to give the assistant some context or constraints.",
-    "content_expectation": "I have a clear idea of what the answer should contain.",
-    "style_expectation": "I care about how the answer is presented.",
-    "social_and_others": "This is more social than about the task.",
-}
-REACTION_LABELS = {
-    "explicit_affirmation": "That reply worked for me.",
-    "partial_satisfaction": "That reply only partly worked for me.",
-    "content_relevance": "That reply got the content wrong or missed my point.",
-    "presentation_style": "I didn't like how that reply was written or laid out.",
-    "scope_fit": "That reply's scope didn't fit what I needed.",
-}
 # Names seen in the dataset card ("Task Motivation & Goal") map to the released label names.
 _LABEL_ALIASES = {"task_motivation_and_goal": "task_motivation"}
 
@@ -190,9 +175,3 @@ def thoughttrace_example(tok: Tokenizer, record: dict, *, where: str = "record",
         raise RecordError(f"{where}: {e}") from e
     mask = r.mask("user", turns=targets)
     return {"tokens": np.asarray(r.ids, dtype=np.int32), "loss_mask": mask.astype(np.int32)}
-
-
-def template_phrases() -> list[str]:
-    """Every fixed sentence the thought and persona templates emit (training text for the tiny tokenizer)."""
-    return (list(REASON_LABELS.values()) + list(REACTION_LABELS.values())
-            + ["Your task: ", "What you expect from the assistant: ", "About you: "])

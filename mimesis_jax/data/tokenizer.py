@@ -37,6 +37,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from mimesis_jax.data.thought_phrases import template_phrases
+
 # Strings the chat template emits as single control tokens (when the tokenizer has them).
 CHAT_CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
                        "<tool_response>", "</tool_response>")
@@ -387,8 +389,6 @@ def _strings(obj) -> Iterable[str]:
 
 def tiny_training_lines(sample_files: Sequence[str] | None = None) -> list[str]:
     """Every string of the shipped sample records (plus the rendered-thought phrases), one line each."""
-    from mimesis_jax.data import thoughttrace  # late import: thoughttrace imports chat, which imports this module
-
     files = sample_files or sorted(str(p) for p in Path(samples_dir()).glob("*.jsonl"))
     if not files:
         raise TokenizerError(f"tiny tokenizer: no sample .jsonl files in {samples_dir()}")
@@ -399,7 +399,7 @@ def tiny_training_lines(sample_files: Sequence[str] | None = None) -> list[str]:
                 if raw.strip():
                     for s in _strings(json.loads(raw)):
                         lines += [x for x in s.split("\n") if x.strip()]
-    lines += thoughttrace.template_phrases()
+    lines += template_phrases()
     lines += ["system", "user", "assistant", "tool", "# Tools", "You may call one or more functions to assist "
               "with the user query.", '{"name": "lookup", "arguments": {"query": "weather"}}']
     return lines
