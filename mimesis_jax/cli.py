@@ -175,7 +175,7 @@ def _reward_plot(arms: dict, path: str) -> None:
         ax.plot([x["step"] for x in recs], [x["reward_mean"] for x in recs], marker="o", label=arm.upper())
     ax.set_xlabel("RL step")
     ax.set_ylabel("mean turn reward (toy gym)")
-    ax.set_title("Tiny agent vs the frozen tiny simulator")
+    ax.set_title("Tiny agent on the toy gym (CSD coach: the frozen tiny simulator)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
