@@ -1,0 +1,1 @@
+"""Evaluation metrics (simulator fidelity and agent performance) as defined in shared/reference/metrics.md."""
