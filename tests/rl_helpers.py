@@ -73,3 +73,17 @@ def tree_rel_err(a, b) -> float:
     errs = jax.tree.map(lambda x, y: float(np.abs(np.asarray(x) - np.asarray(y)).max()
                                            / max(np.abs(np.asarray(y)).max(), 1e-30)), a, b)
     return max(jax.tree.leaves(errs))
+
+
+def jaxpr_dims(jaxpr) -> set:
+    """Every dimension size of every value in `jaxpr`, nested jaxprs (scan, cond, custom_vjp, ...) included."""
+    dims = set()
+    for eqn in jaxpr.eqns:
+        for v in list(eqn.invars) + list(eqn.outvars):
+            dims.update(getattr(getattr(v, "aval", None), "shape", ()))
+        for p in eqn.params.values():
+            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    dims |= jaxpr_dims(inner)
+    return dims

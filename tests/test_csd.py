@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
+from rl_helpers import jaxpr_dims, random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import sharding
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
@@ -309,19 +309,6 @@ def _small_packed():
     return {k: jnp.asarray(v) for k, v in packed.arrays.items()}
 
 
-def _dims_in(jaxpr) -> set:
-    dims = set()
-    for eqn in jaxpr.eqns:
-        for v in list(eqn.invars) + list(eqn.outvars):
-            dims.update(getattr(getattr(v, "aval", None), "shape", ()))
-        for p in eqn.params.values():
-            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    dims |= _dims_in(inner)
-    return dims
-
-
 @pytest.mark.parametrize("impl", list(_IMPLS))
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
 @pytest.mark.parametrize("scan", [True, False])
@@ -337,9 +324,9 @@ def test_branches_do_no_backward_work(remat, scan, impl):
         leaves, tree = jax.tree.flatten(jax.eval_shape(lambda p: jax.vjp(loss, p)[1], params))
         bwd = jax.make_jaxpr(lambda res, ct: jax.tree.unflatten(tree, res)(ct))(
             leaves, jax.ShapeDtypeStruct((), jnp.float32))
-        return _dims_in(bwd.jaxpr)
+        return jaxpr_dims(bwd.jaxpr)
 
-    fwd_dims = _dims_in(jax.make_jaxpr(lambda p: rl_loss(cfg, rl, p, batch)[0])(params).jaxpr)
+    fwd_dims = jaxpr_dims(jax.make_jaxpr(lambda p: rl_loss(cfg, rl, p, batch)[0])(params).jaxpr)
     assert {_TB, _KC} <= fwd_dims, "the forward must run the branches and their LM head"
     bwd = backward_dims(lambda p: rl_loss(cfg, rl, p, batch)[0])
     assert _KA in bwd, "the student's LM head (on its gathered positions) must show in the backward"

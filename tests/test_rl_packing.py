@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
+from rl_helpers import jaxpr_dims, random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models
 from mimesis_jax.algorithms import csd
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
@@ -111,19 +111,6 @@ def _full_position_logprobs(config, params, batch):
     return s, jax.lax.stop_gradient(jnp.take_along_axis(tb, batch["teacher_src"], axis=1))
 
 
-def _dims(jaxpr) -> set:
-    dims = set()
-    for eqn in jaxpr.eqns:
-        for v in list(eqn.invars) + list(eqn.outvars):
-            dims.update(getattr(getattr(v, "aval", None), "shape", ()))
-        for p in eqn.params.values():
-            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    dims |= _dims(inner)
-    return dims
-
-
 def test_head_at_agent_positions_equals_the_full_position_path():
     """Student and teacher log-probs and the gradient of a loss over them: gathered head == every position; the
     gathered path never runs the head over the T - 1 or Tb - 1 shifted positions."""
@@ -156,8 +143,8 @@ def test_head_at_agent_positions_equals_the_full_position_path():
     s_fb = np.asarray(jax.jit(lambda p, b: csd.student_logprobs(CFG, p, b))(params, plain))
     np.testing.assert_allclose(s_fb[agent], np.asarray(s_ref)[agent], rtol=1e-5, atol=1e-5)
     shifted = {T - 1, Tb - 1}
-    assert shifted <= _dims(jax.make_jaxpr(lambda p: _full_position_logprobs(CFG, p, batch))(params).jaxpr)
-    assert not shifted & _dims(jax.make_jaxpr(lambda p: csd.fused_logprobs(CFG, p, batch))(params).jaxpr)
+    assert shifted <= jaxpr_dims(jax.make_jaxpr(lambda p: _full_position_logprobs(CFG, p, batch))(params).jaxpr)
+    assert not shifted & jaxpr_dims(jax.make_jaxpr(lambda p: csd.fused_logprobs(CFG, p, batch))(params).jaxpr)
 
 
 # --------------------------------------------------------------------------------------- temperature
