@@ -15,7 +15,8 @@ import pytest
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import Env, EnvError, InvalidEpisode, tool_call_text
 from mimesis_jax.envs.userrl import mixture, scoring
-from mimesis_jax.envs.userrl.common import UserRLEnv, fill, parse_json_object
+from mimesis_jax.envs.model_io import fill, parse_json_object
+from mimesis_jax.envs.userrl.common import UserRLEnv
 from mimesis_jax.envs.userrl.tasks import GYM_MODULES, Task, load_tasks, task_from_row
 from mimesis_jax.rollout.base import ScriptedChatModel, SimulatorAsResponder
 from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes

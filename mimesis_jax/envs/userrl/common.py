@@ -28,15 +28,13 @@ import json
 import os
 import pathlib
 import random
-import string
-import threading
-import tomllib
 from typing import Any, Callable, Sequence
 
 from mimesis_jax.envs.base import Env, EnvError, InvalidEpisode, StepResult, parse_action
-from mimesis_jax.rollout.base import ChatResponse, Message
+from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import response_thought, split_thought
 from mimesis_jax.rollout.refusal import RefusalDetector
+from mimesis_jax.envs.model_io import call_model, field, fill, load_templates
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 DATA_DIR = PACKAGE_DIR / "data"  # the project's own small gym data files, under UserRL's file names
@@ -45,31 +43,9 @@ PROMPTS_DIR = PACKAGE_DIR / "prompts"
 
 
 # ------------------------------------------------------------------------------------ prompts
-@functools.lru_cache(maxsize=None)
 def load_prompts(gym_file: str) -> dict[str, str]:
     """The templates of one gym: `prompts/<gym_file>.toml`, a table of name -> template text."""
-    path = PROMPTS_DIR / f"{gym_file}.toml"
-    try:
-        with open(path, "rb") as f:
-            table = tomllib.load(f)
-    except FileNotFoundError:
-        raise EnvError(f"prompt file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise EnvError(f"prompt file {path}: {e}") from None
-    bad = [k for k, v in table.items() if not isinstance(v, str)]
-    if bad:
-        raise EnvError(f"prompt file {path}: entries {bad} are not strings")
-    return table
-
-
-def fill(template: str, where: str, **values) -> str:
-    """`string.Template` substitution ($name); a missing value is an error naming the template."""
-    try:
-        return string.Template(template).substitute({k: str(v) for k, v in values.items()})
-    except KeyError as e:
-        raise EnvError(f"prompt template {where}: no value for placeholder ${e.args[0]}") from None
-    except ValueError as e:
-        raise EnvError(f"prompt template {where}: {e}") from None
+    return load_templates(PROMPTS_DIR / f"{gym_file}.toml")
 
 
 # ------------------------------------------------------------------------------------ data files
@@ -106,27 +82,6 @@ def read_json(path: str | os.PathLike) -> Any:
     return _read_json(str(p), p.stat().st_mtime)
 
 
-def field(record: dict, key: str, types, where: str, *, optional: bool = False, default=None):
-    """record[key] checked against `types`; the error names the file/record (`where`) and the field."""
-    if not isinstance(record, dict):
-        raise EnvError(f"{where}: expected an object, got {type(record).__name__}")
-    if key not in record or record[key] is None:
-        if optional:
-            return default
-        raise EnvError(f"{where}: missing field {key!r}")
-    value = record[key]
-    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise EnvError(f"{where}: field {key!r} must be {_names(types)}, got bool")
-    if not isinstance(value, types):
-        raise EnvError(f"{where}: field {key!r} must be {_names(types)}, got {type(value).__name__}")
-    return value
-
-
-def _names(types) -> str:
-    types = types if isinstance(types, tuple) else (types,)
-    return " or ".join(t.__name__ for t in types)
-
-
 def index_records(records, key: str, where: str) -> dict[str, dict]:
     """{record[key]: record} for a list of records; duplicate or missing keys are errors naming the row."""
     if not isinstance(records, list):
@@ -138,77 +93,6 @@ def index_records(records, key: str, where: str) -> dict[str, dict]:
             raise EnvError(f"{where}, record {i}: duplicate {key} {k!r}")
         out[str(k)] = r
     return out
-
-
-# ------------------------------------------------------------------------------------ model calls
-_LOCKS: dict[int, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-def _model_lock(model) -> threading.Lock | None:
-    """Local (in-process) models are called one request at a time; remote endpoints run concurrently."""
-    if not hasattr(model, "chat_batch"):
-        return None
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(id(model), threading.Lock())
-
-
-def call_model(model, messages: Sequence[Message], role: str, *, temperature: float | None = 0.0,
-               max_tokens: int | None = None) -> ChatResponse:
-    """One chat call to a gym's other side; a missing model, an exception or an error response is INVALID."""
-    if model is None:
-        raise EnvError(f"this gym needs a {role} model (pass {role}=<ChatModel>)")
-    kwargs: dict[str, Any] = {}
-    if temperature is not None:
-        kwargs["temperature"] = temperature
-    if max_tokens is not None:
-        kwargs["max_tokens"] = max_tokens
-    lock = _model_lock(model)
-    try:
-        if lock is None:
-            response = model.chat(list(messages), **kwargs)
-        else:
-            with lock:
-                response = model.chat(list(messages), **kwargs)
-    except Exception as e:  # endpoint down, retries exhausted, ...
-        raise InvalidEpisode(f"{role} model call failed: {type(e).__name__}: {e}") from e
-    if response.finish_reason == "error":
-        raise InvalidEpisode(f"{role} model call failed: {response.meta.get('error', 'unknown error')}")
-    return response
-
-
-def parse_json_object(text: str) -> dict:
-    """The first JSON object in a model's answer (code fences and prose around it tolerated); ValueError else."""
-    _, visible = split_thought(text)
-    visible = visible or ""
-    start = visible.find("{")
-    while start != -1:
-        depth, in_str, esc = 0, False, False
-        for i in range(start, len(visible)):
-            ch = visible[i]
-            if in_str:
-                esc = (ch == "\\") and not esc
-                if ch == '"' and not esc:
-                    in_str = False
-                elif ch != "\\":
-                    esc = False
-                continue
-            if ch == '"':
-                in_str = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    try:
-                        obj = json.loads(visible[start:i + 1])
-                    except json.JSONDecodeError:
-                        break
-                    if isinstance(obj, dict):
-                        return obj
-                    break
-        start = visible.find("{", start + 1)
-    raise ValueError(f"no JSON object in the answer {visible[:200]!r}")
 
 
 # ------------------------------------------------------------------------------------ the base env

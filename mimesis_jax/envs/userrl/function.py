@@ -57,7 +57,8 @@ import re
 from typing import Callable, Sequence
 
 from mimesis_jax.envs.base import EnvError, StepResult
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, index_records, read_json
+from mimesis_jax.envs.model_io import field
+from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 DATA_FILE = "functions.json"  # UserRL's file name

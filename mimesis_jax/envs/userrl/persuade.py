@@ -44,7 +44,8 @@ from __future__ import annotations
 import re
 
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, index_records, parse_json_object, read_json
+from mimesis_jax.envs.model_io import field, parse_json_object
+from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 DATA_FILE = "all_statements_refined.json"

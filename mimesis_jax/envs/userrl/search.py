@@ -41,7 +41,8 @@ from __future__ import annotations
 import os
 
 from mimesis_jax.envs.base import EnvError
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, index_records, parse_json_object, read_json
+from mimesis_jax.envs.model_io import field, parse_json_object
+from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.retriever import BM25Retriever, RetrieverError
 from mimesis_jax.envs.userrl.tasks import register_gym
 

@@ -63,7 +63,8 @@ import re
 from typing import Callable
 
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, index_records, read_json
+from mimesis_jax.envs.model_io import field
+from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 TRAIN_FILE, TEST_FILE = "tau_train.json", "tau_test.json"

@@ -42,7 +42,8 @@ import functools
 import pathlib
 
 from mimesis_jax.envs.base import EnvError
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, index_records, parse_json_object, read_json
+from mimesis_jax.envs.model_io import field, parse_json_object
+from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 from mimesis_jax.envs.userrl.turtle import check_shaping, host_answer, shaped_reward, turn_limit
 

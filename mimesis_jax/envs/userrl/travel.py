@@ -65,7 +65,8 @@ import re
 from typing import Any
 
 from mimesis_jax.envs.base import EnvError
-from mimesis_jax.envs.userrl.common import DATA_DIR, UserRLEnv, data_file, field, parse_json_object, read_json
+from mimesis_jax.envs.model_io import field, parse_json_object
+from mimesis_jax.envs.userrl.common import DATA_DIR, UserRLEnv, data_file, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 ASPECT_OF_LETTER = {"F": "flight", "A": "apartment", "C": "rental_car", "H": "hotel", "R": "restaurant"}

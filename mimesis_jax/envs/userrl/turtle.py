@@ -50,7 +50,8 @@ import math
 import pathlib
 
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, field, parse_json_object, read_json
+from mimesis_jax.envs.model_io import field, parse_json_object
+from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 STORY_FILE = "all_stories_refined.json"
