@@ -30,7 +30,6 @@ temperature 0 and logs their UserRL evaluation scores.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any
@@ -39,13 +38,12 @@ import jax
 import numpy as np
 
 from mimesis_jax import config as config_lib
-from mimesis_jax import sharding
 from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
                                 TrainConfig)
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
-from mimesis_jax.train.checkpoint import Checkpointer
+from mimesis_jax.train import rl_run
+from mimesis_jax.train.agent_rl import RLConfig
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s")
 
@@ -279,27 +277,14 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     from mimesis_jax.envs.userrl.episodes import episode_tasks
     from mimesis_jax.rollout.endpoints import LocalChatModel
     from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
-    from mimesis_jax.train.loop import _StopFlag, initial_params, model_config_for, restore_latest, state_shardings
+    from mimesis_jax.train.loop import _StopFlag
     from mimesis_jax.train.metrics import MetricsLogger
-    from mimesis_jax.train.optim import make_optimizer, make_schedule
-    from mimesis_jax.train.step import init_train_state
 
-    cfg = cfg.validate()
     workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
-    model_config = model_config_for(cfg, tok)
-    cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
-    run_dict = cfg.to_dict()
-    try:
-        mesh = sharding.make_mesh(cfg.mesh.axes())
-    except ValueError as e:
-        raise ConfigError(f"config section 'mesh': {e}") from None
-    total_updates = cfg.train.steps * cfg.updates_per_step()
-    tx = make_optimizer(cfg.optimizer, total_updates, model_config)
-    schedule = make_schedule(cfg.optimizer, total_updates)
-    step_fn = make_rl_step(model_config, tx, mesh, cfg.rl)
-    abs_state, shardings = state_shardings(model_config, tx, mesh)
+    run_ = rl_run.setup(cfg, workdir, tok, log)
+    cfg, model_config, mesh, ckpt = run_.cfg, run_.model_config, run_.mesh, run_.ckpt
+    schedule, latest, state = run_.schedule, run_.latest, run_.state
 
     tasks, dropped = build_tasks(cfg.gyms, tok)
     if dropped:
@@ -314,23 +299,12 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
         if cfg.validation.max_tasks:
             val_tasks = val_tasks[:cfg.validation.max_tasks]
 
-    ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log)
     if latest is not None:
-        sampler.restore(data_state["sampler"])
-        next_rid = int(data_state["next_rollout_id"])
-        log(f"resume: {workdir} from step {latest}")
+        sampler.restore(run_.data_state["sampler"])
+        next_rid = int(run_.data_state["next_rollout_id"])
     else:
-        params = initial_params(cfg, model_config, mesh, shardings["params"], log)
-        init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
-        state = init(params, jax.random.fold_in(jax.random.key(cfg.train.seed), 1))
         next_rid = 0
-        with open(os.path.join(workdir, "run_config.json"), "w") as f:
-            json.dump(run_dict, f, indent=2)
-    ref_params = None
-    if getattr(cfg.rl, "kl_coef", 0.0) > 0:  # the reference policy: the run's initial weights, never updated
-        ref_params = initial_params(cfg, model_config, mesh, shardings["params"], log)
-    start = int(jax.device_get(state["step"]))
+    start = run_.start
     if start >= cfg.train.steps:
         log(f"nothing to do: checkpoint step {start} >= train.steps={cfg.train.steps}")
         ckpt.close()
@@ -366,7 +340,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     try:
         while step < cfg.train.steps:
             t0 = time.perf_counter()
-            seed = int(np.random.SeedSequence([cfg.train.seed, step + 1]).generate_state(1)[0])
+            seed = rl_run.step_seed(cfg.train.seed, step)
             drawn = sampler.sample(r.prompts_per_step)
             trajs = rollouts(state["params"], drawn, r.temperature, seed, step * r.prompts_per_step, next_rid,
                              r.group_size, r.travel_reward_variant)
@@ -385,19 +359,15 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                 on_rollouts(step + 1, trajs)
             ms = []
             if kept:
-                batches = []
+                chunks = []
                 for i in range(0, len(kept), r.mini_batch_prompts):
                     chunk = [t for g in kept[i:i + r.mini_batch_prompts] for t in g]
-                    packed = prepare_batch(chunk, cfg.rl, rows_multiple=step_fn.rows_multiple(),
-                                           row_len=r.row_len or None)
-                    batches.append(step_fn.place(packed))
-                if cfg.rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
-                    batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
-                params, opt_state = state["params"], state["opt_state"]
-                for b in batches:
-                    params, opt_state, m = step_fn(params, opt_state, b, ref_params=ref_params)
-                    ms.append(jax.device_get(m))  # waits: never queue sharded CPU steps
-                state = dict(state, params=params, opt_state=opt_state)
+                    adv = grpo.trajectory_turn_advantages(chunk, credit=cfg.rl.credit, score=cfg.rl.score,
+                                                          gamma=cfg.rl.gamma, eps=cfg.rl.adv_eps,
+                                                          divide_std=cfg.rl.divide_std)
+                    chunks.append((chunk, adv))
+                run_.state = state
+                state, ms = rl_run.ppo_updates(run_, chunks, row_len=r.row_len or None)
             step += 1
             state["step"] = jax.numpy.asarray(step, jax.numpy.int32)
             t3 = time.perf_counter()
@@ -416,7 +386,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             logger.log(step, rec)
             preempted = stop.is_set()
             if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or preempted:
-                ckpt.save(step, state, {"sampler": sampler.state, "next_rollout_id": next_rid}, run_dict)
+                ckpt.save(step, state, {"sampler": sampler.state, "next_rollout_id": next_rid}, run_.run_dict)
                 saved = step
             if preempted:
                 logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to resume")
@@ -446,11 +416,5 @@ def _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cf
     agent_tokens = sum(len(s.tokens) for t in trajs for s in t.segments if s.kind == "agent")
     rec.update(timing)
     rec["rollout_tokens_per_s"] = agent_tokens / max(timing["rollout_s"], 1e-9)
-    keys = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "clip_frac", "entropy", "approx_kl",
-            "grad_norm")
-    for k in keys:
-        rec[k] = _mean(float(m[k]) for m in ms if k in m) if ms else 0.0
-    if ms:
-        rec["clip_frac_last"] = float(ms[-1]["clip_frac"])
-        rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(timing["train_s"], 1e-9)
+    rec.update(rl_run.update_record(ms, timing["train_s"]))
     return rec
