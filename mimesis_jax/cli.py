@@ -7,6 +7,7 @@
     config   --config configs/<name>.py [--set ...]                            print the resolved config
     serve    --checkpoint HFDIR|WORKDIR [--step N] --port P   OpenAI-compatible /v1/chat/completions on localhost
     rollout  --agent SPEC --user SPEC [--tasks FILE ...] --n N --out FILE.jsonl   episodes of the UserRL gyms
+    simrl    --config configs/<name>.py --workdir DIR [--set ...]   Stage I.3: joint multi-domain FoldGRPO (Eq 4)
     agentrl  --config configs/<name>.py --workdir DIR [--set ...]   Stage II: GRPO (+ CSD) against the simulator
 
 A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
@@ -45,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set train.steps=100 checkpoint.every=10")
         distributed(sp)
+    sp = sub.add_parser("simrl", help="Stage I.3: joint multi-domain RL of the simulator (FoldGRPO, Eq 4)")
+    sp.add_argument("--config", required=True, help="configs/<name>.py defining get_config() -> SimRLConfig")
+    sp.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, tensorboard/")
+    sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
+    distributed(sp)
     sp = sub.add_parser("agentrl", help="Stage II: train the agent against the frozen simulator (GRPO + CSD)")
     sp.add_argument("--config", required=True, help="configs/<name>.py defining get_config() -> AgentRLConfig")
     sp.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, tensorboard/")
@@ -209,6 +215,15 @@ def main(argv=None) -> int:
             cfg = load_config(args.config, args.overrides)
             res = _run_stage(args.command, cfg, args.workdir)
             print(f"{args.command}: step {res.final_step}, checkpoint step {res.checkpoint_step}"
+                  f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
+            return 0
+        if args.command == "simrl":
+            from mimesis_jax.train import simulator_rl
+            from mimesis_jax.train.export import load_trained
+
+            res = simulator_rl.run(simulator_rl.load(args.config, args.overrides), args.workdir,
+                                   trained_loader=load_trained)
+            print(f"simrl: step {res.final_step}, checkpoint step {res.checkpoint_step}"
                   f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
             return 0
         if args.command == "agentrl":

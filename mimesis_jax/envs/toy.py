@@ -153,3 +153,53 @@ class ToyCoach:
 
     def chat_batch(self, conversations, **kw):
         return [self.chat(c, **kw) for c in conversations]
+
+
+# ------------------------------------------------------------------------------------ simulator-stage toy sides
+class ToySupportAgent:
+    """A rule-based ABCD support agent for CPU runs of Stage I's joint RL (envs/abcd_env.py's fixed side): it
+    acknowledges the customer's last message, quoting its first words, and asks for the next detail."""
+
+    def chat(self, messages, **_):
+        from mimesis_jax.rollout.base import ChatResponse
+
+        last = next((x.get("content", "") for x in reversed(messages) if x.get("role") == "user"), "")
+        head = " ".join(_WORD.findall(last)[:6]) or "that"
+        return ChatResponse(text=f"Thanks for explaining ({head}). Could you tell me one more detail so I can "
+                                 f"finish this for you?", meta={"model": "toy-agent"})
+
+    def chat_batch(self, conversations, **kw):
+        return [self.chat(c, **kw) for c in conversations]
+
+
+class ToyBehaviourJudge:
+    """A rule-based ABCD behaviour judge for CPU runs (the format of abcd_data/prompts.toml's judge): it reads the
+    customer lines of the simulated part and scores them on surface features only -- n (naturalness) peaks at
+    customer turns of about `target_words` words, e is the fraction of turns that push (a '?' or '!'), p is 1.0
+    when the first simulated turn does not push yet, else 0.5, c is 1.0 -- so a tiny simulator has a graded,
+    learnable reward. It never flags meta-narration (the environment's pattern check still does)."""
+
+    def __init__(self, target_words: int = 12):
+        self.target_words = target_words
+
+    def chat(self, messages, **_):
+        import json
+        import math
+
+        from mimesis_jax.rollout.base import ChatResponse
+
+        request = messages[-1].get("content", "") if messages else ""
+        simulated = request.split("# Simulated part", 1)[-1]
+        turns = [line[len("Customer:"):].strip() for line in simulated.splitlines() if line.startswith("Customer:")]
+        if not turns:
+            scores = {"e": 0.0, "p": 0.0, "n": 0.0, "c": 1.0}
+        else:
+            words = [len(_WORD.findall(t)) for t in turns]
+            n = sum(math.exp(-((w - self.target_words) / self.target_words) ** 2) for w in words) / len(turns)
+            pushes = [("?" in t or "!" in t) for t in turns]
+            scores = {"e": sum(pushes) / len(turns), "p": 0.5 if pushes[0] else 1.0, "n": round(n, 6), "c": 1.0}
+        return ChatResponse(text=json.dumps({**scores, "meta_narration": False, "rationale": "toy judge"}),
+                            meta={"model": "toy-judge"})
+
+    def chat_batch(self, conversations, **kw):
+        return [self.chat(c, **kw) for c in conversations]

@@ -1,0 +1,160 @@
+"""Stage I joint RL (train/simulator_rl.py) on the tiny config: a single-turn (hitom) and a multi-turn
+(abcd_behaviour) domain, finite metrics with per-domain rewards, invalid rollouts counted, FoldGRPO advantages
+against a formula written here, resume == uninterrupted through the CLI, config errors named."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mimesis_jax import cli
+from mimesis_jax.envs.domains import SideModels
+from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
+from mimesis_jax.models.config import ConfigError
+from mimesis_jax.rollout.base import ChatResponse
+from mimesis_jax.rollout.sim_episode import SimRollout
+from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.train import simulator_rl as S
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
+TIMING = ("rollout_s", "train_s", "train_tokens_per_s")
+SMALL = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
+         "rollout.mini_batch_prompts=1", "rollout.max_tokens=8", "domains.max_user_turns=2",
+         "checkpoint.async_save=false"]
+
+
+class FlakyJudge(ToyBehaviourJudge):
+    """The toy judge, failing (an endpoint error) on requests whose text hashes to 0 mod 3 (deterministic)."""
+
+    def chat(self, messages, **kw):
+        if sum(map(ord, messages[-1]["content"])) % 3 == 0:
+            return ChatResponse("", finish_reason="error", meta={"error": "judge endpoint 503"})
+        return super().chat(messages, **kw)
+
+
+def _strip(rec):
+    return {k: v for k, v in rec.items() if k not in TIMING}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("simrl")
+    seen = {}
+    res = S.run(S.load(CONFIG, SMALL + ["train.steps=3"]), str(wd), handle_signals=False,
+                on_rollouts=lambda step, outs: seen.__setitem__(step, outs), log=lambda *a: None)
+    return res, seen
+
+
+def test_metrics_domains_and_unique_rollout_ids(straight):
+    res, seen = straight
+    assert sorted(res.metrics) == [1, 2, 3] and res.checkpoint_step == 3
+    domains_seen = set()
+    for step, rec in res.metrics.items():
+        outs = seen[step]
+        assert all(np.isfinite(v) for v in rec.values() if isinstance(v, float)), rec
+        assert rec["rollouts"] == len(outs) == 4 and rec["segments"] == sum(len(o.segments) for o in outs)
+        for d in {o.domain for o in outs}:
+            domains_seen.add(d)
+            assert rec[f"reward/{d}"] == pytest.approx(np.mean([o.reward for o in outs if o.domain == d]))
+        for o in outs:
+            assert 0.0 <= o.reward <= 1.0 and o.status == "ok"
+            if o.domain == "hitom":
+                assert len(o.segments) == 1
+            else:  # two customer turns, each its own segment sharing the rollout id
+                assert len(o.segments) == 2 and {s.rollout_id for s in o.segments} == {o.rollout_id}
+                assert "meta_narration_rate" in rec
+    assert domains_seen == {"hitom", "abcd_behaviour"}
+    ids = [o.rollout_id for outs in seen.values() for o in outs]
+    assert len(set(ids)) == len(ids) == 12
+    # running mean: over every rollout of the domain so far
+    allb = [o.reward for s in (1, 2, 3) for o in seen[s] if o.domain == "abcd_behaviour"]
+    assert res.metrics[3]["reward_running/abcd_behaviour"] == pytest.approx(np.mean(allb))
+
+
+def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_path):
+    res, _ = straight
+    args = ["simrl", "--config", CONFIG, "--workdir", str(tmp_path), "--set"] + SMALL
+    assert cli.main(args + ["train.steps=2", "checkpoint.every=1"]) == 0
+    assert cli.main(args + ["train.steps=3", "checkpoint.every=1"]) == 0
+    recs = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    for r in recs:
+        want = _strip(res.metrics[r["step"]])
+        got = {k: v for k, v in r.items() if k in want}
+        assert got == pytest.approx(want), r["step"]
+
+
+def test_invalid_rollouts_leave_their_group(tmp_path):
+    sides = SideModels(judge=FlakyJudge(), partner=ToySupportAgent(), support_agent=ToySupportAgent())
+    seen = {}
+    cfg = S.load(CONFIG, SMALL + ["train.steps=1", "rollout.group_size=3", "rollout.min_valid_per_group=2",
+                                  'domains.weights=(("abcd_behaviour", 1.0),)'])
+    res = S.run(cfg, str(tmp_path), sides=sides, handle_signals=False,
+                on_rollouts=lambda step, outs: seen.__setitem__(step, outs), log=lambda *a: None)
+    n_invalid = 0
+    for step, rec in res.metrics.items():
+        outs = seen[step]
+        bad = [o for o in outs if o.status != "ok"]
+        n_invalid += len(bad)
+        assert rec["invalid"] == len(bad) and all("judge endpoint 503" in o.invalid_reason for o in bad)
+        per_group = {}
+        for o in outs:
+            per_group[o.group_id] = per_group.get(o.group_id, 0) + (o.status == "ok")
+        assert rec["skipped_groups"] == sum(v < 2 for v in per_group.values())
+        assert rec["reward/abcd_behaviour"] == pytest.approx(np.mean([o.reward for o in outs if o.status == "ok"]))
+    assert n_invalid > 0
+
+
+def _rollout(rid, gid, reward, k):
+    segs = [Trajectory([Segment("public", [1, 2]), Segment("agent", [3, 4], [-0.1, -0.2])], [reward], group_id=gid,
+                       rollout_id=rid) for _ in range(k)]
+    return SimRollout(segs, "d", gid, rid, reward=reward)
+
+
+def test_fold_advantages_count_each_rollout_once():
+    rollouts = [_rollout(0, 0, 1.0, 3), _rollout(1, 0, 0.0, 1), _rollout(2, 0, 0.5, 2), _rollout(3, 1, 0.2, 4),
+                _rollout(4, 1, 0.6, 1)]
+    bad = _rollout(5, 1, 0.0, 2)
+    bad.status, bad.reward = "invalid", None
+    segs, adv = S.fold_advantages(rollouts + [bad])
+    assert len(segs) == 11 and all(len(a) == 1 for a in adv)
+    g0 = np.array([1.0, 0.0, 0.5])
+    g1 = np.array([0.2, 0.6])
+    per_rollout = {0: (1.0 - g0.mean()) / (g0.std(ddof=1) + 1e-6), 1: (0.0 - g0.mean()) / (g0.std(ddof=1) + 1e-6),
+                   2: (0.5 - g0.mean()) / (g0.std(ddof=1) + 1e-6), 3: (0.2 - g1.mean()) / (g1.std(ddof=1) + 1e-6),
+                   4: (0.6 - g1.mean()) / (g1.std(ddof=1) + 1e-6)}
+    np.testing.assert_allclose([a[0] for a in adv], [per_rollout[s.rollout_id] for s in segs], rtol=1e-12)
+    # the naive ablation: statistics over segments (rollout 0 counted 3 times, rollout 3 four times)
+    _, naive = S.fold_advantages(rollouts, fold=False)
+    n0 = np.array([1.0] * 3 + [0.0] + [0.5] * 2)
+    assert naive[0][0] == pytest.approx((1.0 - n0.mean()) / (n0.std(ddof=1) + 1e-6))
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["rl.alpha=0.01"], "rl.alpha"),
+    (['domains.weights=(("nope", 1.0),)'], "unknown domain 'nope'"),
+    (['domains.weights=(("hitom", 0.0),)'], "every weight is 0"),
+    (['domains.weights=(("hitom", -1.0),)'], "must be a finite number >= 0"),
+    (['domains.sources=(("hitom", "/no/such/file.jsonl"),)'], "domains.sources.*does not exist"),
+    (["rollout.group_size=1"], "rollout.group_size"),
+    (["domains.neutral_share=1.5"], "domains.neutral_share"),
+])
+def test_config_errors_name_the_key(tmp_path, sets, match):
+    with pytest.raises(ConfigError, match=match):
+        S.run(S.load(CONFIG, SMALL + sets), str(tmp_path), handle_signals=False, log=lambda *a: None)
+
+
+def test_paper_configs():
+    cfg = S.load(os.path.join(ROOT, "configs", "mimesis_9b_simrl.py")).validate()
+    assert (cfg.train.steps, cfg.rollout.prompts_per_step, cfg.rollout.group_size) == (500, 64, 8)
+    assert cfg.optimizer.lr == 8e-6 and cfg.rl.kl_coef == 0.0 and cfg.rl.alpha == 0.0 and cfg.rollout.thinking
+    assert cfg.model.hidden_size == 4096 and cfg.mesh.axes() == {"data": 2, "fsdp": 4, "tensor": 2}
+    assert cfg.domains.weights == () and cfg.rollout.fold
+    four = S.load(os.path.join(ROOT, "configs", "mimesis_4b_simrl.py"))
+    assert four.model.hidden_size == 2560 and four.init.from_workdir == "runs/mimesis_4b_sft"
+    # ablation switches
+    off = S.load(os.path.join(ROOT, "configs", "mimesis_9b_simrl.py"), ["domains.behaviour=false"])
+    w = off.domains.weight_map()
+    assert w["abcd_behaviour"] == 0.0 and len(w) == 24 and sum(v > 0 for v in w.values()) == 23
