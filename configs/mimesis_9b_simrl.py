@@ -2,7 +2,8 @@
 
     python -m mimesis_jax simrl --config configs/mimesis_9b_simrl.py --workdir runs/mimesis_9b_simrl \
         --set sides.judge=https://judge.example/v1 sides.judge_model=<name> sides.key_env=JUDGE_API_KEY \
-              domains.sources='(("abcd_behaviour","data/abcd/abcd_v1.1.json.gz"),("hitom","data/soul/hitom_rl_train.parquet"))'
+              domains.sources='(("abcd_behaviour","data/abcd/abcd_v1.1.json.gz"),
+                                ("hitom","data/soul/hitom_rl_train.parquet"))'
 
 Table 7 (given): 500 steps, 64 prompts x 8 rollouts = 512 rollouts per step, LR 8e-6, 16x A100, reasoning enabled,
 no KL reward. FoldGRPO over the 24 domains (23 SOUL tasks + ABCD behaviour).

@@ -10,7 +10,8 @@ which rewards pushy, ~12-word customer turns). Weights 1:1. 4 prompts x 4 rollou
 prompts, 24 tokens per turn, LR 3e-3 (a toy from random weights must move; Table 7's 8e-6 nudges a
 trained 9B model). Thinking is off here: a random-init tiny model does not close a <think> block within 24 tokens,
 so every turn would have no public reply and score 0 (--set rollout.thinking=true with a simulator that learned
-the format, e.g. init.from_workdir=<SFT run>). Real judges / support agents: --set sides.judge=<spec> sides.support_agent=<spec>.
+the format, e.g. init.from_workdir=<SFT run>). Real judges / support agents:
+--set sides.judge=<spec> sides.support_agent=<spec>.
 """
 
 from mimesis_jax.config import (CheckpointConfig, MeshConfig, OptimizerConfig, TokenizerConfig, TrainConfig,

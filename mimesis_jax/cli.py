@@ -3,7 +3,8 @@
     midtrain --config configs/<name>.py --workdir DIR [--set key=value ...]   Stage I.1 (paper §3.1)
     sft      --config configs/<name>.py --workdir DIR [--set key=value ...]   Stage I.2 (paper §3.2)
     export   --workdir DIR --out HFDIR [--step N] [--dtype float32|bfloat16]  checkpoint -> HF directory
-    demo     [--workdir DIR]        tiny mid-training -> ThoughtTrace SFT -> export -> load_hf, on a CPU
+    demo     [--workdir DIR]        the tiny pipeline on a CPU: mid-training -> ThoughtTrace SFT -> joint RL (simrl)
+                                    -> export -> load_hf -> agent GRPO and GRPO + CSD with the simulator coaching
     config   --config configs/<name>.py [--set ...]                            print the resolved config
     serve    --checkpoint HFDIR|WORKDIR [--step N] --port P   OpenAI-compatible /v1/chat/completions on localhost
     rollout  --agent SPEC --user SPEC [--tasks FILE ...] --n N --out FILE.jsonl   episodes of the UserRL gyms
@@ -67,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--sft-config", default=os.path.join(REPO_CONFIGS, "tiny_sft.py"))
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                     help="overrides applied to both Stage I runs")
+    sp.add_argument("--simrl-steps", type=int, default=6,
+                    help="joint multi-domain RL steps of the simulator (0 skips it: the SFT run is exported)")
     sp.add_argument("--agent-steps", type=int, default=20, help="agent RL steps per arm (0 skips Stage II)")
     from mimesis_jax.rollout import serve
 
@@ -106,8 +109,24 @@ def _demo(args) -> int:
             print(f"{stage} interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
             return 0
         results[stage] = res
-    print(f"=== export -> {hf_dir}", flush=True)
-    export_hf(sft_dir, hf_dir)
+    sim_dir = sft_dir
+    if args.simrl_steps > 0:
+        from mimesis_jax.train import simulator_rl
+
+        sim_dir = os.path.join(root, "simrl")
+        path = os.path.join(REPO_CONFIGS, "tiny_simrl.py")
+        print(f"=== simrl: {path} -> {sim_dir}", flush=True)
+        res = simulator_rl.run(simulator_rl.load(path, [f"init.from_workdir={sft_dir}",
+                                                        f"train.steps={args.simrl_steps}"]), sim_dir)
+        if res.preempted:
+            print(f"simrl interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
+            return 0
+        rw = [res.metrics[k]["reward_mean"] for k in sorted(res.metrics)]
+        if rw:
+            print(f"simrl: reward {rw[0]:.3f} (step 1) -> {rw[-1]:.3f} (step {len(rw)}), checkpoint step "
+                  f"{res.checkpoint_step}")
+    print(f"=== export {sim_dir} -> {hf_dir}", flush=True)
+    export_hf(sim_dir, hf_dir)
     config, params = models.load_hf(hf_dir)
     ids = np.arange(1, 9, dtype=np.int32)[None] % config.vocab_size
     logits = np.asarray(models.forward(config, params, ids))
@@ -120,15 +139,15 @@ def _demo(args) -> int:
             print(f"{stage}: loss {np.mean(ls[:k]):.3f} (first {k} steps) -> {np.mean(ls[-k:]):.3f} (last {k}), "
                   f"checkpoint step {res.checkpoint_step}")
     if args.agent_steps > 0:
-        if _demo_agent_rl(root, sft_dir, args.agent_steps) is None:
+        if _demo_agent_rl(root, sim_dir, args.agent_steps) is None:
             return 0
     print(f"demo done in {time.perf_counter() - t0:.0f} s: {os.path.abspath(root)}")
     return 0
 
 
 def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
-    """Stage II of the demo: the frozen tiny simulator (the SFT run) coaches; a tiny agent is trained on the toy
-    gym with GRPO and with GRPO + CSD; a table and a PNG of the reward curves go to the workdir."""
+    """Stage II of the demo: the frozen tiny simulator (after simrl, else the SFT run) coaches; a tiny agent is
+    trained on the toy gym with GRPO and with GRPO + CSD; a table and a PNG of the reward curves go to the workdir."""
     from mimesis_jax.train import agent_rl_loop
     from mimesis_jax.train.export import load_trained
 

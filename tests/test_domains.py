@@ -48,6 +48,9 @@ def test_every_domain_builds_envs_from_its_samples():
             view = env.reset()
             assert view and all(m["role"] in ("system", "user", "assistant") for m in view), name
             assert view[-1]["role"] != env.policy_role, name  # the policy speaks next
+            if i == 0:  # a turn with no public reply (thought never closed) is the policy's failure: 0, no judge
+                t = env.step("an unfinished thought", None)
+                assert t.done and t.reward == 0.0, name
     with pytest.raises(EnvError, match=r"needs the fixed side\(s\) \['support_agent', 'judge'\]"):
         D.make_domain_env("abcd_behaviour", D.domain("abcd_behaviour").samples()[0], D.SideModels())
     with pytest.raises(EnvError, match="unknown domain 'nope'"):

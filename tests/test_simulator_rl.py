@@ -22,7 +22,7 @@ CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
 TIMING = ("rollout_s", "train_s", "train_tokens_per_s")
 SMALL = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
          "rollout.mini_batch_prompts=1", "rollout.max_tokens=8", "domains.max_user_turns=2",
-         "checkpoint.async_save=false"]
+         "checkpoint.async_save=false", "validation.every=3", "validation.max_records=1"]
 
 
 class FlakyJudge(ToyBehaviourJudge):
@@ -68,6 +68,10 @@ def test_metrics_domains_and_unique_rollout_ids(straight):
     assert domains_seen == {"hitom", "abcd_behaviour"}
     ids = [o.rollout_id for outs in seen.values() for o in outs]
     assert len(set(ids)) == len(ids) == 12
+    # validation at step 3 only: one temperature-0 rollout per held-out record and domain
+    assert not any(k.startswith("val/") for k in res.metrics[2])
+    assert {k for k in res.metrics[3] if k.startswith("val/")} == {"val/hitom", "val/abcd_behaviour", "val/invalid"}
+    assert res.metrics[3]["val/invalid"] == 0 and 0.0 <= res.metrics[3]["val/abcd_behaviour"] <= 1.0
     # running mean: over every rollout of the domain so far
     allb = [o.reward for s in (1, 2, 3) for o in seen[s] if o.domain == "abcd_behaviour"]
     assert res.metrics[3]["reward_running/abcd_behaviour"] == pytest.approx(np.mean(allb))
@@ -84,6 +88,23 @@ def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_p
         want = _strip(res.metrics[r["step"]])
         got = {k: v for k, v in r.items() if k in want}
         assert got == pytest.approx(want), r["step"]
+
+
+def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
+    """The hand-off: the simrl checkpoint exports to a HF directory that load_hf reads back exactly, and the
+    agent stage's user spec accepts the workdir itself (rollout/specs.py via export.load_trained)."""
+    import jax
+
+    from mimesis_jax import models
+    from mimesis_jax.train.export import export_hf, load_trained
+
+    res, _ = straight
+    assert export_hf(res.workdir, str(tmp_path / "hf"), log=lambda *a: None) == 3
+    config, params = models.load_hf(str(tmp_path / "hf"))
+    mc, trained, step, tok = load_trained(res.workdir)
+    assert step == 3 and tok == "tiny" and config.model_type == mc.model_type == "qwen3_5_text"
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(trained)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_invalid_rollouts_leave_their_group(tmp_path):

@@ -1,5 +1,5 @@
-"""The main job end to end (README's first command), shortened: tiny mid-training -> SFT -> export -> load_hf ->
-tiny agent GRPO and GRPO + CSD on the toy gym with the frozen simulator as the coach -> table and reward plot."""
+"""The main job end to end (README's first command), shortened: tiny mid-training -> SFT -> joint RL -> export ->
+load_hf -> tiny agent GRPO and GRPO + CSD on the toy gym with the frozen simulator as the coach -> table and plot."""
 
 import json
 import os
@@ -16,7 +16,7 @@ from mimesis_jax.train.metrics import read_metrics
 def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
     root = str(tmp_path / "demo")
     assert main(["demo", "--workdir", root, "--set", "train.steps=12", "train.progress_bar=false",
-                 "--agent-steps", "3"]) == 0
+                 "--simrl-steps", "2", "--agent-steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "init: weights from" in out and "midtrain" in out  # SFT started from the mid-training checkpoint
     for stage in ("midtrain", "sft"):
@@ -28,6 +28,12 @@ def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
         assert run["model"]["model_type"] == "qwen3_5_text" and run["stage"] == stage
     mid = read_metrics(os.path.join(root, "midtrain"))
     assert np.mean([r["loss"] for r in mid[-3:]]) < np.mean([r["loss"] for r in mid[:3]])
+    # Stage I joint RL started from the SFT checkpoint; its result is what gets exported and coaches Stage II
+    sim = read_metrics(os.path.join(root, "simrl"))
+    assert [r["step"] for r in sim] == [1, 2] and all(np.isfinite(r["reward_mean"]) for r in sim)
+    assert {"reward/hitom", "reward/abcd_behaviour"} & set(sim[0]) and "=== export" in out
+    with open(os.path.join(root, "simrl", "run_config.json")) as f:
+        assert json.load(f)["init"]["from_workdir"] == os.path.join(root, "sft")
     config, params = models.load_hf(os.path.join(root, "hf"))
     assert config.model_type == "qwen3_5_text" and config.vocab_size == 1024
     assert os.path.isfile(os.path.join(root, "hf", "tokenizer.model"))

@@ -119,7 +119,8 @@ class DomainSampler:
     """Draws (domain, record index) pairs: d ~ p(d), then a record of d uniformly (Eq 4).
 
     weights: {domain: w >= 0}; records: {domain: number of records available}. Every weighted domain must have
-    records. `known`: the valid domain names (default: the registry). The draw is a pure function of (seed, number drawn so far), so `state()` / `restore()` resume exactly.
+    records. `known`: the valid domain names (default: the registry). The draw is a pure function of
+    (seed, number drawn so far), so `state()` / `restore()` resume exactly.
     """
 
     def __init__(self, weights: Mapping[str, float], records: Mapping[str, int], *, seed: int = 0,

@@ -113,7 +113,8 @@ class Humanual(JudgeEnv):
             generated=self.response)}]
 
     def judge_reward(self):
-        scores = self.ask_judge(self.judge_messages(), lambda t: parse_dimensions(t, {d: self.score_range for d in DIMENSIONS}))
+        ranges = {d: self.score_range for d in DIMENSIONS}
+        scores = self.ask_judge(self.judge_messages(), lambda t: parse_dimensions(t, ranges))
         mean = sum(scores.values()) / len(scores)
         factor = length_factor(self.response, self.record["completion"])
         self.details = {"dimension_scores": scores, "length_factor": factor, "response": self.response}

@@ -29,8 +29,8 @@ Reward: the mean of the available terms below (OdysSim divides Likert scores by 
   document preferences; term = rating / 10.
 
 A feature category with no target features contributes no term (OdysSim counts it as 0, which only scales every
-reward of that record by one constant factor; GRPO's per-group normalisation removes it). Every judge answer that cannot be parsed is
-asked again once, then the episode is INVALID.
+reward of that record by one constant factor; GRPO's per-group normalisation removes it). Every judge answer that
+cannot be parsed is asked again once, then the episode is INVALID.
 
 Record (OdysSim's field names, real format; a str field ``raw`` holding a JSON object is merged over the record,
 as OdysSim does):
