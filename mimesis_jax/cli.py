@@ -10,6 +10,8 @@
     rollout  --agent SPEC --user SPEC [--tasks FILE ...] --n N --out FILE.jsonl   episodes of the UserRL gyms
     simrl    --config configs/<name>.py --workdir DIR [--set ...]   Stage I.3: joint multi-domain FoldGRPO (Eq 4)
     agentrl  --config configs/<name>.py --workdir DIR [--set ...]   Stage II: GRPO (+ CSD) against the simulator
+    evalagent --agent NAME=SPEC ... --user NAME=SPEC ... --out DIR   agents x users x gyms: per-gym, Avg, MR
+    theory   [--out DIR] [--seed N]   Proposition E.1 / Theorem E.2 on finite problems; exit 0 iff every claim holds
 
 A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
 SIGTERM-triggered checkpoint; 1 when training stops on a non-finite loss or runs out of data; 2 for a bad
@@ -26,6 +28,12 @@ import sys
 import time
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+# Commands implemented by a module with add_args(parser) and run(args[, trained_loader]) -> exit code.
+MODULE_COMMANDS = {
+    "evalagent": ("mimesis_jax.eval.agent", "evaluate agents x users x gyms: pass@1, per-gym means, Avg, MR"),
+    "theory": ("mimesis_jax.theory.cli", "check the CSD theory (paper Appendix E) on small finite problems"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     from mimesis_jax.envs.userrl import run as gym_run
 
     gym_run.add_args(sub.add_parser("rollout", help="run episodes of the UserRL gyms; trajectories to JSONL"))
+    import importlib
+
+    for name, (module, help_text) in MODULE_COMMANDS.items():
+        importlib.import_module(module).add_args(sub.add_parser(name, help=help_text))
     sp = sub.add_parser("config", help="print the resolved run config as JSON")
     sp.add_argument("--config", required=True)
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
@@ -276,6 +288,16 @@ def main(argv=None) -> int:
             from mimesis_jax.train.export import load_trained
 
             return gym_run.run(args, trained_loader=load_trained)
+        if args.command in MODULE_COMMANDS:
+            import importlib
+            import inspect
+
+            from mimesis_jax.train.export import load_trained
+
+            mod = importlib.import_module(MODULE_COMMANDS[args.command][0])
+            if "trained_loader" in inspect.signature(mod.run).parameters:
+                return mod.run(args, trained_loader=load_trained)
+            return mod.run(args)
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
