@@ -50,6 +50,7 @@ from mimesis_jax.models.config import ModelConfig
 
 OLD_LOGPROBS = ("rollout", "recompute")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+CREDITS = grpo.CREDIT_METHODS + ("infopo",)  # infopo: the §4.3 baseline (algorithms/infopo.py), needs a scoring pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +68,10 @@ class RLConfig:
     temperature: float = 1.0  # T of every log-prob of the update: must equal the rollout's sampling temperature
     kl_coef: float = 0.0  # weight of the KL-to-reference term (0 in the paper: no reference); needs ref_params
     kl_estimator: str = "k3"  # k1 | k2 | k3: Schulman's per-token estimator of KL(pi_theta || pi_ref)
-    # advantages (host side, grpo.trajectory_turn_advantages)
-    credit: str = "equalized"
+    # advantages (host side: grpo.trajectory_turn_advantages; credit "infopo": algorithms/infopo.py)
+    credit: str = "equalized"  # one of CREDITS
+    infopo_coef: float = 0.5  # credit "infopo": weight of the normalised information gain (algorithms/infopo.py)
+    infopo_gate_tau: float = 0.05  # credit "infopo": variance-gate temperature (0 = no gate)
     score: str = "sum"
     gamma: float = 0.8
     adv_eps: float = 1e-6
@@ -89,12 +92,18 @@ class RLConfig:
         need(0 < self.temperature < float("inf"), "temperature", "must be a finite value > 0")
         need(0 <= self.kl_coef < float("inf"), "kl_coef", "must be a finite value >= 0")
         need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
-        need(self.credit in grpo.CREDIT_METHODS, "credit", f"must be one of {grpo.CREDIT_METHODS}")
+        need(self.credit in CREDITS, "credit", f"must be one of {CREDITS}")
+        need(0 <= self.infopo_coef < float("inf"), "infopo_coef", "must be a finite value >= 0")
+        need(0 <= self.infopo_gate_tau < float("inf"), "infopo_gate_tau", "must be a finite value >= 0")
         need(self.score in grpo.SCORE_METHODS, "score", f"must be one of {grpo.SCORE_METHODS}")
 
 
 def prepare_batch(trajectories: Sequence, rl: RLConfig, **pack_kw) -> PackedRL:
     """Advantages (grpo) + packing (rl_batch) of one optimizer step's trajectories, on the host."""
+    if rl.credit == "infopo":
+        raise ValueError("RLConfig.credit='infopo' needs a scoring pass with the current parameters: compute the "
+                         "advantages with algorithms/infopo.py (information_gains + infopo_advantages) and pack them "
+                         "with rl_batch.pack_trajectories")
     adv = grpo.trajectory_turn_advantages(trajectories, credit=rl.credit, score=rl.score, gamma=rl.gamma,
                                           eps=rl.adv_eps, divide_std=rl.divide_std)
     teacher = rl.teacher if rl.alpha > 0 else "none"
@@ -147,35 +156,37 @@ def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None =
     teacher = batch_teacher(mb, rl) if teacher is None else teacher
     temp = _temperature_kw(rl)
     student, teacher_lp = csd.student_teacher_logprobs(config, params, mb, teacher, **temp)
-    agent = mb["agent_mask"]
-    l_grpo, clipped = grpo.grpo_loss(student, mb["old_logp"], mb["advantages"], mb["grpo_weight"], rl.eps_low,
-                                     rl.eps_high)
-    sg_student = jax.lax.stop_gradient(student)
-    sums = {
-        "grpo_loss": l_grpo,
-        "clipped": jnp.sum(clipped * agent),
-        "neg_logp": -jnp.sum(jnp.where(agent > 0, sg_student, 0.0)),
-        "log_ratio": jnp.sum(jnp.where(agent > 0, mb["old_logp"] - sg_student, 0.0)),
-        "agent": jnp.sum(agent),
-    }
-    if teacher_lp is None:
-        loss = l_grpo
-        sums |= {"csd_loss": jnp.zeros(()), "w": jnp.zeros(()), "delta_pos": jnp.zeros(()),
-                 "coached": jnp.sum(mb["coached_mask"])}
-    else:
-        coached = mb["coached_mask"]
-        delta = jnp.where(coached > 0, csd.csd_delta(teacher_lp, student), 0.0)
-        w = csd.csd_weights(delta, rl.beta)
-        l_csd = csd.csd_loss(student, w, mb["csd_weight"])
-        sums |= {"csd_loss": l_csd, "w": jnp.sum(w * coached), "delta_pos": jnp.sum((delta > 0) * coached),
-                 "coached": jnp.sum(coached)}
-        loss = csd.combined_loss(l_grpo, l_csd, rl.alpha)
+    with jax.named_scope("loss"):
+        agent = mb["agent_mask"]
+        l_grpo, clipped = grpo.grpo_loss(student, mb["old_logp"], mb["advantages"], mb["grpo_weight"], rl.eps_low,
+                                         rl.eps_high)
+        sg_student = jax.lax.stop_gradient(student)
+        sums = {
+            "grpo_loss": l_grpo,
+            "clipped": jnp.sum(clipped * agent),
+            "neg_logp": -jnp.sum(jnp.where(agent > 0, sg_student, 0.0)),
+            "log_ratio": jnp.sum(jnp.where(agent > 0, mb["old_logp"] - sg_student, 0.0)),
+            "agent": jnp.sum(agent),
+        }
+        if teacher_lp is None:
+            loss = l_grpo
+            sums |= {"csd_loss": jnp.zeros(()), "w": jnp.zeros(()), "delta_pos": jnp.zeros(()),
+                     "coached": jnp.sum(mb["coached_mask"])}
+        else:
+            coached = mb["coached_mask"]
+            delta = jnp.where(coached > 0, csd.csd_delta(teacher_lp, student), 0.0)
+            w = csd.csd_weights(delta, rl.beta)
+            l_csd = csd.csd_loss(student, w, mb["csd_weight"])
+            sums |= {"csd_loss": l_csd, "w": jnp.sum(w * coached), "delta_pos": jnp.sum((delta > 0) * coached),
+                     "coached": jnp.sum(coached)}
+            loss = csd.combined_loss(l_grpo, l_csd, rl.alpha)
     if rl.kl_coef > 0:
         if ref_params is None:
             raise ValueError(f"RLConfig.kl_coef = {rl.kl_coef} > 0 needs the reference parameters: "
                              "step(params, opt_state, batch, ref_params=...)")
         ref = csd.student_logprobs(config, jax.lax.stop_gradient(ref_params), mb, **temp)
-        l_kl = reference_kl(student, jax.lax.stop_gradient(ref), mb["grpo_weight"], rl.kl_estimator)
+        with jax.named_scope("loss"):
+            l_kl = reference_kl(student, jax.lax.stop_gradient(ref), mb["grpo_weight"], rl.kl_estimator)
         sums["kl_ref"] = l_kl
         loss = loss + rl.kl_coef * l_kl
     return loss, sums
@@ -271,8 +282,9 @@ class RLStep:
         s0 = _zeros(jax.eval_shape(lambda: rl_loss(config, rl, params, mb0, ref_params=ref_params)[1]
                                    | {"loss": jnp.zeros(())}))
         (grads, s), _ = jax.lax.scan(body, (g0, s0), batch)
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        with jax.named_scope("optimizer"):
+            updates, opt_state = self.optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
         nz = lambda x: jnp.maximum(x, 1.0)  # noqa: E731
         metrics = {
             "loss": s["loss"], "grpo_loss": s["grpo_loss"], "csd_loss": s["csd_loss"],

@@ -10,7 +10,10 @@ One RL step:
    every dialogue gets a rollout id never used before in the run;
 3. drop INVALID episodes (refusal, endpoint failure) from their groups and count them; a group left with fewer
    than `rollout.min_valid_per_group` valid dialogues is skipped and counted -- never given raw-score advantages;
-4. turn rewards -> credits and group-normalised advantages (Eq 5-6 setting, algorithms/grpo.py);
+4. turn rewards -> credits and group-normalised advantages (Eq 5-6 setting, algorithms/grpo.py); with
+   rl.credit = "infopo" (the §4.3 baseline, algorithms/infopo.py) plus the group-normalised information gain of
+   each turn's feedback, from one extra scoring pass with the pre-update parameters (logged: infopo_ig_mean, the
+   mean IG over the step's defined turns, infopo_turns, infopo_s);
 5. with CSD (rl.alpha > 0): the coach writes hindsight notes for every turn the simulator answered (Eq 7, one
    batched call), inserted before each turn's assistant header;
 6. the kept groups are split into PPO mini-batches of `rollout.mini_batch_prompts` groups, each packed
@@ -271,7 +274,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     """Runs (or resumes) the agent RL stage in `workdir` (module docstring). `user_side` replaces the configured
     simulator / judge / coach (tests: scripted models); `on_rollouts(step, trajectories)` sees each step's
     dialogues after the coach (debugging, tests, custom logging)."""
-    from mimesis_jax.algorithms import csd, grpo
+    from mimesis_jax.algorithms import csd, grpo, infopo
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.envs.userrl import scoring
     from mimesis_jax.envs.userrl.episodes import episode_tasks
@@ -319,8 +322,8 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                          user_thinking=cfg.users.simulator_thinking, user_max_tokens=cfg.users.simulator_max_tokens,
                          env_workers=r.env_workers)
     log(f"agentrl: {model_config.model_type} | mesh {dict(mesh.shape)} | {r.prompts_per_step} tasks x "
-        f"{r.group_size} dialogues per step, {cfg.updates_per_step()} updates per step | alpha {cfg.rl.alpha} | "
-        f"steps {start}->{cfg.train.steps}")
+        f"{r.group_size} dialogues per step, {cfg.updates_per_step()} updates per step | credit {cfg.rl.credit} | "
+        f"alpha {cfg.rl.alpha} | steps {start}->{cfg.train.steps}")
     logger = MetricsLogger(workdir, total_steps=cfg.train.steps, start_step=start, log_every=cfg.train.log_every,
                            tensorboard=cfg.train.tensorboard, progress_bar=cfg.train.progress_bar, stage="agentrl",
                            stdout_keys=STDOUT_KEYS)
@@ -328,6 +331,8 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     step, saved, preempted = start, latest, False
     history: dict[int, dict] = {}
     render_note = csd.chat_note_renderer(tok)
+    infopo_credit = cfg.rl.credit == "infopo"
+    placeholder = infopo.placeholder_tokens(tok) if infopo_credit else None
 
     def rollouts(params, task_list, temperature, seed, first_group, first_rid, group_size, travel_variant):
         agent = LocalChatModel(model_config, params, tok, max_tokens=r.agent_max_tokens, name="agent")
@@ -357,23 +362,36 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             t2 = time.perf_counter()
             if on_rollouts is not None:
                 on_rollouts(step + 1, trajs)
-            ms = []
-            if kept:
-                chunks = []
-                for i in range(0, len(kept), r.mini_batch_prompts):
-                    chunk = [t for g in kept[i:i + r.mini_batch_prompts] for t in g]
+            ms, gains = [], []
+            chunks = []
+            for i in range(0, len(kept), r.mini_batch_prompts):
+                chunk = [t for g in kept[i:i + r.mini_batch_prompts] for t in g]
+                if infopo_credit:  # IG with the pre-update parameters, before any update of this step
+                    scorer = infopo.rl_step_scorer(run_.step_fn, state["params"], row_len=r.row_len or None,
+                                                   max_per_call=len(chunk))
+                    igs = infopo.information_gains(chunk, scorer, placeholder)
+                    gains += [g for ig in igs for g in ig[np.isfinite(ig)]]
+                    adv = infopo.infopo_advantages(chunk, igs, coef=cfg.rl.infopo_coef,
+                                                   gate_tau=cfg.rl.infopo_gate_tau, score=cfg.rl.score,
+                                                   gamma=cfg.rl.gamma, eps=cfg.rl.adv_eps,
+                                                   divide_std=cfg.rl.divide_std)
+                else:
                     adv = grpo.trajectory_turn_advantages(chunk, credit=cfg.rl.credit, score=cfg.rl.score,
                                                           gamma=cfg.rl.gamma, eps=cfg.rl.adv_eps,
                                                           divide_std=cfg.rl.divide_std)
-                    chunks.append((chunk, adv))
+                chunks.append((chunk, adv))
+            t_adv = time.perf_counter()
+            if chunks:
                 run_.state = state
                 state, ms = rl_run.ppo_updates(run_, chunks, row_len=r.row_len or None)
             step += 1
             state["step"] = jax.numpy.asarray(step, jax.numpy.int32)
             t3 = time.perf_counter()
             rec = _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cfg,
-                               rollout_s=t1 - t0, coach_s=t2 - t1, train_s=t3 - t2,
+                               rollout_s=t1 - t0, coach_s=t2 - t1, train_s=t3 - t_adv,
                                lr=float(schedule(max(0, step * cfg.updates_per_step() - 1))))
+            if infopo_credit:
+                rec.update(infopo_ig_mean=_mean(gains), infopo_turns=len(gains), infopo_s=t_adv - t2)
             if cfg.validation.every and step % cfg.validation.every == 0 and val_tasks:
                 vt = rollouts(state["params"], val_tasks, cfg.validation.temperature, 12345, 0, 1 << 30, 1,
                               cfg.validation.travel_reward_variant)
