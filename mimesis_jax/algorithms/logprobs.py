@@ -132,15 +132,16 @@ def logprobs_from_hidden(config: ModelConfig, params, hidden: jax.Array, targets
     (hidden / T) . W, so the hidden states are scaled (in fp32) before the head.
     """
     _check_temperature(temperature)
-    W = lm_head_weight(config, params)
-    if not (isinstance(temperature, (int, float)) and temperature == 1.0):
-        hidden = hidden.astype(jnp.float32) / temperature
-    h = hidden.astype(config.compute_dtype)
-    Wc = W.astype(config.compute_dtype)
-    target_logit = jnp.einsum("btd,btd->bt", h.astype(jnp.float32),
-                              embed_lookup(Wc, targets, jnp.float32, config))
-    lse = chunked_logsumexp(h, Wc, config.logits_seq_chunk, config.logits_vocab_chunk)
-    return target_logit - lse
+    with jax.named_scope("logprob_head"):
+        W = lm_head_weight(config, params)
+        if not (isinstance(temperature, (int, float)) and temperature == 1.0):
+            hidden = hidden.astype(jnp.float32) / temperature
+        h = hidden.astype(config.compute_dtype)
+        Wc = W.astype(config.compute_dtype)
+        target_logit = jnp.einsum("btd,btd->bt", h.astype(jnp.float32),
+                                  embed_lookup(Wc, targets, jnp.float32, config))
+        lse = chunked_logsumexp(h, Wc, config.logits_seq_chunk, config.logits_vocab_chunk)
+        return target_logit - lse
 
 
 def token_logprobs(config: ModelConfig, params, input_ids, positions=None, segment_ids=None,

@@ -68,12 +68,13 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: st
     (and lse [B, Tq, H] fp32 with `return_lse`). See the module docstring for the math and the backends."""
     _check(q, k, v, spec)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if impl == "dense":
-        o, lse = dense_attention(q, k, v, spec, scale)
-    elif impl == "blockwise":
-        o, lse = blockwise_attention(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k)
-    else:
-        raise ValueError(f"attention: unknown impl {impl!r}; expected one of {IMPLS}")
+    with jax.named_scope("attention_core"):
+        if impl == "dense":
+            o, lse = dense_attention(q, k, v, spec, scale)
+        elif impl == "blockwise":
+            o, lse = blockwise_attention(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k)
+        else:
+            raise ValueError(f"attention: unknown impl {impl!r}; expected one of {IMPLS}")
     return (o, lse) if return_lse else o
 
 

@@ -110,12 +110,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, constrain: Callable | None = None) -> jax.Array:
     """down(silu(x @ gate) * (x @ up)); gate/up [D, I], down [I, D]."""
     dt = x.dtype
-    g = jnp.einsum("btd,di->bti", x, gate.astype(dt))
-    u = jnp.einsum("btd,di->bti", x, up.astype(dt))
-    h = jax.nn.silu(g) * u
-    if constrain is not None:
-        h = constrain(h, ("act_batch", "act_length", "act_mlp"))
-    return jnp.einsum("bti,id->btd", h, down.astype(dt))
+    with jax.named_scope("mlp"):
+        g = jnp.einsum("btd,di->bti", x, gate.astype(dt))
+        u = jnp.einsum("btd,di->bti", x, up.astype(dt))
+        h = jax.nn.silu(g) * u
+        if constrain is not None:
+            h = constrain(h, ("act_batch", "act_length", "act_mlp"))
+        return jnp.einsum("bti,id->btd", h, down.astype(dt))
 
 
 def remat_policy(name: str):

@@ -114,19 +114,23 @@ def _layer(config: ModelConfig, lp: dict, x: jax.Array, rope, spec, branch_in=No
     """
     cos, sin = rope
     kw = config_kwargs(config)
-    h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
-    q, k, v = _qkv(config, lp["attn"], h, cos, sin)
-    x = _residual(config, x + _attn_out(config, lp["attn"], attend(q, k, v, spec, **kw)))
-    x = _residual(config, x + _mlp(config, lp, x))
+    with jax.named_scope("trunk"):
+        h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
+        with jax.named_scope("attention"):
+            q, k, v = _qkv(config, lp["attn"], h, cos, sin)
+            x = _residual(config, x + _attn_out(config, lp["attn"], attend(q, k, v, spec, **kw)))
+        x = _residual(config, x + _mlp(config, lp, x))
     if branch_in is None:
         return x, None
     xb, (cos_b, sin_b), (to_trunk, to_self) = branch_in
-    pb = jax.lax.stop_gradient(lp)
-    hb = rms_norm(xb, pb["input_norm"], config.rms_norm_eps)
-    qb, kb, vb = _qkv(config, pb["attn"], hb, cos_b, sin_b)
-    groups = [(jax.lax.stop_gradient(k), jax.lax.stop_gradient(v), to_trunk), (kb, vb, to_self)]
-    xb = _residual(config, xb + _attn_out(config, pb["attn"], attend_groups(qb, groups, **kw)))
-    xb = _residual(config, xb + _mlp(config, pb, xb))
+    with jax.named_scope("csd_branches"):
+        pb = jax.lax.stop_gradient(lp)
+        hb = rms_norm(xb, pb["input_norm"], config.rms_norm_eps)
+        with jax.named_scope("attention"):
+            qb, kb, vb = _qkv(config, pb["attn"], hb, cos_b, sin_b)
+            groups = [(jax.lax.stop_gradient(k), jax.lax.stop_gradient(v), to_trunk), (kb, vb, to_self)]
+            xb = _residual(config, xb + _attn_out(config, pb["attn"], attend_groups(qb, groups, **kw)))
+        xb = _residual(config, xb + _mlp(config, pb, xb))
     return x, xb
 
 
@@ -205,11 +209,13 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
 
     def body(x, inputs):
         lp, kc, vc = inputs
-        h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(config, lp["attn"], h, cos, sin)
-        kc, vc = kv_cache.write_layer(kc, vc, k, v, index)
-        x = x + _attn_out(config, lp["attn"], attend(q, kc, vc, spec, **kw))
-        x = x + _mlp(config, lp, x)
+        with jax.named_scope("trunk"):
+            h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
+            with jax.named_scope("attention"):
+                q, k, v = _qkv(config, lp["attn"], h, cos, sin)
+                kc, vc = kv_cache.write_layer(kc, vc, k, v, index)
+                x = x + _attn_out(config, lp["attn"], attend(q, kc, vc, spec, **kw))
+            x = x + _mlp(config, lp, x)
         return x, (kc, vc)
 
     if config.scan_layers:

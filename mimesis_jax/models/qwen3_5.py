@@ -279,13 +279,15 @@ def _gated_deltanet(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
 
 
 def _linear_layer(config, lp, x, ctx, cache):
-    out, new = _gated_deltanet(config, lp["mixer"], _norm(config, x, lp["input_norm"]), ctx, cache)
+    with jax.named_scope("deltanet"):
+        out, new = _gated_deltanet(config, lp["mixer"], _norm(config, x, lp["input_norm"]), ctx, cache)
     x = _residual(config, x + out)
     return _residual(config, x + _mlp(config, lp, x)), new
 
 
 def _full_layer(config, lp, x, ctx, cache):
-    out, new = _full_attention(config, lp["attn"], _norm(config, x, lp["input_norm"]), ctx, cache)
+    with jax.named_scope("attention"):
+        out, new = _full_attention(config, lp["attn"], _norm(config, x, lp["input_norm"]), ctx, cache)
     x = _residual(config, x + out)
     return _residual(config, x + _mlp(config, lp, x)), new
 
@@ -383,7 +385,8 @@ def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, position
     lin_ctx = linear_context(segment_ids, jnp.zeros((B,), jnp.int32), jnp.zeros((B, K - 1), jnp.int32))
     full_ctx = {"rope": rope_tables(positions, config.rotary_dim, config.rope_theta),
                 "spec": causal_spec(segment_ids)}
-    x, _, _ = _run_layers(config, params, x, lin_ctx, full_ctx, remat=True)
+    with jax.named_scope("trunk"):
+        x, _, _ = _run_layers(config, params, x, lin_ctx, full_ctx, remat=True)
     return _norm(config, x, params["final_norm"]), None
 
 
@@ -438,7 +441,8 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
         full_ctx = {"rope": rope_tables(positions, config.rotary_dim, config.rope_theta),
                     "spec": cache_spec(segment_ids, q_slots, seg_all), "index": cache["index"]}
         full_cache = {"k": cache["k"], "v": cache["v"]}
-    x, lin_new, full_new = _run_layers(config, params, x, lin_ctx, full_ctx, lin_cache, full_cache)
+    with jax.named_scope("trunk"):
+        x, lin_new, full_new = _run_layers(config, params, x, lin_ctx, full_ctx, lin_cache, full_cache)
     if n_lin:
         new_cache.update(lin_new)
     if n_full:

@@ -43,8 +43,9 @@ def target_weights(batch) -> jax.Array:
 def lm_loss_sums(config: ModelConfig, params, batch) -> tuple[jax.Array, jax.Array]:
     """(sum of -log p over target tokens, number of target tokens) of one (micro-)batch."""
     lp = token_logprobs(config, params, batch["tokens"], batch.get("positions"), batch.get("segment_ids"))
-    w = target_weights(batch)
-    return -(lp * w).sum(), w.sum()
+    with jax.named_scope("loss"):
+        w = target_weights(batch)
+        return -(lp * w).sum(), w.sum()
 
 
 def lm_loss(config: ModelConfig, params, batch) -> jax.Array:
@@ -138,8 +139,9 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
     loss = nll / denom
     grads = jax.tree.map(lambda x, p: (x / denom).astype(p.dtype), g, params)
     grad_norm = optax.tree.norm(grads)
-    updates, new_opt = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
+    with jax.named_scope("optimizer"):
+        updates, new_opt = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if skip_nonfinite:
         # Floating leaves (weights, moments) keep their old values; integer leaves (optax step counts) advance,
