@@ -11,7 +11,12 @@
     simrl    --config configs/<name>.py --workdir DIR [--set ...]   Stage I.3: joint multi-domain FoldGRPO (Eq 4)
     agentrl  --config configs/<name>.py --workdir DIR [--set ...]   Stage II: GRPO (+ CSD) against the simulator
     evalagent --agent NAME=SPEC ... --user NAME=SPEC ... --out DIR   agents x users x gyms: per-gym, Avg, MR
+    evalsim  --conversations F --human F | --judge SPEC | --simulator SPEC --soul-tasks ... --out DIR   simulator metrics
+    report   RUN_DIR... [--out DIR]   report.md + PNGs from training / evalagent / evalsim / ablation dirs
+    ablate   --matrix configs/ablations/<name>.py --out DIR [--dry-run]   a grid of runs, tabulated
     theory   [--out DIR] [--seed N]   Proposition E.1 / Theorem E.2 on finite problems; exit 0 iff every claim holds
+    plan     --config configs/<name>.py [--mesh data=A,fsdp=B,tensor=C] --device a100-80g   memory per device
+    profile  --config configs/<name>.py --what grpo_step|csd_step|sampler|midtrain_step --steps N --out DIR
 
 A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
 SIGTERM-triggered checkpoint; 1 when training stops on a non-finite loss or runs out of data; 2 for a bad
@@ -32,7 +37,12 @@ REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 # Commands implemented by a module with add_args(parser) and run(args[, trained_loader]) -> exit code.
 MODULE_COMMANDS = {
     "evalagent": ("mimesis_jax.eval.agent", "evaluate agents x users x gyms: pass@1, per-gym means, Avg, MR"),
+    "evalsim": ("mimesis_jax.eval.simulator", "evaluate a simulator: USI / USI5, fidelity index, Turing, SOUL-Index"),
+    "report": ("mimesis_jax.eval.report", "report.md + plots from training, evaluation and ablation dirs"),
+    "ablate": ("mimesis_jax.eval.ablate", "run a grid of runs differing in named switches and tabulate them"),
     "theory": ("mimesis_jax.theory.cli", "check the CSD theory (paper Appendix E) on small finite problems"),
+    "plan": ("mimesis_jax.plan", "per-device memory plan of a config on a mesh and device: fits or not"),
+    "profile": ("mimesis_jax.profile_cmd", "profile a step: trace with named scopes, HLO, cost analysis, MFU"),
 }
 
 

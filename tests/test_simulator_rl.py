@@ -155,6 +155,7 @@ def test_fold_advantages_count_each_rollout_once():
 
 @pytest.mark.parametrize("sets,match", [
     (["rl.alpha=0.01"], "rl.alpha"),
+    (["rl.credit=infopo"], "rl.credit"),
     (['domains.weights=(("nope", 1.0),)'], "unknown domain 'nope'"),
     (['domains.weights=(("hitom", 0.0),)'], "every weight is 0"),
     (['domains.weights=(("hitom", -1.0),)'], "must be a finite number >= 0"),

@@ -157,6 +157,8 @@ class SimRLConfig:
         need(self.rl.temperature == sampling_t, "rl.temperature",
              f"must equal the rollout's sampling temperature {sampling_t}")
         need(self.rl.alpha == 0, "rl.alpha", "must be 0: the simulator stage has no coach (CSD is Stage II's)")
+        need(self.rl.credit == "equalized", "rl.credit", "must be equalized: every segment of a rollout gets the "
+             "rollout's FoldGRPO advantage (turn-level credits are Stage II options)")
         d = self.domains
         need(0.0 <= d.neutral_share <= 1.0, "domains.neutral_share", "must be in [0, 1]")
         need(d.max_user_turns >= 1, "domains.max_user_turns", "must be >= 1")
