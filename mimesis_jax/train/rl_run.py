@@ -101,7 +101,7 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
         packed = pack_trajectories(trajs, adv, teacher=teacher, loss_agg=rl.loss_agg,
                                    use_rollout_logprobs=rl.old_logprobs == "rollout",
                                    rows_multiple=step_fn.rows_multiple(), row_len=row_len)
-        batches.append(step_fn.place(packed))
+        batches.append(jax.block_until_ready(step_fn.place(packed)))  # nothing in flight while the step compiles
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
         batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
     params, opt_state = state["params"], state["opt_state"]
