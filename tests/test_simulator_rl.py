@@ -1,6 +1,10 @@
 """Stage I joint RL (train/simulator_rl.py) on the tiny config: a single-turn (hitom) and a multi-turn
 (abcd_behaviour) domain, finite metrics with per-domain rewards, invalid rollouts counted, FoldGRPO advantages
-against a formula written here, resume == uninterrupted through the CLI, config errors named."""
+against a formula written here, resume == uninterrupted through the CLI, config errors named.
+
+The runs are marked slow: they compile the tiny Qwen3.5 RL step at 2,048-token rows, which twice crashed inside
+XLA's CPU compiler (SIGSEGV / SIGABRT, no message) late in the ~1,300-test default process on the CI machine while
+passing alone and in the slow pass; the slow pass runs them in a fresh, short process until that is understood."""
 
 import json
 import os
@@ -48,6 +52,7 @@ def straight(tmp_path_factory):
     return res, seen
 
 
+@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
 def test_metrics_domains_and_unique_rollout_ids(straight):
     res, seen = straight
     assert sorted(res.metrics) == [1, 2, 3] and res.checkpoint_step == 3
@@ -78,6 +83,7 @@ def test_metrics_domains_and_unique_rollout_ids(straight):
     assert res.metrics[3]["reward_running/abcd_behaviour"] == pytest.approx(np.mean(allb))
 
 
+@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
 def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_path):
     res, _ = straight
     args = ["simrl", "--config", CONFIG, "--workdir", str(tmp_path), "--set"] + SMALL
@@ -91,6 +97,7 @@ def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_p
         assert got == pytest.approx(want), r["step"]
 
 
+@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
 def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
     """The hand-off: the simrl checkpoint exports to a HF directory that load_hf reads back exactly, and the
     agent stage's user spec accepts the workdir itself (rollout/specs.py via export.load_trained)."""
@@ -108,6 +115,7 @@ def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
 def test_invalid_rollouts_leave_their_group(tmp_path):
     sides = SideModels(judge=FlakyJudge(), partner=ToySupportAgent(), support_agent=ToySupportAgent())
     seen = {}
