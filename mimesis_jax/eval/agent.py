@@ -513,7 +513,7 @@ def load_gym_tasks(gyms: Sequence[str], sources: Sequence[str] | None, split: st
 
 
 def run(args, trained_loader=None) -> int:
-    from mimesis_jax.envs.userrl.run import _retriever
+    from mimesis_jax.envs.userrl.run import retriever_from_args
     from mimesis_jax.models.config import ConfigError
 
     t0 = time.perf_counter()
@@ -525,7 +525,8 @@ def run(args, trained_loader=None) -> int:
         agents, users, judge = _entries(args, trained_loader)
         config = EvalConfig(max_turns=args.max_turns, agent_max_tokens=args.agent_max_tokens, data_dir=args.data_dir,
                             judge=judge, retriever=args.retriever, batch=args.batch)
-        summary = evaluate(args.out, agents, users, tasks, range(args.seeds), config, retriever=_retriever(args))
+        summary = evaluate(args.out, agents, users, tasks, range(args.seeds), config,
+                           retriever=retriever_from_args(args))
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

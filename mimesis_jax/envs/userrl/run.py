@@ -70,7 +70,8 @@ def _spec(args, who: str, thinking: bool = False):
                      max_tokens=getattr(args, f"{who}_max_tokens"), seed=args.seed, thinking=thinking)
 
 
-def _retriever(args):
+def retriever_from_args(args):
+    """The --retriever option as a retriever (an http(s) URL, bm25:<corpus>, ...), or None when not given."""
     if args.retriever is None:
         return None
     from mimesis_jax.envs.userrl import retriever as r
@@ -111,7 +112,7 @@ def run(args, trained_loader=None) -> int:
         tasks, dropped = mixture.build_tasks(cfg, agent.tok)
         if args.n is not None:
             tasks = mixture.MixtureSampler(tasks, cfg.weight_map() or None, seed=args.seed).sample(args.n)
-        retriever = _retriever(args)
+        retriever = retriever_from_args(args)
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
