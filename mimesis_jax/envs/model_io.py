@@ -23,16 +23,22 @@ from mimesis_jax.rollout.endpoints import split_thought
 
 
 # ------------------------------------------------------------------------------------ prompt templates
+def read_toml(path: str | os.PathLike, what: str) -> dict:
+    """The TOML table of `path`; a missing or malformed file is an EnvError naming `what` ("prompt file", ...) and
+    the path."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise EnvError(f"{what} {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise EnvError(f"{what} {path}: {e}") from None
+
+
 @functools.lru_cache(maxsize=None)
 def load_templates(path: str | os.PathLike) -> dict[str, str]:
     """A TOML file of prompt templates: a table of name -> template text (`string.Template`, `$name`)."""
-    try:
-        with open(path, "rb") as f:
-            table = tomllib.load(f)
-    except FileNotFoundError:
-        raise EnvError(f"prompt file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise EnvError(f"prompt file {path}: {e}") from None
+    table = read_toml(path, "prompt file")
     bad = [k for k, v in table.items() if not isinstance(v, str)]
     if bad:
         raise EnvError(f"prompt file {path}: entries {bad} are not strings")

@@ -24,12 +24,12 @@ tasks) and listed in ``excluded_tasks``.
 from __future__ import annotations
 
 import pathlib
-import tomllib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.model_io import read_toml
 from mimesis_jax.eval import metrics
 from mimesis_jax.eval.usi import DATA_DIR
 
@@ -41,13 +41,7 @@ def load_axes(path: str | pathlib.Path = AXES_PATH) -> dict[str, str]:
     """task -> axis from `path`: the axes must be exactly `AXES`, the tasks exactly the registered SOUL tasks."""
     from mimesis_jax.envs import soul
 
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise EnvError(f"SOUL axes file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise EnvError(f"SOUL axes file {path}: {e}") from None
+    data = read_toml(path, "SOUL axes file")
     axes, tasks = data.get("axes"), data.get("tasks")
     if not isinstance(axes, dict) or sorted(axes) != sorted(AXES):
         raise EnvError(f"{path}: [axes] must describe exactly {list(AXES)}, got {sorted(axes or {})}")

@@ -24,10 +24,10 @@ import functools
 import pathlib
 import re
 import statistics
-import tomllib
 from typing import Any, Sequence
 
 from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.model_io import read_toml
 from mimesis_jax.eval import metrics
 from mimesis_jax.eval.conversations import Conversation
 
@@ -92,13 +92,7 @@ def _compile(pattern: Any, where: str) -> re.Pattern:
 def load_features(path: str | pathlib.Path = FEATURES_PATH) -> FeatureSet:
     """The feature definitions of `path` (read once per path); errors name the file and the feature (and
     parameter)."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise EnvError(f"USI feature file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise EnvError(f"USI feature file {path}: {e}") from None
+    data = read_toml(path, "USI feature file")
     word_re = _compile((data.get("settings") or {}).get("word_pattern"), f"{path}: settings.word_pattern")
     table = data.get("features")
     if not isinstance(table, dict):
