@@ -12,6 +12,10 @@ Rule semantics (written down because the paper is silent and users must predict 
 * mesh axes that the current mesh lacks, or that another dim of the same tensor already uses, are dropped;
 * if a dim is not divisible by the product of its mesh axes, trailing mesh axes are dropped until it is
   (e.g. kv_heads=1 on tensor=2 stays replicated; a batch of 2 on data=2 x fsdp=2 uses data only).
+
+This module knows axes and shapes, not models: the models package imports it (for `constrain`) and hands it
+its parameter axes (`models.param_shardings`, `models.shard_params` call `tree_shardings`); nothing here
+imports the models package back.
 """
 
 from __future__ import annotations
@@ -147,22 +151,6 @@ def tree_shardings(mesh: Mesh, axes_tree, shapes_tree, rules=None):
     flat_shapes = treedef.flatten_up_to(shapes_tree)
     out = [named_sharding(mesh, a, getattr(s, "shape", s), rules) for a, s in zip(flat_axes, flat_shapes)]
     return jax.tree.unflatten(treedef, out)
-
-
-def param_shardings(config, mesh: Mesh, rules=None):
-    """NamedSharding of every parameter of `config`'s model, as the rules say."""
-    from mimesis_jax.models import param_specs
-    from mimesis_jax.models.layers import is_spec
-
-    specs = param_specs(config)
-    return jax.tree.map(lambda s: named_sharding(mesh, s.axes, s.shape, rules if rules is not None else config),
-                        specs, is_leaf=is_spec)
-
-
-def shard_params(config, params, mesh: Mesh, rules=None):
-    """Places every parameter on `mesh` as the rules say (works for host numpy arrays and device arrays)."""
-    shardings = param_shardings(config, mesh, rules)
-    return jax.tree.map(lambda x, s: jax.device_put(x, s), params, shardings)
 
 
 def batch_spec(ndim: int = 2, rules=None, shape=None, mesh=None) -> P:

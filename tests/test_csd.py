@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from rl_helpers import jaxpr_dims, random_batch, scaled_params, tiny_config, tree_rel_err
-from mimesis_jax import sharding
+from mimesis_jax import models, sharding
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
@@ -174,7 +174,7 @@ def _mesh(name):
 
 def _params(mesh):
     p = scaled_params(CFG)
-    return p if mesh is None else sharding.shard_params(CFG, p, mesh)
+    return p if mesh is None else models.shard_params(CFG, p, mesh)
 
 
 @pytest.fixture(scope="module")

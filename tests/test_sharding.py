@@ -51,7 +51,7 @@ def _rel(a, b):
 def test_sharded_loss_and_grads_equal_single_device(reference, mesh_name):
     params, batch, loss_ref, grads_ref = reference
     mesh = sharding.make_mesh(MESHES[mesh_name])
-    sp = sharding.shard_params(CFG, params, mesh)
+    sp = models.shard_params(CFG, params, mesh)
     sb = sharding.shard_batch(batch, mesh)
     loss, grads = make_grad_step(CFG, mesh)(sp, sb)
     loss = jax.block_until_ready(loss)
@@ -67,7 +67,7 @@ def test_sharded_loss_and_grads_equal_single_device(reference, mesh_name):
 def test_param_placements_follow_rules():
     params = models.init_params(CFG, jax.random.key(0))
     mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
-    sp = sharding.shard_params(CFG, params, mesh)
+    sp = models.shard_params(CFG, params, mesh)
     assert sp["embed"].sharding.spec == P("tensor", "fsdp")
     assert sp["lm_head"].sharding.spec == P("tensor", "fsdp")
     assert sp["layers"]["attn"]["q"].sharding.spec == P(None, "fsdp", "tensor", None)
@@ -84,7 +84,7 @@ def test_param_placements_follow_rules():
 def test_indivisible_dims_fall_back_to_replication():
     cfg = CFG.replace(num_key_value_heads=1)
     mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
-    specs = sharding.param_shardings(cfg, mesh)
+    specs = models.param_shardings(cfg, mesh)
     assert specs["layers"]["attn"]["k"].spec == P(None, "fsdp", None, None)  # 1 kv head cannot split over tensor=2
     assert sharding.logical_to_spec(("act_batch", None), (2, 5), {"data": 2, "fsdp": 2}) == P("data", None)
     assert sharding.logical_to_spec(("act_batch", None), (8, 5), {"data": 2, "fsdp": 2}) == P(("data", "fsdp"), None)

@@ -3,11 +3,15 @@
     config, params = load_hf(path)                  # HF directory -> (ModelConfig, param pytree)
     save_hf(path, config, params)                   # -> directory transformers loads to the same logits
     params = init_params(config, rng)               # random init (optionally directly sharded on a mesh)
+    params = shard_params(config, params, mesh)     # placed by the logical-axis rules (param_shardings)
     logits = forward(config, params, input_ids)     # [B, T, V] fp32, inference / tests only
     ids = greedy_generate(config, params, prompt_ids, max_new_tokens)
 
 A family module (qwen3.py, qwen3_5.py) provides: param_specs, hidden_states, init_cache, cache_axes, extend,
 and the HF name mapping in hf.py. Dispatch is by `config.model_type`.
+
+Imports run one way: this package uses `sharding` (rules, meshes, constraints) and `hf` (conversion), and
+hands them the specs and tensor tables of the family; neither imports the models package back.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import importlib
 import jax
 import jax.numpy as jnp
 
+from mimesis_jax import sharding
+from mimesis_jax.models import hf
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.models.layers import init_from_specs, is_spec, spec_axes, spec_shapes
 
@@ -47,6 +53,18 @@ def abstract_params(config: ModelConfig):
     return spec_shapes(config, param_specs(config))
 
 
+def param_shardings(config: ModelConfig, mesh, rules=None):
+    """NamedSharding of every parameter of `config`'s model, as the rules say (`rules`, else
+    `config.sharding_rules`, else sharding.DEFAULT_RULES)."""
+    return sharding.tree_shardings(mesh, param_axes(config), abstract_params(config),
+                                   rules if rules is not None else config)
+
+
+def shard_params(config: ModelConfig, params, mesh, rules=None):
+    """Places every parameter on `mesh` as the rules say (works for host numpy arrays and device arrays)."""
+    return jax.tree.map(jax.device_put, params, param_shardings(config, mesh, rules))
+
+
 def init_params(config: ModelConfig, rng: jax.Array, mesh=None, rules=None):
     """Random parameters. With a mesh, every parameter is created directly in its sharded layout."""
     return _init_fn(config, mesh, rules)(rng)
@@ -57,8 +75,6 @@ def _init_fn(config: ModelConfig, mesh, rules):
     fn = functools.partial(init_from_specs, config, param_specs(config))
     if mesh is None:
         return jax.jit(fn)
-    from mimesis_jax.sharding import param_shardings
-
     return jax.jit(fn, out_shardings=param_shardings(config, mesh, rules))
 
 
@@ -137,20 +153,32 @@ def greedy_generate(config: ModelConfig, params, prompt_ids, max_new_tokens: int
     return _greedy(config, params, prompt_ids, int(max_new_tokens))
 
 
-def load_hf(path: str, dtype: str = "float32", mesh=None, **runtime):
-    from mimesis_jax.models.hf import load_hf as _load
+def load_hf(path: str, dtype: str = "float32", mesh=None, rules=None, **runtime):
+    """(config, params) from a HF directory. `dtype` is the parameter (and default compute) dtype; `runtime`
+    sets runtime fields of the config (attention backend, remat, ...).
 
-    return _load(path, dtype=dtype, mesh=mesh, **runtime)
+    Streamed: one tensor at a time is read and each parameter goes straight to its devices (with a mesh, in
+    its sharded layout), so the host never holds the model (see hf.read_checkpoint).
+    """
+    config = hf.read_config(path, dtype, **runtime)
+    fam = family(config)
+    shapes = abstract_params(config)
+    if mesh is not None:
+        shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
+                              param_shardings(config, mesh, rules))
+    params = hf.read_checkpoint(path, config, fam.hf_tensors(config), shapes, getattr(fam, "hf_name", None))
+    return config, params
 
 
 def save_hf(path: str, config: ModelConfig, params, max_shard_bytes: int = 4 << 30) -> None:
-    from mimesis_jax.models.hf import save_hf as _save
-
-    _save(path, config, params, max_shard_bytes=max_shard_bytes)
+    """Writes config.json + safetensors in `config.param_dtype` that transformers loads (sharded with an index
+    above `max_shard_bytes`); one tensor at a time is fetched from `params` (see hf.write_checkpoint)."""
+    hf.write_checkpoint(path, config, family(config).hf_tensors(config), params, max_shard_bytes)
 
 
 __all__ = [
-    "ModelConfig", "ConfigError", "family", "param_specs", "param_axes", "abstract_params", "init_params",
+    "ModelConfig", "ConfigError", "family", "param_specs", "param_axes", "abstract_params", "param_shardings",
+    "shard_params", "init_params",
     "lm_head_weight", "hidden_states", "logits_from_hidden", "forward", "init_cache", "cache_axes", "extend",
     "greedy_generate", "load_hf", "save_hf", "is_spec",
 ]

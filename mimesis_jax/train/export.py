@@ -27,7 +27,7 @@ def load_trained(workdir: str, step: int | None = None) -> tuple[models.ModelCon
         run = ck.run_config(step)
         mc = config_lib.model_from_dict(run["model"]).replace(param_dtype="float32", dtype="float32")
         mesh = sharding.make_mesh({"fsdp": -1})
-        target = abstract_like(models.abstract_params(mc), sharding.param_shardings(mc, mesh))
+        target = abstract_like(models.abstract_params(mc), models.param_shardings(mc, mesh))
         params, step = ck.restore_params(step, target)
     finally:
         ck.close()

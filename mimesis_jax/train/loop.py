@@ -112,7 +112,7 @@ def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:
     """(abstract train state, its NamedShardings) without allocating anything."""
     abs_params = models.abstract_params(model_config)
     abs_state = jax.eval_shape(lambda p: init_train_state(p, tx, jax.random.key(0)), abs_params)
-    ps = sharding.param_shardings(model_config, mesh)
+    ps = models.param_shardings(model_config, mesh)
     rep = NamedSharding(mesh, P())
     shard = {
         "params": ps,

@@ -29,7 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mimesis_jax.algorithms.logprobs import next_token_mask, token_logprobs
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.sharding import batch_sharding, constrain, param_shardings, use_mesh
+from mimesis_jax.models import param_shardings
+from mimesis_jax.sharding import batch_sharding, constrain, use_mesh
 
 
 def target_weights(batch) -> jax.Array:
@@ -56,7 +57,7 @@ def lm_loss(config: ModelConfig, params, batch) -> jax.Array:
 def make_grad_step(config: ModelConfig, mesh=None, rules=None):
     """A jitted (params, batch) -> (loss, grads). With a mesh, grads come back sharded like the params.
 
-    Inputs should already be placed (`sharding.shard_params`, `sharding.shard_batch`).
+    Inputs should already be placed (`models.shard_params`, `sharding.shard_batch`).
     """
     fn = jax.value_and_grad(lambda p, b: lm_loss(config, p, b))
     if mesh is None:

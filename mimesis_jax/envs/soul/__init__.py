@@ -3,12 +3,6 @@
 Task modules are imported on first use: `task_names()` lists every task, `task_info(name)` describes one.
 """
 
-# One module per OdysSim task folder; importing a module registers its task(s).
-TASK_MODULES = (
-    "fantom", "hitom", "paratomi", "lifechoices", "mistakes", "twinvoice", "socsci210", "alignx", "behaviorchain",
-    "social_r1", "coser", "sotopia", "mirrorbench", "userllm", "humanllm", "sim_arena", "humanual",
-)
-
-from mimesis_jax.envs.soul.base import (ChoiceEnv, JudgeEnv, SoulEnv, TaskInfo, load_records, make_env,  # noqa: F401
-                                        parse_choice, parse_exact, parse_score, register, sample_records, task_info,
-                                        task_names)
+from mimesis_jax.envs.soul.base import (TASK_MODULES, ChoiceEnv, JudgeEnv, SoulEnv, TaskInfo, load_records,  # noqa: F401
+                                        make_env, parse_choice, parse_exact, parse_score, register, sample_records,
+                                        task_info, task_names)

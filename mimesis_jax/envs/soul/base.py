@@ -79,11 +79,17 @@ def register(cls):
     return cls
 
 
+# One module per OdysSim task folder; importing a module registers its task(s).
+TASK_MODULES = (
+    "fantom", "hitom", "paratomi", "lifechoices", "mistakes", "twinvoice", "socsci210", "alignx", "behaviorchain",
+    "social_r1", "coser", "sotopia", "mirrorbench", "userllm", "humanllm", "sim_arena", "humanual",
+)
+
+
 def _load_all() -> None:
     """Imports every task module (each registers its tasks on import)."""
     import importlib
 
-    from mimesis_jax.envs.soul import TASK_MODULES
     for m in TASK_MODULES:
         importlib.import_module(f"mimesis_jax.envs.soul.{m}")
 

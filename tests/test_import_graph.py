@@ -1,0 +1,127 @@
+"""Imports inside the package run one way: no circle among mimesis_jax modules (issue #15 item 5).
+
+The graph is read with `ast` from every module's import statements, the ones inside functions included (a
+function-local import is still a dependency, only a deferred one). An import of `a.b.c` is an arrow to the module
+`a.b.c` (a `from a.b import c` arrow goes to the submodule `a.b.c` when there is one, else to `a.b`); the package
+__init__ that Python runs on the way is not counted. Imports by computed name (`importlib.import_module(name)`,
+as in `models.family`) are not seen.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import mimesis_jax
+
+ROOT = os.path.dirname(mimesis_jax.__file__)
+
+
+def _modules(root: str = ROOT, package: str = "mimesis_jax") -> dict[str, str]:
+    """{dotted module name: file path} of every .py file under the package."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for fn in files:
+            if fn.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, fn), root)[:-3].split(os.sep)
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                out[".".join([package] + rel)] = os.path.join(dirpath, fn)
+    return out
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """{module: modules of the package it imports, anywhere in its source}."""
+    graph = {}
+    for mod, path in modules.items():
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    if sub in modules:
+                        deps.add(sub)
+                    elif base in modules:
+                        deps.add(base)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative), each sorted."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_circle_finder_on_known_graphs():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d", "f"}, "f": {"e"}}
+    assert sorted(circles(g)) == [["a", "b", "c"], ["e", "f"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_graph_sees_top_level_relative_and_function_local_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg.sub import leaf\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "leaf.py").write_text("from .. import top\n")
+    (pkg / "top.py").write_text("def f():\n    import pkg.sub.leaf\n")
+    g = import_graph(_modules(str(pkg), "pkg"))
+    assert g == {"pkg": {"pkg.sub.leaf"}, "pkg.sub": set(), "pkg.sub.leaf": {"pkg.top"}, "pkg.top": {"pkg.sub.leaf"}}
+    assert circles(g) == [["pkg.sub.leaf", "pkg.top"]]
+
+
+def test_package_imports_have_no_circle():
+    graph = import_graph(_modules())
+    # the reader sees this package's arrows, function-local ones included (so an empty answer means something)
+    assert "mimesis_jax.sharding" in graph["mimesis_jax.models"]
+    assert "mimesis_jax.models.hf" in graph["mimesis_jax.models"]
+    assert "mimesis_jax.sharding" in graph["mimesis_jax.models.layers"]  # an import inside embed_lookup
+    found = circles(graph)
+    detail = [[f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c] for c in found]
+    assert not found, f"import circles among mimesis_jax modules: {detail}"
