@@ -12,6 +12,9 @@ Backends (``impl``; a model takes it from ``config.attention_impl``):
 * ``blockwise``: flash attention in pure JAX (models/blockwise_attention.py): query x key blocks with an
   online softmax and a recomputing custom VJP, memory O(block^2) per head, blocks that cannot hold a visible
   pair skipped. Block sizes are ``config.attention_block_q`` / ``attention_block_k``.
+* ``pallas``: the same flash algorithm as Pallas kernels (models/pallas_attention.py: forward, dq and dk/dv
+  kernels, the mask evaluated from the spec inside each kernel). Interpret mode on CPU (tests; slow), compiled
+  kernels on accelerators. Same block-size fields (rounded to powers of two there).
 
 Both compute, per query i over its visible keys j (s_ij = scale * q_i . k_j, scale = Dh^-1/2 by default),
 ``o_i = sum_j softmax_j(s_ij) v_j`` and ``lse_i = log sum_j exp(s_ij)``, group query heads over KV heads
@@ -28,8 +31,9 @@ import jax.numpy as jnp
 from mimesis_jax.models.blockwise_attention import blockwise_attention
 from mimesis_jax.models.masks import (MaskSpec, branch_mask, branch_specs, cache_mask, cache_spec,  # noqa: F401
                                       causal_spec, dense_mask, segment_causal_mask)
+from mimesis_jax.models.pallas_attention import pallas_attention
 
-IMPLS = ("dense", "blockwise")
+IMPLS = ("dense", "blockwise", "pallas")
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
@@ -73,6 +77,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, impl: st
             o, lse = dense_attention(q, k, v, spec, scale)
         elif impl == "blockwise":
             o, lse = blockwise_attention(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k)
+        elif impl == "pallas":
+            o, lse = pallas_attention(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k)
         else:
             raise ValueError(f"attention: unknown impl {impl!r}; expected one of {IMPLS}")
     return (o, lse) if return_lse else o

@@ -33,7 +33,7 @@ RUNTIME_FIELDS = (
     "sharding_rules",
 )
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("dense", "blockwise")  # see models/attention.py
+ATTENTION_IMPLS = ("dense", "blockwise", "pallas")  # see models/attention.py
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -76,9 +76,9 @@ class ModelConfig:
     param_dtype: str = "float32"  # dtype parameters are stored in (fp32 master weights)
     remat: str = "none"  # per-layer rematerialisation policy, one of REMAT_POLICIES
     scan_layers: bool = True  # jax.lax.scan over stacked layers (fast compiles) vs a Python loop
-    attention_impl: str = "dense"  # one of ATTENTION_IMPLS: dense reference, or blockwise (flash) for long rows
-    attention_block_q: int = 512  # blockwise: queries per block (an upper bound; see blockwise_attention.py)
-    attention_block_k: int = 512  # blockwise: keys per block
+    attention_impl: str = "dense"  # one of ATTENTION_IMPLS: dense reference, blockwise (flash) or pallas kernels
+    attention_block_q: int = 512  # blockwise/pallas: queries per block (an upper bound; see blockwise_attention.py)
+    attention_block_k: int = 512  # blockwise/pallas: keys per block
     logits_seq_chunk: int = 256  # tokens per chunk in the memory-safe log-prob path
     logits_vocab_chunk: int = 16384  # vocabulary entries per chunk in the memory-safe log-prob path
     # logical axis -> mesh axes; None means mimesis_jax.sharding.DEFAULT_RULES. Part of the (static) config so

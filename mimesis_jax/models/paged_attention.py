@@ -1,0 +1,132 @@
+"""Decode attention over a paged KV cache: one new query token per sequence against its pages.
+
+Layout (agreed with the inference engine):
+
+* q [B, H, Dh]: the current token's queries (query head h reads KV head h // (H // KVH), as HF's repeat_kv);
+* k_pages, v_pages [KVH, P, page_size, Dh]: the shared page pool;
+* page_table [B, pages_per_seq] int32: sequence b's logical page n lives in pool page page_table[b, n]
+  (any order; entries past the sequence's last page are ignored and may hold anything in [0, P));
+* lengths [B] int32: sequence b's tokens are its logical positions 0 .. lengths[b] - 1 (the new token included).
+
+    out[b, h] = sum_t softmax_t(scale * q[b, h] . K_b[t]) V_b[t],   t < lengths[b],
+
+with K_b[t] = k_pages[h // G, page_table[b, t // page_size], t % page_size]; a sequence of length 0 gets 0.
+
+`paged_attention` runs a Pallas kernel over the grid (B, KVH): the G query heads of one KV head form a [G, Dh]
+block, the kernel walks the sequence's used pages through the page table (the last one partly masked) with the
+online softmax of models/blockwise_attention.py (fp32 statistics and accumulator whatever the input dtype). On
+CPU it runs in interpret mode (the tests check it against `paged_attention_reference`, which gathers the pages
+into a dense [B, T, KVH, Dh] cache and calls the dense backend). On TPU, where the portable kernel would hold a
+head's whole page pool in VMEM, `paged_attention` hands the same arguments to jax's tuned TPU kernel
+(jax.experimental.pallas.ops.tpu.paged_attention, the same layout; q pre-scaled since that kernel does not scale);
+that path is not exercised by this repository's CPU tests.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from mimesis_jax.models.attention import dense_attention
+from mimesis_jax.models.masks import make_spec
+from mimesis_jax.models.pallas_attention import compiler_params
+
+_F32 = jnp.float32
+
+
+def _check(q, k_pages, v_pages, page_table, lengths):
+    if q.ndim != 3 or k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
+        raise ValueError(f"paged_attention: q {q.shape} must be [B, H, Dh] and k_pages/v_pages "
+                         f"{k_pages.shape}/{v_pages.shape} [KVH, P, page_size, Dh]")
+    B, H, Dh = q.shape
+    KVH = k_pages.shape[0]
+    if k_pages.shape[3] != Dh or H % KVH:
+        raise ValueError(f"paged_attention: head_dim {Dh} vs {k_pages.shape[3]}, or KV heads {KVH} do not divide "
+                         f"query heads {H}")
+    if page_table.ndim != 2 or page_table.shape[0] != B or lengths.shape != (B,):
+        raise ValueError(f"paged_attention: page_table {page_table.shape} must be [B={B}, pages_per_seq] and "
+                         f"lengths {lengths.shape} [B]")
+
+
+def paged_attention_reference(q, k_pages, v_pages, page_table, lengths, *, scale: float | None = None):
+    """The formula through the dense backend: gather each sequence's pages into [B, pages_per_seq * page_size,
+    KVH, Dh], mask positions >= length, attend. For tests and as a fallback."""
+    _check(q, k_pages, v_pages, page_table, lengths)
+    B, H, Dh = q.shape
+    KVH, _, S, _ = k_pages.shape
+    T = page_table.shape[1] * S
+
+    def gather(pages):  # [KVH, P, S, Dh] -> [B, T, KVH, Dh]
+        return pages[:, page_table].reshape(KVH, B, T, Dh).transpose(1, 2, 0, 3)
+
+    pos = jnp.arange(T, dtype=jnp.int32)
+    kseg = (pos[None] < lengths[:, None]).astype(jnp.int32)
+    spec = make_spec(jnp.ones((B, 1), jnp.int32), kseg, jnp.full((B, 1), T, jnp.int32), jnp.broadcast_to(pos, (B, T)))
+    scale = Dh ** -0.5 if scale is None else float(scale)
+    o, _ = dense_attention(q[:, None], gather(k_pages), gather(v_pages), spec, scale)
+    return o[:, 0]
+
+
+def _paged_kernel(table_ref, len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, page_size):
+    b = pl.program_id(0)
+    q = q_ref[...].astype(_F32)  # [G, Dh]
+    length = len_ref[b]
+
+    def body(n, carry):
+        m, l, acc = carry
+        page = table_ref[b, n]
+        k, v = k_ref[page], v_ref[page]  # [page_size, Dh]
+        # broadcast-multiply-sum, not a matmul: G query heads is usually below the 16 rows of a GPU dot tile
+        s = jnp.sum(q[:, None, :] * k[None].astype(_F32), axis=-1) * scale  # [G, page_size]
+        valid = n * page_size + jnp.arange(page_size, dtype=jnp.int32) < length
+        s = jnp.where(valid[None], s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(-1))
+        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - m_safe[:, None])
+        alpha = jnp.exp(m - m_safe)
+        pv = jnp.sum(p[:, :, None] * v[None].astype(_F32), axis=1)  # [G, Dh]
+        return m_new, alpha * l + p.sum(-1), alpha[:, None] * acc + pv
+
+    G, Dh = q.shape
+    init = (jnp.full((G,), -jnp.inf, _F32), jnp.zeros((G,), _F32), jnp.zeros((G, Dh), _F32))
+    n_pages = jnp.minimum((length + page_size - 1) // page_size, table_ref.shape[1])
+    _, l, acc = jax.lax.fori_loop(0, n_pages, body, init)
+    o_ref[...] = jnp.where(l[:, None] > 0, acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0).astype(o_ref.dtype)
+
+
+def _tpu_paged(q, k_pages, v_pages, page_table, lengths, scale):
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_paged
+    pps = page_table.shape[1]
+    per_block = max(d for d in range(1, min(pps, 8) + 1) if pps % d == 0)
+    o = tpu_paged((q * scale).astype(q.dtype), k_pages, v_pages, lengths, page_table,
+                  pages_per_compute_block=per_block)
+    return jnp.where((lengths > 0)[:, None, None], o, 0).astype(q.dtype)
+
+
+def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
+                    lengths: jax.Array, *, scale: float | None = None, interpret: bool | None = None) -> jax.Array:
+    """Decode attention over a paged cache (layout in the module docstring) -> out [B, H, Dh] in q's dtype.
+    `interpret=None`: interpret mode on CPU; on TPU (interpret not forced) jax's TPU paged kernel is used."""
+    _check(q, k_pages, v_pages, page_table, lengths)
+    B, H, Dh = q.shape
+    KVH, P, S, _ = k_pages.shape
+    G = H // KVH
+    scale = Dh ** -0.5 if scale is None else float(scale)
+    page_table, lengths = jnp.asarray(page_table, jnp.int32), jnp.asarray(lengths, jnp.int32)
+    backend = jax.default_backend()
+    if interpret is None and backend == "tpu":
+        return _tpu_paged(q, k_pages, v_pages, page_table, lengths, scale)
+    interpret = backend == "cpu" if interpret is None else bool(interpret)
+    pool = pl.BlockSpec((None, P, S, Dh), lambda b, h: (h, 0, 0, 0))
+    o = pl.pallas_call(
+        functools.partial(_paged_kernel, scale=scale, page_size=S), grid=(B, KVH),
+        in_specs=[pl.BlockSpec(page_table.shape, lambda b, h: (0, 0)), pl.BlockSpec((B,), lambda b, h: (0,)),
+                  pl.BlockSpec((None, None, G, Dh), lambda b, h: (b, h, 0, 0)), pool, pool],
+        out_specs=pl.BlockSpec((None, None, G, Dh), lambda b, h: (b, h, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((B, KVH, G, Dh), q.dtype), interpret=interpret,
+        name="mimesis_paged_decode", compiler_params=compiler_params(),
+    )(page_table, lengths, q.reshape(B, KVH, G, Dh), k_pages, v_pages)
+    return o.reshape(B, H, Dh)
