@@ -15,6 +15,11 @@ Chosen here (the paper is silent):
 * 2,048 new tokens per simulator turn (thought + utterance), contexts up to 16,384 tokens (row_len).
 * mesh: 16 devices = data 2 x fsdp 4 x tensor 2; bf16 compute, fp32 master weights, full remat, blockwise
   attention at these lengths.
+* memory on A100-80GB (`python -m mimesis_jax plan`, 76 GiB usable): the smallest settings that fit. 4 gradient
+  micro-batches per update (`rl.num_microbatches`; 128 rows of 16,384 tokens = 4 rows per device per micro-batch):
+  the update's peak is 67.7 GiB for 9B (206 GiB with 1, 114 with 2) and 45.1 GiB for 4B (150 / 80 with 1 / 2).
+  At most 256 rollouts per sampler call (`rollout.max_batch`; 512 per step as 2 calls, the same samples): the
+  rollout phase's peak is 62.1 GiB for 9B and 51.5 for 4B (112 / 97 GiB with all 512 at once).
 * fixed sides: any OpenAI-compatible endpoint for the judge; the ABCD support agent and the SOUL interlocutors
   default to the same endpoint (sides.support_agent / sides.partner to change).
 Ablations (Appendix C): --set init.from_workdir=... (mid-trained / SFT) vs init.from_hf=<pretrained Qwen3.5 dir>;
@@ -36,10 +41,10 @@ def paper_simrl(size: str) -> SimRLConfig:
         sides=SidesConfig(judge="http://localhost:8001/v1", judge_model="judge", support_agent="", partner="",
                           key_env="JUDGE_API_KEY", max_tokens=1024),
         domains=DomainMixConfig(weights=(), behaviour=True, neutral_share=1.0 / 3.0, max_user_turns=8),
-        rl=RLConfig(alpha=0.0, kl_coef=0.0, eps_low=0.2, eps_high=0.2, loss_agg="token-mean"),
+        rl=RLConfig(alpha=0.0, kl_coef=0.0, eps_low=0.2, eps_high=0.2, loss_agg="token-mean", num_microbatches=4),
         rollout=SimRolloutConfig(prompts_per_step=64, group_size=8, mini_batch_prompts=16, max_tokens=2048,
                                  max_context_tokens=16_384, row_len=16_384, temperature=1.0, thinking=True,
-                                 fold=True, env_workers=64),
+                                 fold=True, env_workers=64, max_batch=256),
         optimizer=OptimizerConfig(lr=8e-6, schedule="constant", warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.95,
                                   clip_norm=1.0),
         train=TrainConfig(steps=500, seed=0, remat="full", dtype="bfloat16", nonfinite="stop", log_every=1),

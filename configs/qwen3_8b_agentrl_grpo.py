@@ -17,6 +17,10 @@ Choices where the paper is silent (this project's):
   may use up to 2,048 of it; rows of 9,344 tokens (one dialogue never spans rows);
 * 4 gradient micro-batches per update (`rl.num_microbatches`), a constant LR after 3 warmup updates, grad clipping
   at 1.0, AdamW without weight decay;
+* at most 256 dialogues per sampler call (`rollout.max_batch`; 1,024 per step run as 4 calls with the same
+  samples): the largest power of two whose rollout phase fits an A100-80GB on this mesh (`python -m mimesis_jax
+  plan`: KV cache 22.5 GiB + prefill 12 GiB, peak 51.5 of 76 usable GiB; all 1,024 at once need 189 GiB). The
+  update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
 * the simulator is served (e.g. `serve --generation-role user` on the exported MIMESIS-9B, or vLLM) and also
   plays the gyms' judge and classifier; validation every 10 steps on the shipped evaluation tasks.
 """
@@ -43,7 +47,7 @@ def get_config() -> AgentRLConfig:
                     credit="equalized", score="sum", old_logprobs="recompute", num_microbatches=4),
         rollout=RolloutConfig(prompts_per_step=128, group_size=8, mini_batch_prompts=16, max_turns=16,
                               agent_max_tokens=2048, max_context_tokens=PROMPT + RESPONSE,
-                              row_len=PROMPT + RESPONSE, temperature=1.0, env_workers=64),
+                              row_len=PROMPT + RESPONSE, temperature=1.0, env_workers=64, max_batch=256),
         optimizer=OptimizerConfig(lr=1e-6, schedule="constant", warmup_steps=3, weight_decay=0.0, clip_norm=1.0),
         train=TrainConfig(steps=100, seed=0, remat="full", dtype="bfloat16", log_every=1),
         mesh=MeshConfig(data=1, fsdp=8, tensor=2),

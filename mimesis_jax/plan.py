@@ -26,9 +26,10 @@ joint RL):
 * the CSD teacher branches (Stage II with rl.alpha > 0): Tb branch tokens per trunk row, one no-gradient layer
   forward at a time (nothing saved), attending the trunk and branch keys;
 * the rollout phase (RL configs): the sampler's KV cache and, for Qwen3.5, the DeltaNet state and conv window
-  (`init_cache` shapes placed by `cache_axes`) for the whole rollout batch at its bucketed longest context, one
-  prefill layer's working set and the logits, next to the parameters and optimizer state (resident while the
-  policy samples).
+  (`init_cache` shapes placed by `cache_axes`) for one sampler call -- rollout.max_batch sequences (0: the whole
+  rollout batch, prompts_per_step x group_size), bucketed, at the longest context -- one prefill layer's working
+  set and the logits, next to the parameters and optimizer state (resident while the policy samples). Chunked
+  calls run one after another, so only one chunk's cache is live.
 
 RL row counts depend on the data; the default is the worst case Stage II allows (every dialogue fills a row of
 rollout.row_len tokens) and one row per rollout for Stage I's joint RL (a rollout's segments pack into one row);
@@ -36,8 +37,8 @@ rollout.row_len tokens) and one row per rollout for Stage I's joint RL (a rollou
 
 The peak is the larger of the train step and the rollout phase; a config FITS when the peak is at most the
 device's memory less `HEADROOM`. When it does not, `suggest` re-plans single changes and pairs of them (remat
-full, data or tensor folded into fsdp, more micro-batches, a smaller rollout batch, shorter rows, more fsdp
-devices) and reports the cheapest that fits (costs in `_knobs`).
+full, data or tensor folded into fsdp, more micro-batches, fewer sequences per sampler call (rollout.max_batch),
+shorter rows, more fsdp devices) and reports the cheapest that fits (costs in `_knobs`).
 
 The formulas were checked against XLA's compiled memory analysis (`profiling.memory_bytes`: arguments + results -
 aliased + scratch) of the LM train step, the RL step and the sampler on fake-device CPU meshes
@@ -131,7 +132,7 @@ def config_mesh(mesh_cfg, visible_devices: int) -> dict[str, int]:
 # ------------------------------------------------------------------------------------------ workload
 @dataclasses.dataclass(frozen=True)
 class Rollout:
-    batch: int  # sequences per sampler call (after the sampler's batch bucket)
+    batch: int  # sequences per sampler call: min(rollout batch, rollout.max_batch), after the batch bucket
     prompt_len: int  # longest prompt (after the prompt bucket)
     new_tokens: int  # per call (after the new-token bucket)
 
@@ -231,8 +232,11 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
         notes.append(f"CSD branches: every agent turn coached, notes of users.coach_max_tokens="
                      f"{cfg.users.coach_max_tokens} + {NOTE_TOKENS} template tokens")
     rollout_batch = r.prompts_per_step * r.group_size
+    per_call = min(rollout_batch, r.max_batch) if r.max_batch else rollout_batch
     longest = max(1, context - max_new)
-    roll = _sampler_shapes(rollout_batch, longest, max_new, _batch_multiple(model, mesh))
+    roll = _sampler_shapes(per_call, longest, max_new, _batch_multiple(model, mesh))
+    notes.append(f"rollout: {rollout_batch} sequences in {-(-rollout_batch // per_call)} sampler call(s) of <= "
+                 f"{per_call} (rollout.max_batch={r.max_batch})")
     per = "given by --rows" if rows is not None else "one per " + ("dialogue" if kind == "agentrl" else "rollout")
     notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
     return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
@@ -713,8 +717,8 @@ class Suggestion:
 def _knobs(cfg, mesh: dict) -> list[list[tuple[float, tuple[str, ...], dict | None]]]:
     """Per knob, its options as (cost, --set overrides, mesh or None). Costs order the search: remat full 1;
     one halving of data or tensor into fsdp (same device count) 1 per step; k x the micro-batches log2 k; the
-    rollout batch / k (RL) 2 log2 k; rows / k (shorter contexts) 6 log2 k; k x the fsdp devices (more hardware)
-    8 + 2 log2 k."""
+    sequences per sampler call (rollout.max_batch) / k (RL; more, smaller sampler calls, the same samples)
+    log2 k; rows / k (shorter contexts) 6 log2 k; k x the fsdp devices (more hardware) 8 + 2 log2 k."""
     from mimesis_jax.config import RunConfig
 
     lm = isinstance(cfg, RunConfig)
@@ -736,13 +740,10 @@ def _knobs(cfg, mesh: dict) -> list[list[tuple[float, tuple[str, ...], dict | No
     knobs.append(micro)
     if not lm:
         r = cfg.rollout
-        options = []
-        for k in (2, 4, 8):
-            n = r.prompts_per_step // k
-            if n >= 1:
-                options.append((2 * math.log2(k), (f"rollout.prompts_per_step={n}",
-                                                   f"rollout.mini_batch_prompts={min(n, r.mini_batch_prompts)}"), None))
-        knobs.append(options)
+        total = r.prompts_per_step * r.group_size
+        per_call = min(r.max_batch, total) if r.max_batch else total
+        knobs.append([(math.log2(k), (f"rollout.max_batch={per_call // k}",), None)
+                      for k in (2, 4, 8, 16, 32, 64) if per_call // k >= 1])
     rows = []
     for k in (2, 4, 8):
         if lm:
@@ -852,8 +853,8 @@ def run(args) -> int:
         if not p.fits:
             s = suggest(args.config, args.overrides, mesh, args.device, args.rows)
             if s is None:
-                print("suggestion: no change of at most two of remat full, more fsdp, up to 16x the micro-batches, a "
-                      "rollout batch down to 1/8, rows down to 1/8, up to 4x the fsdp devices fits")
+                print("suggestion: no change of at most two of remat full, more fsdp, up to 16x the micro-batches, "
+                      "rollout.max_batch down to 1/64, rows down to 1/8, up to 4x the fsdp devices fits")
             else:
                 print(f"suggestion: {s.change} -> total {s.plan.total / GiB:.2f} GiB, margin "
                       f"{s.plan.margin / GiB:+.2f} GiB -> FITS")

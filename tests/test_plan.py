@@ -2,6 +2,7 @@
 on the 8 fake CPU devices, the paper configs on A100-80GB, suggestions and CLI errors."""
 
 import argparse
+import math
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +102,7 @@ def rl_step_memory(w: PL.Workload, rl) -> int:
     mesh = sharding.make_mesh(w.mesh)
     tx = make_optimizer(w.optimizer, w.total_updates, w.model)
     step = make_rl_step(w.model, tx, mesh, rl)
-    params = abstract(models.abstract_params(w.model), sharding.param_shardings(w.model, mesh))
+    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, mesh))
     opt = abstract(jax.eval_shape(tx.init, models.abstract_params(w.model)), step._opt_shardings(params))
     M, B = w.microbatches, w.rows // w.microbatches
     shapes = {k: ((M, B, w.row_len), jnp.int32) for k in ("tokens", "positions", "segment_ids", "teacher_src")}
@@ -122,7 +123,7 @@ def sampler_memory(w: PL.Workload) -> int:
     mesh = sharding.make_mesh(w.mesh)
     r = w.rollout
     B, Pl = r.batch, r.prompt_len
-    params = abstract(models.abstract_params(w.model), sharding.param_shardings(w.model, mesh))
+    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, mesh))
 
     def arr(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, shape, w.model))
@@ -173,6 +174,14 @@ def test_rl_step_and_sampler_match_compiled_memory():
     assert within(p.train_peak, compiled), (p.train_peak, compiled)
     compiled = sampler_memory(w)  # the sampler alone: the plan's rollout phase less the resident optimizer state
     assert within(p.rollout_peak - p.item("optimizer state"), compiled), (p.rollout_peak, compiled)
+    # rollout.max_batch=8 < the 32 sequences of a step: the plan holds one call of 8 (the calls run one by one)
+    cfg = PL.load_run_config("configs/tiny_agentrl_grpo.py", ["rollout.max_batch=8"])
+    w8 = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
+    assert w8.rollout == PL.Rollout(8, 256, 32)
+    p8 = PL.plan(w8, PL.DEVICES["cpu"])
+    assert p8.item("KV cache") < p.item("KV cache") and p8.train_peak == p.train_peak
+    compiled = sampler_memory(w8)
+    assert within(p8.rollout_peak - p8.item("optimizer state"), compiled), (p8.rollout_peak, compiled)
 
     # GRPO + CSD with fused teacher branches (Tb = 48 agent + 2 turns x (256 + 32) note tokens -> 640) under the
     # paper's full remat and blockwise attention
@@ -195,43 +204,76 @@ def test_rl_step_and_sampler_match_compiled_memory():
 
 
 # ------------------------------------------------------------------------------------------ paper configs
-PAPER_LM = ("mimesis_4b_midtrain", "mimesis_9b_midtrain", "mimesis_4b_sft", "mimesis_9b_sft")
+# Every paper-scale config (Table 4: mid-training and SFT, Table 7: simulator RL, Table 13: Stage II) on its own
+# A100-80GB mesh: 32 devices for mid-training, 8 for SFT, 16 for the RL stages.
+PAPER = ("mimesis_4b_midtrain", "mimesis_9b_midtrain", "mimesis_4b_sft", "mimesis_9b_sft", "mimesis_4b_simrl",
+         "mimesis_9b_simrl", "qwen3_8b_agentrl_grpo", "qwen3_8b_agentrl_csd")
+PAPER_LM = PAPER[:4]
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_every_paper_config_fits_on_its_a100_80g_mesh(name):
+    cfg = PL.load_run_config(f"configs/{name}.py")
+    mesh = dict(cfg.mesh.axes())
+    assert -1 not in mesh.values()
+    p = PL.plan_config(cfg, mesh, "a100-80g")
+    print(f"{name}: {math.prod(mesh.values())} x a100-80g, train {p.train_peak / GiB:.2f} GiB, rollout "
+          f"{p.rollout_peak / GiB:.2f} GiB, margin {p.margin / GiB:+.2f} GiB of {p.usable / GiB:.2f} usable")
+    assert p.fits and p.margin > 0 and p.total <= p.usable
 
 
 @pytest.mark.parametrize("name", PAPER_LM)
-def test_paper_stage1_sft_and_midtrain_fit_on_a100_80g(name):
+def test_paper_stage1_sft_and_midtrain_activations(name):
     cfg = PL.load_run_config(f"configs/{name}.py")
     p = PL.plan_config(cfg, dict(cfg.mesh.axes()), "a100-80g")
-    assert p.fits and p.rollout_peak == 0
+    assert p.rollout_peak == 0
     # full remat keeps each layer's bf16 input: 32 layers x 1 row x the row length x hidden x 2 bytes per device
     D = 2560 if "4b" in name else 4096
     assert p.item("activations (saved)") == 32 * 1 * cfg.data.seq_len * D * 2
 
 
-def test_paper_rl_configs_on_a100_80g():
-    """What the planner finds for the paper's RL configs on their own meshes (see the module docstring of
-    mimesis_jax/plan.py for the row assumptions): Stage II's update fits, but its rollout phase does not: the
-    sampler is called once for all 128 x 8 dialogues, with a KV cache for the longest context bucket."""
+def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
+    """What makes the RL configs fit: Stage II's 1,024 dialogues per step sampled 256 per call (all at once, the
+    KV cache alone is 90 GiB), and Stage I's update in 4 micro-batches (one: 206 GiB for 9B)."""
+    mesh16 = {"data": 1, "fsdp": 8, "tensor": 2}
     for name in ("qwen3_8b_agentrl_grpo", "qwen3_8b_agentrl_csd"):
-        p = PL.plan_config(PL.load_run_config(f"configs/{name}.py"), {"data": 1, "fsdp": 8, "tensor": 2}, "a100-80g")
-        assert p.train_peak < p.usable
-        assert p.workload.rollout == PL.Rollout(1024, 8192, 2048)  # prompts up to 9,344 - 2,048 -> bucket 8,192
-        # k and v: 36 layers x 1,024 / 8 rows x 10,240 slots x 8 / 2 KV heads x 128 x bf16, + segment ids + index
-        assert p.item("KV cache") == 2 * 36 * 128 * 10_240 * 4 * 128 * 2 + 128 * 10_240 * 4 + 4
-        assert not p.fits
-    for name in ("mimesis_4b_simrl", "mimesis_9b_simrl"):  # one 16,384-token row per rollout, 1 micro-batch
-        p = PL.plan_config(PL.load_run_config(f"configs/{name}.py"), {"data": 2, "fsdp": 4, "tensor": 2}, "a100-80g")
+        cfg = PL.load_run_config(f"configs/{name}.py")
+        assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
+        p = PL.plan_config(cfg, mesh16, "a100-80g")
+        assert p.workload.rollout == PL.Rollout(256, 8192, 2048)  # prompts up to 9,344 - 2,048 -> bucket 8,192
+        # k and v: 36 layers x 256 / 8 rows x 10,240 slots x 8 / 2 KV heads x 128 x bf16, + segment ids + index
+        assert p.item("KV cache") == 2 * 36 * 32 * 10_240 * 4 * 128 * 2 + 32 * 10_240 * 4 + 4
+        whole = PL.plan_config(PL.load_run_config(f"configs/{name}.py", ["rollout.max_batch=0"]), mesh16, "a100-80g")
+        assert whole.workload.rollout.batch == 1024 and whole.item("KV cache") > 90 * GiB and not whole.fits
+        assert whole.train_peak == p.train_peak  # the cap changes the rollout phase only
+    mesh = {"data": 2, "fsdp": 4, "tensor": 2}
+    for name in ("mimesis_4b_simrl", "mimesis_9b_simrl"):  # one 16,384-token row per rollout
+        cfg = PL.load_run_config(f"configs/{name}.py")
+        assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
+        p = PL.plan_config(cfg, mesh, "a100-80g")
         assert (p.workload.rows // 8, p.workload.row_len) == (16, 16_384)
-        assert not p.fits and p.train_peak > p.usable
+        one = PL.plan_config(PL.load_run_config(f"configs/{name}.py", ["rl.num_microbatches=1"]), mesh, "a100-80g")
+        assert one.train_peak > p.usable > p.train_peak
+        # 4 rows per device per micro-batch instead of 16: the saved activations shrink 4x
+        assert one.item("activations (saved)") == 4 * p.item("activations (saved)")
 
 
 def test_paper_rl_configs_get_a_change_that_fits():
-    for name, mesh in (("qwen3_8b_agentrl_csd", {"data": 1, "fsdp": 8, "tensor": 2}),
-                       ("mimesis_9b_simrl", {"data": 2, "fsdp": 4, "tensor": 2})):
-        s = PL.suggest(f"configs/{name}.py", [], mesh, "a100-80g")
+    """Without their memory settings the RL configs do not fit, and `suggest` finds a change that does: for
+    Stage II the knob is the sequences per sampler call."""
+    for name, undo, mesh in (("qwen3_8b_agentrl_csd", ["rollout.max_batch=0"], {"data": 1, "fsdp": 8, "tensor": 2}),
+                             ("mimesis_9b_simrl", ["rollout.max_batch=0", "rl.num_microbatches=1"],
+                              {"data": 2, "fsdp": 4, "tensor": 2})):
+        assert not PL.plan_config(PL.load_run_config(f"configs/{name}.py", undo), mesh, "a100-80g").fits
+        s = PL.suggest(f"configs/{name}.py", undo, mesh, "a100-80g")
         assert s is not None and s.plan.fits
-        again = PL.plan_config(PL.load_run_config(f"configs/{name}.py", list(s.overrides)), s.mesh, "a100-80g")
+        again = PL.plan_config(PL.load_run_config(f"configs/{name}.py", undo + list(s.overrides)), s.mesh,
+                               "a100-80g")
         assert again.fits and again.total == s.plan.total
+        # the cheapest change is the config's own setting
+        assert s.mesh == mesh and s.overrides == {"qwen3_8b_agentrl_csd": ("rollout.max_batch=256",),
+                                                   "mimesis_9b_simrl": ("rl.num_microbatches=4",
+                                                                        "rollout.max_batch=256")}[name]
 
 
 def test_too_big_config_does_not_fit_and_the_suggestion_does(capsys):
@@ -265,6 +307,13 @@ def test_bad_input_exits_2_naming_the_value(capsys, argv, named):
     assert PL.run(parse(["--config", "configs/tiny_sft.py"] + argv)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and named in err
+
+
+@pytest.mark.parametrize("config", ["configs/tiny_agentrl_grpo.py", "configs/tiny_simrl.py"])
+def test_rollout_max_batch_errors_name_the_key(capsys, config):
+    assert PL.run(parse(["--config", config, "--device", "cpu", "--set", "rollout.max_batch=-4"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "rollout.max_batch" in err and "-4" in err
 
 
 def test_parse_mesh_and_device_errors():

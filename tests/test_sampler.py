@@ -222,6 +222,115 @@ def test_filter_logits_matches_numpy_per_row():
         assert np.array_equal(np.isfinite(out[r]), ref > 0), f"row {r}: kept set differs"
 
 
+def _np_old_filter_keep(z, top_k, top_p):
+    """The kept set of the former sort-based filter, in NumPy: sort the row, keep the first k, then the first
+    tokens (in that order) whose preceding renormalised mass is below p (at least one); ties with a threshold
+    kept. Independent of `lax.top_k`."""
+    V = len(z)
+    desc = np.sort(z)[::-1]
+    k = V if top_k <= 0 else min(top_k, V)
+    e = np.exp(desc[:k] - desc[0])
+    probs = e / e.sum()
+    before = np.cumsum(probs) - probs
+    n_keep = k if top_p >= 1.0 else max(1, int(np.sum(before < top_p)))
+    return z >= desc[n_keep - 1]
+
+
+def test_top_k_candidates_filter_equals_the_sort_filter_for_many_k_and_p():
+    """lax.top_k candidates (static count from `candidate_count`) keep exactly the tokens the full-sort filter
+    keeps, on tie-free logits, for every (k, p) pair; a call whose rows all set top_k uses fewer than V
+    candidates, one with a top_p-only row uses all V."""
+    rng = np.random.RandomState(7)
+    V = 300
+    ks = [0, 1, 2, 5, 17, 33, 64, 100, 299, 300, 1000]
+    ps = [1.0, 0.99, 0.9, 0.5, 0.2, 0.01]
+    pairs = [(k, p) for k in ks for p in ps]
+    z = (rng.randn(len(pairs), V) * 2.0 + np.stack([rng.permutation(V) for _ in pairs]) * 1e-3).astype(np.float32)
+    assert all(len(np.unique(row)) == V for row in z)  # tie-free
+    with_k = [i for i, (k, _) in enumerate(pairs) if k > 0]
+    assert sampler.candidate_count([pairs[i][0] for i in with_k], [pairs[i][1] for i in with_k], V) == 300
+    assert sampler.candidate_count([5, 17, 1], [0.5, 1.0, 0.9], V) == 64  # at least MIN_CANDIDATES
+    assert sampler.candidate_count([0, 100], [1.0, 1.0], V) == 128 and sampler.candidate_count([0], [1.0], V) == 0
+    assert sampler.candidate_count([0, 3], [0.9, 1.0], V) == V  # top-p without top-k: the whole ordering
+    groups = [list(range(len(pairs))), with_k] + [[i for i, (k, _) in enumerate(pairs) if k == kk]
+                                                  for kk in (1, 17, 64, 100)]  # 64, 64, 64, 128 candidates
+    for rows in groups:
+        k_arr = np.array([pairs[i][0] for i in rows], np.int32)
+        p_arr = np.array([pairs[i][1] for i in rows], np.float32)
+        C = sampler.candidate_count(k_arr, p_arr, V)
+        if C == 0:
+            continue
+        out = np.asarray(sampler.filter_logits(jnp.asarray(z[rows]), jnp.asarray(k_arr), jnp.asarray(p_arr), C))
+        for j, i in enumerate(rows):
+            ref = _np_old_filter_keep(z[i].astype(np.float64), *pairs[i])
+            assert np.array_equal(np.isfinite(out[j]), ref), f"(k, p) = {pairs[i]}, {C} candidates: kept set differs"
+            np.testing.assert_array_equal(out[j][ref], z[i][ref])  # kept logits pass through unchanged
+
+
+def test_sampled_tokens_equal_the_sort_filter_path_for_fixed_keys():
+    """choose_tokens with the top_k candidates draws the very tokens a categorical over the sort filter's kept
+    set draws with the same keys (the same Gumbel noise over the same finite logits)."""
+    rng = np.random.RandomState(8)
+    B, V, T = 64, 500, 0.8
+    z = (rng.randn(B, V) * 2.0 + np.stack([rng.permutation(V) for _ in range(B)]) * 1e-3).astype(np.float32)
+    k_arr = rng.choice([1, 3, 10, 40, 200], size=B).astype(np.int32)
+    p_arr = rng.choice([1.0, 0.9, 0.6, 0.3], size=B).astype(np.float32)
+    keys = jax.random.split(jax.random.key(5), B)
+    temp = jnp.full((B,), T, jnp.float32)
+    C = sampler.candidate_count(k_arr, p_arr, V)
+    assert C == 256
+    tok, _ = sampler.choose_tokens(jnp.asarray(z), keys, temp, jnp.asarray(k_arr), jnp.asarray(p_arr), C)
+    scaled = np.asarray(jnp.asarray(z) / jnp.maximum(temp, 1e-6)[:, None])
+    keep = np.stack([_np_old_filter_keep(scaled[r].astype(np.float64), int(k_arr[r]), float(p_arr[r]))
+                     for r in range(B)])
+    old = jax.vmap(jax.random.categorical)(keys, jnp.where(jnp.asarray(keep), jnp.asarray(scaled), -jnp.inf))
+    np.testing.assert_array_equal(np.asarray(tok), np.asarray(old))
+    assert len(set(np.asarray(tok).tolist())) > 10  # real draws, not one argmax
+
+
+def test_max_batch_chunks_sample_what_one_call_samples(model):
+    """max_batch splits the prompts into consecutive compiled calls (here two of batch 2 against one call of
+    batch 8); an int seed keys row r by its global index, so the samples are those of the single call."""
+    config, params = model
+    prompts = _prompts(config.vocab_size, (3, 9, 5, 12), seed=10)
+    kw = dict(max_new_tokens=8, temperature=1.0, top_k=20)
+    for seed in (4, [21, 22, 23, 24]):
+        whole = gen(config, params, prompts, seed=seed, **kw)
+        chunked = sampler.generate(config, params, prompts, seed=seed, max_batch=2, **kw,
+                                   buckets=sampler.Buckets(min_batch=2, min_prompt=32, min_new=16))
+        assert [s.tokens for s in chunked] == [s.tokens for s in whole]
+        # other batch shapes, other fp32 summation orders: Qwen3.5's DeltaNet layers drift by ~3e-5
+        np.testing.assert_allclose(np.concatenate([s.logprobs for s in chunked]),
+                                   np.concatenate([s.logprobs for s in whole]), atol=1e-4)
+    assert len({tuple(s.tokens) for s in whole}) == len(prompts)
+    with pytest.raises(ValueError, match="max_batch must be an int >= 0"):
+        gen(config, params, prompts, max_batch=-1, **kw)
+
+
+def test_local_chat_model_max_batch_chunks_the_sampler_calls(monkeypatch):
+    """LocalChatModel(max_batch=N) hands N to the sampler: its calls hold at most N sequences, the replies are
+    those of max_batch=0 (same seeds), and a bad value is refused naming the argument."""
+    from mimesis_jax.data.tokenizer import load_tokenizer
+    from mimesis_jax.rollout.endpoints import LocalChatModel
+
+    tok = load_tokenizer("tiny")
+    config = ModelConfig(**dict(QWEN3, vocab_size=tok.vocab_size))
+    params = models.init_params(config, jax.random.key(2))
+    convs = [[{"role": "user", "content": f"Order number {i} please"}] for i in range(5)]
+    kw = dict(max_tokens=6, temperature=1.0, seed=9, buckets=BK)
+    sizes = []
+    real = sampler._generate_chunk
+    monkeypatch.setattr(sampler, "_generate_chunk", lambda *a, **k: sizes.append(len(a[2])) or real(*a, **k))
+    whole = LocalChatModel(config, params, tok, **kw).chat_batch(convs)
+    assert sizes == [5]
+    chunked = LocalChatModel(config, params, tok, max_batch=2, **kw).chat_batch(convs)
+    assert sizes == [5, 2, 2, 1]
+    assert [r.token_ids for r in chunked] == [r.token_ids for r in whole]
+    assert [r.text for r in chunked] == [r.text for r in whole]
+    with pytest.raises(ValueError, match="max_batch must be an int >= 0"):
+        LocalChatModel(config, params, tok, max_batch=-2)
+
+
 # ----------------------------------------------------------------------------- buckets, mesh, errors
 def test_compiled_once_per_bucket():
     """Family-independent bucketing logic, checked on qwen3: calls inside one bucket reuse one program."""

@@ -13,12 +13,19 @@ How a call runs
 * **Left padding.** The KV cache is written at one shared slot index for all rows, so shorter prompts are
   LEFT-padded with segment id 0 (never attended; for Qwen3.5 never folded into the recurrent state) while each
   row's positions are its own: 0..len-1 for the prompt, then len, len+1, ... for generated tokens.
+* **Chunks** (`max_batch` > 0): at most that many sequences per compiled call; the prompts run in consecutive
+  chunks, each bucketed on its own, and the samples equal those of one call (per-row keys, below, use the
+  row's global index). What bounds the rollout phase's KV cache and prefill memory (see plan.py).
 * **Prefill** is one `models.extend` over the padded prompts; **decoding** is a `lax.while_loop` of one-token
   `extend` calls that stops as soon as every row is finished (a stop id or its own max_new_tokens).
 * **Sampling** per row, from fp32 logits of the last position ([B, V], never [B, T, V]):
   temperature 0 = greedy (argmax); otherwise logits / temperature, then top-k (0 = off), then top-p (nucleus:
   the smallest prefix of the sorted distribution whose mass reaches p; 1.0 = off), then a categorical draw.
-  Tokens tied with the top-k / top-p threshold logit are kept.
+  Tokens tied with the top-k / top-p threshold logit are kept. No step sorts the vocabulary for top-k: the
+  candidates come from `lax.top_k` with a static count (the largest requested k rounded up to a power of two,
+  at least 64: `candidate_count`), each row masks beyond its own k, and top-p runs over those candidates. A request with
+  top_k off but top_p < 1 needs the whole ordering, so a call holding one takes all V candidates (a full sort,
+  exact; no probability mass is dropped).
 * **Log-probs** (`logprob_temperature`). By default ("sampling") the returned log-prob of a token is
   log_softmax(logits / T)[token] at the request's own temperature T (T = 1 for a greedy request, T == 0): the
   policy pi_T = softmax(logits / T) is the one the RL update must score (RLConfig.temperature = T), so that the
@@ -33,7 +40,7 @@ How a call runs
   fold_in(key(seed), r): rows differ (GRPO groups repeat one prompt). With a list of seeds, row_key_r =
   fold_in(key(seeds[r]), 0): a request's samples then do not depend on what else is in the batch, so one-by-one
   and batched generation agree. Same seeds, same samples.
-* **Sharding.** With a mesh, params are placed by `sharding.shard_params`, inputs are split over the batch mesh
+* **Sharding.** With a mesh, params are placed by `models.shard_params`, inputs are split over the batch mesh
   axes, the cache follows `models.cache_axes`, and the program runs under `sharding.use_mesh(mesh)`.
 """
 
@@ -52,6 +59,7 @@ from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 
 _TRACES = {"count": 0}
+MIN_CANDIDATES = 64  # the fewest top-k candidates a filtering program takes: top_k 1..64 share one program
 
 
 @dataclasses.dataclass
@@ -100,30 +108,54 @@ def trace_count() -> int:
 
 
 # ----------------------------------------------------------------------------------------- sampling
-def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def candidate_count(top_k: Sequence[int], top_p: Sequence[float], vocab_size: int) -> int:
+    """The static number of top candidates `filter_logits` needs for these requests (0: no filtering at all).
+
+    The largest requested k rounded up to a power of two and to at least `MIN_CANDIDATES` (so that nearby k
+    share a compiled program), at most the vocabulary. A request with top_k off (0) but top_p < 1 orders the whole vocabulary: then the count is the
+    vocabulary (`lax.top_k` over V, a full sort, kept only for that case so that the nucleus is exact).
+    """
+    ks = [int(k) for k in top_k]
+    ps = [float(p) for p in top_p]
+    if any(k <= 0 and p < 1.0 for k, p in zip(ks, ps)):
+        return int(vocab_size)
+    if not any(k > 0 for k in ks):
+        return 0
+    return min(max(MIN_CANDIDATES, _next_pow2(max(ks))), int(vocab_size))
+
+
+def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array, k_max: int | None = None) -> jax.Array:
     """Top-k then top-p (nucleus) filtering of [B, V] logits; filtered entries become -inf.
 
     top_k [B] int (<= 0 keeps all), top_p [B] float (>= 1 keeps all). Ties with a threshold logit are kept.
+    The candidates are the `k_max` (static; default V) largest logits of each row from `lax.top_k`, never a sort of
+    the whole vocabulary: a row's k is min(top_k, k_max), its nucleus is the shortest prefix of those candidates
+    whose renormalised mass reaches top_p, and every logit >= the last kept candidate survives. Exact when
+    k_max >= every row's top_k and k_max = V for rows with top_k off but top_p < 1 (`candidate_count` picks that);
+    with a smaller k_max such a row's mass beyond the k_max candidates is dropped. Rows with both filters off pass
+    through unchanged.
     """
     V = logits.shape[-1]
-    desc = -jnp.sort(-logits, axis=-1)
-    k = jnp.where(top_k <= 0, V, jnp.minimum(top_k, V))
-    kth = jnp.take_along_axis(desc, (k - 1)[:, None], axis=-1)
-    logits = jnp.where(logits < kth, -jnp.inf, logits)
-    desc_k = jnp.where(jnp.arange(V)[None, :] < k[:, None], desc, -jnp.inf)
-    probs = jax.nn.softmax(desc_k, axis=-1)
+    C = V if k_max is None else max(1, min(int(k_max), V))
+    cand, _ = jax.lax.top_k(logits, C)  # [B, C], descending
+    k = jnp.where(top_k <= 0, C, jnp.minimum(top_k, C))
+    in_k = jnp.arange(C)[None, :] < k[:, None]
+    probs = jax.nn.softmax(jnp.where(in_k, cand, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
-    n_keep = jnp.maximum(jnp.sum(keep & (jnp.arange(V)[None, :] < k[:, None]), axis=-1), 1)
-    pth = jnp.take_along_axis(desc, (n_keep - 1)[:, None], axis=-1)
-    return jnp.where(logits < pth, -jnp.inf, logits)
+    keep = in_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
+    n_keep = jnp.maximum(jnp.sum(keep, axis=-1), 1)
+    threshold = jnp.take_along_axis(cand, (n_keep - 1)[:, None], axis=-1)
+    off = (top_k <= 0) & (top_p >= 1.0)
+    return jnp.where(off[:, None] | (logits >= threshold), logits, -jnp.inf)
 
 
 def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                  top_p: jax.Array, filtering: bool, logprob_temperature: jax.Array | None = None
+                  top_p: jax.Array, filtering: int, logprob_temperature: jax.Array | None = None
                   ) -> tuple[jax.Array, jax.Array]:
     """Picks one token per row from fp32 logits [B, V]; returns (tokens [B], log-probs [B]).
 
+    `filtering` (static): 0 / False samples the full distribution; otherwise the top-k / top-p candidate count
+    of `filter_logits` (True = the whole vocabulary; `candidate_count` gives the smallest exact one).
     The log-prob is log_softmax(logits / logprob_temperature)[token], unfiltered; logprob_temperature [B]
     defaults to the sampling temperature (1 where a row is greedy).
     """
@@ -133,7 +165,7 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
     if filtering:
-        scaled = filter_logits(scaled, top_k, top_p)
+        scaled = filter_logits(scaled, top_k, top_p, None if filtering is True else int(filtering))
     drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, scaled).astype(jnp.int32)
     tok = jnp.where(temperature <= 0.0, greedy, drawn)
     lsm = jax.nn.log_softmax(logits / logprob_temperature[:, None], axis=-1)
@@ -152,7 +184,7 @@ def _constrain_cache(config: ModelConfig, cache):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def _generate_bucket(config: ModelConfig, params, n_new: int, filtering: bool, tokens, positions, segments,
+def _generate_bucket(config: ModelConfig, params, n_new: int, filtering: int, tokens, positions, segments,
                      lengths, temperature, lp_temperature, top_k, top_p, max_new, stops, seeds, salts, live):
     _TRACES["count"] += 1
     B, P = tokens.shape
@@ -217,13 +249,21 @@ def _stop_lists(stop_ids, n: int) -> list[list[int]]:
 
 def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_new_tokens,
              temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), seed=0, mesh=None,
-             buckets: Buckets | None = None, logprob_temperature: str | float = "sampling") -> list[Sample]:
-    """Samples a continuation of every prompt (token id lists of any lengths) in one batched program.
+             buckets: Buckets | None = None, logprob_temperature: str | float = "sampling",
+             max_batch: int = 0) -> list[Sample]:
+    """Samples a continuation of every prompt (token id lists of any lengths) in batched programs.
 
     See the module docstring for the sampling rules, the log-prob temperature ("sampling": each request's own
     temperature, 1 when greedy; or one float for all), per-request settings, seeding and buckets.
+    `max_batch` caps the sequences of one compiled call (0 = all prompts in one call): the prompts then run in
+    consecutive chunks of at most `max_batch`, each with its own batch / prompt bucket, so the KV cache and the
+    prefill hold one chunk at a time. Row r keeps its key (seed, global index r) whatever the chunking: the
+    samples are those of a single call.
     """
+    prompts = list(prompts)
     n = len(prompts)
+    if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 0:
+        raise ValueError(f"max_batch must be an int >= 0 (0 = every prompt in one call), got {max_batch!r}")
     if n == 0:
         return []
     buckets = buckets or Buckets()
@@ -262,8 +302,22 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
     if isinstance(seed, (list, tuple, np.ndarray)):
         seeds, salts = _per_request("seed", seed, n, int), [0] * n
     else:
-        seeds, salts = [int(seed)] * n, list(range(n))
+        seeds, salts = [int(seed)] * n, list(range(n))  # the salt is the global row index: chunking keeps it
+    if mesh is not None:
+        params = models.shard_params(config, params, mesh)
+    step = max_batch or n
+    samples = []
+    for a in range(0, n, step):
+        rows = slice(a, min(n, a + step))
+        samples += _generate_chunk(config, params, prompts[rows], max_new[rows], temps[rows], lp_temps[rows],
+                                   tps[rows], tks[rows], stops[rows], seeds[rows], salts[rows], mesh, buckets)
+    return samples
 
+
+def _generate_chunk(config, params, prompts, max_new, temps, lp_temps, tps, tks, stops, seeds, salts, mesh,
+                    buckets: Buckets) -> list[Sample]:
+    """One compiled call over validated per-request lists (params already placed on `mesh`)."""
+    n = len(prompts)
     B = buckets.batch(n, sharding.batch_shard_count(mesh, config))
     P = buckets.prompt(max(len(p) for p in prompts))
     N = buckets.new_tokens(max(max_new))
@@ -287,14 +341,13 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
     def pad(vals, fill, dtype):
         return np.asarray(list(vals) + [fill] * (B - n), dtype)
 
-    filtering = any(k > 0 for k in tks) or any(p < 1.0 for p in tps)
+    filtering = candidate_count(tks, tps, config.vocab_size)
     inputs = (tokens, positions, segments, lengths, pad(temps, 0.0, np.float32), pad(lp_temps, 1.0, np.float32),
               pad(tks, 0, np.int32), pad(tps, 1.0, np.float32), pad(max_new, 1, np.int32), stop_arr,
               pad([s % (1 << 32) for s in seeds], 0, np.uint32), pad(salts, 0, np.uint32), live)
     if mesh is None:
         out_tok, out_lp, count = _generate_bucket(config, params, N, filtering, *inputs)
     else:
-        params = sharding.shard_params(config, params, mesh)
         placed = [jax.device_put(x, sharding.batch_sharding(mesh, x.shape, config)) for x in inputs]
         with sharding.use_mesh(mesh):
             out_tok, out_lp, count = _generate_bucket(config, params, N, filtering, *placed)
