@@ -1,5 +1,5 @@
-"""Remote endpoint (retries, backoff, timeouts, key hygiene) against a local fake OpenAI server; refusal rules;
-thought splitting; chat_many; the local JAX ChatModel."""
+"""Remote endpoint on the `openai` client (retries, backoff, timeouts, key hygiene) against a local fake OpenAI
+server; refusal rules; thought splitting; chat_many; the local JAX ChatModel."""
 
 import http.server
 import json
@@ -43,7 +43,8 @@ class FakeServer:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                fake.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body)})
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                fake.requests.append({"path": self.path, "headers": headers, "body": json.loads(body)})
                 step = fake.script.pop(0) if fake.script else (500, {"error": "script exhausted"}, {}, 0)
                 status, payload, headers, delay = step
                 time.sleep(delay)
@@ -87,37 +88,42 @@ def key_env(monkeypatch):
 
 
 def test_retries_with_backoff_then_succeeds(fake, key_env, caplog):
-    srv = fake([(503, {"error": "busy"}, {}, 0), (429, {"error": f"slow down {KEY}"}, {"Retry-After": "0.05"}, 0),
+    """503 then 429 (with the key echoed in its body) are retried by the client, honouring Retry-After; the third
+    answer is read; the key travels in the Authorization header only and never reaches a log line."""
+    srv = fake([(503, {"error": "busy"}, {"retry-after-ms": "10"}, 0),
+                (429, {"error": f"slow down {KEY}"}, {"Retry-After": "0.05"}, 0),
                 (200, _completion("hello there"), {}, 0)])
-    model = OpenAIChatModel(srv.url, "fake-model", api_key_env=key_env, max_retries=3, backoff=0.01, jitter=0.0)
+    model = OpenAIChatModel(srv.url, "fake-model", api_key_env=key_env, max_retries=3)
     caplog.set_level(logging.DEBUG)
     t0 = time.monotonic()
     r = model.chat([{"role": "user", "content": "hi"}], max_tokens=7, temperature=0.0, stop=["\n"])
     assert r.text == "hello there" and r.token_ids is None and r.finish_reason == "stop"
+    assert r.meta["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     assert len(srv.requests) == 3
-    assert time.monotonic() - t0 >= 0.01 + 0.05  # first backoff, then Retry-After
+    assert time.monotonic() - t0 >= 0.01 + 0.05  # both server-directed delays were waited
     req = srv.requests[-1]
     assert req["path"] == "/v1/chat/completions"
-    assert req["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert req["headers"]["authorization"] == f"Bearer {KEY}"
     assert req["body"] == {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7,
                            "temperature": 0.0, "stop": ["\n"]}
-    assert "retrying" in caplog.text and KEY not in caplog.text and "***" in caplog.text
+    assert "Retrying request" in caplog.text and KEY not in caplog.text
 
 
 def test_non_retryable_status_fails_at_once_without_leaking_the_key(fake, key_env, caplog):
     srv = fake([(400, {"error": {"message": f"bad key {KEY}"}}, {}, 0), (200, _completion("never"), {}, 0)])
-    model = OpenAIChatModel(srv.url, "m", api_key_env=key_env, max_retries=3, backoff=0.01)
+    model = OpenAIChatModel(srv.url, "m", api_key_env=key_env, max_retries=3)
     caplog.set_level(logging.DEBUG)
     with pytest.raises(EndpointError, match="HTTP 400") as e:
         model.chat([{"role": "user", "content": "hi"}])
-    assert e.value.status == 400 and KEY not in str(e.value) and KEY not in repr(model)
-    assert len(srv.requests) == 1 and KEY not in caplog.text
+    assert e.value.status == 400 and "bad key ***" in str(e.value)
+    assert KEY not in str(e.value) and KEY not in repr(model) and KEY not in caplog.text
+    assert len(srv.requests) == 1
 
 
 def test_timeouts_are_retried_then_reported(fake, key_env):
     srv = fake([(200, _completion("late"), {}, 0.6)] * 3)
-    model = OpenAIChatModel(srv.url, "m", api_key_env=key_env, timeout=0.2, max_retries=2, backoff=0.01)
-    with pytest.raises(EndpointError, match="giving up after 3 attempts"):
+    model = OpenAIChatModel(srv.url, "m", api_key_env=key_env, timeout=0.2, max_retries=2)
+    with pytest.raises(EndpointError, match="giving up after 3 attempts; last error: APITimeoutError"):
         model.chat([{"role": "user", "content": "hi"}])
     assert len(srv.requests) == 3
 
@@ -128,13 +134,15 @@ def test_connection_refused_is_retried(key_env):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens on this port now
-    model = OpenAIChatModel(f"http://127.0.0.1:{port}/v1", "m", api_key_env=key_env, max_retries=2, backoff=0.01)
-    with pytest.raises(EndpointError, match="giving up after 3 attempts; last error: URLError"):
+    model = OpenAIChatModel(f"http://127.0.0.1:{port}/v1", "m", api_key_env=key_env, max_retries=1)
+    with pytest.raises(EndpointError, match="giving up after 2 attempts; last error: APIConnectionError"):
         model.chat([{"role": "user", "content": "hi"}])
 
 
 def test_missing_key_and_malformed_response(fake, monkeypatch):
+    """No key variable: a named error. No auth (api_key_env=None): a dummy bearer, never OPENAI_API_KEY."""
     monkeypatch.delenv("MIMESIS_NO_SUCH_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
     with pytest.raises(EndpointError, match="MIMESIS_NO_SUCH_KEY is not set"):
         OpenAIChatModel("http://127.0.0.1:1/v1", "m", api_key_env="MIMESIS_NO_SUCH_KEY")
     srv = fake([(200, b"not json", {}, 0), (200, {"choices": []}, {}, 0)])
@@ -142,7 +150,24 @@ def test_missing_key_and_malformed_response(fake, monkeypatch):
     for _ in range(2):
         with pytest.raises(EndpointError, match="malformed completion response"):
             model.chat([{"role": "user", "content": "hi"}])
-    assert "Authorization" not in srv.requests[0]["headers"]
+    assert all(r["headers"]["authorization"] == "Bearer EMPTY" for r in srv.requests)
+
+
+def test_key_read_per_request_and_extensions_in_the_body(fake, key_env, monkeypatch):
+    """The key is read at each request (a rotated key is used at once); non-OpenAI settings go in the body as
+    extensions, `enable_thinking` as vLLM's chat_template_kwargs; extra_body is merged into every request."""
+    srv = fake([(200, _completion("a"), {}, 0), (200, _completion("b"), {}, 0)])
+    model = OpenAIChatModel(srv.url, "m", api_key_env=key_env, extra_body={"repetition_penalty": 1.1})
+    model.chat([{"role": "user", "content": "hi"}], seed=3, top_p=0.5, top_k=7, enable_thinking=False)
+    monkeypatch.setenv(key_env, "sk-rotated")
+    model.chat([{"role": "user", "content": "hi"}])
+    first, second = srv.requests
+    assert first["headers"]["authorization"] == f"Bearer {KEY}"
+    assert second["headers"]["authorization"] == "Bearer sk-rotated"
+    assert first["body"] == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 3, "top_p": 0.5,
+                             "top_k": 7, "repetition_penalty": 1.1, "chat_template_kwargs": {"enable_thinking": False}}
+    assert second["body"] == {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                              "repetition_penalty": 1.1}
 
 
 def test_reasoning_content_and_chat_many_with_failures(fake):
@@ -267,15 +292,15 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
     tok = load_tokenizer("tiny")
     done = {"choices": [{"index": 0, "text": "I will search now.", "finish_reason": "stop"}]}
     cut = {"choices": [{"index": 0, "text": "I will", "finish_reason": "length"}]}
-    srv = fake([(503, {"error": "busy"}, {}, 0), (200, done, {}, 0), (200, cut, {}, 0)])
-    agent = RemoteCompletionsAgent(srv.url, "agent-x", tok, api_key_env=key_env, backoff=0.01, max_concurrency=1)
+    srv = fake([(503, {"error": "busy"}, {"retry-after-ms": "10"}, 0), (200, done, {}, 0), (200, cut, {}, 0)])
+    agent = RemoteCompletionsAgent(srv.url, "agent-x", tok, api_key_env=key_env, max_concurrency=1)
     prompts = [list(tok.encode("Hello there")), list(tok.encode("Second prompt"))]
     out = agent.generate_tokens(prompts, max_tokens=9, temperature=0.0, seed=[1, 2])
     assert out[0].tokens == list(tok.encode("I will search now.")) + [tok.im_end_id]
     assert out[0].finish_reason == "stop" and out[0].logprobs is None and out[0].prompt_len == len(prompts[0])
     assert out[1].tokens == list(tok.encode("I will")) and out[1].finish_reason == "length"
     req = srv.requests[1]
-    assert req["path"] == "/v1/completions" and req["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert req["path"] == "/v1/completions" and req["headers"]["authorization"] == f"Bearer {KEY}"
     assert req["body"]["prompt"] == tok.decode(prompts[0]) and req["body"]["stop"] == ["<|im_end|>"]
     assert (req["body"]["max_tokens"], req["body"]["temperature"], req["body"]["seed"]) == (9, 0.0, 1)
     srv2 = fake([(200, {"nothing": 1}, {}, 0)])

@@ -1,5 +1,7 @@
-"""The OpenAI-compatible server: a real server on 127.0.0.1 hit by real HTTP clients (urllib and this project's
-OpenAIChatModel), in-process and as `python -m mimesis_jax serve`."""
+"""The OpenAI-compatible server: a real uvicorn server on 127.0.0.1 hit by real HTTP clients (urllib, the official
+`openai` client and this project's OpenAIChatModel / RemoteCompletionsAgent), in-process and as
+`python -m mimesis_jax serve`. References are independent of the HTTP path: LocalChatModel.chat / generate_tokens
+(the unbatched sampler) and the model's own scoring of the sampled tokens (algorithms.logprobs.token_logprobs)."""
 
 import concurrent.futures
 import json
@@ -11,6 +13,7 @@ import urllib.request
 
 import jax
 import numpy as np
+import openai
 import pytest
 
 from helpers import assert_trees_equal
@@ -18,7 +21,7 @@ from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import serve
-from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, split_thought
+from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, _derive_seed, split_thought
 
 CONV = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hello, how can I help?"}]
 
@@ -43,9 +46,9 @@ def server(checkpoint):
     srv.stop()
 
 
-def _post(url, body, raw=None):
+def _post(url, body, raw=None, route="/chat/completions"):
     data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(url + "/chat/completions", data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url + route, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
@@ -111,8 +114,12 @@ def test_seed_reproducible_and_thinking_split(server):
     ({"messages": CONV, "temperature": "hot"}, "temperature"),
     ({"messages": CONV, "max_tokens": 0}, "max_tokens"),
     ({"messages": CONV, "top_p": 1.5}, "top_p"),
-    ({"messages": CONV, "n": 2}, "n"),
-    ({"messages": CONV, "stream": True}, "stream"),
+    ({"messages": CONV, "n": 0}, "n"),
+    ({"messages": CONV, "n": 17}, "n"),  # above --max-n
+    ({"messages": CONV, "stream": "yes"}, "stream"),
+    ({"messages": CONV, "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+    ({"messages": CONV, "logprobs": True, "top_logprobs": 2}, "top_logprobs"),  # no alternatives computed
+    ({"messages": CONV, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": CONV, "stop": [""]}, "stop"),
     ({"messages": CONV, "seed": 1.5}, "seed"),
 ])
@@ -121,13 +128,232 @@ def test_bad_requests_get_400_naming_the_field(server, body, param):
     assert status == 400 and err["error"]["param"] == param and err["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("body,param", [
+    ({}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1, 2, 10 ** 9]}, "prompt"),  # a token id outside the vocabulary
+    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "max_tokens": 10 ** 9}, "max_tokens"),
+])
+def test_bad_completion_requests_get_400_naming_the_field(server, body, param):
+    status, err = _post(server.url, body, route="/completions")
+    assert status == 400 and err["error"]["param"] == param and err["error"]["type"] == "invalid_request_error"
+
+
 def test_bad_json_and_unknown_route(server):
     status, err = _post(server.url, None, raw=b"{not json")
     assert status == 400 and "not valid JSON" in err["error"]["message"]
-    req = urllib.request.Request(server.url + "/completions", data=b"{}", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=10)
-    assert e.value.code == 404
+    status, err = _post(server.url, {"input": "x"}, route="/embeddings")
+    assert status == 404 and err["error"]["type"] == "not_found_error"
+
+
+def _feed(det, tokens, finish):
+    from mimesis_jax.rollout.openai_api import TokenEvent
+
+    deltas, ids = [], []
+    for i, t in enumerate(tokens):
+        d, new, lps = det.push(TokenEvent(t, -0.5 - i, finish if i == len(tokens) - 1 else None))
+        deltas.append(d)
+        ids += new
+        assert len(lps) == len(new)
+        if det.finish_reason is not None:
+            break
+    return deltas, ids
+
+
+def test_detokenizer_stop_strings_stop_token_and_partial_characters():
+    """Streamed deltas add up to the final text and never show what a stop string later cuts, nor a partial
+    character; the references are plain string operations on the tokenizer's full decode."""
+    from mimesis_jax.rollout.openai_api import Detokenizer
+
+    tok = load_tokenizer("tiny")
+    stop_ids = (tok.im_end_id, tok.eos_id)
+    text = "Hello world, naïve café ☕. User: bye now"
+    ids = list(tok.encode(text))
+    det = Detokenizer(tok, stop_ids, ["User:", "zzz"])
+    deltas, out = _feed(det, ids, "length")
+    k = next(k for k in range(1, len(ids) + 1) if "User:" in tok.decode(ids[:k]))  # the token completing the stop
+    assert det.finish_reason == "stop" and out == ids[:k] == det.tokens
+    assert "".join(deltas) == det.text == text[:text.index("User:")]
+    assert all("\ufffd" not in d for d in deltas)
+    det = Detokenizer(tok, stop_ids, [])  # ends on the stop token: in the ids, not in the text
+    deltas, out = _feed(det, ids + [tok.im_end_id], "stop")
+    assert out == ids + [tok.im_end_id] and "".join(deltas) == det.text == tok.decode(ids) == text
+    assert all("\ufffd" not in d for d in deltas) and det.finish_reason == "stop"
+
+# ------------------------------------------------------------------------------------ through the openai client
+def _client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused-locally", timeout=120, max_retries=0)
+
+
+def _local(server):
+    return LocalChatModel(server.model.config, server.model.params, server.model.tok)
+
+
+def _stream(server, **kw):
+    """{choice index: (joined content, joined reasoning, finish_reason, logprobs, token_ids)}, usage, #role deltas."""
+    got, usage, roles = {}, None, 0
+    for chunk in _client(server).chat.completions.create(model="tiny-sim", messages=CONV, stream=True,
+                                                         stream_options={"include_usage": True}, **kw):
+        assert chunk.object == "chat.completion.chunk" and chunk.model == "tiny-sim"
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text, reasoning, finish, lps, ids = got.get(c.index, ("", "", None, [], []))
+            assert finish is None, "nothing may follow a choice's finish_reason"
+            roles += c.delta.role == "assistant"
+            text += c.delta.content or ""
+            reasoning += getattr(c.delta, "reasoning_content", None) or ""
+            lps += [x.logprob for x in (c.logprobs.content if c.logprobs else None) or []]
+            got[c.index] = (text, reasoning, c.finish_reason, lps, ids + (getattr(c, "token_ids", None) or []))
+    return got, usage, roles
+
+
+def test_openai_client_stream_equals_the_completion_and_the_local_model(server):
+    """stream=True through the official client: a role delta, content deltas that add up to the non-streamed text
+    of the same seed, the finish reason last, a usage chunk; both equal the unbatched local model's sample."""
+    kw = dict(temperature=1.0, max_tokens=10, seed=7, logprobs=True, top_logprobs=0,
+              extra_body={"return_token_ids": True})
+    full = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, **kw)
+    got, usage, roles = _stream(server, **kw)
+    text, _, finish, lps, ids = got[0]
+    choice = full.choices[0]
+    assert roles == 1 and list(got) == [0]
+    assert text == choice.message.content and finish == choice.finish_reason and ids == choice.token_ids
+    assert lps == pytest.approx([x.logprob for x in choice.logprobs.content], abs=1e-6)
+    assert usage.completion_tokens == full.usage.completion_tokens == len(ids)
+    assert usage.prompt_tokens == full.usage.prompt_tokens
+    direct = _local(server).chat(CONV, max_tokens=10, temperature=1.0, seed=7)
+    assert ids == direct.token_ids and text == direct.text and finish == direct.finish_reason
+
+
+def test_logprobs_are_the_models_own_scores(server):
+    """The served log-probs equal an independent forward pass scoring prompt + sampled tokens (temperature 1)."""
+    from mimesis_jax.algorithms.logprobs import token_logprobs
+
+    r = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, temperature=1.0, max_tokens=10,
+                                                seed=3, logprobs=True, extra_body={"return_token_ids": True})
+    ids = r.choices[0].token_ids
+    prompt = _local(server).render(CONV)
+    ref = np.asarray(token_logprobs(server.model.config, server.model.params, np.asarray([prompt + ids])))
+    np.testing.assert_allclose([x.logprob for x in r.choices[0].logprobs.content], ref[0, len(prompt) - 1:],
+                               atol=1e-4)
+    assert [x.token for x in r.choices[0].logprobs.content] == [server.model.tok.decode([t]) for t in ids]
+
+
+def test_n_choices_use_derived_seeds_streamed_or_not(server):
+    """n=3: three choices; choice 0 is the n=1 answer of the seed, choice i the local model's sample with the seed
+    derived from (seed, i); the streamed choices add up to the same three."""
+    kw = dict(temperature=1.0, max_tokens=8, seed=11, n=3, extra_body={"return_token_ids": True})
+    r = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    local = _local(server)
+    for c in r.choices:
+        seed = 11 if c.index == 0 else _derive_seed(11, c.index)
+        assert c.token_ids == local.chat(CONV, max_tokens=8, temperature=1.0, seed=seed).token_ids
+    assert len({tuple(c.token_ids) for c in r.choices}) > 1, "differently seeded choices should differ"
+    assert r.usage.completion_tokens == sum(len(c.token_ids) for c in r.choices)
+    got, _, roles = _stream(server, **kw)
+    assert roles == 3 and sorted(got) == [0, 1, 2]
+    for c in r.choices:
+        assert got[c.index][0] == c.message.content and got[c.index][4] == c.token_ids
+
+
+def test_stop_strings_streamed_and_not(server):
+    """A stop string cuts the text before it and the tokens through it, as the local model does; streamed deltas
+    (which hold back a tail that may grow into the stop string) add up to the same text."""
+    local = _local(server)
+    full = local.chat(CONV, max_tokens=12, temperature=0.0)
+    assert len(full.text) >= 6, "the random model should produce some text"
+    stop = full.text[3:6]
+    want = local.chat(CONV, max_tokens=12, temperature=0.0, stop=[stop])
+    kw = dict(temperature=0.0, max_tokens=12, stop=[stop], extra_body={"return_token_ids": True})
+    r = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, **kw).choices[0]
+    assert r.message.content == want.text and r.token_ids == want.token_ids and r.finish_reason == "stop"
+    got, _, _ = _stream(server, **kw)
+    assert got[0][0] == want.text and got[0][4] == want.token_ids and got[0][2] == "stop"
+
+def test_thinking_streams_reasoning_then_content(server):
+    kw = dict(temperature=1.0, max_tokens=12, seed=5, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    msg = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, **kw).choices[0].message
+    got, _, _ = _stream(server, **kw)
+    text, reasoning = got[0][0], got[0][1]
+    assert reasoning.strip() == msg.reasoning_content and text.strip() == msg.content
+
+
+def test_text_completions_through_the_client(server):
+    """/v1/completions: a text prompt, a batch of token-id prompts with n=2 (choice k*n + i), logprobs=0, stream;
+    each equal to the local model sampling the same ids (no chat template)."""
+    tok, local = server.model.tok, _local(server)
+    client = _client(server)
+    r = client.completions.create(model="tiny-sim", prompt="Once upon a time", max_tokens=8, temperature=0.0,
+                                  logprobs=0)
+    want = local.generate_tokens([tok.encode("Once upon a time")], max_tokens=8, temperature=0.0)[0]
+    body = want.tokens[:-1] if want.finish_reason == "stop" else want.tokens
+    c = r.choices[0]
+    assert r.object == "text_completion" and c.text == tok.decode(body) and c.finish_reason == want.finish_reason
+    assert c.logprobs.token_logprobs == pytest.approx(want.logprobs, abs=1e-6)
+    assert "".join(c.logprobs.tokens) == tok.decode(want.tokens)
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model="tiny-sim", prompt="Once upon a time", max_tokens=8, temperature=0.0, stream=True) if ch.choices)
+    assert streamed == c.text
+    prompts = [tok.encode("Hello there"), tok.encode("A second, longer prompt")]
+    r = client.completions.create(model="tiny-sim", prompt=prompts, n=2, max_tokens=6, temperature=1.0, seed=9,
+                                  extra_body={"return_token_ids": True})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        k, i = divmod(c.index, 2)
+        seed = 9 if c.index == 0 else _derive_seed(9, c.index)
+        assert c.token_ids == local.generate_tokens([prompts[k]], max_tokens=6, temperature=1.0,
+                                                    seed=[seed])[0].tokens
+    assert r.usage.prompt_tokens == sum(len(p) for p in prompts)
+
+
+def test_remote_completions_agent_against_serve(server):
+    from mimesis_jax.rollout.endpoints import RemoteCompletionsAgent
+
+    tok, local = server.model.tok, _local(server)
+    prompts = [local.render(CONV), local.render([{"role": "user", "content": "Where is my order?"}])]
+    agent = RemoteCompletionsAgent(server.url, "tiny-sim", tok, api_key_env=None, timeout=120)
+    got = agent.generate_tokens(prompts, max_tokens=8, temperature=0.0)
+    for p, g in zip(prompts, got):
+        want = local.generate_tokens([p], max_tokens=8, temperature=0.0)[0]
+        assert tok.decode(g.tokens) == tok.decode(want.tokens) and g.finish_reason == want.finish_reason
+
+
+def test_client_errors_name_the_parameter(server):
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny-sim", messages=CONV, logprobs=True, top_logprobs=3)
+    assert e.value.status_code == 400 and e.value.param == "top_logprobs" and "top_logprobs" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny-sim", prompt="hi", echo=True)
+    assert e.value.param == "echo"
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="tiny-sim", input="hi")
+
+
+def test_async_client_concurrent_streams_are_batched(server):
+    """Concurrent streaming requests from openai.AsyncOpenAI share sampler calls and each gets its own answer."""
+    import asyncio
+
+    convs = [[{"role": "user", "content": f"Ticket {i}: my parcel is late."}] for i in range(5)]
+    before = len(server.engine.batch_sizes)
+
+    async def one(client, conv):
+        stream = await client.chat.completions.create(model="tiny-sim", messages=conv, max_tokens=6,
+                                                      temperature=0.0, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=server.url, api_key="unused-locally", timeout=120, max_retries=0)
+        return await asyncio.gather(*(one(client, c) for c in convs))
+    texts = asyncio.run(main())
+    assert max(server.engine.batch_sizes[before:]) > 1
+    local = _local(server)
+    assert texts == [local.chat(c, max_tokens=6, temperature=0.0).text for c in convs]
 
 
 def test_missing_tokenizer_is_a_named_error(checkpoint):

@@ -3,10 +3,10 @@
 * `LocalChatModel`   -- this project's JAX sampler: messages are rendered with `data.chat.render_messages` (the
   one chat-formatting code path), sampled with `rollout.sampler`; token ids and temperature-1 log-probs come back.
   `chat_batch` samples many conversations in one sampler call.
-* `OpenAIChatModel`  -- a remote OpenAI-compatible `/chat/completions` endpoint (API users, judges, coaches),
-  standard library only: per-request timeout, retries with exponential backoff on 408/429/5xx, connection errors
-  and timeouts (honouring Retry-After), the API key read from an environment variable at call time and never
-  logged or put in an error message.
+* `OpenAIChatModel`  -- a remote OpenAI-compatible `/chat/completions` endpoint (API users, judges, coaches), on
+  the official `openai` client: its per-request timeout, retries with exponential backoff on 408/409/429/5xx,
+  connection errors and timeouts (honouring Retry-After); the API key read from an environment variable at call
+  time and never logged or put in an error message. `RemoteCompletionsAgent`: the same over `/completions`.
 * `ScriptedChatModel` (rollout/base.py) -- fixed replies, for tests.
 
 `chat_many(model, conversations)` runs many conversations on any ChatModel (one batched call when the model has
@@ -18,14 +18,8 @@ a `ChatResponse(finish_reason="error")` instead of an exception, so one bad requ
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import os
-import random
-import socket
-import time
-import urllib.error
-import urllib.request
 from typing import Sequence
 
 import numpy as np
@@ -133,11 +127,17 @@ class LocalChatModel:
     enable_thinking: render with the thinking template; the text then holds "{thought}\\n</think>\\n\\n{reply}".
     Each call draws fresh randomness (seed, call counter, request index) unless an explicit seed is given.
     Generation stops at `<|im_end|>` / EOS (the stop token is in `token_ids` and `logprobs`, not in `text`).
+    max_batch: sequences per compiled sampler call (0 = a whole batch at once); a larger batch runs in
+    consecutive chunks with the same samples (`sampler.generate`), bounding the KV cache of a rollout.
     """
 
     def __init__(self, config, params, tokenizer, *, generation_role: str = "assistant", enable_thinking: bool = False,
                  tools: list[dict] | None = None, max_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int = 0, mesh=None, buckets: sampler.Buckets | None = None, name: str = "local"):
+                 top_k: int = 0, seed: int = 0, mesh=None, buckets: sampler.Buckets | None = None, name: str = "local",
+                 max_batch: int = 0):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 0:
+            raise ValueError(f"LocalChatModel {name!r}: max_batch must be an int >= 0 (0 = no cap), got {max_batch!r}")
+        self.max_batch = max_batch
         self.config, self.params, self.tok = config, params, tokenizer
         self.generation_role, self.enable_thinking, self.tools = generation_role, enable_thinking, tools
         self.max_tokens, self.temperature, self.top_p, self.top_k = max_tokens, temperature, top_p, top_k
@@ -145,7 +145,7 @@ class LocalChatModel:
         self.stop_ids = tuple(sorted({int(tokenizer.im_end_id), int(tokenizer.eos_id)}))
         self._calls = 0
         if mesh is not None:
-            from mimesis_jax.sharding import shard_params
+            from mimesis_jax.models import shard_params
             self.params = shard_params(config, params, mesh)
 
     def render(self, messages: Sequence[Message], enable_thinking: bool | None = None) -> list[int]:
@@ -164,14 +164,15 @@ class LocalChatModel:
         self._calls += 1
         return sampler.generate(
             self.config, self.params, prompts, stop_ids=self.stop_ids, seed=seed, mesh=self.mesh,
-            buckets=self.buckets, max_new_tokens=self.max_tokens if max_tokens is None else max_tokens,
+            buckets=self.buckets, max_batch=self.max_batch,
+            max_new_tokens=self.max_tokens if max_tokens is None else max_tokens,
             temperature=self.temperature if temperature is None else temperature,
             top_p=self.top_p if top_p is None else top_p, top_k=self.top_k if top_k is None else top_k)
 
     def chat_batch(self, conversations: Sequence[Sequence[Message]], *, max_tokens=None, temperature=None, stop=None,
                    top_p=None, top_k=None, seed=None, enable_thinking=None) -> list[ChatResponse]:
-        """Many conversations in one sampler call. Every setting is a scalar or one value per conversation
-        (`stop`: a list of strings, or one list per conversation)."""
+        """Many conversations in one sampler call (chunks of `max_batch`, if set). Every setting is a scalar or
+        one value per conversation (`stop`: a list of strings, or one list per conversation)."""
         n = len(conversations)
 
         def per(v, default):
@@ -203,116 +204,108 @@ class LocalChatModel:
 
 
 # ------------------------------------------------------------------------------------ remote model
-_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+_NO_AUTH_KEY = "EMPTY"  # what a server without auth is sent: the client must never fall back to OPENAI_API_KEY
+# Chat request fields of the OpenAI API, passed to the client as such; any other keyword (top_k, return_token_ids,
+# ...) is an extension and goes in the body through `extra_body`, as vLLM and SGLang read it.
+_CHAT_FIELDS = frozenset({"frequency_penalty", "logit_bias", "logprobs", "max_completion_tokens", "max_tokens",
+                          "n", "presence_penalty", "reasoning_effort", "response_format", "seed", "stop",
+                          "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user"})
 
 
 class OpenAIChatModel:
-    """A remote OpenAI-compatible chat endpoint (`{base_url}/chat/completions`), standard library only.
+    """A remote OpenAI-compatible chat endpoint (`{base_url}/chat/completions`) through the official `openai` client.
 
-    api_key_env: name of the environment variable holding the key (None for servers without auth); the key is
-    read at call time, sent only in the Authorization header, and redacted from anything logged or raised.
-    A request is retried up to `max_retries` times on 408/409/425/429/5xx, connection errors and timeouts, after
-    min(max_backoff, backoff * 2**attempt) seconds (or the server's Retry-After, capped), times (1 + jitter * U).
-    `extra_body` is merged into every request (e.g. {"top_p": 0.95, "chat_template_kwargs": {...}}).
+    api_key_env: name of the environment variable holding the key, read at every request (None for servers without
+    auth: they are sent a dummy key, never OPENAI_API_KEY); the key goes in the Authorization header only, and is
+    redacted from anything this class raises (the client redacts it from its own logs).
+    The client owns the transport policy: a per-request `timeout`, and up to `max_retries` retries on connection
+    errors, timeouts, 408/409/429 and 5xx, after an exponential backoff with jitter (0.5 s doubling up to 8 s) or the
+    server's Retry-After. A failure that is final becomes an EndpointError carrying the HTTP status.
+    `extra_body` is merged into every request (e.g. {"top_p": 0.95, "chat_template_kwargs": {...}}); a call's
+    `enable_thinking` becomes `chat_template_kwargs.enable_thinking` (vLLM's switch).
+    Concurrency: `chat_many` runs `max_concurrency` calls at once from a thread pool, all on this one client
+    (thread-safe) and its connection pool.
     """
 
+    endpoint = "/chat/completions"
+
     def __init__(self, base_url: str, model: str, *, api_key_env: str | None = "OPENAI_API_KEY",
-                 timeout: float = 60.0, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 30.0,
-                 jitter: float = 0.1, max_tokens: int | None = None, temperature: float | None = None,
-                 extra_body: dict | None = None, max_concurrency: int = 8):
+                 timeout: float = 60.0, max_retries: int = 5, max_tokens: int | None = None,
+                 temperature: float | None = None, extra_body: dict | None = None, max_concurrency: int = 8):
+        import openai
+
         if api_key_env is not None and not os.environ.get(api_key_env):
             raise EndpointError(f"OpenAIChatModel({base_url}): environment variable {api_key_env} is not set "
                                 "(pass api_key_env=None for an endpoint without authentication)")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.api_key_env, self.timeout = model, api_key_env, float(timeout)
-        self.max_retries, self.backoff, self.max_backoff, self.jitter = int(max_retries), backoff, max_backoff, jitter
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + self.endpoint
+        self.model, self.api_key_env, self.timeout, self.max_retries = model, api_key_env, float(timeout), max_retries
         self.max_tokens, self.temperature = max_tokens, temperature
         self.extra_body = dict(extra_body or {})
         self.max_concurrency = int(max_concurrency)
+        self.client = openai.OpenAI(base_url=self.base_url, timeout=self.timeout, max_retries=int(max_retries),
+                                    api_key=self._key if api_key_env is not None else _NO_AUTH_KEY)
 
     def __repr__(self):
-        return f"OpenAIChatModel(url={self.url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
+        return f"{type(self).__name__}(url={self.url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
 
-    def _key(self) -> str | None:
-        return None if self.api_key_env is None else os.environ.get(self.api_key_env)
+    def _key(self) -> str:
+        key = os.environ.get(self.api_key_env or "")
+        if not key:
+            raise EndpointError(f"{self.url}: environment variable {self.api_key_env} is not set")
+        return key
 
     def _redact(self, text: str) -> str:
-        key = self._key()
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return text.replace(key, "***") if key else text
 
-    def _request_body(self, messages, max_tokens, temperature, stop, extra) -> dict:
-        body = {"model": self.model, "messages": [dict(m) for m in messages], **self.extra_body, **extra}
-        mt = self.max_tokens if max_tokens is None else max_tokens
-        t = self.temperature if temperature is None else temperature
-        if mt is not None:
-            body["max_tokens"] = int(mt)
-        if t is not None:
-            body["temperature"] = float(t)
-        if stop:
-            body["stop"] = list(stop)
-        return body
+    def _call(self, create, **kwargs):
+        """`create(**kwargs)` on the client; its final failures become EndpointErrors without the key."""
+        import openai
 
-    def _sleep_for(self, attempt: int, retry_after: str | None) -> float:
-        delay = min(self.max_backoff, self.backoff * (2 ** attempt))
-        if retry_after:
-            try:
-                delay = min(self.max_backoff, max(delay, float(retry_after)))
-            except ValueError:
-                pass
-        return delay * (1.0 + self.jitter * random.random())
-
-    def chat(self, messages, *, max_tokens=None, temperature=None, stop=None, **extra) -> ChatResponse:
-        return self._parse(self._post(self._request_body(messages, max_tokens, temperature, stop, extra)))
-
-    def _post(self, body: dict) -> bytes:
-        """POSTs `body` as JSON to `self.url` with the retry policy; returns the raw response body."""
-        data = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        key = self._key()
-        if self.api_key_env is not None:
-            if not key:
-                raise EndpointError(f"{self.url}: environment variable {self.api_key_env} is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        last = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-            retry_after = None
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return resp.read()
-            except urllib.error.HTTPError as e:
-                detail = self._redact(e.read()[:500].decode("utf-8", "replace"))
-                last = f"HTTP {e.code}: {detail}"
-                if e.code not in _RETRY_STATUS:
-                    raise EndpointError(f"{self.url}: {last}", status=e.code) from None
-                retry_after = e.headers.get("Retry-After") if e.headers else None
-            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
-                last = self._redact(f"{type(e).__name__}: {getattr(e, 'reason', e)}")
-            if attempt < self.max_retries:
-                delay = self._sleep_for(attempt, retry_after)
-                log.warning("%s: attempt %d/%d failed (%s); retrying in %.2fs", self.url, attempt + 1,
-                            self.max_retries + 1, last, delay)
-                time.sleep(delay)
-        raise EndpointError(f"{self.url}: giving up after {self.max_retries + 1} attempts; last error: {last}")
-
-    def _parse(self, raw: bytes) -> ChatResponse:
         try:
-            body = json.loads(raw)
-            choice = body["choices"][0]
-            msg = choice["message"]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-            raise EndpointError(f"{self.url}: malformed completion response ({type(e).__name__}: {e}); body starts "
-                                f"{self._redact(raw[:200].decode('utf-8', 'replace'))!r}") from None
-        meta = {"model": body.get("model"), "usage": body.get("usage")}
-        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+            return create(**kwargs)
+        except openai.APIStatusError as e:
+            raise EndpointError(self._redact(f"{self.url}: HTTP {e.status_code}: {e.message}"),
+                                status=e.status_code) from None
+        except (openai.APITimeoutError, openai.APIConnectionError) as e:
+            raise EndpointError(self._redact(f"{self.url}: giving up after {self.max_retries + 1} attempts; last "
+                                             f"error: {type(e).__name__}: {e}")) from None
+        except openai.APIError as e:  # e.g. a body that is not a completion
+            raise EndpointError(self._redact(f"{self.url}: malformed completion response ({type(e).__name__}: "
+                                             f"{e})")) from None
+
+    def _malformed(self, e: Exception, response) -> EndpointError:
+        return EndpointError(self._redact(f"{self.url}: malformed completion response ({type(e).__name__}: {e}); "
+                                          f"got {str(response)[:200]!r}"))
+
+    def chat(self, messages, *, max_tokens=None, temperature=None, stop=None, enable_thinking=None,
+             **extra) -> ChatResponse:
+        fields = {"max_tokens": self.max_tokens if max_tokens is None else max_tokens,
+                  "temperature": self.temperature if temperature is None else temperature,
+                  "stop": list(stop) if stop else None}
+        body = dict(self.extra_body)
+        for k, v in extra.items():
+            (fields if k in _CHAT_FIELDS else body)[k] = v
+        if enable_thinking is not None:
+            body["chat_template_kwargs"] = {**body.get("chat_template_kwargs", {}), "enable_thinking": enable_thinking}
+        fields = {k: v for k, v in fields.items() if v is not None}
+        out = self._call(self.client.chat.completions.create, model=self.model,
+                         messages=[dict(m) for m in messages], extra_body=body or None, **fields)
+        try:
+            choice = out.choices[0]
+            msg = choice.message
+            text = msg.content or ""
+        except (AttributeError, IndexError, TypeError) as e:
+            raise self._malformed(e, out) from None
+        meta = {"model": out.model, "usage": out.usage.model_dump(exclude_none=True) if out.usage else None}
+        reasoning = getattr(msg, "reasoning_content", None) or getattr(msg, "reasoning", None)
         if reasoning:
             meta["reasoning"] = reasoning
-        lps = None
-        content_lp = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
-        if content_lp:
-            lps = [float(x["logprob"]) for x in content_lp]
-        return ChatResponse(text=msg.get("content") or "", token_ids=choice.get("token_ids"), logprobs=lps,
-                            finish_reason=choice.get("finish_reason") or "stop", meta=meta)
+        content_lp = choice.logprobs.content if choice.logprobs is not None else None
+        lps = [float(x.logprob) for x in content_lp] if content_lp else None
+        return ChatResponse(text=text, token_ids=getattr(choice, "token_ids", None), logprobs=lps,
+                            finish_reason=choice.finish_reason or "stop", meta=meta)
 
 
 class RemoteCompletionsAgent(OpenAIChatModel):
@@ -321,34 +314,29 @@ class RemoteCompletionsAgent(OpenAIChatModel):
     The runner hands token prompts; they are decoded to text (the chat template is already in them), sent as
     `prompt`, and the returned text is encoded back with `tokenizer` (+ `<|im_end|>` when the server stopped).
     Log-probs are None and the ids are re-tokenised, so these rollouts are for evaluation, not for RL updates
-    (the RL stages use an in-process agent, whose samples are token-exact). Same key/retry policy as
-    OpenAIChatModel.
+    (the RL stages use an in-process agent, whose samples are token-exact). Same client, key and retry policy as
+    OpenAIChatModel; a batch of prompts runs `max_concurrency` requests at once from a thread pool.
     """
+
+    endpoint = "/completions"
 
     def __init__(self, base_url: str, model: str, tokenizer, **kwargs):
         super().__init__(base_url, model, **kwargs)
-        self.url = base_url.rstrip("/") + "/completions"
         self.tok = tokenizer
 
-    def __repr__(self):
-        return f"RemoteCompletionsAgent(url={self.url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
-
     def _one(self, prompt, max_tokens, temperature, top_p, top_k, seed) -> sampler.Sample:
-        body = {"model": self.model, "prompt": self.tok.decode(list(prompt)), "max_tokens": int(max_tokens),
-                "temperature": float(temperature), "top_p": float(top_p), "stop": ["<|im_end|>"],
-                **self.extra_body}
+        body = dict(self.extra_body)
         if top_k:
             body["top_k"] = int(top_k)
-        if seed is not None:
-            body["seed"] = int(seed)
-        raw = self._post(body)
+        fields = {"seed": int(seed)} if seed is not None else {}
+        out = self._call(self.client.completions.create, model=self.model, prompt=self.tok.decode(list(prompt)),
+                         max_tokens=int(max_tokens), temperature=float(temperature), top_p=float(top_p),
+                         stop=["<|im_end|>"], extra_body=body or None, **fields)
         try:
-            choice = json.loads(raw)["choices"][0]
-            text, finish = choice["text"], choice.get("finish_reason") or "stop"
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-            raise EndpointError(f"{self.url}: malformed completion response ({type(e).__name__}: {e}); body starts "
-                                f"{self._redact(raw[:200].decode('utf-8', 'replace'))!r}") from None
-        toks = list(self.tok.encode(text))
+            text, finish = out.choices[0].text, out.choices[0].finish_reason or "stop"
+            toks = list(self.tok.encode(text))
+        except (AttributeError, IndexError, TypeError) as e:
+            raise self._malformed(e, out) from None
         if finish == "stop":
             toks.append(int(self.tok.im_end_id))
         return sampler.Sample(toks, None, "stop" if finish == "stop" else "length", len(prompt))

@@ -1,139 +1,81 @@
-"""An OpenAI-compatible HTTP server for a local model (e.g. the frozen user simulator), on localhost.
+"""`serve`: an OpenAI-compatible HTTP server for a local model (e.g. the frozen user simulator), on localhost.
 
     python -m mimesis_jax serve --checkpoint HF_DIR --port 8000 [--tokenizer SPEC] [--generation-role user]
     python -m mimesis_jax serve --checkpoint WORKDIR [--step N] --port 8000  # a training run's checkpoint
     python -m mimesis_jax.rollout.serve --checkpoint HF_DIR --port 0       # HF directories only
 
-Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`. Standard library `ThreadingHTTPServer`;
-concurrent requests are collected by one worker (up to `--max-batch`, waiting at most `--batch-wait-ms` for
-company) and sampled together in ONE batched sampler call, every request keeping its own settings.
-
-Request fields: `messages` (required; string content or a list of text parts), `max_tokens` /
-`max_completion_tokens`, `temperature`, `top_p`, `stop` (string or list), `seed`, `n` (1 only), `stream` (false
-only), `logprobs` (bool), and the extensions `top_k`, `chat_template_kwargs.enable_thinking` and
-`return_token_ids` (adds the generated `token_ids` to the choice). With thinking on, the thought is returned in
-`message.reasoning_content` and the public reply in `message.content` (as vLLM's reasoning parsers do).
-A bad request gets HTTP 400 with an OpenAI-style JSON error naming the offending field.
+The API (chat and text completions, streaming, n, logprobs; rollout/openai_api.py) is a FastAPI app run by
+uvicorn (`ChatServer`), bound to 127.0.0.1 unless --host says otherwise; no authentication (a client's key is
+accepted and ignored). Its backend here is `EngineBackend`: every choice goes through a `BatchingEngine`, which
+samples concurrent requests together in ONE sampler call (up to `--max-batch`, waiting at most `--batch-wait-ms`
+for company), every request keeping its own settings. That backend delivers a choice's tokens when its batch is
+done, so a stream carries well-formed OpenAI chunks that arrive together; token-by-token arrival comes with a
+backend over a continuous-batching engine, behind the same `openai_api.Backend` protocol.
+`BatchedChatModel` is the same batching in-process (no HTTP), for the envs of a rollout.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.server
-import json
+import asyncio
+import ipaddress
 import logging
 import os
 import queue
+import socket
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING
+
+from mimesis_jax.rollout.openai_api import Detokenizer, SamplingParams, TokenEvent, create_app
 
 if TYPE_CHECKING:
     from mimesis_jax.rollout.endpoints import LocalChatModel
 
 log = logging.getLogger(__name__)
-ROLES = ("system", "user", "assistant", "tool")
-
-
-class BadRequest(ValueError):
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-# ------------------------------------------------------------------------------------ requests
-def _content_text(content, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for j, p in enumerate(content):
-            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                raise BadRequest(f"messages[{i}].content[{j}]: only text parts are supported", f"messages[{i}]")
-            parts.append(p["text"])
-        return "".join(parts)
-    raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]")
-
-
-def parse_request(body, max_tokens_limit: int) -> dict:
-    """Validates a chat-completions body; returns the sampling request or raises BadRequest naming the field."""
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise BadRequest("'messages' must be a non-empty list", "messages")
-    messages = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise BadRequest(f"messages[{i}] must be an object with a role in {list(ROLES)}", f"messages[{i}]")
-        messages.append({"role": m["role"], "content": _content_text(m.get("content"), i)})
-
-    def number(name, lo, hi, default, integer=False):
-        v = body.get(name, default)
-        if v is None:
-            return default
-        ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-        if isinstance(v, bool) or not ok or not lo <= v <= hi:
-            kind = "an integer" if integer else "a number"
-            raise BadRequest(f"'{name}' must be {kind} in [{lo}, {hi}], got {v!r}", name)
-        return v
-
-    if body.get("n", 1) != 1:
-        raise BadRequest("only n=1 is supported", "n")
-    if body.get("stream", False):
-        raise BadRequest("streaming is not supported; send stream=false", "stream")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    body = {**body, "max_tokens": max_tokens}
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    elif not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
-    kw = body.get("chat_template_kwargs") or {}
-    if not isinstance(kw, dict) or not isinstance(kw.get("enable_thinking", False), bool):
-        raise BadRequest("'chat_template_kwargs.enable_thinking' must be a boolean", "chat_template_kwargs")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest(f"'seed' must be an integer, got {seed!r}", "seed")
-    return {
-        "messages": messages,
-        "max_tokens": number("max_tokens", 1, max_tokens_limit, None, integer=True),
-        "temperature": number("temperature", 0.0, 2.0, None),
-        "top_p": number("top_p", 1e-9, 1.0, None),
-        "top_k": number("top_k", 0, 1 << 30, None, integer=True),
-        "stop": stop,
-        "seed": seed,
-        "enable_thinking": kw.get("enable_thinking"),
-        "logprobs": bool(body.get("logprobs", False)),
-        "return_token_ids": bool(body.get("return_token_ids", False)),
-    }
 
 
 # ------------------------------------------------------------------------------------ batching
 class _Job:
-    def __init__(self, req):
-        self.req, self.done, self.result, self.error = req, threading.Event(), None, None
+    def __init__(self, req, callback=None):
+        self.req, self.done, self.result, self.error, self.callback = req, threading.Event(), None, None, callback
 
 
 class BatchingEngine:
-    """Collects concurrent requests and samples them together with `LocalChatModel.chat_batch`."""
+    """Collects concurrent requests (prompt ids + SamplingParams) and samples them together with
+    `LocalChatModel.generate_tokens`: one sampler call per batch. A request without a seed gets one derived from
+    (model seed, batch counter, row), so unseeded requests differ and seeded ones do not depend on their batch."""
 
     def __init__(self, model: LocalChatModel, *, max_batch: int = 32, batch_wait_ms: float = 5.0):
         self.model, self.max_batch, self.wait = model, int(max_batch), batch_wait_ms / 1000.0
         self._q: queue.Queue = queue.Queue()
         self._stop = threading.Event()
+        self._calls = 0
         self.batch_sizes: list[int] = []  # one entry per sampler call, for tests and logs
         self._thread = threading.Thread(target=self._loop, name="mimesis-serve-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, req) -> _Job:
-        job = _Job(req)
+    def submit(self, prompt_ids, params: SamplingParams) -> _Job:
+        """Blocks until the sample is ready: `job.result` (a sampler.Sample) or `job.error` (a message)."""
+        job = _Job((list(prompt_ids), params))
         self._q.put(job)
         job.done.wait()
         return job
+
+    def submit_async(self, prompt_ids, params: SamplingParams) -> asyncio.Future:
+        """A future of the running event loop, resolved from the engine thread with a sampler.Sample."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def settle(job):
+            if fut.cancelled():
+                return
+            if job.error is not None:
+                fut.set_exception(RuntimeError(job.error))
+            else:
+                fut.set_result(job.result)
+        self._q.put(_Job((list(prompt_ids), params), lambda job: loop.call_soon_threadsafe(settle, job)))
+        return fut
 
     def close(self):
         self._stop.set()
@@ -156,17 +98,20 @@ class BatchingEngine:
             self._run(jobs)
 
     def _run(self, jobs):
-        reqs = [j.req for j in jobs]
+        from mimesis_jax.rollout.endpoints import _derive_seed
+
+        m, ps = self.model, [j.req[1] for j in jobs]
         self.batch_sizes.append(len(jobs))
+        self._calls += 1
+
+        def pick(name, default):
+            return [default if getattr(p, name) is None else getattr(p, name) for p in ps]
         try:
-            out = self.model.chat_batch(
-                [r["messages"] for r in reqs], max_tokens=[r["max_tokens"] or self.model.max_tokens for r in reqs],
-                temperature=[self.model.temperature if r["temperature"] is None else r["temperature"] for r in reqs],
-                top_p=[self.model.top_p if r["top_p"] is None else r["top_p"] for r in reqs],
-                top_k=[self.model.top_k if r["top_k"] is None else r["top_k"] for r in reqs],
-                seed=[r["seed"] for r in reqs], stop=[r["stop"] for r in reqs],
-                enable_thinking=[self.model.enable_thinking if r["enable_thinking"] is None else r["enable_thinking"]
-                                 for r in reqs])
+            out = m.generate_tokens(
+                [j.req[0] for j in jobs], max_tokens=pick("max_tokens", m.max_tokens),
+                temperature=pick("temperature", m.temperature), top_p=pick("top_p", m.top_p),
+                top_k=pick("top_k", m.top_k),
+                seed=[_derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed for i, p in enumerate(ps)])
             for j, r in zip(jobs, out):
                 j.result = r
         except Exception as e:  # noqa: BLE001 -- reported to every waiting client as a 500
@@ -175,6 +120,29 @@ class BatchingEngine:
                 j.error = f"{type(e).__name__}: {e}"
         for j in jobs:
             j.done.set()
+            if j.callback is not None:
+                try:
+                    j.callback(j)
+                except RuntimeError:  # the waiting event loop is closed (server shut down): nobody to tell
+                    pass
+
+
+class EngineBackend:
+    """The `Backend` over a LocalChatModel and a BatchingEngine: a choice's tokens come when its batch is done."""
+
+    def __init__(self, model: LocalChatModel, engine: BatchingEngine):
+        self.model, self.engine, self.tok = model, engine, model.tok
+        self.stop_ids, self.max_tokens = tuple(model.stop_ids), int(model.max_tokens)
+
+    def render(self, messages, enable_thinking=None):
+        think = self.model.enable_thinking if enable_thinking is None else enable_thinking
+        return self.model.render(messages, think), bool(think)
+
+    async def generate(self, prompt_ids, params):
+        sample = await self.engine.submit_async(prompt_ids, params)
+        last = len(sample.tokens) - 1
+        for i, (t, lp) in enumerate(zip(sample.tokens, sample.logprobs)):
+            yield TokenEvent(int(t), float(lp), sample.finish_reason if i == last else None)
 
 
 class BatchedChatModel:
@@ -191,121 +159,73 @@ class BatchedChatModel:
              enable_thinking=None, **_):
         from mimesis_jax.rollout.base import ChatResponse
 
-        job = self.engine.submit({"messages": list(messages), "max_tokens": max_tokens, "temperature": temperature,
-                                  "top_p": top_p, "top_k": top_k, "seed": seed, "stop": list(stop or []),
-                                  "enable_thinking": enable_thinking})
+        think = self.model.enable_thinking if enable_thinking is None else enable_thinking
+        prompt = self.model.render(list(messages), think)
+        job = self.engine.submit(prompt, SamplingParams(max_tokens, temperature, top_p, top_k, seed))
         if job.error is not None:
             return ChatResponse(text="", finish_reason="error", meta={"error": job.error})
-        return job.result
+        det, s = Detokenizer(self.model.tok, self.model.stop_ids, list(stop or [])), job.result
+        for i, (t, lp) in enumerate(zip(s.tokens, s.logprobs)):
+            det.push(TokenEvent(int(t), float(lp), s.finish_reason if i == len(s.tokens) - 1 else None))
+            if det.finish_reason is not None:
+                break
+        return ChatResponse(text=det.text, token_ids=det.tokens, logprobs=det.logprobs, finish_reason=det.finish_reason,
+                            meta={"prompt_ids": prompt, "thinking": think, "model": self.model.name})
 
     def close(self):
         self.engine.close()
 
 
 # ------------------------------------------------------------------------------------ the server
-def completion_body(model_name: str, req: dict, resp, tok) -> dict:
-    from mimesis_jax.rollout.endpoints import split_thought
-
-    thinking = bool(resp.meta.get("thinking"))
-    message = {"role": "assistant", "content": resp.text}
-    if thinking:
-        thought, utterance = split_thought(resp.text, thinking=True)
-        message = {"role": "assistant", "content": utterance or "", "reasoning_content": thought}
-    choice = {"index": 0, "message": message, "finish_reason": resp.finish_reason}
-    if req["logprobs"]:
-        choice["logprobs"] = {"content": [{"token": tok.decode([t]), "logprob": lp}
-                                          for t, lp in zip(resp.token_ids, resp.logprobs)]}
-    if req["return_token_ids"]:
-        choice["token_ids"] = list(resp.token_ids)
-    n_prompt = len(resp.meta.get("prompt_ids", []))
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-            "model": model_name, "choices": [choice],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(resp.token_ids),
-                      "total_tokens": n_prompt + len(resp.token_ids)}}
-
-
 class ChatServer:
-    """`ThreadingHTTPServer` around a LocalChatModel. `port=0` picks a free port (see `.port` / `.url`)."""
+    """uvicorn serving `create_app` over a LocalChatModel (through a BatchingEngine). The socket is bound at
+    construction, so `port=0` picks a free port known at once (`.port` / `.url`); `start()` serves from a thread,
+    `serve_forever()` from the calling one (Ctrl-C / SIGTERM end it); `stop()` shuts down and closes the engine."""
 
     def __init__(self, model: LocalChatModel, *, host: str = "127.0.0.1", port: int = 8000, model_name: str = "local",
-                 max_batch: int = 32, batch_wait_ms: float = 5.0, max_tokens_limit: int = 32768):
+                 max_batch: int = 32, batch_wait_ms: float = 5.0, max_tokens_limit: int = 32768, max_n: int = 16):
+        import uvicorn
+
         self.model, self.model_name, self.max_tokens_limit = model, model_name, int(max_tokens_limit)
         self.engine = BatchingEngine(model, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
-        self.httpd = http.server.ThreadingHTTPServer((host, port), self._handler_class())
-        self.httpd.daemon_threads = True
+        self.app = create_app(EngineBackend(model, self.engine), model_name, max_tokens_limit=max_tokens_limit,
+                              max_n=max_n)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        self._sock = socket.create_server((host, port), family=family)
+        if not ipaddress.ip_address(self._sock.getsockname()[0]).is_loopback:
+            log.warning("serving on %s: reachable from other machines, with no authentication", self.url)
+        self._server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
+                                                     timeout_graceful_shutdown=5))
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        return self.httpd.server_address[1]
+        return self._sock.getsockname()[1]
 
     @property
     def url(self) -> str:
-        return f"http://{self.httpd.server_address[0]}:{self.port}/v1"
+        host = self._sock.getsockname()[0]
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/v1"
 
     def start(self) -> "ChatServer":
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="mimesis-serve", daemon=True)
+        self._thread = threading.Thread(target=self.serve_forever, name="mimesis-serve", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            raise RuntimeError(f"uvicorn did not start on {self.url}")
         return self
 
     def serve_forever(self):
-        self.httpd.serve_forever()
+        self._server.run(sockets=[self._sock])
 
     def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._sock.close()
         self.engine.close()
-
-    def _handler_class(self):
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, fmt, *args):  # requests go to logging, not stderr
-                log.debug("%s %s", self.address_string(), fmt % args)
-
-            def _send(self, status: int, body: dict):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _error(self, status: int, message: str, param=None, kind="invalid_request_error"):
-                self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": None}})
-
-            def do_GET(self):
-                if self.path.rstrip("/") in ("/v1/models", "/models"):
-                    self._send(200, {"object": "list", "data": [
-                        {"id": server.model_name, "object": "model", "created": 0, "owned_by": "mimesis_jax"}]})
-                elif self.path.rstrip("/") == "/health":
-                    self._send(200, {"status": "ok"})
-                else:
-                    self._error(404, f"no route {self.path}", kind="not_found_error")
-
-            def do_POST(self):
-                if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                    self._error(404, f"no route {self.path}", kind="not_found_error")
-                    return
-                try:
-                    n = int(self.headers.get("Content-Length", "0"))
-                    body = json.loads(self.rfile.read(n) or b"null")
-                    req = parse_request(body, server.max_tokens_limit)
-                except json.JSONDecodeError as e:
-                    self._error(400, f"request body is not valid JSON ({e.msg})")
-                    return
-                except BadRequest as e:
-                    self._error(400, str(e), e.param)
-                    return
-                job = server.engine.submit(req)
-                if job.error is not None:
-                    self._error(500, job.error, kind="server_error")
-                    return
-                self._send(200, completion_body(server.model_name, req, job.result, server.model.tok))
-
-        return Handler
 
 
 # ------------------------------------------------------------------------------------ command line
@@ -326,6 +246,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--enable-thinking", action="store_true", help="thinking template by default")
     parser.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
     parser.add_argument("--max-tokens-limit", type=int, default=32768, help="largest max_tokens accepted")
+    parser.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) accepted")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -395,7 +316,8 @@ def build_server(args, trained_loader=None) -> ChatServer:
                             max_tokens=args.max_tokens, seed=args.seed, name=args.model_name,
                             trained_loader=trained_loader)
     return ChatServer(model, host=args.host, port=args.port, model_name=model.name, max_batch=args.max_batch,
-                      batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit)
+                      batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit,
+                      max_n=args.max_n)
 
 
 def run(args, trained_loader=None) -> int:

@@ -1,0 +1,484 @@
+"""The OpenAI-compatible HTTP API of `serve`, as a FastAPI app over a `Backend`.
+
+`create_app(backend, model_name)` serves `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`
+and `GET /health`. The backend renders chat messages to prompt ids and streams a choice's tokens
+(`TokenEvent`: id, log-prob, finish reason on the last); detokenisation, stop strings, `n`, log-probs, thinking
+splits and SSE framing live here, so every backend answers alike (rollout/serve.py has the backend over the
+batching sampler and the server around the app).
+
+Chat fields: `messages` (string content or a list of text parts), `max_tokens` / `max_completion_tokens`,
+`temperature`, `top_p`, `stop` (string or list), `seed`, `n` (1..max_n; choice 0 uses the request's seed, choice
+i > 0 one derived from (seed, i)), `stream` (SSE chunks in OpenAI's format, then `data: [DONE]`;
+`stream_options.include_usage` adds a usage chunk), `logprobs` (bool; `top_logprobs` 0 only: the sampler returns
+the chosen token's log-prob, no alternatives), and the extensions `top_k`, `chat_template_kwargs.enable_thinking`
+and `return_token_ids` (the generated `token_ids` on each choice). With thinking on, the thought is returned in
+`reasoning_content` and the public reply in `content` (as vLLM's reasoning parsers do). Completions fields:
+`prompt` (a string, a list of strings, a list of token ids or a list of such lists; no chat template is applied),
+`logprobs` (0 only: `tokens`, `token_logprobs`, `text_offset`), `echo` false, and the same sampling fields.
+A bad request gets HTTP 400 with an OpenAI-style JSON error naming the offending field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from typing import AsyncIterator, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from mimesis_jax.rollout.endpoints import THINK_CLOSE, THINK_OPEN, _derive_seed, cut_at_stop_strings, split_thought
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+# ------------------------------------------------------------------------------------ requests
+def _content_text(content, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                raise BadRequest(f"messages[{i}].content[{j}]: only text parts are supported", f"messages[{i}]")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]")
+
+
+def _sampling_fields(body: dict, max_tokens_limit: int, max_n: int) -> dict:
+    """The fields chat and completions requests share, validated; BadRequest names the offending one."""
+
+    def number(name, lo, hi, default, integer=False):
+        v = body.get(name, default)
+        if v is None:
+            return default
+        ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok or not lo <= v <= hi:
+            kind = "an integer" if integer else "a number"
+            raise BadRequest(f"'{name}' must be {kind} in [{lo}, {hi}], got {v!r}", name)
+        return v
+
+    def flag(name):
+        v = body.get(name, False)
+        if v is not None and not isinstance(v, bool):
+            raise BadRequest(f"'{name}' must be a boolean, got {v!r}", name)
+        return bool(v)
+
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest(f"'seed' must be an integer, got {seed!r}", "seed")
+    stream = flag("stream")
+    opts = body.get("stream_options")
+    if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
+        raise BadRequest("'stream_options' must be an object like {\"include_usage\": true}", "stream_options")
+    if opts is not None and not stream:
+        raise BadRequest("'stream_options' is only allowed with stream=true", "stream_options")
+    mt = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return {
+        "max_tokens": number(mt, 1, max_tokens_limit, None, integer=True),
+        "temperature": number("temperature", 0.0, 2.0, None),
+        "top_p": number("top_p", 1e-9, 1.0, None),
+        "top_k": number("top_k", 0, 1 << 30, None, integer=True),
+        "n": number("n", 1, max_n, 1, integer=True),
+        "stop": stop,
+        "seed": seed,
+        "stream": stream,
+        "include_usage": bool((opts or {}).get("include_usage", False)),
+        "return_token_ids": flag("return_token_ids"),
+    }
+
+
+def parse_request(body, max_tokens_limit: int, max_n: int = 16) -> dict:
+    """Validates a chat-completions body; returns the sampling request or raises BadRequest naming the field."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    messages = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(f"messages[{i}] must be an object with a role in {list(ROLES)}", f"messages[{i}]")
+        messages.append({"role": m["role"], "content": _content_text(m.get("content"), i)})
+    req = _sampling_fields(body, max_tokens_limit, max_n)
+    kw = body.get("chat_template_kwargs") or {}
+    if not isinstance(kw, dict) or not isinstance(kw.get("enable_thinking", False), bool):
+        raise BadRequest("'chat_template_kwargs.enable_thinking' must be a boolean", "chat_template_kwargs")
+    logprobs = body.get("logprobs", False)
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise BadRequest(f"'logprobs' must be a boolean, got {logprobs!r}", "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise BadRequest(f"'top_logprobs' must be an integer in [0, 20], got {top!r}", "top_logprobs")
+    if top:
+        raise BadRequest("'top_logprobs' > 0 is not supported: the sampler returns the chosen token's log-prob "
+                         "only; send top_logprobs=0", "top_logprobs")
+    return {**req, "messages": messages, "enable_thinking": kw.get("enable_thinking"), "logprobs": bool(logprobs)}
+
+
+def parse_completion_request(body, max_tokens_limit: int, vocab_size: int, max_n: int = 16) -> dict:
+    """Validates a `/v1/completions` body. `prompts` comes back as a list of str | list[int] (one per prompt)."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    p = body.get("prompt")
+
+    def ids_ok(x):
+        return isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool)
+                                                 and 0 <= t < vocab_size for t in x)
+    if isinstance(p, str) or ids_ok(p):
+        prompts = [p]
+    elif isinstance(p, list) and p and all(isinstance(x, str) for x in p) or \
+            isinstance(p, list) and p and all(ids_ok(x) for x in p):
+        prompts = list(p)
+    else:
+        raise BadRequest(f"'prompt' must be a string, a non-empty list of strings, a list of token ids in "
+                         f"[0, {vocab_size}) or a list of such lists", "prompt")
+    if any(isinstance(x, str) and not x for x in prompts):
+        raise BadRequest("'prompt' must not be empty", "prompt")
+    req = _sampling_fields(body, max_tokens_limit, max_n)
+    lp = body.get("logprobs")
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 5):
+        raise BadRequest(f"'logprobs' must be an integer in [0, 5], got {lp!r}", "logprobs")
+    if lp:
+        raise BadRequest("'logprobs' > 0 is not supported: the sampler returns the chosen token's log-prob only; "
+                         "send logprobs=0", "logprobs")
+    if body.get("echo"):
+        raise BadRequest("'echo' is not supported", "echo")
+    if body.get("suffix") is not None:
+        raise BadRequest("'suffix' is not supported", "suffix")
+    if body.get("best_of") not in (None, req["n"]):
+        raise BadRequest("'best_of' must equal n (no server-side ranking)", "best_of")
+    return {**req, "prompts": prompts, "logprobs": lp is not None}
+
+
+# ------------------------------------------------------------------------------------ backends
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """One choice's sampling settings; None = the model's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """One generated token: its id, its log-prob under the sampling policy, and on the last one why it ended
+    ("stop": a stop id -- that id is this token -- or "length")."""
+
+    token_id: int
+    logprob: float
+    finish_reason: str | None = None
+
+
+class Backend(Protocol):
+    """What the HTTP app needs from a model. `generate` yields a choice's tokens in order (all at once or one by
+    one); the app stops iterating (and closes the iterator) once a stop string completes."""
+
+    tok: object  # the tokenizer: encode / decode / vocab_size
+    stop_ids: tuple[int, ...]
+    max_tokens: int  # default max_tokens of a request
+
+    def render(self, messages: list[dict], enable_thinking: bool | None) -> tuple[list[int], bool]:
+        """(prompt ids with the generation prompt, whether the thinking template was used)"""
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        ...
+
+
+class Detokenizer:
+    """Turns one choice's TokenEvents into text: incremental decoding, the stop token kept out of the text (but in
+    the tokens and log-probs), and stop strings -- the text ends before the earliest one, the tokens through the
+    one completing it. Text that could still grow into a stop string, or that ends in a partial character, is held
+    back, so streamed deltas add up to the final text.
+
+    Each token costs two decodes of a short window (the ids since the last released text, after a few ids of
+    context: what a SentencePiece space or a split multi-byte character needs), not of the whole completion;
+    a stop string costs one full `cut_at_stop_strings`, and the finished text is one full decode.
+    """
+
+    def __init__(self, tok, stop_ids, stops):
+        self.tok, self.stop_ids, self.stops = tok, set(int(s) for s in stop_ids), list(stops)
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.text, self.finish_reason, self._sent_tokens = "", None, 0
+        self._decoded, self._prefix, self._read = "", 0, 0  # text of tokens[:_read]; window starts at _prefix
+
+    def _advance(self, body: list[int]) -> str:
+        """Decoded text of `body` so far (a trailing partial character not yet included)."""
+        before = self.tok.decode(body[self._prefix:self._read])
+        after = self.tok.decode(body[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._decoded += after[len(before):]
+            self._prefix, self._read = max(self._read - 4, 0), len(body)
+        return self._decoded
+
+    def push(self, ev: TokenEvent) -> tuple[str, list[int], list[float]]:
+        """(new text, new token ids, their log-probs) released by this event; sets finish_reason when done."""
+        self.tokens.append(int(ev.token_id))
+        self.logprobs.append(float(ev.logprob))
+        finish = ev.finish_reason
+        body = self.tokens[:-1] if finish == "stop" and self.tokens[-1] in self.stop_ids else self.tokens
+        full = self._advance(body)
+        tail = full[max(0, len(self.text) - max((len(s) for s in self.stops), default=0)):]
+        if any(s in tail for s in self.stops):
+            k, full = cut_at_stop_strings(self.tok, body, self.stops)
+            del self.tokens[k:], self.logprobs[k:]
+            finish = "stop"
+        elif finish is not None:
+            full = self.tok.decode(body)
+        else:  # hold back any tail that may grow into a stop string
+            hold = max([0] + [n for s in self.stops for n in range(1, min(len(s), len(full) + 1))
+                              if full.endswith(s[:n])])
+            full = full[:len(full) - hold]
+        self.finish_reason = finish
+        delta = full[len(self.text):]
+        if finish is not None or len(full) > len(self.text):
+            self.text = full
+        new = slice(self._sent_tokens, len(self.tokens))
+        self._sent_tokens = len(self.tokens)
+        return delta, self.tokens[new], self.logprobs[new]
+
+
+# ------------------------------------------------------------------------------------ the app
+class _ThoughtStream:
+    """Routes a thinking turn's streamed text: before `</think>` to `reasoning_content`, after it to `content`
+    (the whitespace opening the reply dropped). Streamed deltas are not stripped like the non-streamed fields."""
+
+    def __init__(self):
+        self.open, self.close = THINK_OPEN, THINK_CLOSE
+        self.buf, self.closed, self.started = "", False, False
+
+    def feed(self, delta: str, final: bool) -> tuple[str, str]:
+        if self.closed:
+            if not self.started:
+                delta = delta.lstrip()
+                self.started = bool(delta)
+            return "", delta
+        self.buf += delta
+        if self.close in self.buf:
+            thought, _, rest = self.buf.partition(self.close)
+            self.closed, self.buf = True, ""
+            return thought.replace(self.open, "", 1), self.feed(rest, final)[1]
+        keep = 0 if final else max([n for n in range(1, len(self.close)) if self.buf.endswith(self.close[:n])] or [0])
+        out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+        return out.replace(self.open, "", 1), ""
+
+
+def _choice_seed(seed: int | None, i: int) -> int | None:
+    """Choice 0 keeps the request's seed (n=1 and n>1 agree on it); choice i > 0 gets one derived from (seed, i)."""
+    return seed if seed is None or i == 0 else _derive_seed(seed, i)
+
+
+async def _events(backend, prompt, params, stops):
+    """(detokenizer, text delta, new ids, their log-probs, finish reason) per token of one choice, until it
+    finishes (the finish reason is this step's: a consumer may read the item after the detokenizer moved on)."""
+    det = Detokenizer(backend.tok, backend.stop_ids, stops)
+    gen = backend.generate(prompt, params)
+    try:
+        async for ev in gen:
+            delta, ids, lps = det.push(ev)
+            yield det, delta, ids, lps, det.finish_reason
+            if det.finish_reason is not None:
+                break
+    finally:
+        if hasattr(gen, "aclose"):
+            await gen.aclose()
+
+
+def _chat_logprobs(tok, ids, lps) -> list[dict]:
+    out = []
+    for t, lp in zip(ids, lps):
+        s = tok.decode([t])
+        out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
+    return out
+
+
+def _completion_logprobs(tok, ids, lps, offset: int) -> dict:
+    pieces = [tok.decode([t]) for t in ids]
+    starts = [offset + sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    return {"tokens": pieces, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": starts}
+
+
+def _chat_message(text: str, thinking: bool) -> dict:
+    if not thinking:
+        return {"role": "assistant", "content": text}
+    thought, utterance = split_thought(text, thinking=True)
+    return {"role": "assistant", "content": utterance or "", "reasoning_content": thought}
+
+
+def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 32768, max_n: int = 16):
+    """The FastAPI app of the OpenAI-compatible API over `backend` (see the module docstring)."""
+    app = FastAPI(title="mimesis_jax serve", docs_url=None, redoc_url=None, openapi_url=None)
+    tok = backend.tok
+
+    def error(status: int, message: str, param=None, kind="invalid_request_error"):
+        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                            status_code=status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, exc):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind=kind)
+
+    async def body_of(request: Request):
+        try:
+            return json.loads(await request.body() or b"null")
+        except ValueError as e:
+            raise BadRequest(f"request body is not valid JSON ({getattr(e, 'msg', e)})") from None
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def list_models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "mimesis_jax"}]}
+
+    def sampling(req, i) -> SamplingParams:
+        return SamplingParams(req["max_tokens"] or backend.max_tokens, req["temperature"], req["top_p"],
+                              req["top_k"], _choice_seed(req["seed"], i))
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            req = parse_request(await body_of(request), max_tokens_limit, max_n)
+            prompt, thinking = backend.render(req["messages"], req["enable_thinking"])
+        except BadRequest as e:
+            return error(400, str(e), e.param)
+        return await respond("chat", req, [(prompt, sampling(req, i)) for i in range(req["n"])], thinking)
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(request: Request):
+        try:
+            req = parse_completion_request(await body_of(request), max_tokens_limit, tok.vocab_size, max_n)
+        except BadRequest as e:
+            return error(400, str(e), e.param)
+        prompts = [list(tok.encode(p)) if isinstance(p, str) else list(p) for p in req["prompts"]]
+        choices = [(p, sampling(req, k * req["n"] + i)) for k, p in enumerate(prompts) for i in range(req["n"])]
+        return await respond("text", req, choices, False)
+
+    async def respond(kind, req, choices, thinking):
+        n_prompt = sum(len(p) for p, _ in choices[::req["n"]])  # each prompt once, however many choices
+        head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                "created": int(time.time()), "model": model_name}
+        if req["stream"]:
+            return StreamingResponse(stream(kind, req, choices, thinking, head, n_prompt),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        async def run(prompt, params):
+            det = None
+            async for det, *_ in _events(backend, prompt, params, req["stop"]):
+                pass
+            return det
+        try:
+            dets = await asyncio.gather(*(run(p, s) for p, s in choices))
+        except Exception as e:  # noqa: BLE001 -- the engine's failure, reported as a 500
+            return error(500, f"{type(e).__name__}: {e}", kind="server_error")
+        out = []
+        for i, d in enumerate(dets):
+            c = {"index": i, "finish_reason": d.finish_reason}
+            if kind == "chat":
+                c["message"] = _chat_message(d.text, thinking)
+                c["logprobs"] = {"content": _chat_logprobs(tok, d.tokens, d.logprobs)} if req["logprobs"] else None
+            else:
+                c["text"] = d.text
+                c["logprobs"] = _completion_logprobs(tok, d.tokens, d.logprobs, 0) if req["logprobs"] else None
+            if req["return_token_ids"]:
+                c["token_ids"] = list(d.tokens)
+            out.append(c)
+        n_out = sum(len(d.tokens) for d in dets)
+        return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": out,
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+
+    async def stream(kind, req, choices, thinking, head, n_prompt):
+        """SSE: (chat) a role delta per choice, then content deltas (with their log-probs), the finish reason on
+        each choice's last chunk, the usage chunk when asked, then `data: [DONE]`."""
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        q: asyncio.Queue = asyncio.Queue()
+        n_out = 0
+
+        def sse(choice_list, **extra):
+            return f"data: {json.dumps({**head, 'object': obj, 'choices': choice_list, **extra})}\n\n"
+
+        async def run(i, prompt, params):
+            try:
+                async for item in _events(backend, prompt, params, req["stop"]):
+                    await q.put((i, item))
+            except Exception as e:  # noqa: BLE001 -- sent to the client as an error event
+                await q.put((i, e))
+            await q.put((i, None))
+
+        tasks = [asyncio.create_task(run(i, p, s)) for i, (p, s) in enumerate(choices)]
+        splitters = [_ThoughtStream() if thinking else None for _ in choices]
+        offsets = [0] * len(choices)
+        try:
+            if kind == "chat":
+                for i in range(len(choices)):
+                    yield sse([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}])
+            left = len(tasks)
+            while left:
+                i, item = await q.get()
+                if item is None:
+                    left -= 1
+                    continue
+                if isinstance(item, Exception):
+                    err = {"message": f"{type(item).__name__}: {item}", "type": "server_error", "param": None,
+                           "code": None}
+                    yield f"data: {json.dumps({'error': err})}\n\n"
+                    break
+                _, delta, ids, lps, finish = item
+                n_out += len(ids)
+                if not (delta or ids or finish):
+                    continue
+                c = {"index": i, "finish_reason": finish}
+                if kind == "chat":
+                    d = {"content": delta}
+                    if thinking:
+                        r, text = splitters[i].feed(delta, finish is not None)
+                        d = {k: v for k, v in (("reasoning_content", r), ("content", text)) if v}
+                    c["delta"] = d
+                    c["logprobs"] = {"content": _chat_logprobs(tok, ids, lps)} if req["logprobs"] else None
+                else:
+                    c["text"] = delta
+                    c["logprobs"] = _completion_logprobs(tok, ids, lps, offsets[i]) if req["logprobs"] else None
+                    offsets[i] += len(delta)
+                if req["return_token_ids"]:
+                    c["token_ids"] = list(ids)
+                yield sse([c])
+            if req["include_usage"]:
+                yield sse([], usage={"prompt_tokens": n_prompt, "completion_tokens": n_out,
+                                     "total_tokens": n_prompt + n_out})
+            yield "data: [DONE]\n\n"
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    return app
+
+
