@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
-from mimesis_jax import sharding
+from mimesis_jax import models, sharding
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
 
@@ -34,7 +34,7 @@ def _run(trajectories, split, rl_kw):
     rl = RLConfig(num_microbatches=M, **rl_kw)
     step = make_rl_step(CFG, optax.sgd(1.0), mesh, rl)
     params = scaled_params(CFG)
-    params = params if mesh is None else sharding.shard_params(CFG, params, mesh)
+    params = params if mesh is None else models.shard_params(CFG, params, mesh)
     packed = prepare_batch(trajectories, rl, rows_multiple=step.rows_multiple(), row_len=ROW_LEN, pad_multiple=16)
     batch = step.place(packed)
     if rl.old_logprobs == "recompute":
@@ -118,7 +118,7 @@ def test_step_metrics_placement_donation_and_one_compile_per_bucket(trajectories
     rl = RLConfig(alpha=0.3, old_logprobs="recompute", num_microbatches=2)
     lr = 1e3  # SGD, large, so that the update is well above the rounding of params - update
     step = make_rl_step(CFG, optax.sgd(lr), mesh, rl)
-    params = sharding.shard_params(CFG, scaled_params(CFG), mesh)
+    params = models.shard_params(CFG, scaled_params(CFG), mesh)
     bucket = dict(rows_multiple=step.rows_multiple(), row_len=ROW_LEN, num_rows=8, branch_len=160)
     batch = step.recompute_old_logprobs(params, step.place(prepare_batch(trajectories, rl, **bucket)))
     loss, grads, _ = step.loss_and_grads(params, batch)
@@ -127,7 +127,7 @@ def test_step_metrics_placement_donation_and_one_compile_per_bucket(trajectories
     new, opt_state, m = step(params, opt_state, batch)
     jax.block_until_ready(m)
     assert all(x.is_deleted() for x in jax.tree.leaves(params)), "params must be donated"
-    want_sh = sharding.param_shardings(CFG, mesh)
+    want_sh = models.param_shardings(CFG, mesh)
     for x, sh in zip(jax.tree.leaves(new), jax.tree.leaves(want_sh)):
         assert x.sharding.is_equivalent_to(sh, x.ndim)
     assert float(m["loss"]) == pytest.approx(float(loss), rel=1e-6)

@@ -378,3 +378,97 @@ def unpack_turns(packed: PackedRL, per_token: np.ndarray) -> list[list[np.ndarra
         per_token = per_token.reshape(packed.arrays["tokens"].shape)
     return [[per_token[s.row, s.start:s.start + s.length].astype(np.float32) for s in turns]
             for turns in packed.turns]
+
+
+# ------------------------------------------------------------------------- multi-process assembly
+# One PPO mini-batch on P processes: every process packs its own trajectories (whole GRPO groups), the shapes and
+# the loss normalisers are agreed on (`layout_info` of every process -> `common_layout`), and `conform` pads the
+# local arrays to the common shapes and re-folds the GLOBAL normalisers into the token weights. The global batch
+# is then process 0's rows, process 1's rows, ... (per micro-batch): its loss is the one of packing all
+# trajectories together, only the row layout (and so the fp32 summation order) differs.
+_MODE_CODE = {"none": 0, "fused": 1, "naive": 2}
+
+
+def layout_info(packed: PackedRL | None) -> dict:
+    """This process's shapes and normaliser counts for one mini-batch (JSON-ready); None = no trajectories here."""
+    if packed is None:
+        return {"rows": 0, "mode": 0, "n_agent": 0, "n_coached": 0, "n_seq": 0}
+    a = packed.arrays
+    info = {"rows": packed.num_rows, "mode": _MODE_CODE[packed.teacher], "n_agent": packed.num_agent_tokens,
+            "n_coached": packed.num_coached_tokens, "n_seq": packed.num_sequences,
+            "T": int(a["tokens"].shape[1]), "Ka": int(a["head_idx"].shape[1])}
+    if packed.teacher == "fused":
+        info.update(Tb=int(a["branch_tokens"].shape[1]), Kc=int(a["branch_head_idx"].shape[1]))
+    elif packed.teacher == "naive":
+        info.update(K=int(a["naive_tokens"].shape[1]), Tn=int(a["naive_tokens"].shape[2]))
+    return info
+
+
+def common_layout(infos: Sequence[dict], rows_multiple: int = 1) -> dict:
+    """The shapes every process pads to (the largest of each; rows at least `rows_multiple`), the teacher layout
+    and the global counts (sums) that normalise the loss. Fused and naive teachers cannot mix (one config)."""
+    modes = {i["mode"] for i in infos} - {0}
+    if len(modes) > 1:
+        raise ValueError(f"processes packed different teacher layouts {sorted(modes)}")
+    if not any(i["rows"] for i in infos):
+        raise ValueError("common_layout: no process has trajectories in this mini-batch")
+    out = {"mode": next(iter(modes), 0), "rows": max(max(i["rows"] for i in infos), int(rows_multiple))}
+    for k in ("T", "Ka", "Tb", "Kc", "K", "Tn"):
+        vals = [i[k] for i in infos if k in i]
+        if vals:
+            out[k] = max(vals)
+    for k in ("n_agent", "n_coached", "n_seq"):
+        out[k] = sum(int(i[k]) for i in infos)
+    return out
+
+
+def _pad_to(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    if tuple(x.shape) == tuple(shape):
+        return x
+    if any(s < n for s, n in zip(shape, x.shape)):
+        raise ValueError(f"cannot pad an array of shape {x.shape} to {tuple(shape)}")
+    return np.pad(x, [(0, s - n) for s, n in zip(shape, x.shape)])
+
+
+def conform(packed: PackedRL | None, layout: dict, loss_agg: str = "token-mean") -> dict[str, np.ndarray]:
+    """This process's rows of one mini-batch in the common `layout`: every array padded with zeros (padding rows
+    and columns carry no loss: zero masks, segment id 0, head index 0), a layout this process lacks (no coached
+    turn here, or no trajectory at all) filled with zeros, and the loss weights re-normalised by the global
+    counts: grpo_weight = agent_mask / (agent tokens of all processes) for token-mean (x local / global sequences
+    for seq-mean), csd_weight = coached_mask / (coached tokens of all processes) -- Eq 6 and Eq 10's normalisers
+    are those of the whole mini-batch, whatever process holds a token."""
+    mode = {v: k for k, v in _MODE_CODE.items()}[layout["mode"]]
+    B, T = layout["rows"], layout["T"]
+    shapes = {k: (B, T) for k in TRUNK_KEYS + TOKEN_KEYS}
+    shapes["head_idx"] = (B, layout["Ka"])
+    if mode == "fused":
+        shapes.update({k: (B, layout["Tb"]) for k in BRANCH_KEYS})
+        shapes["branch_head_idx"] = (B, layout["Kc"])
+    elif mode == "naive":
+        shapes.update({k: (B, layout["K"], layout["Tn"]) for k in NAIVE_KEYS})
+    src = {} if packed is None else dict(packed.arrays)
+    if packed is not None and packed.teacher != "none" and packed.teacher != mode:
+        raise ValueError(f"conform: packed with teacher {packed.teacher!r}, the common layout is {mode!r}")
+    if mode == "naive" and packed is not None and packed.teacher == "naive":
+        tn_old, tn_new = src["naive_tokens"].shape[2], layout["Tn"]
+        if tn_new != tn_old:  # teacher_src indexes the flattened [K * Tn] axis: re-index for the wider Tn
+            ts, on = src["teacher_src"], src["coached_mask"] > 0
+            src["teacher_src"] = np.where(on, (ts // tn_old) * tn_new + ts % tn_old, 0).astype(ts.dtype)
+    out = {}
+    for k, shape in shapes.items():
+        dtype = np.float32 if k in TOKEN_KEYS and k != "teacher_src" else np.int32
+        out[k] = _pad_to(src[k], shape) if k in src else np.zeros(shape, dtype)
+    agent = out["agent_mask"].astype(np.float64)
+    if loss_agg == "token-mean":
+        n = layout["n_agent"]
+        out["grpo_weight"] = (agent / n if n else np.zeros_like(agent)).astype(np.float32)
+    elif loss_agg == "seq-mean":
+        n_local = 0 if packed is None else packed.num_sequences
+        scale = n_local / layout["n_seq"] if layout["n_seq"] else 0.0
+        out["grpo_weight"] = (out["grpo_weight"].astype(np.float64) * scale).astype(np.float32)
+    else:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    coached = out["coached_mask"].astype(np.float64)
+    nc = layout["n_coached"]
+    out["csd_weight"] = (coached / nc if nc else coached).astype(np.float32)
+    return out

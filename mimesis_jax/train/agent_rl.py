@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mimesis_jax import profiling, sharding
+from mimesis_jax import models, profiling, sharding
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.models.config import ModelConfig
@@ -202,7 +202,7 @@ class RLStep:
     def __init__(self, config: ModelConfig, optimizer: optax.GradientTransformation, mesh=None,
                  rl: RLConfig = RLConfig()):
         self.config, self.optimizer, self.mesh, self.rl = config, optimizer, mesh, rl
-        self._param_sh = None if mesh is None else sharding.param_shardings(config, mesh)
+        self._param_sh = None if mesh is None else models.param_shardings(config, mesh)
         self._opt_sh = None
         self._step = None
         self._num_compilations = 0
@@ -219,13 +219,33 @@ class RLStep:
                                         dict(self.mesh.shape), self.config)
         return NamedSharding(self.mesh, spec)
 
-    def place(self, packed: PackedRL | dict) -> dict:
-        """Host arrays -> [M, B/M, ...] device arrays, rows split over the mesh's batch axes."""
+    def local_rows_multiple(self) -> int:
+        """Row counts of ONE process's share of a batch (`place(..., process_local=True)`) must be a multiple of
+        this: micro-batches x the batch-sharding devices of one process. The batch axis must be split over at
+        least as many devices as there are processes, so that no process needs another's rows."""
+        n, p = sharding.batch_shard_count(self.mesh, self.config), jax.process_count()
+        if n % p:
+            raise ValueError(f"the mesh splits the batch {n} ways, which is not a multiple of the {p} processes: "
+                             "give the data/fsdp mesh axes (the batch axes) a multiple of the process count")
+        return self.rl.num_microbatches * (n // p)
+
+    def place(self, packed: PackedRL | dict, *, process_local: bool = False) -> dict:
+        """Host arrays -> [M, B/M, ...] device arrays, rows split over the mesh's batch axes.
+
+        process_local: `packed` holds only this process's rows (every process passes the same shapes, rows a
+        multiple of `local_rows_multiple`); the global batch is, per micro-batch, process 0's rows, then process
+        1's, ... (jax.make_array_from_process_local_data) -- no process needs the whole batch."""
         arrays = packed.microbatches(self.rl.num_microbatches) if isinstance(packed, PackedRL) else packed
         if isinstance(packed, PackedRL) and self.rl.old_logprobs == "rollout" and not packed.old_logp_from_rollout:
             raise ValueError("the batch was packed without rollout log-probs but RLConfig.old_logprobs='rollout'")
         if self.mesh is None:
             return {k: jnp.asarray(v) for k, v in arrays.items()}
+        if process_local and jax.process_count() > 1:
+            out = {}
+            for k, v in arrays.items():
+                gshape = (v.shape[0], v.shape[1] * jax.process_count()) + tuple(v.shape[2:])
+                out[k] = jax.make_array_from_process_local_data(self._batch_sharding(gshape), v, gshape)
+            return out
         return {k: jax.device_put(v, self._batch_sharding(v.shape)) for k, v in arrays.items()}
 
     def init_opt_state(self, params):

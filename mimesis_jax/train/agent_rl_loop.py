@@ -28,6 +28,11 @@ next rollout id, so a resumed run reproduces the uninterrupted run's per-step me
 coach run at temperature 0 and every sampling seed derives from (train.seed, step, rollout id)). SIGTERM finishes
 the current step, saves, and returns. Validation every `validation.every` steps runs the evaluation tasks at
 temperature 0 and logs their UserRL evaluation scores.
+
+Multi-host (`--distributed`, launch/*.sh): every process runs the dialogues of its share of each step's tasks
+(task i on process i % P, whole groups; seeds from the task's global index and rollout id, so the union is the
+one-process run's episodes), packs its own part of each mini-batch and trains on the global batch assembled from
+process-local rows; metrics cover all processes (train/rl_run.py). rl.credit = "infopo" is single-process only.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class RolloutConfig:
     min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
     env_workers: int = 16  # env steps run concurrently (gyms wait on their user / judge)
     travel_reward_variant: str = "train"  # TravelGym's reward table in training (UserRL: train)
+    max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +142,8 @@ class AgentRLConfig:
              f"must be in [1, rollout.prompts_per_step={r.prompts_per_step}]")
         need(r.max_turns >= 1, "rollout.max_turns", "must be >= 1")
         need(r.agent_max_tokens >= 1, "rollout.agent_max_tokens", "must be >= 1")
+        need(isinstance(r.max_batch, int) and not isinstance(r.max_batch, bool) and r.max_batch >= 0,
+             "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
         need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
         need(not (r.row_len and r.max_context_tokens and r.row_len < r.max_context_tokens), "rollout.row_len",
              f"must be >= rollout.max_context_tokens={r.max_context_tokens} (a whole dialogue fits one row)")
@@ -269,6 +277,16 @@ def _group_filter(trajs, min_valid: int):
     return kept, invalid, skipped
 
 
+def _global_minibatch_order(kept: list[list]) -> list[list]:
+    """The kept groups of ALL processes in group-id order, this process's groups in their place and [] for the
+    groups other processes hold: every process then cuts the same PPO mini-batches (`rollout.mini_batch_prompts`
+    consecutive groups) and packs its own part of each. One process: `kept` unchanged."""
+    if jax.process_count() == 1:
+        return kept
+    mine = {g[0].group_id: g for g in kept}
+    return [mine.get(gid, []) for gid in rl_run.global_groups(list(mine))]
+
+
 def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, tokenizer=None,
         trained_loader=None, handle_signals: bool = True, on_rollouts=None, log=print) -> AgentRLResult:
     """Runs (or resumes) the agent RL stage in `workdir` (module docstring). `user_side` replaces the configured
@@ -284,6 +302,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     from mimesis_jax.train.metrics import MetricsLogger
 
     workdir = os.path.abspath(workdir)
+    log = rl_run.primary_log(log)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
     run_ = rl_run.setup(cfg, workdir, tok, log)
     cfg, model_config, mesh, ckpt = run_.cfg, run_.model_config, run_.mesh, run_.ckpt
@@ -335,10 +354,15 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     placeholder = infopo.placeholder_tokens(tok) if infopo_credit else None
 
     def rollouts(params, task_list, temperature, seed, first_group, first_rid, group_size, travel_variant):
-        agent = LocalChatModel(model_config, params, tok, max_tokens=r.agent_max_tokens, name="agent")
-        eps = episode_tasks(task_list, group_size=group_size, first_group=first_group, first_rollout_id=first_rid,
-                            seed=seed, user=side.gym_user, judge=side.judge,
-                            gym_options={"TravelGym": {"reward_variant": travel_variant}})
+        """The episodes of this process's share of `task_list` (rl_run.process_share): task i is group
+        first_group + i with rollout ids first_rid + i * group_size + k, whatever process runs it."""
+        params = rl_run.rollout_params(params)
+        agent = LocalChatModel(model_config, params, tok, max_tokens=r.agent_max_tokens, name="agent",
+                               max_batch=r.max_batch)
+        eps = [e for i in rl_run.process_share(len(task_list))
+               for e in episode_tasks([task_list[i]], group_size=group_size, first_group=first_group + i,
+                                      first_rollout_id=first_rid + i * group_size, seed=seed, user=side.gym_user,
+                                      judge=side.judge, gym_options={"TravelGym": {"reward_variant": travel_variant}})]
         ec = dataclasses.replace(ecfg, agent_temperature=temperature, seed=seed)
         return run_episodes(agent, side.simulator, eps, ec, tokenizer=tok)
 
@@ -349,9 +373,10 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             drawn = sampler.sample(r.prompts_per_step)
             trajs = rollouts(state["params"], drawn, r.temperature, seed, step * r.prompts_per_step, next_rid,
                              r.group_size, r.travel_reward_variant)
-            next_rid += len(trajs)
+            next_rid += len(drawn) * r.group_size  # every process counts the rollouts of all processes
             t1 = time.perf_counter()
             kept, n_invalid, skipped = _group_filter(trajs, r.min_valid_per_group)
+            kept = _global_minibatch_order(kept)
             n_notes = 0
             if cfg.rl.alpha > 0 and kept:
                 flat = [t for g in kept for t in g]
@@ -365,7 +390,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             ms, gains = [], []
             chunks = []
             for i in range(0, len(kept), r.mini_batch_prompts):
-                chunk = [t for g in kept[i:i + r.mini_batch_prompts] for t in g]
+                chunk = [t for g in kept[i:i + r.mini_batch_prompts] if g for t in g]
                 if infopo_credit:  # IG with the pre-update parameters, before any update of this step
                     scorer = infopo.rl_step_scorer(run_.step_fn, state["params"], row_len=r.row_len or None,
                                                    max_per_call=len(chunk))
@@ -375,6 +400,8 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                                                    gate_tau=cfg.rl.infopo_gate_tau, score=cfg.rl.score,
                                                    gamma=cfg.rl.gamma, eps=cfg.rl.adv_eps,
                                                    divide_std=cfg.rl.divide_std)
+                elif not chunk:  # every group of this mini-batch is on other processes
+                    adv = []
                 else:
                     adv = grpo.trajectory_turn_advantages(chunk, credit=cfg.rl.credit, score=cfg.rl.score,
                                                           gamma=cfg.rl.gamma, eps=cfg.rl.adv_eps,
@@ -385,7 +412,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                 run_.state = state
                 state, ms = rl_run.ppo_updates(run_, chunks, row_len=r.row_len or None)
             step += 1
-            state["step"] = jax.numpy.asarray(step, jax.numpy.int32)
+            state["step"] = rl_run.step_array(step, mesh)
             t3 = time.perf_counter()
             rec = _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cfg,
                                rollout_s=t1 - t0, coach_s=t2 - t1, train_s=t3 - t_adv,
@@ -395,7 +422,8 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             if cfg.validation.every and step % cfg.validation.every == 0 and val_tasks:
                 vt = rollouts(state["params"], val_tasks, cfg.validation.temperature, 12345, 0, 1 << 30, 1,
                               cfg.validation.travel_reward_variant)
-                summ = scoring.summarize([scoring.score_trajectory(t) for t in vt])
+                vs = rl_run.gather_list([dataclasses.asdict(scoring.score_trajectory(t)) for t in vt])
+                summ = scoring.summarize([scoring.EpisodeScore(**x) for x in vs])
                 for gym, s in summ.items():
                     rec[f"val/{gym}"] = s.mean_eval_score
                 rec["val/overall"] = scoring.overall_score(summ)
@@ -406,6 +434,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or preempted:
                 ckpt.save(step, state, {"sampler": sampler.state, "next_rollout_id": next_rid}, run_.run_dict)
                 saved = step
+                rl_run.abort_if_requested(step, ckpt)
             if preempted:
                 logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to resume")
                 break
@@ -419,19 +448,30 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
 
 
 def _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cfg, **timing) -> dict:
-    valid = [t for t in trajs if t.status == "ok"]
-    score = lambda t: grpo.trajectory_score(t.turn_rewards, cfg.rl.score, cfg.rl.gamma)  # noqa: E731
+    """One step's metrics over the episodes of EVERY process (gathered per episode, in rollout-id order, and the
+    counts summed), so all processes log the same numbers; `kept` is already the global list of kept groups."""
+    def summary(t):
+        ok = t.status == "ok"
+        return {"rid": int(t.rollout_id), "ok": ok, "gym": t.task.get("gym", "?"),
+                "score": float(grpo.trajectory_score(t.turn_rewards, cfg.rl.score, cfg.rl.gamma)) if ok else 0.0,
+                "train": float(scoring.training_reward([s.get("reward", 0.0) for s in t.env_info])) if ok else 0.0,
+                "turns": int(t.num_agent_turns),
+                "agent_tokens": sum(len(s.tokens) for s in t.segments if s.kind == "agent")}
+    eps = sorted(rl_run.gather_list([summary(t) for t in trajs]), key=lambda e: e["rid"])
+    if jax.process_count() > 1:
+        n_invalid, skipped, n_notes = (int(x) for x in np.sum(rl_run.gather_list([[n_invalid, skipped, n_notes]]),
+                                                              axis=0))
+    valid = [e for e in eps if e["ok"]]
     rec: dict[str, Any] = {
-        "reward_mean": _mean(score(t) for t in valid),
-        "train_reward_mean": _mean(scoring.training_reward([s.get("reward", 0.0) for s in t.env_info])
-                                   for t in valid),
-        "episodes": len(trajs), "invalid": n_invalid, "invalid_frac": n_invalid / max(1, len(trajs)),
+        "reward_mean": _mean(e["score"] for e in valid),
+        "train_reward_mean": _mean(e["train"] for e in valid),
+        "episodes": len(eps), "invalid": n_invalid, "invalid_frac": n_invalid / max(1, len(eps)),
         "skipped_groups": skipped, "trained_groups": len(kept), "updates": len(ms), "coach_notes": n_notes,
-        "turns_mean": _mean(t.num_agent_turns for t in trajs),
+        "turns_mean": _mean(e["turns"] for e in eps),
     }
-    for gym in sorted({t.task.get("gym", "?") for t in trajs}):
-        rec[f"reward/{gym}"] = _mean(score(t) for t in valid if t.task.get("gym") == gym)
-    agent_tokens = sum(len(s.tokens) for t in trajs for s in t.segments if s.kind == "agent")
+    for gym in sorted({e["gym"] for e in eps}):
+        rec[f"reward/{gym}"] = _mean(e["score"] for e in valid if e["gym"] == gym)
+    agent_tokens = sum(e["agent_tokens"] for e in eps)
     rec.update(timing)
     rec["rollout_tokens_per_s"] = agent_tokens / max(timing["rollout_s"], 1e-9)
     rec.update(rl_run.update_record(ms, timing["train_s"]))

@@ -20,6 +20,9 @@ One RL step:
 Checkpoints hold params, optimizer state, the domain sampler, the next rollout id and the per-domain running reward
 sums, so a resumed run reproduces the uninterrupted one (fixed sides at temperature 0, every sampling seed derived
 from (train.seed, step, rollout id, turn)). SIGTERM finishes the step, saves and returns.
+Multi-host (`--distributed`): each process runs the rollouts of its share of the prompts (prompt p on process
+p % P with its whole group, so FoldGRPO's group statistics are exact locally; seeds from the global prompt index
+and rollout id) and the update trains on the global batch assembled from process-local rows (train/rl_run.py).
 
 Metrics (metrics.jsonl): reward_mean, reward/<d> and its running mean reward_running/<d>, rollouts, segments,
 invalid_frac, skipped_groups, meta_narration_rate and reward/behaviour/<id> on the behaviour task,
@@ -39,6 +42,7 @@ import os
 import time
 from typing import Any
 
+import jax
 import numpy as np
 
 from mimesis_jax import config as config_lib
@@ -99,6 +103,7 @@ class SimRolloutConfig:
     row_len: int = 0  # packed row length; 0 = bucketed
     min_valid_per_group: int = 2
     env_workers: int = 16
+    max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +154,8 @@ class SimRLConfig:
         need(1 <= r.mini_batch_prompts <= r.prompts_per_step, "rollout.mini_batch_prompts",
              f"must be in [1, rollout.prompts_per_step={r.prompts_per_step}]")
         need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
+        need(isinstance(r.max_batch, int) and not isinstance(r.max_batch, bool) and r.max_batch >= 0,
+             "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
         need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
         need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
         need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
@@ -288,6 +295,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     from mimesis_jax.train.metrics import MetricsLogger
 
     workdir = os.path.abspath(workdir)
+    log = rl_run.primary_log(log)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
     cfg = cfg.validate()
     weights = cfg.domains.weight_map()
@@ -333,9 +341,15 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     history: dict[int, dict] = {}
 
     def rollouts(params, prompts, group_size, temperature, seed, first_group, first_rid):
-        policy = LocalChatModel(model_config, params, tok, max_tokens=r.max_tokens, name="simulator")
+        """The rollouts of this process's share of `prompts` (rl_run.process_share): prompt p is group
+        first_group + p with rollout ids first_rid + p * group_size + k and env seed f(seed, p), whatever process
+        runs it."""
+        params = rl_run.rollout_params(params)
+        policy = LocalChatModel(model_config, params, tok, max_tokens=r.max_tokens, name="simulator",
+                                max_batch=r.max_batch)
         tasks = []
-        for p, (d, i) in enumerate(prompts):
+        for p in rl_run.process_share(len(prompts)):
+            d, i = prompts[p]
             env_seed = int(np.random.SeedSequence([seed, p]).generate_state(1)[0])
             for k in range(group_size):
                 env = make_domain_env(d, records_of[d][i], sides, seed=env_seed, **_env_options(cfg, d))
@@ -354,7 +368,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
             drawn = sampler.draw(r.prompts_per_step)
             outs = rollouts(run_.state["params"], drawn, r.group_size, r.temperature, seed,
                             step * r.prompts_per_step, next_rid)
-            next_rid += len(outs)
+            next_rid += len(drawn) * r.group_size  # every process counts the rollouts of all processes
             t1 = time.perf_counter()
             if on_rollouts is not None:
                 on_rollouts(step + 1, outs)
@@ -363,6 +377,11 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
                 groups.setdefault(o.group_id, []).append(o)
             kept = [g for _, g in sorted(groups.items())
                     if sum(o.status == "ok" for o in g) >= r.min_valid_per_group]
+            skipped = len(groups) - len(kept)
+            if jax.process_count() > 1:  # all processes' kept groups in order, [] where another process has it
+                mine = {g[0].group_id: g for g in kept}
+                kept = [mine.get(gid, []) for gid in rl_run.global_groups(list(mine))]
+                skipped = sum(rl_run.gather_list([skipped]))
             ms = []
             if kept:
                 chunks = []
@@ -372,15 +391,16 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
                     chunks.append((segs, adv))
                 run_.state, ms = rl_run.ppo_updates(run_, chunks, row_len=r.row_len or None)
             step += 1
-            run_.state["step"] = np.asarray(step, np.int32)
+            run_.state["step"] = rl_run.step_array(step, run_.mesh)
             t2 = time.perf_counter()
-            rec = step_record(outs, len(groups) - len(kept), running, rollout_s=t1 - t0, train_s=t2 - t1,
+            rec = step_record(gathered_outcomes(outs), skipped, running, rollout_s=t1 - t0, train_s=t2 - t1,
                               lr=float(run_.schedule(max(0, step * cfg.updates_per_step() - 1))))
             rec.update(rl_run.update_record(ms, t2 - t1))
             if cfg.validation.every and step % cfg.validation.every == 0 and val_records:
                 records_of = val_records
                 vprompts = [(d, i) for d in sorted(val_records) for i in range(len(val_records[d]))]
-                vouts = rollouts(run_.state["params"], vprompts, 1, cfg.validation.temperature, 12345, 0, 1 << 40)
+                vouts = gathered_outcomes(rollouts(run_.state["params"], vprompts, 1, cfg.validation.temperature,
+                                                   12345, 0, 1 << 40))
                 records_of = records
                 for d in sorted(val_records):
                     rec[f"val/{d}"] = _mean(o.reward for o in vouts if o.domain == d and o.status == "ok")
@@ -392,6 +412,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
                 ckpt.save(step, run_.state, {"sampler": sampler.state(), "next_rollout_id": next_rid,
                                              "running": running}, run_.run_dict)
                 saved = step
+                rl_run.abort_if_requested(step, ckpt)
             if preempted:
                 logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to resume")
                 break
@@ -402,6 +423,22 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
         for c in closers:
             c.close()
     return SimRLResult(workdir, start, step, history, preempted, saved)
+
+
+def gathered_outcomes(outs) -> list:
+    """What the step metrics read of every process's rollouts (status, reward, domain, segment count, thoughts,
+    the behaviour task's info), gathered in rollout-id order: every process logs the same numbers. Lightweight
+    stand-ins for SimRollout (one process: the same fields of its own rollouts)."""
+    import json
+    import types
+
+    def summary(o):
+        info = json.loads(json.dumps(o.info, default=str)) if o.domain == BEHAVIOUR else {}
+        return {"rid": int(o.rollout_id), "status": o.status, "domain": o.domain, "info": info,
+                "reward": None if o.reward is None else float(o.reward), "segments": len(o.segments),
+                "thoughts": list(o.thoughts)}
+    return [types.SimpleNamespace(**dict(e, segments=[None] * e["segments"]))
+            for e in sorted(rl_run.gather_list([summary(o) for o in outs]), key=lambda e: e["rid"])]
 
 
 def step_record(outs, skipped: int, running: dict[str, list[float]], **timing) -> dict:

@@ -1,0 +1,183 @@
+"""Multi-host RL stages: each process packs its own share of a PPO mini-batch and the global batch is assembled
+from process-local rows (train/rl_run.py, algorithms/rl_batch.py `conform`, RLStep.place(process_local=True)).
+
+* fast: the shares of 2 (or 3) emulated processes, conformed to their common layout and concatenated per
+  micro-batch the way jax.make_array_from_process_local_data lays them out, give the loss, gradients and metric
+  sums of packing every trajectory together (the one-process path) -- for the fused and naive CSD teachers and
+  plain GRPO, token- and sequence-mean, with a process that holds no coached turn or no trajectory at all;
+* slow: `agentrl` (GRPO + CSD, tiny config) as two jax.distributed processes of 4 CPU devices each, killed
+  abruptly after step 1 and resumed, logs the per-step rewards of a one-process 8-device run and ends with its
+  parameters (up to fp32 summation order).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
+from mimesis_jax.algorithms import grpo, rl_batch
+from mimesis_jax.train.agent_rl import RLConfig, make_rl_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = tiny_config()
+TURNS = (2, 5, 1, 3, 4, 2, 3, 1)
+
+
+def _global_from_shares(shares, rl, loss_agg, rows_multiple):
+    """What RLStep.place(process_local=True) builds on P processes: per micro-batch, process 0's rows, then 1's."""
+    teacher = rl.teacher if rl.alpha > 0 else "none"
+    packs = []
+    for trajs in shares:
+        if not trajs:
+            packs.append(None)
+            continue
+        adv = grpo.trajectory_turn_advantages(trajs)
+        packs.append(rl_batch.pack_trajectories(trajs, adv, teacher=teacher, loss_agg=loss_agg,
+                                                rows_multiple=rows_multiple, pad_multiple=16))
+    layout = rl_batch.common_layout([rl_batch.layout_info(p) for p in packs], rows_multiple)
+    local = [rl_batch.split_microbatches(rl_batch.conform(p, layout, loss_agg), rl.num_microbatches) for p in packs]
+    return {k: np.concatenate([x[k] for x in local], axis=1) for k in local[0]}
+
+
+@pytest.mark.parametrize("teacher,loss_agg,split", [
+    ("fused", "seq-mean", "three_one_empty"), ("fused", "token-mean", "uncoached_share"),
+    pytest.param("naive", "token-mean", "two", marks=pytest.mark.slow),
+    pytest.param("none", "seq-mean", "two", marks=pytest.mark.slow),
+])
+def test_process_shares_assemble_the_one_process_batch(teacher, loss_agg, split):
+    trajs = random_batch(5, CFG.vocab_size, TURNS)
+    for i, t in enumerate(trajs):
+        t.group_id = i // 2  # groups of two, whole on one process
+    if split == "uncoached_share":  # process 1's dialogues have no coach note: it packs no teacher layout
+        for t in trajs[4:]:
+            t.segments = [s for s in t.segments if s.kind != "coach"]
+    groups = [trajs[i:i + 2] for i in range(0, len(trajs), 2)]
+    if split == "three_one_empty":  # groups 0, 2 on process 0; 1, 3 on process 2; process 1 has none
+        shares = [groups[0] + groups[2], [], groups[1] + groups[3]]
+    else:
+        shares = [groups[0] + groups[1], groups[2] + groups[3]]
+    rl = RLConfig(alpha=0.0 if teacher == "none" else 0.5, teacher="fused" if teacher == "none" else teacher,
+                  loss_agg=loss_agg, num_microbatches=2)
+    step = make_rl_step(CFG, None, None, rl)
+    multi = _global_from_shares(shares, rl, loss_agg, rows_multiple=2)
+
+    adv = grpo.trajectory_turn_advantages(trajs)  # the one-process path: every trajectory packed together
+    whole = rl_batch.pack_trajectories(trajs, adv, teacher=teacher if teacher != "none" else "none",
+                                       loss_agg=loss_agg, rows_multiple=2, pad_multiple=16)
+    assert whole.num_rows < multi["tokens"].shape[0] * multi["tokens"].shape[1]  # the layouts really differ
+    params = scaled_params(CFG)
+    loss_m, grads_m, sums_m = step.loss_and_grads(params, step.place(multi))
+    loss_w, grads_w, sums_w = step.loss_and_grads(params, step.place(whole))
+    assert abs(float(loss_m) - float(loss_w)) <= 1e-5 * max(1.0, abs(float(loss_w)))
+    assert tree_rel_err(grads_m, grads_w) < 1e-4
+    for k in ("agent", "coached", "clipped"):
+        assert float(sums_m[k]) == float(sums_w[k]), k
+    if teacher != "none":
+        assert float(sums_w["coached"]) > 0 and abs(float(sums_m["csd_loss"]) - float(sums_w["csd_loss"])) <= 1e-5
+    # the normalisers are global: the token weights of all processes sum to one (Eq 6 / Eq 10's means)
+    assert abs(float(multi["grpo_weight"].sum()) - 1.0) < 1e-5
+    if teacher != "none":
+        assert abs(float(multi["csd_weight"].sum()) - 1.0) < 1e-5
+
+
+def test_common_layout_refuses_mixed_teachers_and_empty_minibatches():
+    trajs = random_batch(1, CFG.vocab_size, (2, 3))
+    fused = rl_batch.layout_info(rl_batch.pack_trajectories(trajs, teacher="fused", pad_multiple=16))
+    naive = rl_batch.layout_info(rl_batch.pack_trajectories(trajs, teacher="naive", pad_multiple=16))
+    with pytest.raises(ValueError, match="different teacher layouts"):
+        rl_batch.common_layout([fused, naive])
+    with pytest.raises(ValueError, match="no process has trajectories"):
+        rl_batch.common_layout([rl_batch.layout_info(None)] * 2)
+
+
+# ------------------------------------------------------------------------------------------ 2 processes
+OVERRIDES = ["train.steps=3", "checkpoint.every=1", "checkpoint.keep=4", "rollout.prompts_per_step=4",
+             "rollout.group_size=2", "rollout.mini_batch_prompts=2", "rollout.max_turns=1",
+             "rollout.agent_max_tokens=12", "rollout.row_len=128", "train.progress_bar=False",
+             "train.tensorboard=False"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_processes(workdir, abort_after=None, timeout=300):
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4 "
+                         "--xla_cpu_collective_call_terminate_timeout_seconds=60", PYTHONUNBUFFERED="1")
+    env.pop("MIMESIS_ABORT_AFTER_STEP", None)
+    if abort_after is not None:
+        env["MIMESIS_ABORT_AFTER_STEP"] = str(abort_after)
+    def cmd(i):
+        return [sys.executable, "-m", "mimesis_jax", "agentrl", "--config",
+                os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"), "--workdir", str(workdir), "--distributed",
+                "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i),
+                "--set", *OVERRIDES]
+    procs = [subprocess.Popen(cmd(i), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("multi-process agent RL timed out")
+    return [p.returncode for p in procs], outs
+
+
+def _final_params(workdir):
+    from mimesis_jax import config as config_lib, models
+    from mimesis_jax.train.checkpoint import Checkpointer
+
+    ck = Checkpointer(str(workdir), read_only=True)
+    mc = config_lib.model_from_dict(ck.run_config()["model"])
+    dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), models.abstract_params(mc))
+    params, step = ck.restore_params(None, target)
+    ck.close()
+    return jax.device_get(params), step
+
+
+@pytest.mark.slow
+def test_two_process_agent_rl_equals_one_process_and_resumes_after_a_kill(tmp_path):
+    from mimesis_jax.train import agent_rl_loop
+    from mimesis_jax.train.metrics import read_metrics
+
+    multi = tmp_path / "multi"
+    rcs, outs = _two_processes(multi, abort_after=1)  # killed (os._exit) right after step 1's checkpoint
+    assert 75 in rcs and 0 not in rcs, (rcs, outs[0][-3000:] + outs[1][-3000:])
+    rcs, outs = _two_processes(multi)  # the same command resumes from step 1
+    assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "resume:" in outs[0] and "from step 1" in outs[0], outs[0][-2000:]
+
+    cfg = agent_rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"), OVERRIDES)
+    ref = agent_rl_loop.run(cfg, str(tmp_path / "single"), handle_signals=False, log=lambda *a, **k: None)
+    assert ref.final_step == 3 and jax.device_count() == 8
+    got = {r["step"]: r for r in read_metrics(str(multi))}
+    assert sorted(got) == [1, 2, 3]
+    for s in (1, 2, 3):
+        want, rec = ref.metrics[s], got[s]
+        for k in ("episodes", "invalid", "trained_groups", "updates", "coach_notes", "reward_mean",
+                  "train_reward_mean", "turns_mean"):
+            assert rec[k] == want[k], (s, k, rec[k], want[k])
+        assert want["updates"] == 2 and want["coach_notes"] > 0
+        for k in ("loss", "grpo_loss", "csd_loss", "entropy", "grad_norm"):
+            assert abs(rec[k] - want[k]) <= 1e-4 * max(1.0, abs(want[k])), (s, k, rec[k], want[k])
+    p_multi, s_multi = _final_params(multi)
+    p_ref, s_ref = _final_params(tmp_path / "single")
+    assert s_multi == s_ref == 3
+    err = tree_rel_err(p_multi, p_ref)
+    print(f"2 processes vs 1: final params max rel err {err:.2e}; step losses "
+          f"{[(got[s]['loss'], ref.metrics[s]['loss']) for s in (1, 2, 3)]}")
+    # Adam divides each update by its gradient's RMS, so entries whose gradient is near zero turn fp32 summation
+    # noise into updates of up to ~lr (3e-3): the final weights agree to a few 1e-5 of their scale, not 1e-7.
+    assert err < 3e-4, err
