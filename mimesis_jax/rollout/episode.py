@@ -74,6 +74,8 @@ class EpisodeConfig:
     refusal_rules: dict[str, str] | None = None  # None: refusal.DEFAULT_RULES
     check_thought_for_refusal: bool = True
     env_workers: int = 16  # threads stepping envs at once (envs whose step calls a user/judge model overlap)
+    dialogue_keys: bool = True  # an agent / simulator with persistent dialogue state (rollout/engine.py, it has
+    # `release`) gets the rollout ids as keys: each turn then prefills only what was appended since its last one
 
 
 class ScriptedAgent:
@@ -111,6 +113,7 @@ class _Live:
     turns: int = 0
     pending_user: bool = False
     seed_key: int = 0  # the explicit rollout id, else the task's index: identical calls sample identically
+    released: bool = False  # its engine state (if any) was freed
 
 
 _ROLLOUT_IDS = itertools.count(1 << 40)  # default ids: far above the ids training drivers assign from 0
@@ -136,6 +139,8 @@ def _end(ep: _Live, reason: str, invalid: str | None = None):
 def _user_turns(eps: list[_Live], user, cfg: EpisodeConfig, refusal: RefusalDetector, *, opening: bool):
     """One batched simulator call for `eps`; returns the episodes whose utterance was accepted, with it."""
     kwargs: dict[str, Any] = {"max_tokens": cfg.user_max_tokens}
+    if cfg.dialogue_keys and hasattr(user, "release"):
+        kwargs["keys"] = [("user", ep.traj.rollout_id) for ep in eps]
     if cfg.user_temperature is not None:
         kwargs["temperature"] = cfg.user_temperature
     responses = chat_many(user, [ep.user_view for ep in eps], **kwargs)
@@ -192,7 +197,10 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     """Runs every task to its end and returns one Trajectory per task, in order.
 
     agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or None.
+    (`endpoints.LocalChatModel`, `engine.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
+    None. An agent / user with persistent dialogue state (`release`, e.g. EngineChatModel) gets keys
+    ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
+    ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.
     tokenizer: the agent's tokenizer (default `agent.tok`); all public segments are rendered with data/chat.py.
     """
     from mimesis_jax.data.chat import generation_prompt, render_messages, render_turn
@@ -207,6 +215,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     newline = list(tok.encode("\n"))
     im_end = int(tok.im_end_id)
 
+    agent_keys = cfg.dialogue_keys and hasattr(agent, "release")
     eps: list[_Live] = []
     seen_ids: dict[int, int] = {}
     for i, task in enumerate(tasks):
@@ -236,81 +245,99 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                                    tools=tools if getattr(ep.task.env, "tool_mode", True) else None)
         _add(ep, "public", rendered.ids)
 
-    while True:
-        live = [ep for ep in eps if not ep.done]
-        if cfg.max_context_tokens is not None:
+    try:
+        while True:
+            _release([ep for ep in eps if ep.done], agent, user, cfg)  # free ended dialogues' pages early
+            live = [ep for ep in eps if not ep.done]
+            if cfg.max_context_tokens is not None:
+                for ep in live:
+                    if len(ep.context) + len(header) + cfg.agent_max_tokens > cfg.max_context_tokens:
+                        _end(ep, "context_limit")
+                live = [ep for ep in live if not ep.done]
+            if not live:
+                break
+            # 1. agent turn: one sampler call for every live dialogue
+            keyed = {"keys": [("agent", ep.traj.rollout_id) for ep in live]} if agent_keys else {}
+            samples = agent.generate_tokens(
+                [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens,
+                temperature=cfg.agent_temperature, top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
+                seed=[_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live], **keyed)
+            calls = []
+            for ep, s in zip(live, samples):
+                _add(ep, "public", header)
+                ended_cleanly = bool(s.tokens) and s.tokens[-1] == im_end
+                body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
+                reply = tok.decode(body)
+                _add(ep, "agent", s.tokens, s.logprobs, text=reply)
+                _add(ep, "public", newline if ended_cleanly else [im_end] + newline)
+                ep.turns += 1
+                if getattr(ep.task.env, "tool_mode", True):
+                    calls.append(parse_tool_call(reply))
+                else:  # a free-text env reads the visible reply itself
+                    calls.append(ToolCall(choice="text", content=visible_reply(reply)))
+            # 2. environment steps: concurrent, since an env may call its own user / judge models (UserRL gyms)
+            results = _env_steps(live, calls, cfg.env_workers)
+            pending = []
+            for ep, call, result in zip(live, calls, results):
+                if isinstance(result, InvalidEpisode):  # the env's user/judge refused, failed or never parsed
+                    ep.traj.turn_rewards.append(0.0)
+                    ep.traj.env_info.append({"choice": call.choice, "content": call.content, "tool_error": call.error,
+                                             "invalid": str(result)})
+                    ep.traj.user_thoughts.append(None)
+                    ep.traj.user_utterances.append(None)
+                    _end(ep, "invalid", f"agent turn {ep.turns - 1}: {result}")
+                    continue
+                if isinstance(result, Exception):
+                    raise RuntimeError(f"task {ep.index} (rollout {ep.traj.rollout_id}), agent turn {ep.turns - 1}: "
+                                       f"the environment raised {type(result).__name__}: {result}") from result
+                obs, reward, terminated, truncated, info = result
+                feedback = str((obs or {}).get("feedback", ""))
+                info = dict(info or {})
+                to_user = info.pop("to_user", call.content if call.ok and call.choice in ("action", "text") else None)
+                ep.traj.env_info.append({**info, "feedback": feedback, "reward": float(reward),
+                                         "terminated": bool(terminated), "truncated": bool(truncated),
+                                         "choice": call.choice, "content": call.content, "tool_error": call.error,
+                                         "to_user": to_user})
+                ep.traj.turn_rewards.append(float(reward))
+                tool_msg = {"role": "tool", "content": tool_feedback(feedback, reward)}
+                _add(ep, "public", render_turn(tok, tool_msg).ids)
+                if terminated or truncated:
+                    _end(ep, "terminated" if terminated else "truncated")
+                elif to_user is not None and ep.user_view is not None:
+                    ep.user_view.append({"role": "assistant", "content": to_user})
+                    pending.append(ep)
+                if ep not in pending:  # an env that talks to its user itself reports the turn in info
+                    ep.traj.user_thoughts.append(info.get("user_thought"))
+                    ep.traj.user_utterances.append(info.get("user_utterance"))
+            # 3. user-simulator turn: one batched call
+            for ep, utterance in (_user_turns(pending, user, cfg, refusal, opening=False) if pending else []):
+                # the agent sees the utterance only, as a plain user turn (no think block of any kind)
+                _add(ep, "public", render_turn(tok, {"role": "user", "content": utterance}, enable_thinking=False).ids)
+                extra, stop, uinfo = ep.task.env.observe_user(utterance)
+                ep.traj.turn_rewards[-1] += float(extra)
+                if uinfo:
+                    ep.traj.env_info[-1]["user"] = dict(uinfo)
+                if stop:
+                    _end(ep, "user_ended")
             for ep in live:
-                if len(ep.context) + len(header) + cfg.agent_max_tokens > cfg.max_context_tokens:
-                    _end(ep, "context_limit")
-            live = [ep for ep in live if not ep.done]
-        if not live:
-            break
-        # 1. agent turn: one sampler call for every live dialogue
-        samples = agent.generate_tokens(
-            [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens, temperature=cfg.agent_temperature,
-            top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
-            seed=[_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live])
-        calls = []
-        for ep, s in zip(live, samples):
-            _add(ep, "public", header)
-            ended_cleanly = bool(s.tokens) and s.tokens[-1] == im_end
-            body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
-            reply = tok.decode(body)
-            _add(ep, "agent", s.tokens, s.logprobs, text=reply)
-            _add(ep, "public", newline if ended_cleanly else [im_end] + newline)
-            ep.turns += 1
-            if getattr(ep.task.env, "tool_mode", True):
-                calls.append(parse_tool_call(reply))
-            else:  # a free-text env reads the visible reply itself
-                calls.append(ToolCall(choice="text", content=visible_reply(reply)))
-        # 2. environment steps: concurrent, since an env may call its own user / judge models (UserRL gyms)
-        results = _env_steps(live, calls, cfg.env_workers)
-        pending = []
-        for ep, call, result in zip(live, calls, results):
-            if isinstance(result, InvalidEpisode):  # the env's user/judge refused, failed or never parsed
-                ep.traj.turn_rewards.append(0.0)
-                ep.traj.env_info.append({"choice": call.choice, "content": call.content, "tool_error": call.error,
-                                         "invalid": str(result)})
-                ep.traj.user_thoughts.append(None)
-                ep.traj.user_utterances.append(None)
-                _end(ep, "invalid", f"agent turn {ep.turns - 1}: {result}")
-                continue
-            if isinstance(result, Exception):
-                raise RuntimeError(f"task {ep.index} (rollout {ep.traj.rollout_id}), agent turn {ep.turns - 1}: the "
-                                   f"environment raised {type(result).__name__}: {result}") from result
-            obs, reward, terminated, truncated, info = result
-            feedback = str((obs or {}).get("feedback", ""))
-            info = dict(info or {})
-            to_user = info.pop("to_user", call.content if call.ok and call.choice in ("action", "text") else None)
-            ep.traj.env_info.append({**info, "feedback": feedback, "reward": float(reward),
-                                     "terminated": bool(terminated), "truncated": bool(truncated),
-                                     "choice": call.choice, "content": call.content, "tool_error": call.error,
-                                     "to_user": to_user})
-            ep.traj.turn_rewards.append(float(reward))
-            tool_msg = {"role": "tool", "content": tool_feedback(feedback, reward)}
-            _add(ep, "public", render_turn(tok, tool_msg).ids)
-            if terminated or truncated:
-                _end(ep, "terminated" if terminated else "truncated")
-            elif to_user is not None and ep.user_view is not None:
-                ep.user_view.append({"role": "assistant", "content": to_user})
-                pending.append(ep)
-            if ep not in pending:  # an env that talks to its user itself reports the turn in info
-                ep.traj.user_thoughts.append(info.get("user_thought"))
-                ep.traj.user_utterances.append(info.get("user_utterance"))
-        # 3. user-simulator turn: one batched call
-        for ep, utterance in (_user_turns(pending, user, cfg, refusal, opening=False) if pending else []):
-            # the agent sees the utterance only, as a plain user turn (no think block of any kind)
-            _add(ep, "public", render_turn(tok, {"role": "user", "content": utterance}, enable_thinking=False).ids)
-            extra, stop, uinfo = ep.task.env.observe_user(utterance)
-            ep.traj.turn_rewards[-1] += float(extra)
-            if uinfo:
-                ep.traj.env_info[-1]["user"] = dict(uinfo)
-            if stop:
-                _end(ep, "user_ended")
-        for ep in live:
-            if not ep.done and ep.turns >= cfg.max_turns:
-                _end(ep, "turn_limit")
+                if not ep.done and ep.turns >= cfg.max_turns:
+                    _end(ep, "turn_limit")
+    finally:  # an env that raised leaves no dialogue state behind either
+        _release(eps, agent, user, cfg)
     for ep in eps:
         ep.traj.meta["turns"] = ep.turns
         ep.traj.validate()
     return [ep.traj for ep in eps]
+
+
+def _release(eps: list[_Live], agent, user, cfg: EpisodeConfig) -> None:
+    """Frees the engine state of every finished dialogue (pages, state slots) on the agent and the simulator."""
+    eps = [ep for ep in eps if not ep.released]
+    if not cfg.dialogue_keys or not eps:
+        return
+    for model, side in ((agent, "agent"), (user, "user")):
+        if hasattr(model, "release"):
+            for ep in eps:
+                model.release((side, ep.traj.rollout_id))
+    for ep in eps:
+        ep.released = True

@@ -61,6 +61,8 @@ class SimEpisodeConfig:
     max_context_tokens: int | None = None  # finish (env.finish) before a prompt + max_tokens would exceed this
     seed: int = 0
     env_workers: int = 16  # threads stepping envs at once (their judge / partner calls overlap)
+    dialogue_keys: bool = True  # a policy with persistent dialogue state (rollout/engine.py, it has `release`)
+    # gets the rollout ids as keys: each turn then prefills only what was appended since its last one
 
     def __post_init__(self):
         if self.max_turns is not None and self.max_turns < 1:
@@ -146,7 +148,8 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
     """Runs every task to its end; one SimRollout per task, in order.
 
     policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel` over the simulator's weights, or `episode.ScriptedAgent` in tests).
+    (`endpoints.LocalChatModel` over the simulator's weights, or `episode.ScriptedAgent` in tests). A policy with
+    `release` (`engine.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
     tokenizer: the policy's tokenizer (default `policy.tok`).
     """
     from mimesis_jax.data.chat import render_messages
@@ -178,65 +181,73 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
         else:
             ep.view = [dict(m) for m in view]
 
-    turn = 0
-    while True:
-        live = [ep for ep in eps if not ep.done]
-        prompts = []
-        for ep in live:
-            env = ep.task.env
-            prompts.append(list(render_messages(tok, ep.view, enable_thinking=env.thinking, add_generation_prompt=True,
-                                                generation_role=env.policy_role).ids))
-        # the context limit: finish before sampling what would not fit
-        if cfg.max_context_tokens is not None:
-            over = [(ep, p) for ep, p in zip(live, prompts) if len(p) + cfg.max_tokens > cfg.max_context_tokens]
-            for ep, result in zip([e for e, _ in over], _pool_map(lambda ep: _call(ep.task.env.finish, "context_limit"),
-                                                                  [(e,) for e, _ in over], cfg.env_workers)):
-                t = _check_turn(ep, result, "finish at the context limit")
+    keyed_policy = cfg.dialogue_keys and hasattr(policy, "release")
+    try:
+        turn = 0
+        while True:
+            live = [ep for ep in eps if not ep.done]
+            prompts = []
+            for ep in live:
+                env = ep.task.env
+                prompts.append(list(render_messages(tok, ep.view, enable_thinking=env.thinking,
+                                                    add_generation_prompt=True, generation_role=env.policy_role).ids))
+            # the context limit: finish before sampling what would not fit
+            if cfg.max_context_tokens is not None:
+                over = [(ep, p) for ep, p in zip(live, prompts) if len(p) + cfg.max_tokens > cfg.max_context_tokens]
+                finished = _pool_map(lambda ep: _call(ep.task.env.finish, "context_limit"), [(e,) for e, _ in over],
+                                     cfg.env_workers)
+                for ep, result in zip([e for e, _ in over], finished):
+                    t = _check_turn(ep, result, "finish at the context limit")
+                    if t is not None:
+                        _finish(ep, t, "context_limit")
+                keep = [(ep, p) for ep, p in zip(live, prompts) if not ep.done]
+                live, prompts = [e for e, _ in keep], [p for _, p in keep]
+            if not live:
+                break
+            # 1. policy turn: one sampler call for every live episode
+            keyed = {"keys": [ep.out.rollout_id for ep in live]} if keyed_policy else {}
+            samples = policy.generate_tokens(prompts, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                                             top_p=cfg.top_p, top_k=cfg.top_k,
+                                             seed=[_seed(cfg.seed, ep.seed_key, turn) for ep in live], **keyed)
+            steps = []
+            for ep, prompt, s in zip(live, prompts, samples):
+                body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
+                text = tok.decode(body)
+                thought, utterance = split_thought(text, thinking=ep.task.env.thinking)
+                ep.out.thoughts.append(thought)
+                ep.out.utterances.append(utterance)
+                ep.out.segments.append(Trajectory(
+                    segments=[Segment("public", prompt), Segment("agent", s.tokens, s.logprobs, text=text)],
+                    group_id=ep.out.group_id, rollout_id=ep.out.rollout_id, task=ep.out.task,
+                    meta={"domain": ep.out.domain, "turn": turn, "finish_reason": s.finish_reason}))
+                steps.append((ep, thought, utterance))
+            # 2. environment steps, concurrent
+            results = _pool_map(lambda ep, th, ut: _call(ep.task.env.step, th, ut), steps, cfg.env_workers)
+            finishing = []
+            for (ep, thought, utterance), result in zip(steps, results):
+                t = _check_turn(ep, result, f"policy turn {turn}")
+                if t is None:
+                    continue
+                if t.done:
+                    _finish(ep, t, "done")
+                    continue
+                own = {"role": ep.task.env.policy_role, "content": utterance or ""}
+                if thought is not None and ep.task.env.thinking:
+                    own["reasoning"] = thought
+                ep.view.append(own)
+                ep.view.extend(dict(m) for m in t.messages)
+                if len(ep.out.segments) >= ep.limit:
+                    finishing.append(ep)
+            for ep, result in zip(finishing, _pool_map(lambda ep: _call(ep.task.env.finish, "turn_limit"),
+                                                       [(ep,) for ep in finishing], cfg.env_workers)):
+                t = _check_turn(ep, result, "finish at the turn limit")
                 if t is not None:
-                    _finish(ep, t, "context_limit")
-            keep = [(ep, p) for ep, p in zip(live, prompts) if not ep.done]
-            live, prompts = [e for e, _ in keep], [p for _, p in keep]
-        if not live:
-            break
-        # 1. policy turn: one sampler call for every live episode
-        samples = policy.generate_tokens(prompts, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                                         top_p=cfg.top_p, top_k=cfg.top_k,
-                                         seed=[_seed(cfg.seed, ep.seed_key, turn) for ep in live])
-        steps = []
-        for ep, prompt, s in zip(live, prompts, samples):
-            body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
-            text = tok.decode(body)
-            thought, utterance = split_thought(text, thinking=ep.task.env.thinking)
-            ep.out.thoughts.append(thought)
-            ep.out.utterances.append(utterance)
-            ep.out.segments.append(Trajectory(
-                segments=[Segment("public", prompt), Segment("agent", s.tokens, s.logprobs, text=text)],
-                group_id=ep.out.group_id, rollout_id=ep.out.rollout_id, task=ep.out.task,
-                meta={"domain": ep.out.domain, "turn": turn, "finish_reason": s.finish_reason}))
-            steps.append((ep, thought, utterance))
-        # 2. environment steps, concurrent
-        results = _pool_map(lambda ep, th, ut: _call(ep.task.env.step, th, ut), steps, cfg.env_workers)
-        finishing = []
-        for (ep, thought, utterance), result in zip(steps, results):
-            t = _check_turn(ep, result, f"policy turn {turn}")
-            if t is None:
-                continue
-            if t.done:
-                _finish(ep, t, "done")
-                continue
-            own = {"role": ep.task.env.policy_role, "content": utterance or ""}
-            if thought is not None and ep.task.env.thinking:
-                own["reasoning"] = thought
-            ep.view.append(own)
-            ep.view.extend(dict(m) for m in t.messages)
-            if len(ep.out.segments) >= ep.limit:
-                finishing.append(ep)
-        for ep, result in zip(finishing, _pool_map(lambda ep: _call(ep.task.env.finish, "turn_limit"),
-                                                   [(ep,) for ep in finishing], cfg.env_workers)):
-            t = _check_turn(ep, result, "finish at the turn limit")
-            if t is not None:
-                _finish(ep, t, "turn_limit")
-        turn += 1
+                    _finish(ep, t, "turn_limit")
+            turn += 1
+    finally:  # free the engine state (pages, state slots) of every rollout, also when a step raised
+        if keyed_policy:
+            for ep in eps:
+                policy.release(ep.out.rollout_id)
     for ep in eps:
         ep.out.transcript = list(ep.task.env.transcript())
     return [ep.out for ep in eps]

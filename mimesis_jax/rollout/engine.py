@@ -1,0 +1,575 @@
+"""Multi-turn rollout engine: persistent per-dialogue caches, a paged KV pool and continuous batching.
+
+    engine = RolloutEngine(config, params, EngineConfig(slots=16), stop_ids=(im_end,))
+    samples = engine.generate_tokens(prompts, keys=episode_ids, max_tokens=256, temperature=1.0, seed=seeds)
+    ...                                   # next turn: prompts extend the previous ones -> only the suffix is run
+    engine.release(episode_id)            # the episode ended: its pages and state slot go back to the pools
+
+Why: in RL the rollouts dominate wall time, and a per-turn `sampler.generate` re-prefills every dialogue's
+whole context each turn, pads every row to the longest prompt and decodes until the slowest row stops.
+
+**Persistent dialogue state.** A dialogue (identified by its key) keeps, between calls, the tokens the model
+has consumed, the cache pages holding their keys/values (every full-attention layer) and, for Qwen3.5, a
+state slot holding each linear layer's conv window and DeltaNet state. When a new prompt for that key starts
+with those tokens, only the suffix (tool result, user turn, assistant header, and the last sampled token,
+which was never fed back) is prefilled. If the history diverged (e.g. a chat template dropped a thought), the
+dialogue is recomputed from position 0. The engine is token-exact: a sample's log-probs are those of the
+model's full forward over the final sequence (`algorithms.logprobs.token_logprobs`) up to fp32 rounding,
+and sampling uses the sampler's rule and keys (`sampler.choose_tokens`; row key fold_in(key(seed), salt),
+step key fold_in(row key, step)), so the same seeds draw the same tokens as `sampler.generate`.
+
+**Paged cache** (models/paged_cache.py). Keys/values live in pages of `page_size` tokens from one pool of
+`num_pages` pages (page 0 is a trash page for padding writes); each dialogue has a page table. A request
+reserves, when it is admitted, the pages for its prompt plus `max_tokens` new tokens, so it never runs out
+mid-flight; when it finishes, pages beyond the dialogue's consumed tokens are returned.
+
+**Pool policy (memory bounded by configuration).** When a request cannot get its pages (or, Qwen3.5, a state
+slot) the engine evicts the least-recently-used *idle* dialogue (one not in a running request): its pages and
+slot are freed, and it is recomputed from scratch when it returns. If that is not enough it waits for running
+requests to finish; if nothing is running and it still does not fit, `EngineError` names the config key to
+raise (`EngineConfig.num_pages` / `num_states`). A prompt + max_tokens longer than a page table
+(`max_pages_per_seq * page_size`) is rejected up front.
+
+**Continuous batching.** `slots` decode slots; a waiting request takes a slot as soon as one frees. Each
+scheduler round runs one prefill chunk (up to `prefill_rows` requests x `prefill_chunk` tokens, right-padded)
+and then a burst of up to `decode_steps` one-token steps of every decoding slot (a compiled while-loop that
+returns early when a slot finishes and a request is waiting). The compiled shapes are fixed by EngineConfig:
+one prefill program [prefill_rows, prefill_chunk] and one decode program [slots] (per sampling-filter on/off).
+
+Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / offered (decode-slot utilisation),
+evictions, recomputed dialogues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import threading
+from collections import OrderedDict
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mimesis_jax import models
+from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.paged_cache import TRASH_PAGE
+from mimesis_jax.rollout import sampler
+from mimesis_jax.rollout.sampler import Sample, choose_tokens
+
+
+class EngineError(RuntimeError):
+    """A request the engine's configured pools cannot hold (the message names the EngineConfig key)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    slots: int = 16  # decode slots: requests decoded together
+    page_size: int = 16  # tokens per cache page
+    num_pages: int = 2048  # pages in the pool (page 0 is the trash page): memory = num_pages * page_size tokens
+    max_pages_per_seq: int = 256  # page-table width: the longest dialogue is max_pages_per_seq * page_size tokens
+    prefill_chunk: int = 64  # tokens per prefill row and round
+    prefill_rows: int = 4  # requests prefilled together per round
+    decode_steps: int = 16  # one-token steps per compiled decode call (it returns early when a slot frees)
+    num_states: int = 0  # Qwen3.5: per-dialogue state slots (0 = 4 * slots); slot 0 is reserved
+
+    def validate(self) -> None:
+        for name in ("slots", "page_size", "num_pages", "max_pages_per_seq", "prefill_chunk", "prefill_rows",
+                     "decode_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_pages < 2:
+            raise ValueError(f"EngineConfig.num_pages must be >= 2 (page 0 is the trash page), got {self.num_pages}")
+        if self.num_states < 0 or self.num_states == 1:
+            raise ValueError(f"EngineConfig.num_states must be 0 (auto) or >= 2 (slot 0 is reserved), "
+                             f"got {self.num_states}")
+
+    @property
+    def states(self) -> int:
+        return self.num_states or 4 * self.slots + 1
+
+
+@dataclasses.dataclass(eq=False)
+class _Dialogue:
+    key: object
+    tokens: list[int] = dataclasses.field(default_factory=list)  # consumed by the model (in the cache)
+    pages: list[int] = dataclasses.field(default_factory=list)
+    state: int = 0  # Qwen3.5 state slot (0 = none)
+    busy: bool = False
+    last_used: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    index: int
+    prompt: list[int]
+    key: object
+    max_new: int
+    temperature: float
+    lp_temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    salt: int
+    stops: list[int]
+    dialogue: _Dialogue | None = None
+    slot: int = -1
+    pending: list[int] = dataclasses.field(default_factory=list)  # prompt tokens still to prefill
+    pos: int = 0  # position of the next token fed to the model
+    out: list[int] = dataclasses.field(default_factory=list)
+    lps: list[float] = dataclasses.field(default_factory=list)
+    finish: str | None = None
+
+
+def _row_keys(seeds, salts):
+    return jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(seeds, salts)
+
+
+def _pick(config, params, h, samp, steps, filtering):
+    seeds, salts, temp, lp_temp, top_k, top_p = samp
+    keys = jax.vmap(jax.random.fold_in)(_row_keys(seeds, salts), steps)
+    logits = models.logits_from_hidden(config, params, h)
+    return choose_tokens(logits, keys, temp, top_k, top_p, filtering, lp_temp)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
+def _prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, tokens, starts, n_valid,
+                     page_tables, state_slots, samp):
+    """One prefill chunk [R, C]; returns (cache, first token [R], its log-prob [R]) sampled after each row's
+    last real token (used only for rows whose prompt ends in this chunk)."""
+    fam = models.family(config)
+    h, cache = fam.forward_paged(config, params, cache, tokens, starts, n_valid, page_tables, state_slots,
+                                 decode_fn)
+    last = jnp.take_along_axis(h, jnp.maximum(n_valid - 1, 0)[:, None, None], axis=1)[:, 0]
+    tok, lp = _pick(config, params, last, samp, jnp.zeros_like(n_valid), filtering)
+    return cache, tok, lp
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+def _decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, params, cache, tok, pos, live,
+                    page_tables, state_slots, samp, steps, remaining, stops, stop_early):
+    """Up to n_steps one-token steps of every live slot. tok [S]: the last sampled token (fed at position
+    pos); steps [S]: index of the next sample; remaining [S]: samples left. Returns (cache, tokens [S, n],
+    log-probs [S, n], count [S] new tokens per slot, done [S], steps run)."""
+    fam = models.family(config)
+    S = tok.shape[0]
+
+    def cond(c):
+        i, _, _, _, _, done, _, freed = c
+        return (i < n_steps) & ~jnp.all(done) & ~(stop_early & freed)
+
+    def body(c):
+        i, tok, cache, out_tok, out_lp, done, count, _ = c
+        act = ~done
+        h, cache = fam.forward_paged(config, params, cache, tok[:, None], pos + i, act.astype(jnp.int32),
+                                     page_tables, jnp.where(act, state_slots, 0), decode_fn)
+        new, lp = _pick(config, params, h[:, 0], samp, steps + i, filtering)
+        out_tok = out_tok.at[:, i].set(jnp.where(act, new, 0))
+        out_lp = out_lp.at[:, i].set(jnp.where(act, lp, 0.0))
+        count = count + act.astype(jnp.int32)
+        fin = act & (jnp.any(new[:, None] == stops, axis=-1) | (i + 1 >= remaining))
+        return i + 1, jnp.where(act, new, tok), cache, out_tok, out_lp, done | fin, count, jnp.any(fin)
+
+    done0 = ~live
+    c = (jnp.int32(0), tok, cache, jnp.zeros((S, n_steps), jnp.int32), jnp.zeros((S, n_steps), jnp.float32),
+         done0, jnp.zeros((S,), jnp.int32), jnp.bool_(False))
+    i, _, cache, out_tok, out_lp, done, count, _ = jax.lax.while_loop(cond, body, c)
+    return cache, out_tok, out_lp, count, done, i
+
+
+class RolloutEngine:
+    """Token-level sampler with persistent dialogue state; `generate_tokens` has LocalChatModel's contract
+    plus `keys` (one hashable per prompt, None = stateless). See the module docstring."""
+
+    def __init__(self, config: ModelConfig, params, engine_config: EngineConfig | None = None, *,
+                 stop_ids: Sequence[int] = (), seed: int = 0, decode_attention=None):
+        self.config, self.params = config, params
+        self.ec = engine_config or EngineConfig()
+        self.ec.validate()
+        fam = models.family(config)
+        if not hasattr(fam, "forward_paged"):
+            raise EngineError(f"config key 'model_type': {config.model_type!r} has no paged forward")
+        self.has_state = config.model_type == "qwen3_5_text"
+        self.stop_ids = [int(t) for t in stop_ids]
+        self.seed = seed
+        self.decode_fn = decode_attention
+        self.cache = fam.init_paged_cache(config, self.ec.num_pages, self.ec.page_size, self.ec.states)
+        self.free_pages = list(range(self.ec.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
+        self.free_states = list(range(self.ec.states - 1, 0, -1))
+        self.dialogues: OrderedDict = OrderedDict()  # key -> _Dialogue, least recently used first
+        self._clock = 0
+        self._calls = 0
+        self._lock = threading.RLock()  # envs on worker threads may share one engine (calls are serialised)
+        self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
+                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0)
+
+    # ------------------------------------------------------------------------------------ pools
+    @property
+    def max_len(self) -> int:
+        return self.ec.max_pages_per_seq * self.ec.page_size
+
+    def pages_in_use(self) -> int:
+        return self.ec.num_pages - 1 - len(self.free_pages)
+
+    def _free(self, d: _Dialogue) -> None:
+        self.free_pages.extend(reversed(d.pages))
+        d.pages, d.tokens = [], []
+        if d.state:
+            self.free_states.append(d.state)
+            d.state = 0
+
+    def release(self, key) -> None:
+        """Forgets dialogue `key` (the episode ended or was cancelled): its pages and state slot are freed."""
+        with self._lock:
+            self._release(key)
+
+    def _release(self, key) -> None:
+        d = self.dialogues.get(key)
+        if d is None:
+            return
+        if d.busy:
+            raise EngineError(f"release({key!r}): the dialogue has a request in flight")
+        self._free(d)
+        del self.dialogues[key]
+
+    def release_all(self) -> None:
+        for key in list(self.dialogues):
+            self.release(key)
+
+    def _evict_one(self, protect: _Dialogue) -> bool:
+        for key, d in self.dialogues.items():  # least recently used first
+            if not d.busy and d is not protect and (d.pages or d.state):
+                self._free(d)
+                del self.dialogues[key]
+                self.stats["evictions"] += 1
+                return True
+        return False
+
+    def _reserve(self, r: _Request, anything_running: bool) -> bool:
+        """Gives r's dialogue the pages (and state slot) for prompt + max_new; False = wait for a free slot."""
+        d = r.dialogue
+        ps = self.ec.page_size
+        need = math.ceil((len(r.prompt) + r.max_new - 1) / ps) - len(d.pages)
+        while len(self.free_pages) < need or (self.has_state and not d.state and not self.free_states):
+            if self._evict_one(d):
+                continue
+            if anything_running:
+                return False
+            if len(self.free_pages) < need:
+                raise EngineError(f"request {r.index}: needs {need} more cache pages of {ps} tokens but the pool has "
+                                  f"{len(self.free_pages)} free with nothing left to evict; raise "
+                                  f"EngineConfig.num_pages (now {self.ec.num_pages})")
+            raise EngineError(f"request {r.index}: no free state slot and nothing to evict; raise "
+                              f"EngineConfig.num_states (now {self.ec.states})")
+        for _ in range(max(need, 0)):
+            d.pages.append(self.free_pages.pop())
+        if self.has_state and not d.state:
+            d.state = self.free_states.pop()
+        return True
+
+    def _admit(self, r: _Request, slot: int, anything_running: bool) -> bool:
+        key = r.key if r.key is not None else ("__anon__", self._calls, r.index)
+        d = self.dialogues.get(key)
+        if d is None:
+            d = _Dialogue(key)
+            self.dialogues[key] = d
+        elif d.busy:
+            raise ValueError(f"keys: dialogue {r.key!r} appears twice in one call (request {r.index})")
+        r.dialogue = d
+        n = len(d.tokens)
+        if n and n < len(r.prompt) and r.prompt[:n] == d.tokens:
+            self.stats["reused_tokens"] += n
+        else:
+            if n:
+                self.stats["recomputed"] += 1
+            d.tokens = []
+        try:
+            ok = self._reserve(r, anything_running)
+        except EngineError:
+            ok = False
+            raise
+        finally:
+            if not ok and not d.tokens and not d.pages and not d.state:
+                del self.dialogues[key]
+        if not ok:
+            return False
+        d.busy = True
+        self._clock += 1
+        d.last_used = self._clock
+        self.dialogues.move_to_end(key)
+        r.pos = len(d.tokens)
+        r.pending = r.prompt[r.pos:]
+        r.slot = slot
+        return True
+
+    def _finish(self, r: _Request, reason: str) -> None:
+        r.finish = reason
+        d = r.dialogue
+        d.tokens = r.prompt + r.out[:-1]  # the last sampled token was never fed to the model
+        keep = math.ceil(len(d.tokens) / self.ec.page_size)
+        self.free_pages.extend(reversed(d.pages[keep:]))
+        d.pages = d.pages[:keep]
+        d.busy = False
+        if r.key is None:
+            self.release(d.key)
+
+    # ------------------------------------------------------------------------------------ the API
+    def generate_tokens(self, prompts: Sequence[Sequence[int]], *, keys: Sequence | None = None, max_tokens=256,
+                        temperature=1.0, top_p=1.0, top_k=0, seed=None, stop_ids=None,
+                        logprob_temperature: str | float = "sampling") -> list[Sample]:
+        """Samples a continuation of every prompt (see the module docstring); settings as `sampler.generate`.
+
+        keys: one dialogue key per prompt (None entries or keys=None: stateless requests). Returns one Sample
+        per prompt, in order (tokens through the stop id, log-probs at the request's temperature)."""
+        with self._lock:
+            return self._generate(prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids,
+                                  logprob_temperature)
+
+    def _generate(self, prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids, logprob_temperature):
+        n = len(prompts)
+        if n == 0:
+            return []
+        keys = [None] * n if keys is None else list(keys)
+        if len(keys) != n:
+            raise ValueError(f"keys: got {len(keys)} keys for {n} prompts")
+        V = self.config.vocab_size
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty: every request needs at least one token")
+            arr = np.asarray(p)
+            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr.max() >= V:
+                raise ValueError(f"prompt {i} must be a flat list of token ids in [0, {V})")
+        per = sampler._per_request  # noqa: SLF001 -- the sampler's own per-request parsing
+        max_new = per("max_new_tokens", max_tokens, n, int)
+        temps = per("temperature", temperature, n, float)
+        tps, tks = per("top_p", top_p, n, float), per("top_k", top_k, n, int)
+        stops = sampler._stop_lists(self.stop_ids if stop_ids is None else stop_ids, n)  # noqa: SLF001
+        if seed is None:
+            seed = [sampler_seed(self.seed, self._calls, i) for i in range(n)]
+        if isinstance(seed, (list, tuple, np.ndarray)):
+            seeds, salts = per("seed", seed, n, int), [0] * n
+        else:
+            seeds, salts = [int(seed)] * n, list(range(n))
+        if logprob_temperature == "sampling":
+            lp_temps = [t if t > 0 else 1.0 for t in temps]
+        else:
+            lp_temps = [float(logprob_temperature)] * n
+        reqs = []
+        for i in range(n):
+            if max_new[i] < 1:
+                raise ValueError(f"request {i}: max_tokens must be >= 1, got {max_new[i]}")
+            if temps[i] < 0 or not 0.0 < tps[i] <= 1.0 or tks[i] < 0:
+                raise ValueError(f"request {i}: need temperature >= 0, top_p in (0, 1], top_k >= 0")
+            if len(prompts[i]) + max_new[i] - 1 > self.max_len:
+                raise EngineError(f"request {i}: prompt ({len(prompts[i])}) + max_tokens ({max_new[i]}) exceeds the "
+                                  f"{self.max_len}-token page table; raise EngineConfig.max_pages_per_seq "
+                                  f"(now {self.ec.max_pages_per_seq})")
+            reqs.append(_Request(i, [int(t) for t in prompts[i]], keys[i], max_new[i], temps[i], lp_temps[i],
+                                 tks[i], tps[i], seeds[i] % (1 << 32), salts[i], stops[i]))
+        self._calls += 1
+        if hasattr(sampler, "candidate_count"):  # top-k candidates without a full sort (static count)
+            filtering = sampler.candidate_count(tks, tps, V)
+        else:
+            filtering = any(k > 0 for k in tks) or any(p < 1.0 for p in tps)
+        try:
+            self._run(reqs, filtering)
+        except BaseException:
+            for r in reqs:  # a failed call leaves no dialogue half-written
+                if r.dialogue is not None and r.dialogue.busy:
+                    r.dialogue.busy = False
+                    self.release(r.dialogue.key)
+            raise
+        return [Sample(r.out, r.lps, r.finish, len(r.prompt)) for r in reqs]
+
+    # ------------------------------------------------------------------------------------ scheduling
+    def _samp(self, rows: list[_Request | None]):
+        def col(f, fill, dtype):
+            return np.asarray([f(r) if r is not None else fill for r in rows], dtype)
+        return (col(lambda r: r.seed, 0, np.uint32), col(lambda r: r.salt, 0, np.uint32),
+                col(lambda r: r.temperature, 0.0, np.float32), col(lambda r: r.lp_temperature, 1.0, np.float32),
+                col(lambda r: r.top_k, 0, np.int32), col(lambda r: r.top_p, 1.0, np.float32))
+
+    def table_widths(self) -> list[int]:
+        """The page-table widths programs are compiled for: powers of two up to max_pages_per_seq (and it)."""
+        w, out = 8, []
+        while w < self.ec.max_pages_per_seq:
+            out.append(w)
+            w *= 2
+        return out + [self.ec.max_pages_per_seq]
+
+    def _table(self, rows: list[_Request | None]) -> np.ndarray:
+        """Page tables of a batch, as wide as the smallest compiled width holding its longest row (attention
+        gathers the whole width, so short dialogues do not pay for the longest one the pool allows)."""
+        most = max([len(r.dialogue.pages) for r in rows if r is not None] + [1])
+        width = next(w for w in self.table_widths() if w >= most)
+        t = np.full((len(rows), width), TRASH_PAGE, np.int32)
+        for i, r in enumerate(rows):
+            if r is not None:
+                t[i, :len(r.dialogue.pages)] = r.dialogue.pages
+        return t
+
+    def _record(self, r: _Request, tok: int, lp: float) -> None:
+        r.out.append(int(tok))
+        r.lps.append(float(lp))
+        if int(tok) in r.stops:
+            self._finish(r, "stop")
+        elif len(r.out) >= r.max_new:
+            self._finish(r, "length")
+
+    def _run(self, reqs: list[_Request], filtering) -> None:
+        ec = self.ec
+        waiting = list(reqs)
+        slots: list[_Request | None] = [None] * ec.slots
+        while waiting or any(s is not None for s in slots):
+            # admission: FIFO into free slots
+            for si in range(ec.slots):
+                if slots[si] is None and waiting:
+                    running = any(s is not None for s in slots)
+                    if not self._admit(waiting[0], si, running):
+                        break
+                    slots[si] = waiting.pop(0)
+            # one prefill chunk
+            pre = [r for r in slots if r is not None and r.pending][:ec.prefill_rows]
+            if pre:
+                R, C = ec.prefill_rows, ec.prefill_chunk
+                rows = pre + [None] * (R - len(pre))
+                tokens = np.zeros((R, C), np.int32)
+                starts = np.zeros((R,), np.int32)
+                nval = np.zeros((R,), np.int32)
+                sslots = np.zeros((R,), np.int32)
+                for i, r in enumerate(pre):
+                    chunk = r.pending[:C]
+                    tokens[i, :len(chunk)] = chunk
+                    starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
+                self.cache, tok, lp = _prefill_program(self.config, filtering, self.decode_fn, self.params,
+                                                       self.cache, tokens, starts, nval, self._table(rows), sslots,
+                                                       self._samp(rows))
+                tok, lp = jax.device_get((tok, lp))
+                self.stats["prefill_calls"] += 1
+                self.stats["prefill_tokens"] += int(nval.sum())
+                for i, r in enumerate(pre):
+                    r.pos += int(nval[i])
+                    r.pending = r.pending[int(nval[i]):]
+                    if not r.pending:
+                        self._record(r, tok[i], lp[i])
+                        if r.finish:
+                            slots[r.slot] = None
+            # a burst of decode steps
+            dec = [r if (r is not None and not r.pending and r.finish is None) else None for r in slots]
+            n_dec = sum(r is not None for r in dec)
+            # prefill first: while prompts are pending, decode only when at least half the slots can use it
+            prefilling = any(r is not None and r.pending for r in slots)
+            if n_dec and (not prefilling or 2 * n_dec >= ec.slots):
+                S = ec.slots
+                tok = np.asarray([r.out[-1] if r else 0 for r in dec], np.int32)
+                pos = np.asarray([r.pos if r else 0 for r in dec], np.int32)
+                live = np.asarray([r is not None for r in dec])
+                sslots = np.asarray([r.dialogue.state if r else 0 for r in dec], np.int32)
+                steps = np.asarray([len(r.out) if r else 0 for r in dec], np.int32)
+                remaining = np.asarray([r.max_new - len(r.out) if r else 1 for r in dec], np.int32)
+                ns = sampler.Buckets().stops(max(len(r.stops) for r in dec if r))
+                stop_arr = np.full((S, ns), -1, np.int32)
+                for i, r in enumerate(dec):
+                    if r is not None and r.stops:
+                        stop_arr[i, :len(r.stops)] = r.stops
+                stop_early = bool(waiting) or any(r is not None and r.pending for r in slots)
+                self.cache, out_tok, out_lp, count, _, n_run = _decode_program(
+                    self.config, filtering, self.decode_fn, ec.decode_steps, self.params, self.cache, tok, pos, live,
+                    self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr, np.bool_(stop_early))
+                out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
+                self.stats["decode_calls"] += 1
+                self.stats["decode_steps"] += int(n_run)
+                self.stats["slot_steps_offered"] += int(n_run) * S
+                self.stats["slot_steps_used"] += int(count.sum())
+                for i, r in enumerate(dec):
+                    if r is None:
+                        continue
+                    for j in range(int(count[i])):
+                        r.pos += 1
+                        self._record(r, out_tok[i, j], out_lp[i, j])
+                    if r.finish:
+                        slots[i] = None
+
+    def warmup(self, filtering: int | bool = False) -> None:
+        """Compiles the prefill and decode programs for every page-table width with all-idle batches (which
+        write only the trash page / slot), so that timed runs exclude compilation."""
+        ec = self.ec
+        R, S = ec.prefill_rows, ec.slots
+        for w in self.table_widths():
+            table = np.zeros((R, w), np.int32)
+            self.cache, tok, _ = _prefill_program(
+                self.config, filtering, self.decode_fn, self.params, self.cache, np.zeros((R, ec.prefill_chunk),
+                np.int32), np.zeros((R,), np.int32), np.zeros((R,), np.int32), table, np.zeros((R,), np.int32),
+                self._samp([None] * R))
+            zs = np.zeros((S,), np.int32)
+            self.cache, *_ = _decode_program(
+                self.config, filtering, self.decode_fn, ec.decode_steps, self.params, self.cache, zs, zs,
+                np.zeros((S,), bool), np.zeros((S, w), np.int32), zs, self._samp([None] * S), zs, zs + 1,
+                np.full((S, sampler.Buckets().stops(0)), -1, np.int32), np.bool_(False))
+        jax.block_until_ready(self.cache)
+
+    def slot_utilisation(self) -> float:
+        off = self.stats["slot_steps_offered"]
+        return self.stats["slot_steps_used"] / off if off else 0.0
+
+
+def sampler_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) % (1 << 63) for p in parts]).generate_state(1)[0])
+
+
+class EngineChatModel:
+    """`endpoints.LocalChatModel` whose sampling goes through a RolloutEngine: a drop-in agent for
+    `episode.run_episodes` / policy for `sim_episode.run_sim_episodes`, and an in-process simulator (ChatModel)
+    whose `chat_batch` takes `keys` (one dialogue key per conversation).
+
+    Built like LocalChatModel plus `engine_config`; `set_params` swaps in new weights (after an RL step) and
+    drops every cached dialogue, whose keys/values were computed with the old ones.
+    """
+
+    def __init__(self, config, params, tokenizer, *, engine_config: EngineConfig | None = None, decode_attention=None,
+                 **local_kwargs):
+        from mimesis_jax.rollout.endpoints import LocalChatModel
+
+        if local_kwargs.get("mesh") is not None:
+            raise ValueError("EngineChatModel: the rollout engine runs on one device (mesh must be None)")
+        self.local = LocalChatModel(config, params, tokenizer, **local_kwargs)
+        self.tok = tokenizer
+        self.engine = RolloutEngine(config, params, engine_config, stop_ids=self.local.stop_ids,
+                                    seed=self.local.seed, decode_attention=decode_attention)
+        self._keys = None
+        self.local.generate_tokens = self.generate_tokens  # chat_batch samples through the engine
+
+    def __getattr__(self, name):
+        return getattr(self.local, name)
+
+    def set_params(self, params) -> None:
+        self.engine.release_all()
+        self.engine.params = self.local.params = params
+
+    def release(self, key) -> None:
+        self.engine.release(key)
+
+    def generate_tokens(self, prompts, *, keys=None, max_tokens=None, temperature=None, top_p=None, top_k=None,
+                        seed=None):
+        lm = self.local
+        keys = keys if keys is not None else self._keys
+        if seed is None:
+            seed = [sampler_seed(lm.seed, lm._calls, i) for i in range(len(prompts))]  # noqa: SLF001
+        lm._calls += 1  # noqa: SLF001
+        return self.engine.generate_tokens(
+            prompts, keys=keys, max_tokens=lm.max_tokens if max_tokens is None else max_tokens,
+            temperature=lm.temperature if temperature is None else temperature,
+            top_p=lm.top_p if top_p is None else top_p, top_k=lm.top_k if top_k is None else top_k, seed=seed)
+
+    def chat_batch(self, conversations, *, keys=None, **kwargs):
+        with self.engine._lock:  # noqa: SLF001 -- `_keys` is per call
+            self._keys = keys
+            try:
+                return self.local.chat_batch(conversations, **kwargs)
+            finally:
+                self._keys = None
+
+    def chat(self, messages, **kwargs):
+        return self.chat_batch([messages], **kwargs)[0]
