@@ -22,6 +22,7 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import serve
 from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, _derive_seed, split_thought
+from mimesis_jax.rollout.engine import EngineChatModel
 
 CONV = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hello, how can I help?"}]
 
@@ -441,3 +442,39 @@ def test_checkpoint_kind_errors_are_named(workdir, checkpoint, tmp_path):
         serve.build_server(_serve_args(workdir))
     with pytest.raises(CheckpointError, match="no checkpoint at step 7"):
         serve.build_server(_serve_args(workdir, "--step", "7"), trained_loader=load_trained)
+
+
+# ------------------------------------------------------------------------------------ serve --engine
+def test_engine_backend_gives_the_default_backends_completions(checkpoint, server):
+    """`serve --engine` (EngineChatModel behind the same API): for fixed seeds the same completions as the default
+    backend through the openai client -- n=1 with log-probs, n=2, streamed -- and bad engine flags are named."""
+    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+        ["--checkpoint", checkpoint, "--tokenizer", "tiny", "--port", "0", "--max-tokens", "12", "--model-name",
+         "tiny-sim", "--engine", "--engine-slots", "2", "--engine-page-size", "8", "--engine-max-len", "128"])
+    eng = serve.build_server(args).start()
+    try:
+        assert isinstance(eng.model, EngineChatModel)
+        for kw in (dict(temperature=1.0, max_tokens=10, seed=7, logprobs=True),
+                   dict(temperature=1.0, max_tokens=8, seed=11, n=2), dict(temperature=0.0, max_tokens=6)):
+            kw["extra_body"] = {"return_token_ids": True}
+            a = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, **kw)
+            b = _client(eng).chat.completions.create(model="tiny-sim", messages=CONV, **kw)
+            assert len(a.choices) == len(b.choices) == kw.get("n", 1)
+            for ca, cb in zip(a.choices, b.choices):
+                assert cb.token_ids == ca.token_ids and cb.message.content == ca.message.content
+                assert cb.finish_reason == ca.finish_reason
+                if kw.get("logprobs"):
+                    assert [x.logprob for x in cb.logprobs.content] == pytest.approx(
+                        [x.logprob for x in ca.logprobs.content], abs=1e-4)
+            got, usage, _ = _stream(eng, **kw)
+            assert sorted(got) == [c.index for c in a.choices]
+            for c in a.choices:
+                assert got[c.index][0] == c.message.content and got[c.index][4] == c.token_ids
+        assert eng.model.engine.stats["decode_steps"] > 0  # the engine, not the static sampler, sampled
+        assert eng.model.engine.pages_in_use() == 0  # stateless requests keep no pages
+    finally:
+        eng.stop()
+    for flag, value in (("--engine-slots", "0"), ("--engine-pages", "1"), ("--engine-max-len", "-1")):
+        bad = _serve_args(checkpoint, "--tokenizer", "tiny", "--engine", flag, value)
+        with pytest.raises(SystemExit, match=flag):
+            serve.build_server(bad)

@@ -538,7 +538,7 @@ class EngineChatModel:
         self.tok = tokenizer
         self.engine = RolloutEngine(config, params, engine_config, stop_ids=self.local.stop_ids,
                                     seed=self.local.seed, decode_attention=decode_attention)
-        self._keys = None
+        self._call = threading.local()  # the keys of the chat_batch running on this thread
         self.local.generate_tokens = self.generate_tokens  # chat_batch samples through the engine
 
     def __getattr__(self, name):
@@ -553,8 +553,12 @@ class EngineChatModel:
 
     def generate_tokens(self, prompts, *, keys=None, max_tokens=None, temperature=None, top_p=None, top_k=None,
                         seed=None):
+        with self.engine._lock:  # noqa: SLF001 -- the call counter and the engine move together
+            return self._generate_tokens(prompts, keys, max_tokens, temperature, top_p, top_k, seed)
+
+    def _generate_tokens(self, prompts, keys, max_tokens, temperature, top_p, top_k, seed):
         lm = self.local
-        keys = keys if keys is not None else self._keys
+        keys = keys if keys is not None else getattr(self._call, "keys", None)
         if seed is None:
             seed = [sampler_seed(lm.seed, lm._calls, i) for i in range(len(prompts))]  # noqa: SLF001
         lm._calls += 1  # noqa: SLF001
@@ -564,12 +568,14 @@ class EngineChatModel:
             top_p=lm.top_p if top_p is None else top_p, top_k=lm.top_k if top_k is None else top_k, seed=seed)
 
     def chat_batch(self, conversations, *, keys=None, **kwargs):
-        with self.engine._lock:  # noqa: SLF001 -- `_keys` is per call
-            self._keys = keys
+        # keys travel to generate_tokens in a thread-local slot: another thread's direct generate_tokens call
+        # never sees them
+        with self.engine._lock:  # noqa: SLF001 -- one call at a time: the per-call seeds count calls
+            self._call.keys = keys
             try:
                 return self.local.chat_batch(conversations, **kwargs)
             finally:
-                self._keys = None
+                self._call.keys = None
 
     def chat(self, messages, **kwargs):
         return self.chat_batch([messages], **kwargs)[0]

@@ -12,6 +12,12 @@ for company), every request keeping its own settings. That backend delivers a ch
 done, so a stream carries well-formed OpenAI chunks that arrive together; token-by-token arrival comes with a
 backend over a continuous-batching engine, behind the same `openai_api.Backend` protocol.
 `BatchedChatModel` is the same batching in-process (no HTTP), for the envs of a rollout.
+
+`--engine` samples through the rollout engine instead (rollout/engine.py `EngineChatModel`: paged KV pool,
+`--engine-slots` decode slots with continuous batching, one device): the requests of a batch are admitted to the
+slots as they free, so short completions leave early and long ones do not hold a whole padded batch. The same
+seeds give the same tokens as the default backend. A batch still answers when its last request is done, and a
+request arriving meanwhile joins the next batch.
 """
 
 from __future__ import annotations
@@ -251,7 +257,32 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", action="store_true",
+                        help="sample through the rollout engine (paged KV cache, continuous batching, one device)")
+    parser.add_argument("--engine-slots", type=int, default=16, help="--engine: requests decoded together")
+    parser.add_argument("--engine-page-size", type=int, default=16, help="--engine: tokens per KV page")
+    parser.add_argument("--engine-max-len", type=int, default=0,
+                        help="--engine: longest prompt + completion in tokens (0 = the model's "
+                             "max_position_embeddings)")
+    parser.add_argument("--engine-pages", type=int, default=0,
+                        help="--engine: KV pool pages (0 = every slot at --engine-max-len, + the trash page)")
     return parser
+
+
+def engine_config_from_args(args, model_config):
+    """The EngineConfig of `serve --engine` (errors name the flag)."""
+    from mimesis_jax.rollout.engine import EngineConfig
+
+    for flag, v, lo in (("--engine-slots", args.engine_slots, 1), ("--engine-page-size", args.engine_page_size, 1),
+                        ("--engine-max-len", args.engine_max_len, 0), ("--engine-pages", args.engine_pages, 0)):
+        if v < lo:
+            raise SystemExit(f"{flag} {v}: must be >= {lo}")
+    if args.engine_pages == 1:
+        raise SystemExit("--engine-pages 1: must be 0 (sized from the slots) or >= 2 (page 0 is the trash page)")
+    max_len = args.engine_max_len or model_config.max_position_embeddings
+    per_seq = -(-max_len // args.engine_page_size)
+    return EngineConfig(slots=args.engine_slots, page_size=args.engine_page_size, max_pages_per_seq=per_seq,
+                        num_pages=args.engine_pages or args.engine_slots * per_seq + 1)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -315,6 +346,13 @@ def build_server(args, trained_loader=None) -> ChatServer:
                             generation_role=args.generation_role, enable_thinking=args.enable_thinking,
                             max_tokens=args.max_tokens, seed=args.seed, name=args.model_name,
                             trained_loader=trained_loader)
+    if args.engine:
+        from mimesis_jax.rollout.engine import EngineChatModel
+
+        model = EngineChatModel(model.config, model.params, model.tok,
+                                engine_config=engine_config_from_args(args, model.config),
+                                generation_role=model.generation_role, enable_thinking=model.enable_thinking,
+                                max_tokens=model.max_tokens, seed=model.seed, name=model.name)
     return ChatServer(model, host=args.host, port=args.port, model_name=model.name, max_batch=args.max_batch,
                       batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit,
                       max_n=args.max_n)

@@ -89,6 +89,14 @@ class RolloutConfig:
     env_workers: int = 16  # env steps run concurrently (gyms wait on their user / judge)
     travel_reward_variant: str = "train"  # TravelGym's reward table in training (UserRL: train)
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
+    # The agent samples through the rollout engine (rollout/engine.py: persistent per-dialogue caches, paged KV
+    # pool, continuous batching) instead of the static sampler. Off by default: the engine runs on one device and
+    # compiles its prefill/decode programs for every page-table width (~28 programs), which tiny CPU runs do not
+    # earn back; the paper configs turn it on. Same seeds -> the same tokens as the static sampler.
+    engine: bool = False
+    engine_slots: int = 16  # decode slots (EngineConfig.slots): requests decoded together
+    engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
+    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = dialogues in flight x max context / page
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +153,7 @@ class AgentRLConfig:
         need(isinstance(r.max_batch, int) and not isinstance(r.max_batch, bool) and r.max_batch >= 0,
              "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
         need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
+        validate_engine_keys(r, need)
         need(not (r.row_len and r.max_context_tokens and r.row_len < r.max_context_tokens), "rollout.row_len",
              f"must be >= rollout.max_context_tokens={r.max_context_tokens} (a whole dialogue fits one row)")
         need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
@@ -166,6 +175,41 @@ class AgentRLConfig:
              "set at most one of init.from_workdir and init.from_hf")
         self.gyms.validate()
         return self
+
+
+def validate_engine_keys(r, need) -> None:
+    """The `rollout.engine*` keys of an RL stage's rollout config (AgentRLConfig's and SimRLConfig's)."""
+    need(isinstance(r.engine, bool), "rollout.engine", f"must be true or false, got {r.engine!r}")
+    for key, lo in (("engine_slots", 1), ("engine_page_size", 1), ("engine_pages", 0)):
+        v = getattr(r, key)
+        need(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"rollout.{key}",
+             f"must be an int >= {lo}, got {v!r}")
+    need(r.engine_pages != 1, "rollout.engine_pages", "must be 0 (sized from the rollout) or >= 2 (page 0 is the "
+         "engine's trash page)")
+    need(not (r.engine and r.max_batch), "rollout.max_batch", "must be 0 with rollout.engine=true (the engine's "
+         "rollout.engine_slots bound the batch; rollout.engine_pages the KV memory)")
+
+
+def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
+    """The EngineConfig of `r` (an RL stage's rollout config) for `dialogues` dialogues in flight at once.
+
+    The page table holds the longest dialogue: `rollout.max_context_tokens` (the runners end a dialogue before a
+    prompt + max_tokens would pass it) or, without that limit, the model's max_position_embeddings. The pool
+    (`rollout.engine_pages` = 0) holds every dialogue in flight at that length, so no dialogue is evicted and
+    recomputed; a smaller explicit pool bounds memory at the price of recomputation (engine.py, pool policy)."""
+    from mimesis_jax.rollout.engine import EngineConfig
+
+    max_ctx = r.max_context_tokens or model_config.max_position_embeddings
+    per_seq = -(-max_ctx // r.engine_page_size)
+    pages = r.engine_pages or max(1, dialogues) * per_seq + 1  # + the trash page
+    return EngineConfig(slots=r.engine_slots, page_size=r.engine_page_size, num_pages=pages,
+                        max_pages_per_seq=per_seq)
+
+
+def engine_params(params):
+    """The rollout engine's copy of the parameters: on one device (it runs there), gathered from the training
+    shards (several processes: the process-local copy of rl_run.rollout_params)."""
+    return jax.device_put(rl_run.rollout_params(params), jax.local_devices()[0])
 
 
 def load(path: str, overrides=()) -> AgentRLConfig:
@@ -353,12 +397,25 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     infopo_credit = cfg.rl.credit == "infopo"
     placeholder = infopo.placeholder_tokens(tok) if infopo_credit else None
 
+    engine_agent = None
+    if r.engine:  # one engine for the run; its weights follow the updates (set_params below)
+        from mimesis_jax.rollout.engine import EngineChatModel
+
+        P = jax.process_count()
+        in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-len(val_tasks) // P))
+        engine_agent = EngineChatModel(model_config, engine_params(state["params"]), tok,
+                                       engine_config=rollout_engine_config(r, model_config, in_flight),
+                                       max_tokens=r.agent_max_tokens, name="agent")
+
     def rollouts(params, task_list, temperature, seed, first_group, first_rid, group_size, travel_variant):
         """The episodes of this process's share of `task_list` (rl_run.process_share): task i is group
-        first_group + i with rollout ids first_rid + i * group_size + k, whatever process runs it."""
-        params = rl_run.rollout_params(params)
-        agent = LocalChatModel(model_config, params, tok, max_tokens=r.agent_max_tokens, name="agent",
-                               max_batch=r.max_batch)
+        first_group + i with rollout ids first_rid + i * group_size + k, whatever process runs it. With
+        rollout.engine the engine agent samples (its parameters are `params`, set after each update)."""
+        if engine_agent is not None:
+            agent = engine_agent
+        else:
+            agent = LocalChatModel(model_config, rl_run.rollout_params(params), tok, max_tokens=r.agent_max_tokens,
+                                   name="agent", max_batch=r.max_batch)
         eps = [e for i in rl_run.process_share(len(task_list))
                for e in episode_tasks([task_list[i]], group_size=group_size, first_group=first_group + i,
                                       first_rollout_id=first_rid + i * group_size, seed=seed, user=side.gym_user,
@@ -411,6 +468,8 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             if chunks:
                 run_.state = state
                 state, ms = rl_run.ppo_updates(run_, chunks, row_len=r.row_len or None)
+                if engine_agent is not None:  # the next rollouts sample from the updated policy
+                    engine_agent.set_params(engine_params(state["params"]))
             step += 1
             state["step"] = rl_run.step_array(step, mesh)
             t3 = time.perf_counter()

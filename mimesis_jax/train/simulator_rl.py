@@ -50,7 +50,7 @@ from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, Optimi
                                 TrainConfig)
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.train import rl_run
+from mimesis_jax.train import agent_rl_loop, rl_run
 from mimesis_jax.train.agent_rl import RLConfig
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s")
@@ -104,6 +104,13 @@ class SimRolloutConfig:
     min_valid_per_group: int = 2
     env_workers: int = 16
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
+    # The simulator samples through the rollout engine (rollout/engine.py) instead of the static sampler. Off by
+    # default: the engine runs on one device and compiles ~28 programs, which tiny CPU runs do not earn back; the
+    # paper configs turn it on. Same seeds -> the same tokens. Knobs as AgentRLConfig's rollout.engine_*.
+    engine: bool = False
+    engine_slots: int = 16  # decode slots (EngineConfig.slots)
+    engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
+    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = rollouts in flight x max context / page
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +164,7 @@ class SimRLConfig:
         need(isinstance(r.max_batch, int) and not isinstance(r.max_batch, bool) and r.max_batch >= 0,
              "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
         need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
+        agent_rl_loop.validate_engine_keys(r, need)
         need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
         need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
              f"must be in [2, rollout.group_size={r.group_size}]")
@@ -340,13 +348,27 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     step, saved, preempted = start, run_.latest, False
     history: dict[int, dict] = {}
 
+    engine_policy = None
+    if r.engine:  # one engine for the run; its weights follow the updates (set_params below)
+        from mimesis_jax.rollout.engine import EngineChatModel
+
+        P = jax.process_count()
+        n_val = sum(len(v) for v in val_records.values())
+        in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-n_val // P))
+        engine_policy = EngineChatModel(
+            model_config, agent_rl_loop.engine_params(run_.state["params"]), tok, max_tokens=r.max_tokens,
+            name="simulator", engine_config=agent_rl_loop.rollout_engine_config(r, model_config, in_flight))
+
     def rollouts(params, prompts, group_size, temperature, seed, first_group, first_rid):
         """The rollouts of this process's share of `prompts` (rl_run.process_share): prompt p is group
         first_group + p with rollout ids first_rid + p * group_size + k and env seed f(seed, p), whatever process
-        runs it."""
-        params = rl_run.rollout_params(params)
-        policy = LocalChatModel(model_config, params, tok, max_tokens=r.max_tokens, name="simulator",
-                                max_batch=r.max_batch)
+        runs it. With rollout.engine the engine policy samples (its parameters are `params`, set after each
+        update)."""
+        if engine_policy is not None:
+            policy = engine_policy
+        else:
+            policy = LocalChatModel(model_config, rl_run.rollout_params(params), tok, max_tokens=r.max_tokens,
+                                    name="simulator", max_batch=r.max_batch)
         tasks = []
         for p in rl_run.process_share(len(prompts)):
             d, i = prompts[p]
@@ -390,6 +412,8 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
                                                 fold=r.fold, eps=cfg.rl.adv_eps, divide_std=cfg.rl.divide_std)
                     chunks.append((segs, adv))
                 run_.state, ms = rl_run.ppo_updates(run_, chunks, row_len=r.row_len or None)
+                if engine_policy is not None:  # the next rollouts sample from the updated policy
+                    engine_policy.set_params(agent_rl_loop.engine_params(run_.state["params"]))
             step += 1
             run_.state["step"] = rl_run.step_array(step, run_.mesh)
             t2 = time.perf_counter()
