@@ -304,12 +304,14 @@ QWEN3_5 = ModelConfig(model_type="qwen3_5_text", vocab_size=67, hidden_size=32, 
                       linear_num_value_heads=4, initializer_range=0.2)
 MODELS = {"qwen3": tiny_config(initializer_range=0.2, vocab_size=67), "qwen3_5": QWEN3_5}
 BLOCKWISE = dict(attention_impl="blockwise", attention_block_q=8, attention_block_k=16)
+PALLAS = dict(attention_impl="pallas", attention_block_q=16, attention_block_k=16)  # interpret mode on CPU
+BACKENDS = {"blockwise": BLOCKWISE, "pallas": PALLAS}
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_model_forward_logprob_grads_and_decoding_equal_across_backends(name):
+@pytest.mark.parametrize("name, backend", [("qwen3", "blockwise"), ("qwen3_5", "blockwise"), ("qwen3", "pallas")])
+def test_model_forward_logprob_grads_and_decoding_equal_across_backends(name, backend):
     dense = MODELS[name]
-    block = dense.replace(**BLOCKWISE)
+    block = dense.replace(**BACKENDS[backend])
     params = models.init_params(dense, jax.random.key(0))
     rng = np.random.RandomState(7)
     toks, pos, seg = _packed_row(rng, dense.vocab_size, (13, 9, 11), 37)  # two restarts, 4 padding tokens
@@ -342,8 +344,9 @@ def test_model_forward_logprob_grads_and_decoding_equal_across_backends(name):
     np.testing.assert_allclose(np.concatenate([np.asarray(x) for x in out], 1), full, atol=2e-5)
 
 
-def test_csd_branches_equal_across_backends():
-    """Fused trunk + teacher branches (hidden states of both) under dense and blockwise attention."""
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_csd_branches_equal_across_backends(backend):
+    """Fused trunk + teacher branches (hidden states of both) under dense and blockwise / pallas attention."""
     cfg = MODELS["qwen3"]
     params = models.init_params(cfg, jax.random.key(1))
     packed = pack_trajectories(random_batch(3, cfg.vocab_size, (3, 5, 2)), row_len=96, pad_multiple=16)
@@ -352,7 +355,7 @@ def test_csd_branches_equal_across_backends():
     branch = {"tokens": a["branch_tokens"], "positions": a["branch_positions"], "branch_ids": a["branch_ids"],
               "trunk_segment": a["branch_trunk_segment"], "prefix_len": a["branch_prefix_len"]}
     outs = [models.hidden_states(c, params, a["tokens"], a["positions"], a["segment_ids"], branch)
-            for c in (cfg, cfg.replace(**BLOCKWISE))]
+            for c in (cfg, cfg.replace(**BACKENDS[backend]))]
     for x, y in zip(*outs):
         assert np.abs(np.asarray(x)).max() > 0.1
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=2e-5)

@@ -1,18 +1,15 @@
 """The Pallas flash-attention kernels (models/pallas_attention.py) in interpret mode against the dense reference
 and the pure-JAX blockwise backend: values, log-sum-exps and gradients (q, k, v, through o and lse) on packed /
 cache / arbitrary / fully-masked specs with GQA and lengths that are not block multiples, CSD branch key groups,
-bf16 inputs, the per-row block skipping, the Triton lowering for CUDA, and a tiny Qwen3 (forward, log-prob
-gradients, prefill + decoding, CSD branches) under attention_impl="pallas" against "dense"."""
+bf16 inputs, the per-row block skipping and the Triton lowering for CUDA. The whole-model checks (a tiny Qwen3
+under attention_impl="pallas" against "dense") are in tests/test_attention.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_helpers import random_batch, tiny_config
-from mimesis_jax import models
-from mimesis_jax.algorithms.logprobs import token_logprobs
-from mimesis_jax.algorithms.rl_batch import pack_trajectories
+from rl_helpers import tiny_config
 from mimesis_jax.models.attention import attend, attend_groups
 from mimesis_jax.models.masks import branch_mask, branch_specs, cache_spec, causal_spec, dense_mask, make_spec
 from mimesis_jax.models.pallas_attention import _layout, default_interpret, pallas_attention, pallas_block_layout
@@ -217,61 +214,8 @@ def test_kernels_lower_to_triton_for_cuda():
 
 
 # ------------------------------------------------------------------------------------------ whole models
-def test_qwen3_forward_and_logprob_grads_equal_dense():
-    dense = QWEN3
-    pallas = dense.replace(**PALLAS)
-    params = models.init_params(dense, jax.random.key(0))
-    rng = np.random.RandomState(7)
-    seg = np.asarray([[1] * 13 + [2] * 9 + [3] * 11 + [0] * 4], np.int32)  # three packed documents, padding
-    pos = np.concatenate([np.arange(13), np.arange(9), np.arange(11), np.zeros(4)])[None].astype(np.int32)
-    toks = np.where(seg != 0, rng.randint(1, dense.vocab_size, seg.shape), 0).astype(np.int32)
-    a = np.asarray(models.forward(dense, params, toks, pos, seg))
-    b = np.asarray(jax.jit(models.forward, static_argnums=0)(pallas, params, toks, pos, seg))
-    assert np.abs(a).max() > 0.5
-    np.testing.assert_allclose(b, a, atol=2e-5)
-
-    def lp_grad(cfg):
-        return jax.jit(jax.grad(lambda p: jnp.sum(token_logprobs(cfg, p, toks, pos, seg) * (seg[:, 1:] != 0))))(params)
-
-    for ga, gb in zip(jax.tree.leaves(lp_grad(dense)), jax.tree.leaves(lp_grad(pallas))):
-        np.testing.assert_allclose(np.asarray(gb), np.asarray(ga), atol=2e-5 * max(1.0, np.abs(ga).max()))
-
-
-def test_qwen3_prefill_and_decode_equal_dense():
-    """A left-padded prompt prefilled into the KV cache, then single-token decoding (cache specs through the
-    kernels, one query against all cache slots), equals the dense full forward."""
-    dense = QWEN3
-    pallas = dense.replace(**PALLAS)
-    params = models.init_params(dense, jax.random.key(2))
-    ids = np.random.RandomState(8).randint(1, dense.vocab_size, (2, 10)).astype(np.int32)
-    full = np.asarray(models.forward(dense, params, ids))
-    extend = jax.jit(models.extend, static_argnums=0)
-    pad = np.zeros((2, 3), np.int32)
-    pos = np.concatenate([pad, np.broadcast_to(np.arange(8, dtype=np.int32), (2, 8))], 1)
-    seg = np.concatenate([pad, np.ones((2, 8), np.int32)], 1)
-    prompt = jnp.asarray(np.concatenate([pad, ids[:, :8]], 1))
-    h, cache = extend(pallas, params, models.init_cache(pallas, 2, 16), prompt, jnp.asarray(pos), jnp.asarray(seg))
-    out = [models.logits_from_hidden(pallas, params, h[:, 3:])]
-    for t in range(8, 10):
-        h, cache = extend(pallas, params, cache, jnp.asarray(ids[:, t:t + 1]), jnp.full((2, 1), t, jnp.int32))
-        out.append(models.logits_from_hidden(pallas, params, h))
-    np.testing.assert_allclose(np.concatenate([np.asarray(x) for x in out], 1), full, atol=2e-5)
-
-
-def test_csd_branches_equal_dense():
-    """Fused trunk + teacher branches (hidden states of both) under dense and pallas attention."""
-    cfg = QWEN3
-    params = models.init_params(cfg, jax.random.key(1))
-    packed = pack_trajectories(random_batch(3, cfg.vocab_size, (3, 5, 2)), row_len=96, pad_multiple=16)
-    a = {k: jnp.asarray(v) for k, v in packed.arrays.items()}
-    assert packed.teacher == "fused" and packed.num_coached_tokens > 0
-    branch = {"tokens": a["branch_tokens"], "positions": a["branch_positions"], "branch_ids": a["branch_ids"],
-              "trunk_segment": a["branch_trunk_segment"], "prefix_len": a["branch_prefix_len"]}
-    outs = [models.hidden_states(c, params, a["tokens"], a["positions"], a["segment_ids"], branch)
-            for c in (cfg, cfg.replace(**PALLAS))]
-    for x, y in zip(*outs):
-        assert np.abs(np.asarray(x)).max() > 0.1
-        np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=2e-5)
+# (a tiny Qwen3 forward, log-prob gradients, prefill + decoding and CSD branches under pallas vs dense: the
+# backend-parametrized model tests of tests/test_attention.py)
 
 
 def test_config_accepts_pallas():
