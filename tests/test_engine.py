@@ -197,6 +197,42 @@ def test_pool_eviction_recompute_and_errors():
     assert eng.pages_in_use() == 0
 
 
+def test_submit_step_streams_tokens_joins_mid_flight_and_cancels():
+    """The submit/step API that `serve --engine` drives: a long request's first tokens reach its callback before it
+    finishes (streaming); a request submitted while it runs joins the batch and finishes first (continuous
+    batching across calls); both sample exactly what `sampler.generate` does for their seeds (temperature 1); a
+    cancelled request frees its slot and pages; a request the pool can never hold ends alone with "error"."""
+    config, params = _model("qwen3")
+    ec = EngineConfig(slots=2, page_size=4, num_pages=16, max_pages_per_seq=16, prefill_chunk=8, prefill_rows=2,
+                      decode_steps=2)  # 15 usable pages: a (7) + c (7) fit together, a 62-token request (16) never
+    eng = RolloutEngine(config, params, ec)
+    rng = np.random.RandomState(5)
+    pa, pb, pc = ([int(t) for t in rng.randint(0, 97, size=n)] for n in (7, 5, 6))
+    seen = []
+    a = eng.submit(pa, max_tokens=20, temperature=1.0, seed=11, on_token=lambda r, t, lp: seen.append((t, r.finish)))
+    assert eng.step() and not a.done and len(seen) == 1 + ec.decode_steps  # prefill's token + one burst
+    assert seen[-1][1] is None
+    b = eng.submit(pb, max_tokens=3, temperature=1.0, seed=12)
+    while not b.done:
+        eng.step()
+    assert not a.done and len(a.out) < 20  # b joined the running batch and left before a
+    c = eng.submit(pc, max_tokens=20, temperature=1.0, seed=13)
+    eng.step()
+    assert len(c.out) > 0 and not c.done
+    eng.cancel(c)
+    eng.step()
+    assert c.finish == "cancelled" and c.slot >= 0 and eng._slots[c.slot] is None  # noqa: SLF001
+    huge = eng.submit(list(range(60)), max_tokens=2)  # waits for a, then cannot fit an empty pool
+    eng.run_until_idle()
+    assert huge.finish == "error" and "EngineConfig.num_pages" in huge.error and a.finish == "length"
+    assert seen[-1] == (a.out[-1], "length") and [t for t, _ in seen] == a.out
+    for r, p, s in ((a, pa, 11), (b, pb, 12)):
+        ref = sampler.generate(config, params, [p], max_new_tokens=r.max_new, temperature=1.0, seed=[s], buckets=BK)[0]
+        assert r.out == ref.tokens
+        np.testing.assert_allclose(r.lps, ref.logprobs, atol=3e-5)
+    assert eng.pages_in_use() == 0 and not eng.dialogues and not eng.has_work()
+
+
 def test_paged_decode_attention_matches_numpy_formula():
     """paged_decode_attention and paged_attention against softmax(q.k / sqrt(d)) v written out per row in
     NumPy over the row's keys in page-table order (GQA: head h reads KV head h // 2)."""

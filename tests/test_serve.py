@@ -478,3 +478,54 @@ def test_engine_backend_gives_the_default_backends_completions(checkpoint, serve
         bad = _serve_args(checkpoint, "--tokenizer", "tiny", "--engine", flag, value)
         with pytest.raises(SystemExit, match=flag):
             serve.build_server(bad)
+
+
+def test_engine_streams_as_sampled_batches_across_calls_and_cancels(checkpoint):
+    """`serve --engine` streams for real: the first chunk of a long completion reaches the client while its request
+    is still decoding; a second HTTP call made then joins the running batch (the engine runs both at once) and is
+    answered before the long one ends, with the tokens its seed gives alone; closing the long stream cancels its
+    engine request, which frees its slot and pages."""
+    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+        ["--checkpoint", checkpoint, "--tokenizer", "tiny", "--port", "0", "--model-name", "tiny-sim", "--engine",
+         "--engine-slots", "2", "--engine-page-size", "8", "--engine-max-len", "512", "--engine-decode-steps", "1"])
+    srv = serve.build_server(args).start()
+    try:
+        eng = srv.model.engine
+        local = LocalChatModel(srv.model.config, srv.model.params, srv.model.tok)
+        prompt = local.render(CONV, False)
+        # a seed whose completion runs the full 400 tokens (the weights are fixed: found once, deterministically)
+        probe = local.generate_tokens([prompt] * 16, max_tokens=400, temperature=1.0, seed=list(range(16)))
+        seed = next(s for s, p in enumerate(probe) if p.finish_reason == "length")
+        client = _client(srv)
+        stream = client.chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=400, temperature=1.0,
+                                                seed=seed, stream=True, extra_body={"return_token_ids": True})
+        ids = []
+        for chunk in stream:
+            ids += getattr(chunk.choices[0], "token_ids", None) or []
+            if ids:
+                break
+        assert eng.has_work() and 0 < len(ids) < 400  # streamed while the request is still decoding
+        peak = []
+        done = concurrent.futures.Future()
+
+        def short():
+            out = client.chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=3, temperature=1.0,
+                                                 seed=seed + 1000, extra_body={"return_token_ids": True})
+            done.set_result(out)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(short)
+            while not done.done():
+                peak.append(sum(s is not None for s in eng._slots))  # noqa: SLF001
+        assert max(peak) == 2  # both requests in the decode slots at once
+        assert eng.has_work()  # the long one is still running after the short one was answered
+        ref = local.generate_tokens([prompt], max_tokens=3, temperature=1.0, seed=[seed + 1000])[0]
+        assert done.result().choices[0].token_ids == ref.tokens
+        stream.close()  # the client goes away: its request is cancelled
+        for _ in range(3000):
+            if not eng.has_work():
+                break
+            __import__("time").sleep(0.01)
+        assert not eng.has_work() and eng.pages_in_use() == 0
+        assert eng.stats["slot_steps_used"] < 400  # the long completion never ran to its end
+    finally:
+        srv.stop()

@@ -36,6 +36,14 @@ and then a burst of up to `decode_steps` one-token steps of every decoding slot 
 returns early when a slot finishes and a request is waiting). The compiled shapes are fixed by EngineConfig:
 one prefill program [prefill_rows, prefill_chunk] and one decode program [slots] (per sampling-filter on/off).
 
+**Driving the scheduler.** `generate_tokens` queues a call's requests and runs scheduler rounds until they are
+done (the RL runners' path). `submit(prompt, ..., on_token=f)` queues one request from any thread and returns its
+`EngineRequest` handle at once; `step()` runs one round, `cancel(request)` ends one. `EngineLoop(engine)` runs the
+rounds on a background thread: requests submitted meanwhile (e.g. by `serve`'s HTTP handlers) join the running
+batch as slots free, and their tokens reach `on_token` as each decode burst returns (streaming). Per-call state
+lives in the requests, so a request draws the same tokens whatever shares its batch (the sampling filter of a
+program is the candidate count its rows need, exact for every row).
+
 Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / offered (decode-slot utilisation),
 evictions, recomputed dialogues.
 """
@@ -44,9 +52,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Sequence
 
 import jax
@@ -58,6 +67,8 @@ from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.paged_cache import TRASH_PAGE
 from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout.sampler import Sample, choose_tokens
+
+log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -102,7 +113,13 @@ class _Dialogue:
 
 
 @dataclasses.dataclass(eq=False)
-class _Request:
+class EngineRequest:
+    """One sampling request: the handle `RolloutEngine.submit` returns. Its fields fill in as the scheduler runs:
+    `out` / `lps` (sampled ids and their log-probs), `finish` ("stop" | "length" | "cancelled" | "error") with
+    `error` (a message) on the last, and `on_token(request, token, logprob)` (optional) is called from the thread
+    that runs the scheduler right after each token is recorded (`finish` is already set on the last one); a
+    request ended without a token (cancelled while waiting, a failed program) gets one call with token None."""
+
     index: int
     prompt: list[int]
     key: object
@@ -114,6 +131,8 @@ class _Request:
     seed: int
     salt: int
     stops: list[int]
+    on_token: object = None
+    serial: int = 0
     dialogue: _Dialogue | None = None
     slot: int = -1
     pending: list[int] = dataclasses.field(default_factory=list)  # prompt tokens still to prefill
@@ -121,6 +140,19 @@ class _Request:
     out: list[int] = dataclasses.field(default_factory=list)
     lps: list[float] = dataclasses.field(default_factory=list)
     finish: str | None = None
+    error: str | None = None
+    cancelled: bool = False  # set by RolloutEngine.cancel from any thread; the scheduler acts on it
+    exception: BaseException | None = None  # why it ended with "error" when it was refused at admission
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    def sample(self) -> Sample:
+        return Sample(self.out, self.lps, self.finish, len(self.prompt))
+
+
+_Request = EngineRequest
 
 
 def _row_keys(seeds, salts):
@@ -202,6 +234,13 @@ class RolloutEngine:
         self._clock = 0
         self._calls = 0
         self._lock = threading.RLock()  # envs on worker threads may share one engine (calls are serialised)
+        self._submit_lock, self._serial_lock = threading.Lock(), threading.Lock()
+        self._inbox: deque = deque()  # submitted requests not yet seen by the scheduler (any thread appends)
+        self._waiting: list[EngineRequest] = []  # seen, waiting for a slot (FIFO)
+        self._slots: list[EngineRequest | None] = [None] * self.ec.slots
+        self._wake = threading.Event()  # set by submit / cancel: an EngineLoop waiting for work wakes up
+        self._submitted = 0
+        self._serial = 0
         self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
                           slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0)
 
@@ -270,13 +309,13 @@ class RolloutEngine:
         return True
 
     def _admit(self, r: _Request, slot: int, anything_running: bool) -> bool:
-        key = r.key if r.key is not None else ("__anon__", self._calls, r.index)
+        key = r.key if r.key is not None else ("__anon__", r.serial)
         d = self.dialogues.get(key)
         if d is None:
             d = _Dialogue(key)
             self.dialogues[key] = d
         elif d.busy:
-            raise ValueError(f"keys: dialogue {r.key!r} appears twice in one call (request {r.index})")
+            raise ValueError(f"request {r.index}: dialogue {r.key!r} already has a request in flight")
         r.dialogue = d
         n = len(d.tokens)
         if n and n < len(r.prompt) and r.prompt[:n] == d.tokens:
@@ -313,7 +352,24 @@ class RolloutEngine:
         d.pages = d.pages[:keep]
         d.busy = False
         if r.key is None:
-            self.release(d.key)
+            self._release(d.key)
+
+    def _drop(self, r: _Request, reason: str, error: str | None = None) -> None:
+        """Ends r without a (further) token: cancelled or failed. Its dialogue is forgotten (its cache may hold
+        a half-written turn), its slot freed, and its callback told (token None)."""
+        d = r.dialogue
+        if d is not None:
+            d.busy = False
+            self._release(d.key)
+        if 0 <= r.slot < len(self._slots) and self._slots[r.slot] is r:
+            self._slots[r.slot] = None
+        r.finish, r.error = reason, error
+        self._notify(r, None, None)
+
+    @staticmethod
+    def _notify(r: _Request, tok, lp) -> None:
+        if r.on_token is not None:
+            r.on_token(r, tok, lp)
 
     # ------------------------------------------------------------------------------------ the API
     def generate_tokens(self, prompts: Sequence[Sequence[int]], *, keys: Sequence | None = None, max_tokens=256,
@@ -322,25 +378,115 @@ class RolloutEngine:
         """Samples a continuation of every prompt (see the module docstring); settings as `sampler.generate`.
 
         keys: one dialogue key per prompt (None entries or keys=None: stateless requests). Returns one Sample
-        per prompt, in order (tokens through the stop id, log-probs at the request's temperature)."""
+        per prompt, in order (tokens through the stop id, log-probs at the request's temperature). Requests
+        submitted from other threads (`submit`) share the slots meanwhile."""
         with self._lock:
-            return self._generate(prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids,
+            reqs = self._requests(prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids,
                                   logprob_temperature)
+            if not reqs:
+                return []
+            self._calls += 1
+            self._inbox.extend(reqs)
+            try:
+                while any(r.finish is None for r in reqs):
+                    self._step()
+                    bad = next((r for r in reqs if r.finish == "error"), None)
+                    if bad is not None:  # the call fails as a whole: its other requests end too
+                        for r in reqs:
+                            if r.finish is None:
+                                self._drop(r, "cancelled")
+                        self._waiting[:] = [w for w in self._waiting if w.finish is None]
+                        raise bad.exception
+            except BaseException as e:
+                if not any(r.exception is e for r in reqs):
+                    self._fail_all(e)
+                raise
+            return [r.sample() for r in reqs]
 
-    def _generate(self, prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids, logprob_temperature):
+    def submit(self, prompt: Sequence[int], *, key=None, max_tokens=256, temperature=1.0, top_p=1.0, top_k=0,
+               seed=None, stop_ids=None, logprob_temperature: str | float = "sampling",
+               on_token=None) -> EngineRequest:
+        """Queues one request and returns its handle at once (any thread; the request is validated here, so a
+        bad one raises ValueError / EngineError now). It joins the running batch at the next scheduler round:
+        whoever drives the scheduler (`step`, `run_until_idle`, a `generate_tokens` call, or an `EngineLoop`)
+        runs it alongside everything else. Settings as `generate_tokens` for one prompt; `on_token` see
+        EngineRequest. seed=None: one derived from (engine seed, submission count)."""
+        with self._submit_lock:
+            if seed is None:
+                seed = [sampler_seed(self.seed, 1 << 40, self._submitted)]
+            elif not isinstance(seed, (list, tuple, np.ndarray)):
+                seed = [seed]
+            (r,) = self._requests([prompt], None if key is None else [key], max_tokens, temperature, top_p, top_k,
+                                  seed, stop_ids, logprob_temperature, first_index=self._submitted)
+            self._submitted += 1
+            r.on_token = on_token
+            self._inbox.append(r)
+        self._wake.set()
+        return r
+
+    def cancel(self, r: EngineRequest) -> None:
+        """Asks the scheduler to end `r` (any thread): at its next round r finishes "cancelled", its slot and
+        pages are freed and its dialogue forgotten. No effect on a finished request."""
+        r.cancelled = True
+        self._wake.set()
+
+    def has_work(self) -> bool:
+        return bool(self._inbox) or bool(self._waiting) or any(s is not None for s in self._slots)
+
+    def step(self) -> bool:
+        """One scheduler round (admission, one prefill chunk, one burst of decode steps); returns has_work().
+        A failing program call ends every queued and running request with finish "error" and re-raises."""
+        with self._lock:
+            try:
+                self._step()
+            except BaseException as e:
+                self._fail_all(e)
+                raise
+            return self.has_work()
+
+    def cancel_all(self) -> None:
+        """Ends every queued and running request with finish "cancelled" (their dialogues are forgotten)."""
+        with self._lock:
+            while self._inbox:
+                self._waiting.append(self._inbox.popleft())
+            for r in [s for s in self._slots if s is not None] + self._waiting:
+                if r.finish is None:
+                    self._drop(r, "cancelled")
+            self._waiting.clear()
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass
+
+    def _fail_all(self, e: BaseException) -> None:
+        msg = f"{type(e).__name__}: {e}"
+        while self._inbox:
+            self._waiting.append(self._inbox.popleft())
+        for r in [s for s in self._slots if s is not None] + self._waiting:
+            if r.finish is None:
+                self._drop(r, "error", msg)
+        self._waiting.clear()
+        self._slots = [None] * self.ec.slots
+
+    def _requests(self, prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids, logprob_temperature,
+                  first_index: int = 0) -> list[EngineRequest]:
+        """Validated requests (errors name the request by its index in the call)."""
         n = len(prompts)
         if n == 0:
             return []
         keys = [None] * n if keys is None else list(keys)
         if len(keys) != n:
             raise ValueError(f"keys: got {len(keys)} keys for {n} prompts")
+        dup = [k for k in keys if k is not None]
+        if len(set(dup)) != len(dup):
+            raise ValueError("keys: a dialogue key appears twice in one call")
         V = self.config.vocab_size
         for i, p in enumerate(prompts):
             if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty: every request needs at least one token")
+                raise ValueError(f"prompt {first_index + i} is empty: every request needs at least one token")
             arr = np.asarray(p)
             if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr.max() >= V:
-                raise ValueError(f"prompt {i} must be a flat list of token ids in [0, {V})")
+                raise ValueError(f"prompt {first_index + i} must be a flat list of token ids in [0, {V})")
         per = sampler._per_request  # noqa: SLF001 -- the sampler's own per-request parsing
         max_new = per("max_new_tokens", max_tokens, n, int)
         temps = per("temperature", temperature, n, float)
@@ -358,30 +504,21 @@ class RolloutEngine:
             lp_temps = [float(logprob_temperature)] * n
         reqs = []
         for i in range(n):
+            j = first_index + i
             if max_new[i] < 1:
-                raise ValueError(f"request {i}: max_tokens must be >= 1, got {max_new[i]}")
+                raise ValueError(f"request {j}: max_tokens must be >= 1, got {max_new[i]}")
             if temps[i] < 0 or not 0.0 < tps[i] <= 1.0 or tks[i] < 0:
-                raise ValueError(f"request {i}: need temperature >= 0, top_p in (0, 1], top_k >= 0")
+                raise ValueError(f"request {j}: need temperature >= 0, top_p in (0, 1], top_k >= 0")
             if len(prompts[i]) + max_new[i] - 1 > self.max_len:
-                raise EngineError(f"request {i}: prompt ({len(prompts[i])}) + max_tokens ({max_new[i]}) exceeds the "
+                raise EngineError(f"request {j}: prompt ({len(prompts[i])}) + max_tokens ({max_new[i]}) exceeds the "
                                   f"{self.max_len}-token page table; raise EngineConfig.max_pages_per_seq "
                                   f"(now {self.ec.max_pages_per_seq})")
-            reqs.append(_Request(i, [int(t) for t in prompts[i]], keys[i], max_new[i], temps[i], lp_temps[i],
-                                 tks[i], tps[i], seeds[i] % (1 << 32), salts[i], stops[i]))
-        self._calls += 1
-        if hasattr(sampler, "candidate_count"):  # top-k candidates without a full sort (static count)
-            filtering = sampler.candidate_count(tks, tps, V)
-        else:
-            filtering = any(k > 0 for k in tks) or any(p < 1.0 for p in tps)
-        try:
-            self._run(reqs, filtering)
-        except BaseException:
-            for r in reqs:  # a failed call leaves no dialogue half-written
-                if r.dialogue is not None and r.dialogue.busy:
-                    r.dialogue.busy = False
-                    self.release(r.dialogue.key)
-            raise
-        return [Sample(r.out, r.lps, r.finish, len(r.prompt)) for r in reqs]
+            with self._serial_lock:
+                self._serial += 1
+                serial = self._serial
+            reqs.append(EngineRequest(j, [int(t) for t in prompts[i]], keys[i], max_new[i], temps[i], lp_temps[i],
+                                      tks[i], tps[i], seeds[i] % (1 << 32), salts[i], stops[i], serial=serial))
+        return reqs
 
     # ------------------------------------------------------------------------------------ scheduling
     def _samp(self, rows: list[_Request | None]):
@@ -390,6 +527,13 @@ class RolloutEngine:
         return (col(lambda r: r.seed, 0, np.uint32), col(lambda r: r.salt, 0, np.uint32),
                 col(lambda r: r.temperature, 0.0, np.float32), col(lambda r: r.lp_temperature, 1.0, np.float32),
                 col(lambda r: r.top_k, 0, np.int32), col(lambda r: r.top_p, 1.0, np.float32))
+
+    def _filtering(self, rows: list[_Request | None]):
+        """The static sampling-filter setting of a program call over `rows`: the top-k candidate count the rows
+        need (`sampler.candidate_count`). It is exact for every row (a row's filtered logits do not depend on a
+        larger count), so a request draws the same tokens whatever shares its batch."""
+        live = [r for r in rows if r is not None]
+        return sampler.candidate_count([r.top_k for r in live], [r.top_p for r in live], self.config.vocab_size)
 
     def table_widths(self) -> list[int]:
         """The page-table widths programs are compiled for: powers of two up to max_pages_per_seq (and it)."""
@@ -417,80 +561,96 @@ class RolloutEngine:
             self._finish(r, "stop")
         elif len(r.out) >= r.max_new:
             self._finish(r, "length")
+        self._notify(r, int(tok), float(lp))
 
-    def _run(self, reqs: list[_Request], filtering) -> None:
+    def _step(self) -> None:
+        """One round: new and cancelled requests, FIFO admission into free slots, one prefill chunk, one decode
+        burst (see the module docstring)."""
         ec = self.ec
-        waiting = list(reqs)
-        slots: list[_Request | None] = [None] * ec.slots
-        while waiting or any(s is not None for s in slots):
-            # admission: FIFO into free slots
-            for si in range(ec.slots):
-                if slots[si] is None and waiting:
-                    running = any(s is not None for s in slots)
-                    if not self._admit(waiting[0], si, running):
+        slots, waiting = self._slots, self._waiting
+        while self._inbox:
+            waiting.append(self._inbox.popleft())
+        for r in [s for s in slots if s is not None and s.cancelled] + [w for w in waiting if w.cancelled]:
+            if r.finish is None:
+                self._drop(r, "cancelled")
+        waiting[:] = [w for w in waiting if w.finish is None]
+        # admission: FIFO into free slots; a request that can never be admitted ends alone with finish "error"
+        for si in range(ec.slots):
+            while slots[si] is None and waiting:
+                w = waiting[0]
+                try:
+                    if not self._admit(w, si, any(s is not None for s in slots)):
                         break
-                    slots[si] = waiting.pop(0)
-            # one prefill chunk
-            pre = [r for r in slots if r is not None and r.pending][:ec.prefill_rows]
-            if pre:
-                R, C = ec.prefill_rows, ec.prefill_chunk
-                rows = pre + [None] * (R - len(pre))
-                tokens = np.zeros((R, C), np.int32)
-                starts = np.zeros((R,), np.int32)
-                nval = np.zeros((R,), np.int32)
-                sslots = np.zeros((R,), np.int32)
-                for i, r in enumerate(pre):
-                    chunk = r.pending[:C]
-                    tokens[i, :len(chunk)] = chunk
-                    starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
-                self.cache, tok, lp = _prefill_program(self.config, filtering, self.decode_fn, self.params,
-                                                       self.cache, tokens, starts, nval, self._table(rows), sslots,
-                                                       self._samp(rows))
-                tok, lp = jax.device_get((tok, lp))
-                self.stats["prefill_calls"] += 1
-                self.stats["prefill_tokens"] += int(nval.sum())
-                for i, r in enumerate(pre):
-                    r.pos += int(nval[i])
-                    r.pending = r.pending[int(nval[i]):]
-                    if not r.pending:
-                        self._record(r, tok[i], lp[i])
-                        if r.finish:
-                            slots[r.slot] = None
-            # a burst of decode steps
-            dec = [r if (r is not None and not r.pending and r.finish is None) else None for r in slots]
-            n_dec = sum(r is not None for r in dec)
-            # prefill first: while prompts are pending, decode only when at least half the slots can use it
-            prefilling = any(r is not None and r.pending for r in slots)
-            if n_dec and (not prefilling or 2 * n_dec >= ec.slots):
-                S = ec.slots
-                tok = np.asarray([r.out[-1] if r else 0 for r in dec], np.int32)
-                pos = np.asarray([r.pos if r else 0 for r in dec], np.int32)
-                live = np.asarray([r is not None for r in dec])
-                sslots = np.asarray([r.dialogue.state if r else 0 for r in dec], np.int32)
-                steps = np.asarray([len(r.out) if r else 0 for r in dec], np.int32)
-                remaining = np.asarray([r.max_new - len(r.out) if r else 1 for r in dec], np.int32)
-                ns = sampler.Buckets().stops(max(len(r.stops) for r in dec if r))
-                stop_arr = np.full((S, ns), -1, np.int32)
-                for i, r in enumerate(dec):
-                    if r is not None and r.stops:
-                        stop_arr[i, :len(r.stops)] = r.stops
-                stop_early = bool(waiting) or any(r is not None and r.pending for r in slots)
-                self.cache, out_tok, out_lp, count, _, n_run = _decode_program(
-                    self.config, filtering, self.decode_fn, ec.decode_steps, self.params, self.cache, tok, pos, live,
-                    self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr, np.bool_(stop_early))
-                out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
-                self.stats["decode_calls"] += 1
-                self.stats["decode_steps"] += int(n_run)
-                self.stats["slot_steps_offered"] += int(n_run) * S
-                self.stats["slot_steps_used"] += int(count.sum())
-                for i, r in enumerate(dec):
-                    if r is None:
-                        continue
-                    for j in range(int(count[i])):
-                        r.pos += 1
-                        self._record(r, out_tok[i, j], out_lp[i, j])
+                except (EngineError, ValueError) as e:
+                    waiting.pop(0)
+                    w.exception = e
+                    self._drop(w, "error", str(e))
+                    continue
+                slots[si] = waiting.pop(0)
+            if slots[si] is None and waiting:
+                break  # the head of the queue waits for running requests to free pages
+        # one prefill chunk
+        pre = [r for r in slots if r is not None and r.pending][:ec.prefill_rows]
+        if pre:
+            R, C = ec.prefill_rows, ec.prefill_chunk
+            rows = pre + [None] * (R - len(pre))
+            tokens = np.zeros((R, C), np.int32)
+            starts = np.zeros((R,), np.int32)
+            nval = np.zeros((R,), np.int32)
+            sslots = np.zeros((R,), np.int32)
+            for i, r in enumerate(pre):
+                chunk = r.pending[:C]
+                tokens[i, :len(chunk)] = chunk
+                starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
+            self.cache, tok, lp = _prefill_program(self.config, self._filtering(rows), self.decode_fn, self.params,
+                                                   self.cache, tokens, starts, nval, self._table(rows), sslots,
+                                                   self._samp(rows))
+            tok, lp = jax.device_get((tok, lp))
+            self.stats["prefill_calls"] += 1
+            self.stats["prefill_tokens"] += int(nval.sum())
+            for i, r in enumerate(pre):
+                r.pos += int(nval[i])
+                r.pending = r.pending[int(nval[i]):]
+                if not r.pending:
+                    self._record(r, tok[i], lp[i])
                     if r.finish:
-                        slots[i] = None
+                        slots[r.slot] = None
+        # a burst of decode steps
+        dec = [r if (r is not None and not r.pending and r.finish is None) else None for r in slots]
+        n_dec = sum(r is not None for r in dec)
+        # prefill first: while prompts are pending, decode only when at least half the slots can use it
+        prefilling = any(r is not None and r.pending for r in slots)
+        if n_dec and (not prefilling or 2 * n_dec >= ec.slots):
+            S = ec.slots
+            tok = np.asarray([r.out[-1] if r else 0 for r in dec], np.int32)
+            pos = np.asarray([r.pos if r else 0 for r in dec], np.int32)
+            live = np.asarray([r is not None for r in dec])
+            sslots = np.asarray([r.dialogue.state if r else 0 for r in dec], np.int32)
+            steps = np.asarray([len(r.out) if r else 0 for r in dec], np.int32)
+            remaining = np.asarray([r.max_new - len(r.out) if r else 1 for r in dec], np.int32)
+            ns = sampler.Buckets().stops(max(len(r.stops) for r in dec if r))
+            stop_arr = np.full((S, ns), -1, np.int32)
+            for i, r in enumerate(dec):
+                if r is not None and r.stops:
+                    stop_arr[i, :len(r.stops)] = r.stops
+            stop_early = bool(waiting) or bool(self._inbox) or any(r is not None and r.pending for r in slots)
+            self.cache, out_tok, out_lp, count, _, n_run = _decode_program(
+                self.config, self._filtering(dec), self.decode_fn, ec.decode_steps, self.params, self.cache, tok,
+                pos, live, self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr,
+                np.bool_(stop_early))
+            out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
+            self.stats["decode_calls"] += 1
+            self.stats["decode_steps"] += int(n_run)
+            self.stats["slot_steps_offered"] += int(n_run) * S
+            self.stats["slot_steps_used"] += int(count.sum())
+            for i, r in enumerate(dec):
+                if r is None:
+                    continue
+                for j in range(int(count[i])):
+                    r.pos += 1
+                    self._record(r, out_tok[i, j], out_lp[i, j])
+                if r.finish:
+                    slots[i] = None
 
     def warmup(self, filtering: int | bool = False) -> None:
         """Compiles the prefill and decode programs for every page-table width with all-idle batches (which
@@ -513,6 +673,46 @@ class RolloutEngine:
     def slot_utilisation(self) -> float:
         off = self.stats["slot_steps_offered"]
         return self.stats["slot_steps_used"] / off if off else 0.0
+
+
+class EngineLoop:
+    """Runs a RolloutEngine's scheduler on a background thread, so that requests `submit`ted from any thread
+    (e.g. an HTTP server's handlers, one per choice) join the running batch as slots free -- continuous batching
+    across calls -- and their `on_token` callbacks fire as each decode burst returns. The thread sleeps while the
+    engine has no work. `close()` stops it; requests still queued or running end with finish "cancelled".
+    A failed program call ends the requests in flight with finish "error" (their callbacks say why) and the loop
+    goes on serving new ones."""
+
+    def __init__(self, engine: RolloutEngine, *, name: str = "mimesis-engine-loop"):
+        self.engine = engine
+        self._stop = threading.Event()
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt, **kwargs) -> EngineRequest:
+        if self._stop.is_set():
+            raise EngineError("the engine loop is closed")
+        return self.engine.submit(prompt, **kwargs)
+
+    def _run(self) -> None:
+        eng = self.engine
+        while not self._stop.is_set():
+            eng._wake.clear()  # noqa: SLF001 -- cleared before looking, so a submit after the look wakes us
+            if not eng.has_work():
+                eng._wake.wait(1.0)  # noqa: SLF001
+                continue
+            try:
+                eng.step()
+            except Exception:  # noqa: BLE001 -- the requests in flight were ended with "error"; keep serving
+                self.failures += 1
+                log.exception("rollout engine step failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self.engine._wake.set()  # noqa: SLF001
+        self._thread.join(timeout=60)
+        self.engine.cancel_all()
 
 
 def sampler_seed(*parts: int) -> int:

@@ -9,15 +9,16 @@ uvicorn (`ChatServer`), bound to 127.0.0.1 unless --host says otherwise; no auth
 accepted and ignored). Its backend here is `EngineBackend`: every choice goes through a `BatchingEngine`, which
 samples concurrent requests together in ONE sampler call (up to `--max-batch`, waiting at most `--batch-wait-ms`
 for company), every request keeping its own settings. That backend delivers a choice's tokens when its batch is
-done, so a stream carries well-formed OpenAI chunks that arrive together; token-by-token arrival comes with a
-backend over a continuous-batching engine, behind the same `openai_api.Backend` protocol.
+done, so a stream carries well-formed OpenAI chunks that arrive together; with `--engine` (below) they arrive as
+they are sampled.
 `BatchedChatModel` is the same batching in-process (no HTTP), for the envs of a rollout.
 
 `--engine` samples through the rollout engine instead (rollout/engine.py `EngineChatModel`: paged KV pool,
-`--engine-slots` decode slots with continuous batching, one device): the requests of a batch are admitted to the
-slots as they free, so short completions leave early and long ones do not hold a whole padded batch. The same
-seeds give the same tokens as the default backend. A batch still answers when its last request is done, and a
-request arriving meanwhile joins the next batch.
+`--engine-slots` decode slots, one device) with `StreamingEngineBackend`: the engine's scheduler runs on its own
+thread and every choice of every HTTP call is one engine request that takes a decode slot as soon as one frees
+(continuous batching across calls: a short completion leaves early, a new request does not wait for a batch to
+drain), and a stream receives its tokens as each decode burst of `--engine-decode-steps` tokens returns. The
+same seeds give the same tokens as the default backend.
 """
 
 from __future__ import annotations
@@ -151,6 +152,67 @@ class EngineBackend:
             yield TokenEvent(int(t), float(lp), sample.finish_reason if i == last else None)
 
 
+class StreamingEngineBackend:
+    """The `Backend` of `serve --engine`: every choice is one request of a RolloutEngine (rollout/engine.py) whose
+    scheduler runs on an `EngineLoop` thread. A request joins the running batch as soon as a decode slot frees --
+    requests of different HTTP calls are batched continuously, nobody waits for a batch to drain -- and its tokens
+    are yielded as each decode burst (`--engine-decode-steps` tokens) returns them. A client that goes away (or a
+    stop string that completes) cancels its request, freeing the slot. An unseeded request gets a seed derived from
+    (model seed, request counter); a seeded one draws the same tokens as the default backend."""
+
+    def __init__(self, model):
+        from mimesis_jax.rollout.engine import EngineLoop
+
+        self.model, self.tok = model, model.tok
+        self.stop_ids, self.max_tokens = tuple(model.stop_ids), int(model.max_tokens)
+        self.loop = EngineLoop(model.engine, name="mimesis-serve-engine")
+        self._count = 0
+        self._count_lock = threading.Lock()
+
+    def render(self, messages, enable_thinking=None):
+        think = self.model.enable_thinking if enable_thinking is None else enable_thinking
+        return self.model.render(messages, think), bool(think)
+
+    async def generate(self, prompt_ids, params):
+        from mimesis_jax.rollout.endpoints import _derive_seed
+
+        m, loop, q = self.model, asyncio.get_running_loop(), asyncio.Queue()
+        with self._count_lock:
+            self._count += 1
+            n = self._count
+
+        def on_token(r, tok, lp):  # on the engine thread
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, (tok, lp, r.finish, r.error))
+            except RuntimeError:  # the event loop is closed (server shut down): nobody to tell
+                pass
+
+        def pick(name, default):
+            v = getattr(params, name)
+            return default if v is None else v
+        req = self.loop.submit(prompt_ids, max_tokens=pick("max_tokens", m.max_tokens),
+                               temperature=pick("temperature", m.temperature), top_p=pick("top_p", m.top_p),
+                               top_k=pick("top_k", m.top_k),
+                               seed=_derive_seed(m.seed, 1 << 41, n) if params.seed is None else params.seed,
+                               on_token=on_token)
+        try:
+            while True:
+                tok, lp, finish, error = await q.get()
+                if tok is None:  # ended without a token: failed or cancelled
+                    if finish == "error":
+                        raise RuntimeError(error)
+                    return
+                yield TokenEvent(int(tok), float(lp), finish)
+                if finish is not None:
+                    return
+        finally:
+            if not req.done:
+                self.loop.engine.cancel(req)
+
+    def close(self):
+        self.loop.close()
+
+
 class BatchedChatModel:
     """A ChatModel whose concurrent `chat` calls (from many threads: e.g. the envs of a rollout batch, each asking
     its user or judge) are sampled together through one `BatchingEngine` -- in-process, no HTTP. Close it when done.
@@ -184,7 +246,8 @@ class BatchedChatModel:
 
 # ------------------------------------------------------------------------------------ the server
 class ChatServer:
-    """uvicorn serving `create_app` over a LocalChatModel (through a BatchingEngine). The socket is bound at
+    """uvicorn serving `create_app` over a LocalChatModel (through a BatchingEngine) or an EngineChatModel (through
+    a StreamingEngineBackend; `.engine` is whichever of the two runs the requests). The socket is bound at
     construction, so `port=0` picks a free port known at once (`.port` / `.url`); `start()` serves from a thread,
     `serve_forever()` from the calling one (Ctrl-C / SIGTERM end it); `stop()` shuts down and closes the engine."""
 
@@ -193,9 +256,13 @@ class ChatServer:
         import uvicorn
 
         self.model, self.model_name, self.max_tokens_limit = model, model_name, int(max_tokens_limit)
-        self.engine = BatchingEngine(model, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
-        self.app = create_app(EngineBackend(model, self.engine), model_name, max_tokens_limit=max_tokens_limit,
-                              max_n=max_n)
+        if hasattr(model, "engine") and hasattr(model.engine, "submit"):  # EngineChatModel: continuous batching
+            backend = StreamingEngineBackend(model)
+            self.engine = backend
+        else:
+            self.engine = BatchingEngine(model, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
+            backend = EngineBackend(model, self.engine)
+        self.app = create_app(backend, model_name, max_tokens_limit=max_tokens_limit, max_n=max_n)
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         self._sock = socket.create_server((host, port), family=family)
         if not ipaddress.ip_address(self._sock.getsockname()[0]).is_loopback:
@@ -264,6 +331,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--engine-max-len", type=int, default=0,
                         help="--engine: longest prompt + completion in tokens (0 = the model's "
                              "max_position_embeddings)")
+    parser.add_argument("--engine-decode-steps", type=int, default=4,
+                        help="--engine: tokens decoded per compiled burst; a stream delivers tokens in bursts of this "
+                             "size and a new request waits at most one burst for a free slot")
     parser.add_argument("--engine-pages", type=int, default=0,
                         help="--engine: KV pool pages (0 = every slot at --engine-max-len, + the trash page)")
     return parser
@@ -274,7 +344,8 @@ def engine_config_from_args(args, model_config):
     from mimesis_jax.rollout.engine import EngineConfig
 
     for flag, v, lo in (("--engine-slots", args.engine_slots, 1), ("--engine-page-size", args.engine_page_size, 1),
-                        ("--engine-max-len", args.engine_max_len, 0), ("--engine-pages", args.engine_pages, 0)):
+                        ("--engine-max-len", args.engine_max_len, 0), ("--engine-pages", args.engine_pages, 0),
+                        ("--engine-decode-steps", args.engine_decode_steps, 1)):
         if v < lo:
             raise SystemExit(f"{flag} {v}: must be >= {lo}")
     if args.engine_pages == 1:
@@ -282,7 +353,8 @@ def engine_config_from_args(args, model_config):
     max_len = args.engine_max_len or model_config.max_position_embeddings
     per_seq = -(-max_len // args.engine_page_size)
     return EngineConfig(slots=args.engine_slots, page_size=args.engine_page_size, max_pages_per_seq=per_seq,
-                        num_pages=args.engine_pages or args.engine_slots * per_seq + 1)
+                        num_pages=args.engine_pages or args.engine_slots * per_seq + 1,
+                        decode_steps=args.engine_decode_steps)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
