@@ -14,7 +14,8 @@ Backends (``impl``; a model takes it from ``config.attention_impl``):
   pair skipped. Block sizes are ``config.attention_block_q`` / ``attention_block_k``.
 * ``pallas``: the same flash algorithm as Pallas kernels (models/pallas_attention.py: forward, dq and dk/dv
   kernels, the mask evaluated from the spec inside each kernel). Interpret mode on CPU (tests; slow), compiled
-  kernels on accelerators. Same block-size fields (rounded to powers of two there).
+  kernels on accelerators. Same block-size fields (rounded to powers of two there). On TPU: jax's Splash kernel
+  where it expresses the spec, blockwise otherwise (models/splash_attention.py; blocks rounded to multiples of 128).
 
 Both compute, per query i over its visible keys j (s_ij = scale * q_i . k_j, scale = Dh^-1/2 by default),
 ``o_i = sum_j softmax_j(s_ij) v_j`` and ``lse_i = log sum_j exp(s_ij)``, group query heads over KV heads

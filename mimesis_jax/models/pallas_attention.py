@@ -32,10 +32,13 @@ Backends: on CPU the kernels run in Pallas interpret mode (`interpret=None` pick
 GPUs they are lowered through Triton (`compiler_params`; jax's default there, Mosaic GPU, wants warpgroup-level
 kernels): block sizes are powers of two >= 16 (Triton's smallest dot tile; head_dim should be >= 16 too), and the
 tests lower all three kernels for CUDA from a CPU host (jax.export), but compiling and running them on a GPU is not
-exercised by this repository's tests. On TPUs the Mosaic lowering wants (8, 128)-aligned blocks, which the 1-D
-spec blocks here are not: use "blockwise" there. jax's tuned kernels (ops.gpu.attention: causal + segment ids;
-ops.tpu.splash_attention: masks fixed at trace time) cannot express the data-dependent cache-slot and branch
-prefix masks, so they are not dispatched to; this kernel is the portable path.
+exercised by this repository's tests. On TPUs these kernels are not used (the Mosaic lowering wants (8, 128)-
+aligned blocks, which their 1-D spec blocks are not): `pallas_attention` hands over to jax's Splash kernel
+(models/splash_attention.py) for the specs Splash expresses exactly -- packed segments with causal order in array
+positions: the training / scoring forward and the own-branch group of a CSD teacher branch -- and to the blockwise
+backend for the others (the CSD trunk group's branch prefixes, KV-cache decoding), chosen from the spec's values
+(`splash_attention.splash_expressible`). jax's GPU kernel (ops.gpu.attention) takes causal + segment ids only, so
+GPUs keep these kernels for every spec.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from jax.experimental.pallas import triton as plt
 
 from mimesis_jax.models.blockwise_attention import _block_ranges
 from mimesis_jax.models.masks import MaskSpec, block_visible, pad_spec
+from mimesis_jax.models.splash_attention import splash_or_blockwise
 
 _F32 = jnp.float32
 _NT = (((1,), (1,)), ((), ()))  # a [m, d] x b [n, d] -> [m, n]
@@ -259,6 +263,11 @@ def compiler_params():
     return None if jax.default_backend() == "tpu" else plt.CompilerParams(num_warps=4, num_stages=2)
 
 
+def on_tpu() -> bool:
+    """Whether the TPU path (Splash / blockwise) replaces these kernels: the default backend is a TPU."""
+    return jax.default_backend() == "tpu"
+
+
 def default_interpret() -> bool:
     """Pallas interpret mode where no kernel compiler exists: the CPU backend."""
     return jax.default_backend() == "cpu"
@@ -268,9 +277,8 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *
                      block_k: int, interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:
     """q [B, Tq, H, Dh], k/v [B, Tk, KVH, Dh], spec over (Tq, Tk) -> (o [B, Tq, H, Dh] in q's dtype,
     lse [B, Tq, H] fp32; -inf where a query sees no key). Differentiable in q, k, v (and through lse).
-    `interpret=None` runs the kernels in interpret mode on CPU only."""
+    `interpret=None` runs the kernels in interpret mode on CPU only. On TPU: `splash_or_blockwise`."""
     interpret = default_interpret() if interpret is None else bool(interpret)
-    if not interpret and jax.default_backend() == "tpu":
-        raise ValueError("attention_impl='pallas': these kernels do not lower for TPU (their spec blocks are not "
-                         "(8, 128)-aligned); use attention_impl='blockwise' on TPU")
+    if on_tpu():  # Splash where it expresses the spec, blockwise elsewhere (module docstring)
+        return splash_or_blockwise(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k, interpret=interpret)
     return _flash(q, k, v, spec, float(scale), int(block_q), int(block_k), interpret)
