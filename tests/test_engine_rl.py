@@ -1,11 +1,13 @@
 """rollout.engine=true in the RL stages (train/agent_rl_loop.py, train/simulator_rl.py): the rollout engine
-(rollout/engine.py) replaces the static sampler and must not change the run. Two steps of the tiny configs with the
-engine on and off, same seed: the same sampled tokens and rewards per episode (log-probs within fp32 rounding), the
-same step metrics and the same updated parameters. The runs use rl.old_logprobs=recompute, so the update reads only
-the sampled tokens and equal tokens must give equal parameters (with the sampler's log-probs as pi_old, their fp32
-rounding differences reach the parameters through Adam's normalisation of near-zero gradients: ~2e-4 relative).
-The engine really served the multi-turn dialogues (suffix prefills reused cached tokens), released them, and
-followed every update (set_params). Plus the rollout.engine* config errors and the pool sizing."""
+(rollout/engine.py) replaces the static sampler -- in agentrl for the agent and the in-process user simulator --
+and must not change the run. Two steps of the tiny configs with the engine on and off, same seed: the same sampled
+tokens, user turns and rewards per episode (log-probs within fp32 rounding), the same step metrics and the same
+updated parameters. The runs use rl.old_logprobs=recompute, so the update reads only the sampled tokens and equal
+tokens must give equal parameters (with the sampler's log-probs as pi_old, their fp32 rounding differences reach
+the parameters through Adam's normalisation of near-zero gradients: ~2e-4 relative). The engines really served
+the dialogues (the agent's suffix prefills reused cached tokens), released them, and the agent's followed every
+update (set_params) while the frozen simulator's never changed. Plus the rollout.engine* config errors and the
+pool sizing (the agent's and the simulator's)."""
 
 import dataclasses
 import os
@@ -57,12 +59,50 @@ def _agent_cfg(*sets):
     return L.load(os.path.join(ROOT, "configs", "tiny_agentrl_grpo.py"), base + list(sets))
 
 
-def _agent_run(wd, *sets):
+def _sim_params(config, seed: int):
+    """Random weights for `config` drawn in NumPy (std 0.1, norms 1): no init program to compile."""
+    from mimesis_jax import models
+
+    rng = np.random.RandomState(seed)
+
+    def draw(path, leaf):
+        if "norm" in jax.tree_util.keystr(path):
+            return np.ones(leaf.shape, leaf.dtype)
+        return (0.1 * rng.standard_normal(leaf.shape)).astype(leaf.dtype)
+    return jax.device_put(jax.tree_util.tree_map_with_path(draw, models.abstract_params(config)))
+
+
+def _tiny_simulator(tmp_path):
+    """(users.* overrides, trained_loader) for an in-process tiny random simulator, loaded the way a trained one is
+    (a workdir through `trained_loader`). It has the agent's architecture, so the two share compiled programs
+    (test_engine.py runs a Qwen3.5 simulator on the engine), and large weights: at init scale a tied random model
+    greedily repeats the prompt's last token (the newline after the user header), which leaves no utterance. It
+    writes the runner's user turns greedily and without a thought block; the judge / coach are unused (alpha = 0)."""
+    from mimesis_jax.data.tokenizer import load_tokenizer
+    from mimesis_jax.train.loop import model_config_for
+
+    config = model_config_for(_agent_cfg(), load_tokenizer("tiny"))
+    params = _sim_params(config, seed=2)
+    workdir = tmp_path / "sim"
+    (workdir / "checkpoints").mkdir(parents=True)
+
+    def loader(path, step):
+        assert path == str(workdir)
+        return config, params, 0, "tiny"
+    sets = (f"users.simulator={workdir}", "users.simulator_thinking=false", "users.simulator_max_tokens=8",
+            "users.coach=")
+    return sets, loader
+
+
+def _agent_run(wd, *sets, trained_loader=None):
+    """Two tiny agentrl steps; the toy user unless `sets` name a model simulator (then `trained_loader`)."""
     seen = {}
-    user = ToyUser()
-    side = L.UserSide(user, SimulatorAsResponder(user), user, ToyCoach())
-    res = L.run(_agent_cfg(*sets), str(wd), user_side=side, handle_signals=False, log=lambda *a: None,
-                on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
+    side = None
+    if trained_loader is None:
+        user = ToyUser()
+        side = L.UserSide(user, SimulatorAsResponder(user), user, ToyCoach())
+    res = L.run(_agent_cfg(*sets), str(wd), user_side=side, trained_loader=trained_loader, handle_signals=False,
+                log=lambda *a: None, on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
     return res, seen, load_trained(str(wd))[1]
 
 
@@ -78,18 +118,26 @@ def _metrics_close(a: dict, b: dict):
 
 
 def test_agentrl_engine_equals_the_static_sampler(tmp_path, recording):
-    off, seen_off, p_off = _agent_run(tmp_path / "off")
+    """Agent AND in-process simulator on their engines vs both on the static sampler (issue #16)."""
+    sim_sets, loader = _tiny_simulator(tmp_path)
+    off, seen_off, p_off = _agent_run(tmp_path / "off", *sim_sets, trained_loader=loader)
     assert recording == []  # the default keeps the static sampler
-    on, seen_on, p_on = _agent_run(tmp_path / "on", "rollout.engine=true")
-    (eng,) = recording
-    assert eng.swaps == 2  # one set_params after each step's updates
+    # one pool size for both engines: their programs (same architecture, same shapes) compile once
+    on, seen_on, p_on = _agent_run(tmp_path / "on", "rollout.engine=true", "rollout.engine_pages=70", *sim_sets,
+                                   trained_loader=loader)
+    sim, eng = recording  # the simulator's engine is built with the user side, before the agent's
+    assert (eng.name, sim.name) == ("agent", "sim") and sim.generation_role == "user"
+    assert eng.swaps == 2 and sim.swaps == 0  # the agent follows each step's updates; the simulator is frozen
     assert eng.engine.stats["reused_tokens"] > 0  # later turns prefilled only their new suffix
-    assert eng.engine.pages_in_use() == 0  # every dialogue was released when its episode ended
+    assert sim.engine.stats["prefill_tokens"] > 0  # the runner's user turns went through the simulator's engine
+    for e in (eng, sim):
+        assert e.engine.pages_in_use() == 0  # every dialogue was released when its episode ended
     for step in (1, 2):
         a, b = seen_off[step], seen_on[step]
         assert [t.rollout_id for t in a] == [t.rollout_id for t in b]
         for ta, tb in zip(a, b):
             assert ta.status == tb.status and ta.turn_rewards == tb.turn_rewards
+            assert ta.user_utterances == tb.user_utterances and ta.user_thoughts == tb.user_thoughts
             sa = [s for s in ta.segments if s.kind == "agent"]
             sb = [s for s in tb.segments if s.kind == "agent"]
             assert [s.tokens for s in sa] == [s.tokens for s in sb]
@@ -97,6 +145,7 @@ def test_agentrl_engine_equals_the_static_sampler(tmp_path, recording):
                 np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=1e-4, atol=1e-4)
         _metrics_close(off.metrics[step], on.metrics[step])
     assert sum(len(s.tokens) for t in seen_on[2] for s in t.segments if s.kind == "agent") > 0
+    assert all(t.status == "ok" and any(t.user_utterances) for s in (1, 2) for t in seen_on[s])  # the sim spoke
     assert all(off.metrics[s]["updates"] == 2 for s in (1, 2))  # the parameters compared were trained
     assert tree_rel_err(p_on, p_off) < 1e-6
 
@@ -158,3 +207,20 @@ def test_engine_config_sized_from_the_rollout():
     assert ec.max_pages_per_seq == -(-mc.max_position_embeddings // 16) and ec.num_pages == 40
     ec.validate()
     assert jax.local_devices()[0] in L.engine_params({"w": np.ones(2, np.float32)})["w"].devices()
+
+
+def test_simulator_engine_sized_for_its_longer_view():
+    """The in-process simulator's view = its instructions (<= gyms.max_prompt_tokens) + what the agent's context
+    holds (<= rollout.max_context_tokens) + one thought-bearing turn (<= users.simulator_max_tokens) per agent
+    turn; capped by the simulator's positions, which alone bound it without rollout.max_context_tokens."""
+    cfg = _agent_cfg("gyms.max_prompt_tokens=64", "users.simulator_max_tokens=10")  # 256-token dialogues, 2 turns
+    sim_mc = cfg.model.replace(max_position_embeddings=8192)  # the simulator's own positions
+    assert L.simulator_context_tokens(cfg, sim_mc) == 64 + 256 + 2 * 10
+    ec = L.simulator_engine_config(cfg, sim_mc, dialogues=3)
+    assert ec.max_pages_per_seq == 22 and ec.num_pages == 3 * 22 + 1  # ceil(340 / 16) pages, + the trash page
+    assert ec.slots == cfg.rollout.engine_slots
+    assert L.simulator_context_tokens(cfg, sim_mc.replace(max_position_embeddings=300)) == 300
+    unbounded = _agent_cfg("rollout.max_context_tokens=0", "rollout.row_len=0")
+    assert L.simulator_context_tokens(unbounded, sim_mc) == 8192
+    explicit = L.simulator_engine_config(_agent_cfg("rollout.engine_pages=50"), sim_mc, dialogues=3)
+    assert explicit.num_pages == 50 and explicit.max_pages_per_seq == -(-(256 + 2 * 512) // 16)

@@ -6,7 +6,8 @@
 One RL step:
 1. draw `rollout.prompts_per_step` tasks from the gym mixture (envs/userrl/mixture.py, d by weight);
 2. run `rollout.group_size` dialogues per task against the frozen simulator (episode runner: the agent samples
-   token-exactly in-process; the simulator is in-process or a remote endpoint; gyms ask their user / judge);
+   token-exactly in-process; the simulator is in-process or a remote endpoint; gyms ask their user / judge;
+   with rollout.engine the agent and an in-process simulator sample through rollout engines);
    every dialogue gets a rollout id never used before in the run;
 3. drop INVALID episodes (refusal, endpoint failure) from their groups and count them; a group left with fewer
    than `rollout.min_valid_per_group` valid dialogues is skipped and counted -- never given raw-score advantages;
@@ -38,6 +39,7 @@ process-local rows; metrics cover all processes (train/rl_run.py). rl.credit = "
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Any
@@ -90,9 +92,11 @@ class RolloutConfig:
     travel_reward_variant: str = "train"  # TravelGym's reward table in training (UserRL: train)
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
     # The agent samples through the rollout engine (rollout/engine.py: persistent per-dialogue caches, paged KV
-    # pool, continuous batching) instead of the static sampler. Off by default: the engine runs on one device and
-    # compiles its prefill/decode programs for every page-table width (~28 programs), which tiny CPU runs do not
-    # earn back; the paper configs turn it on. Same seeds -> the same tokens as the static sampler.
+    # pool, continuous batching) instead of the static sampler; so does an in-process model simulator (its own
+    # frozen engine, sized by simulator_context_tokens; a remote simulator is unchanged). Off by default: the
+    # engine runs on one device and compiles its prefill/decode programs for every page-table width (~28
+    # programs), which tiny CPU runs do not earn back; the paper configs turn it on. Same seeds -> the same tokens
+    # as the static sampler.
     engine: bool = False
     engine_slots: int = 16  # decode slots (EngineConfig.slots): requests decoded together
     engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
@@ -235,7 +239,50 @@ class UserSide:
             c.close()
 
 
-def build_user_side(u: UserSideConfig, trained_loader=None) -> UserSide:
+def simulator_context_tokens(cfg: AgentRLConfig, sim_config: ModelConfig) -> int:
+    """The longest prompt + turn an in-process simulator's rollout engine must hold (its page-table length).
+
+    The simulator's view grows with the dialogue like the agent's: its instructions (the task's user-side prompt,
+    not in the agent's context: allowed `gyms.max_prompt_tokens`, the size of a task prompt), every agent reply
+    it was shown and its own utterances (both also in the agent's context, <= `rollout.max_context_tokens`), plus
+    its thoughts, which the agent never sees (<= `users.simulator_max_tokens` per turn, at most one turn per agent
+    turn: the opening + one after each agent turn but the last). Without `rollout.max_context_tokens` the
+    simulator's max_position_embeddings bounds it (and always caps it). A longer request is refused by the
+    engine (EngineError naming EngineConfig.max_pages_per_seq): the dialogues of that simulator call become
+    invalid episodes, counted in `invalid`."""
+    r = cfg.rollout
+    longest = sim_config.max_position_embeddings
+    if not r.max_context_tokens:
+        return longest
+    turns = min(r.max_turns, cfg.gyms.max_turns)
+    bound = cfg.gyms.max_prompt_tokens + r.max_context_tokens + turns * cfg.users.simulator_max_tokens
+    return min(longest, bound)
+
+
+def simulator_engine_config(cfg: AgentRLConfig, sim_config: ModelConfig, dialogues: int):
+    """The EngineConfig of an in-process simulator (rollout.engine=true): `rollout_engine_config` with the
+    simulator's own context bound (`simulator_context_tokens`). An explicit `rollout.engine_pages` /
+    `rollout.engine_slots` applies to each engine (the agent's and the simulator's pools are separate)."""
+    sim_r = dataclasses.replace(cfg.rollout, max_context_tokens=simulator_context_tokens(cfg, sim_config))
+    return rollout_engine_config(sim_r, sim_config, dialogues)
+
+
+class _ReleaseEngine:
+    """A UserSide closer that frees every dialogue an engine simulator still holds (the episode runner releases
+    each at its episode's end; this covers a run that stopped mid-rollout)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def close(self):
+        self.model.engine.release_all()
+
+
+def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=None) -> UserSide:
+    """The simulator, gym user, judge and coach of `u`. engine_config (`rollout.engine=true`): a function from the
+    simulator's ModelConfig to its EngineConfig; an in-process model simulator then samples through its own
+    rollout engine (rollout/engine.py), so each of the runner's user turns prefills only the dialogue's new tokens.
+    Remote simulators and the toy user ignore it."""
     from mimesis_jax.rollout.base import SimulatorAsResponder
     from mimesis_jax.rollout.endpoints import LocalChatModel
     from mimesis_jax.rollout.serve import BatchedChatModel
@@ -267,10 +314,23 @@ def build_user_side(u: UserSideConfig, trained_loader=None) -> UserSide:
     else:
         base = local_model(sim_spec, role="user", model_type="qwen3_5", trained_loader=trained_loader)
         sim = base
+        if engine_config is not None:  # frozen: built once, never set_params
+            from mimesis_jax.rollout.engine import EngineChatModel
+
+            sim = EngineChatModel(base.config, jax.device_put(base.params, jax.local_devices()[0]), base.tok,
+                                  engine_config=engine_config(base.config), generation_role="user",
+                                  enable_thinking=base.enable_thinking, max_tokens=base.max_tokens, seed=base.seed,
+                                  name=base.name)
         assistant = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
                                    max_tokens=u.coach_max_tokens, name=f"{base.name}-assistant")
-        batched_sim, as_assistant = BatchedChatModel(base), BatchedChatModel(assistant)
+        # The gyms' own user calls go through the same model: with the engine they are stateless requests (no
+        # dialogue key: a gym rebuilds its user conversation per call) sharing the engine's compiled programs and
+        # KV pool instead of a second, static sampler. The runner's user turns and the gyms' calls then share one
+        # call counter (as they share `base` without the engine); the simulator runs at temperature 0 either way.
+        batched_sim, as_assistant = BatchedChatModel(sim), BatchedChatModel(assistant)
         closers += [batched_sim, as_assistant]
+        if engine_config is not None:
+            closers.append(_ReleaseEngine(sim))  # after batched_sim: its batching thread has stopped
         gym_user = SimulatorAsResponder(batched_sim) if style == "simulator" else batched_sim
 
     def other(spec, model_name):
@@ -376,9 +436,15 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
         ckpt.close()
         return AgentRLResult(workdir, start, start, {}, False, latest)
 
-    own_side = user_side is None
-    side = build_user_side(cfg.users, trained_loader) if own_side else user_side
     r = cfg.rollout
+    P = jax.process_count()
+    # dialogues in flight at once on this process: a step's share of the groups, or the validation tasks
+    in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-len(val_tasks) // P))
+    own_side = user_side is None
+    sim_engine = None
+    if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view
+        sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight)
+    side = build_user_side(cfg.users, trained_loader, engine_config=sim_engine) if own_side else user_side
     ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
                          agent_temperature=r.temperature, user_temperature=0.0,
                          max_context_tokens=r.max_context_tokens or None,
@@ -401,8 +467,6 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     if r.engine:  # one engine for the run; its weights follow the updates (set_params below)
         from mimesis_jax.rollout.engine import EngineChatModel
 
-        P = jax.process_count()
-        in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-len(val_tasks) // P))
         engine_agent = EngineChatModel(model_config, engine_params(state["params"]), tok,
                                        engine_config=rollout_engine_config(r, model_config, in_flight),
                                        max_tokens=r.agent_max_tokens, name="agent")
