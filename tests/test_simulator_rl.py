@@ -87,10 +87,10 @@ def test_metrics_domains_and_unique_rollout_ids(straight):
 def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_path):
     res, _ = straight
     args = ["simrl", "--config", CONFIG, "--workdir", str(tmp_path), "--set"] + SMALL
-    assert cli.main(args + ["train.steps=2", "checkpoint.every=1"]) == 0
-    assert cli.main(args + ["train.steps=3", "checkpoint.every=1"]) == 0
+    assert cli.main(args + ["train.steps=1", "checkpoint.every=1"]) == 0
+    assert cli.main(args + ["train.steps=2", "checkpoint.every=1"]) == 0  # resumes from step 1
     recs = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
         want = _strip(res.metrics[r["step"]])
         got = {k: v for k, v in r.items() if k in want}
