@@ -16,7 +16,7 @@ from mimesis_jax.train.metrics import read_metrics
 def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
     root = str(tmp_path / "demo")
     assert main(["demo", "--workdir", root, "--set", "train.steps=12", "train.progress_bar=false",
-                 "--simrl-steps", "2", "--agent-steps", "3"]) == 0
+                 "--simrl-steps", "1", "--agent-steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "init: weights from" in out and "midtrain" in out  # SFT started from the mid-training checkpoint
     for stage in ("midtrain", "sft"):
@@ -30,7 +30,7 @@ def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
     assert np.mean([r["loss"] for r in mid[-3:]]) < np.mean([r["loss"] for r in mid[:3]])
     # Stage I joint RL started from the SFT checkpoint; its result is what gets exported and coaches Stage II
     sim = read_metrics(os.path.join(root, "simrl"))
-    assert [r["step"] for r in sim] == [1, 2] and all(np.isfinite(r["reward_mean"]) for r in sim)
+    assert [r["step"] for r in sim] == [1] and all(np.isfinite(r["reward_mean"]) for r in sim)
     assert {"reward/hitom", "reward/abcd_behaviour"} & set(sim[0]) and "=== export" in out
     with open(os.path.join(root, "simrl", "run_config.json")) as f:
         assert json.load(f)["init"]["from_workdir"] == os.path.join(root, "sft")
@@ -38,12 +38,12 @@ def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
     assert config.model_type == "qwen3_5_text" and config.vocab_size == 1024
     assert os.path.isfile(os.path.join(root, "hf", "tokenizer.model"))
     assert "load_hf(" in out and "logits finite: True" in out
-    # Stage II: both arms ran 3 steps; only the CSD arm asked the coach (the frozen SFT simulator)
+    # Stage II: both arms ran 2 steps; only the CSD arm asked the coach (the frozen SFT simulator)
     grpo, csd = (read_metrics(os.path.join(root, f"agent_{arm}")) for arm in ("grpo", "csd"))
-    assert [r["step"] for r in grpo] == [r["step"] for r in csd] == [1, 2, 3]
+    assert [r["step"] for r in grpo] == [r["step"] for r in csd] == [1, 2]
     assert all(r["coach_notes"] == 0 for r in grpo) and sum(r["coach_notes"] for r in csd) > 0
     assert all(np.isfinite(r["reward_mean"]) and r["invalid"] == 0 for r in grpo + csd)
     table = open(os.path.join(root, "agent_rl_summary.md")).read()
-    assert table.splitlines()[2].startswith("| grpo | 3 |") and table.splitlines()[3].startswith("| csd | 3 |")
+    assert table.splitlines()[2].startswith("| grpo | 2 |") and table.splitlines()[3].startswith("| csd | 2 |")
     with open(os.path.join(root, "agent_rl_rewards.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
