@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mimesis_jax.models.paged_attention import paged_attention, paged_attention_reference
+from mimesis_jax.models.paged_attention import (paged_attention, paged_attention_reference,
+                                                slot_major_decode_attention)
 
 
 def _case(rng, H, KVH, *, B=4, Dh=8, page_size=4, pool=19, per_seq=4, lengths=(13, 4, 0, 16), dtype=jnp.float32):
@@ -75,6 +76,29 @@ def test_paged_kernel_bf16_and_scale():
     assert out.dtype == jnp.bfloat16
     ref = paged_attention_reference(*(x.astype(jnp.float32) for x in (q, kp, vp)), table, lengths, scale=0.5)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref), atol=3e-2)
+
+
+@pytest.mark.parametrize("H,KVH", [(4, 2), (6, 1)])
+def test_slot_major_decode_attention_equals_numpy(H, KVH):
+    """The engine's decode-burst attention over a slot-major pool (row b owns pages b*W .. b*W + W - 1) against
+    the NumPy formula walking the same identity page table: lengths 0, a partial page, exactly a page multiple
+    and the whole row; junk past each row's length is ignored."""
+    rng = np.random.RandomState(7 + H)
+    B, W, S, Dh = 4, 3, 4, 8
+    lengths = np.asarray([7, 0, 8, 12], np.int32)
+    q = rng.randn(B, H, Dh).astype(np.float32)
+    kp, vp = (rng.randn(KVH, B * W, S, Dh).astype(np.float32) for _ in range(2))
+    table = np.arange(B * W, dtype=np.int32).reshape(B, W)
+    want = _np_paged(q, kp, vp, table, lengths)
+    out = np.asarray(jax.jit(slot_major_decode_attention)(q, kp, vp, table, lengths))
+    np.testing.assert_allclose(out, want, atol=2e-6)
+    np.testing.assert_array_equal(out[1], 0.0)
+    flat = np.arange(B * W * S).reshape(B, W * S)  # junk after every row's last valid position changes nothing
+    junk = np.isin(np.arange(B * W * S), [f for b in range(B) for f in flat[b, lengths[b]:]]).reshape(B * W, S)
+    kp2 = np.where(junk[None, :, :, None], 50.0, kp)
+    np.testing.assert_allclose(np.asarray(slot_major_decode_attention(q, kp2, vp, table, lengths)), out, atol=1e-6)
+    with pytest.raises(ValueError, match="rows x"):
+        slot_major_decode_attention(q, kp[:, :-1], vp[:, :-1], table, lengths)
 
 
 def test_paged_shape_errors():

@@ -35,6 +35,7 @@ from mimesis_jax.models.masks import make_spec
 from mimesis_jax.models.pallas_attention import compiler_params
 
 _F32 = jnp.float32
+_NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # a masked score (as models/paged_cache.py)
 
 
 def _check(q, k_pages, v_pages, page_table, lengths):
@@ -68,6 +69,32 @@ def paged_attention_reference(q, k_pages, v_pages, page_table, lengths, *, scale
     scale = Dh ** -0.5 if scale is None else float(scale)
     o, _ = dense_attention(q[:, None], gather(k_pages), gather(v_pages), spec, scale)
     return o[:, 0]
+
+
+def slot_major_decode_attention(q, k_pages, v_pages, page_table, lengths, *, scale: float | None = None):
+    """`paged_attention` for a pool laid out slot-major: row b's pages are pool pages b * W .. (b + 1) * W - 1
+    in order (W = P / B; page_table [B, W] must be that identity table and is used only for its shape).
+
+    The rollout engine's decode bursts (rollout/engine.py) copy the decoding rows' pages into such a pool once
+    per burst, so a step reads each row's keys through a reshape instead of gathering its pages: on a CPU the
+    per-step gather cost as much as the attention. fp32 scores and softmax (the formula of the module
+    docstring; lengths [B], a row of length 0 gets 0) -> [B, H, Dh] in q's dtype."""
+    _check(q, k_pages, v_pages, page_table, lengths)
+    B, H, Dh = q.shape
+    KVH, P, S, _ = k_pages.shape
+    if P != B * page_table.shape[1]:
+        raise ValueError(f"slot_major_decode_attention: the pool's {P} pages are not {B} rows x "
+                         f"{page_table.shape[1]} pages")
+    G, T = H // KVH, page_table.shape[1] * S
+    scale = Dh ** -0.5 if scale is None else float(scale)
+    k, v = k_pages.reshape(KVH, B, T, Dh), v_pages.reshape(KVH, B, T, Dh)
+    qg = q.reshape(B, KVH, G, Dh).transpose(1, 0, 2, 3)  # [KVH, B, G, Dh]: batch axes lead, as in k and v
+    s = jnp.einsum("kbgd,kbtd->kbgt", qg, k, preferred_element_type=_F32) * scale
+    mask = (jnp.arange(T, dtype=jnp.int32)[None] < lengths[:, None])[None, :, None]  # [1, B, 1, T]
+    s = jnp.where(mask, s, _NEG)
+    p = jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
+    o = jnp.einsum("kbgt,kbtd->kbgd", p.astype(v.dtype), v, preferred_element_type=_F32)
+    return o.transpose(1, 0, 2, 3).reshape(B, H, Dh).astype(q.dtype)
 
 
 def _paged_kernel(table_ref, len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, page_size):

@@ -34,7 +34,10 @@ raise (`EngineConfig.num_pages` / `num_states`). A prompt + max_tokens longer th
 scheduler round runs one prefill chunk (up to `prefill_rows` requests x `prefill_chunk` tokens, right-padded)
 and then a burst of up to `decode_steps` one-token steps of every decoding slot (a compiled while-loop that
 returns early when a slot finishes and a request is waiting). The compiled shapes are fixed by EngineConfig:
-one prefill program [prefill_rows, prefill_chunk] and one decode program [slots] (per sampling-filter on/off).
+prefill programs [r, prefill_chunk] for r = 1, 2, 4 .. prefill_rows (a lone joining request does not pay for
+prefill_rows rows) and one decode program [slots], each per page-table width (`table_widths`) and per
+sampling-filter candidate count. A decode burst works on a slot-major copy of its rows' pages (no page gather
+per step; see `_decode_program`).
 
 **Driving the scheduler.** `generate_tokens` queues a call's requests and runs scheduler rounds until they are
 done (the RL runners' path). `submit(prompt, ..., on_token=f)` queues one request from any thread and returns its
@@ -64,6 +67,7 @@ import numpy as np
 
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.paged_attention import slot_major_decode_attention
 from mimesis_jax.models.paged_cache import TRASH_PAGE
 from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout.sampler import Sample, choose_tokens
@@ -179,35 +183,83 @@ def _prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, t
     return cache, tok, lp
 
 
+def _burst_copy(cache, page_tables):
+    """The rows' pages of every full-attention layer, copied into row-major blocks of W + 1 pages per row
+    ([L, KVH, S * (W + 1), page, Dh]; row b's extra last page is a scratch page), and the page tables that
+    address the copy ([S, W + 1])."""
+    S, W = page_tables.shape
+    scratch = jnp.full((S, 1), TRASH_PAGE, jnp.int32)
+    flat = jnp.concatenate([page_tables, scratch], axis=1).reshape(-1)
+    work = dict(cache, k=cache["k"][:, :, flat], v=cache["v"][:, :, flat])
+    return work, jnp.arange(S * (W + 1), dtype=jnp.int32).reshape(S, W + 1)
+
+
+def _burst_write_back(cache, work, page_tables, pos, count, n_steps: int):
+    """Copies the pages a burst wrote (row b's positions pos[b] .. pos[b] + count[b] - 1) from the working copy
+    back to the pool; every other page of the copy is unchanged and dropped."""
+    S, W = page_tables.shape
+    P = cache["k"].shape[3]
+    span = (P - 1 + n_steps - 1) // P + 1  # pages n_steps consecutive positions can touch
+    first = pos // P
+    j = first[:, None] + jnp.arange(span, dtype=jnp.int32)[None]  # [S, span] logical pages
+    last = (pos + count - 1) // P
+    used = (count[:, None] > 0) & (j <= last[:, None]) & (j < W)
+    jc = jnp.minimum(j, W - 1)
+    dst = jnp.where(used, jnp.take_along_axis(page_tables, jc, axis=1), TRASH_PAGE).reshape(-1)
+    src = (jnp.arange(S, dtype=jnp.int32)[:, None] * (W + 1) + jc).reshape(-1)
+    out = dict(work)
+    for name in ("k", "v"):
+        out[name] = cache[name].at[:, :, dst].set(work[name][:, :, src])
+    return out
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 def _decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, params, cache, tok, pos, live,
                     page_tables, state_slots, samp, steps, remaining, stops, stop_early):
     """Up to n_steps one-token steps of every live slot. tok [S]: the last sampled token (fed at position
     pos); steps [S]: index of the next sample; remaining [S]: samples left. Returns (cache, tokens [S, n],
-    log-probs [S, n], count [S] new tokens per slot, done [S], steps run)."""
+    log-probs [S, n], count [S] new tokens per slot, done [S], steps run).
+
+    Without a `decode_fn` (the jnp path), the burst first copies the rows' pages into a slot-major working
+    copy (`_burst_copy`), steps on it with paged_attention.slot_major_decode_attention (no per-step page
+    gather: on a CPU the gather cost as much as the attention itself), and writes the touched pages back at
+    the end. Rows that are not active write their token to their own scratch page of the copy (position
+    W * page_size) and to state slot 0."""
     fam = models.family(config)
     S = tok.shape[0]
+    burst = decode_fn is None and "k" in cache
+    if burst:
+        W = page_tables.shape[1]
+        work, tables = _burst_copy(cache, page_tables)
+        fn, idle_pos = slot_major_decode_attention, W * cache["k"].shape[3]
+    else:
+        work, tables, fn, idle_pos = cache, page_tables, decode_fn, None
 
     def cond(c):
         i, _, _, _, _, done, _, freed = c
         return (i < n_steps) & ~jnp.all(done) & ~(stop_early & freed)
 
     def body(c):
-        i, tok, cache, out_tok, out_lp, done, count, _ = c
+        i, tok, work, out_tok, out_lp, done, count, _ = c
         act = ~done
-        h, cache = fam.forward_paged(config, params, cache, tok[:, None], pos + i, act.astype(jnp.int32),
-                                     page_tables, jnp.where(act, state_slots, 0), decode_fn)
+        if burst:  # every row writes: inactive ones to their scratch page (and state slot 0)
+            at, n_valid = jnp.where(act, pos + i, idle_pos), jnp.ones_like(pos)
+        else:
+            at, n_valid = pos + i, act.astype(jnp.int32)
+        h, work = fam.forward_paged(config, params, work, tok[:, None], at, n_valid, tables,
+                                    jnp.where(act, state_slots, 0), fn)
         new, lp = _pick(config, params, h[:, 0], samp, steps + i, filtering)
         out_tok = out_tok.at[:, i].set(jnp.where(act, new, 0))
         out_lp = out_lp.at[:, i].set(jnp.where(act, lp, 0.0))
         count = count + act.astype(jnp.int32)
         fin = act & (jnp.any(new[:, None] == stops, axis=-1) | (i + 1 >= remaining))
-        return i + 1, jnp.where(act, new, tok), cache, out_tok, out_lp, done | fin, count, jnp.any(fin)
+        return i + 1, jnp.where(act, new, tok), work, out_tok, out_lp, done | fin, count, jnp.any(fin)
 
     done0 = ~live
-    c = (jnp.int32(0), tok, cache, jnp.zeros((S, n_steps), jnp.int32), jnp.zeros((S, n_steps), jnp.float32),
+    c = (jnp.int32(0), tok, work, jnp.zeros((S, n_steps), jnp.int32), jnp.zeros((S, n_steps), jnp.float32),
          done0, jnp.zeros((S,), jnp.int32), jnp.bool_(False))
-    i, _, cache, out_tok, out_lp, done, count, _ = jax.lax.while_loop(cond, body, c)
+    i, _, work, out_tok, out_lp, done, count, _ = jax.lax.while_loop(cond, body, c)
+    cache = _burst_write_back(cache, work, page_tables, pos, count, n_steps) if burst else work
     return cache, out_tok, out_lp, count, done, i
 
 
@@ -536,12 +588,23 @@ class RolloutEngine:
         return sampler.candidate_count([r.top_k for r in live], [r.top_p for r in live], self.config.vocab_size)
 
     def table_widths(self) -> list[int]:
-        """The page-table widths programs are compiled for: powers of two up to max_pages_per_seq (and it)."""
+        """The page-table widths programs are compiled for: 8, 16, 32, then steps of 1.5x and 4/3 (48, 64, 96,
+        128, 192, ...) up to max_pages_per_seq (and it). Attention work grows with the width, so finer steps
+        above 32 pages (where it dominates a step) waste less on rounding up."""
         w, out = 8, []
         while w < self.ec.max_pages_per_seq:
             out.append(w)
-            w *= 2
+            w = 2 * w if w < 32 else (w * 3 // 2 if w & (w - 1) == 0 else w * 4 // 3)
         return out + [self.ec.max_pages_per_seq]
+
+    def prefill_row_counts(self) -> list[int]:
+        """The row counts prefill programs are compiled for: powers of two below prefill_rows, and it. A request
+        joining a running batch is usually prefilled alone, and a [1, C] chunk costs about a quarter of [4, C]."""
+        r, out = 1, []
+        while r < self.ec.prefill_rows:
+            out.append(r)
+            r *= 2
+        return out + [self.ec.prefill_rows]
 
     def _table(self, rows: list[_Request | None]) -> np.ndarray:
         """Page tables of a batch, as wide as the smallest compiled width holding its longest row (attention
@@ -592,7 +655,7 @@ class RolloutEngine:
         # one prefill chunk
         pre = [r for r in slots if r is not None and r.pending][:ec.prefill_rows]
         if pre:
-            R, C = ec.prefill_rows, ec.prefill_chunk
+            R, C = next(n for n in self.prefill_row_counts() if n >= len(pre)), ec.prefill_chunk
             rows = pre + [None] * (R - len(pre))
             tokens = np.zeros((R, C), np.int32)
             starts = np.zeros((R,), np.int32)
@@ -652,17 +715,21 @@ class RolloutEngine:
                 if r.finish:
                     slots[i] = None
 
-    def warmup(self, filtering: int | bool = False) -> None:
-        """Compiles the prefill and decode programs for every page-table width with all-idle batches (which
-        write only the trash page / slot), so that timed runs exclude compilation."""
+    def warmup(self, filtering: int = 0) -> None:
+        """Compiles the prefill and decode programs for every page-table width and prefill row count with
+        all-idle batches (which write only the trash page / slot), so that timed runs exclude compilation.
+        `filtering`: the requests' candidate count (`sampler.candidate_count`; 0 = no top-k / top-p). It is a
+        static argument matched by type as well as value, so it is normalised to the int `_filtering` passes
+        (a bool False would compile programs no call uses)."""
+        filtering = int(filtering)
         ec = self.ec
-        R, S = ec.prefill_rows, ec.slots
+        S = ec.slots
         for w in self.table_widths():
-            table = np.zeros((R, w), np.int32)
-            self.cache, tok, _ = _prefill_program(
-                self.config, filtering, self.decode_fn, self.params, self.cache, np.zeros((R, ec.prefill_chunk),
-                np.int32), np.zeros((R,), np.int32), np.zeros((R,), np.int32), table, np.zeros((R,), np.int32),
-                self._samp([None] * R))
+            for R in self.prefill_row_counts():
+                self.cache, tok, _ = _prefill_program(
+                    self.config, filtering, self.decode_fn, self.params, self.cache,
+                    np.zeros((R, ec.prefill_chunk), np.int32), np.zeros((R,), np.int32), np.zeros((R,), np.int32),
+                    np.zeros((R, w), np.int32), np.zeros((R,), np.int32), self._samp([None] * R))
             zs = np.zeros((S,), np.int32)
             self.cache, *_ = _decode_program(
                 self.config, filtering, self.decode_fn, ec.decode_steps, self.params, self.cache, zs, zs,
