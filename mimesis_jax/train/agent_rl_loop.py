@@ -94,7 +94,7 @@ class RolloutConfig:
     # The agent samples through the rollout engine (rollout/engine.py: persistent per-dialogue caches, paged KV
     # pool, continuous batching) instead of the static sampler; so does an in-process model simulator (its own
     # frozen engine, sized by simulator_context_tokens; a remote simulator is unchanged). Off by default: the
-    # engine runs on one device and compiles its prefill/decode programs for every page-table width (~28
+    # engine runs on one device and compiles its prefill/decode programs for every page-table width (~40
     # programs), which tiny CPU runs do not earn back; the paper configs turn it on. Same seeds -> the same tokens
     # as the static sampler.
     engine: bool = False

@@ -105,7 +105,7 @@ class SimRolloutConfig:
     env_workers: int = 16
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
     # The simulator samples through the rollout engine (rollout/engine.py) instead of the static sampler. Off by
-    # default: the engine runs on one device and compiles ~28 programs, which tiny CPU runs do not earn back; the
+    # default: the engine runs on one device and compiles ~40 programs, which tiny CPU runs do not earn back; the
     # paper configs turn it on. Same seeds -> the same tokens. Knobs as AgentRLConfig's rollout.engine_*.
     engine: bool = False
     engine_slots: int = 16  # decode slots (EngineConfig.slots)
