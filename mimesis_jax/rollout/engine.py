@@ -70,6 +70,7 @@ from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.paged_attention import slot_major_decode_attention
 from mimesis_jax.models.paged_cache import TRASH_PAGE
 from mimesis_jax.rollout import sampler
+from mimesis_jax.rollout.endpoints import _derive_seed
 from mimesis_jax.rollout.sampler import Sample, choose_tokens
 
 log = logging.getLogger(__name__)
@@ -465,7 +466,7 @@ class RolloutEngine:
         EngineRequest. seed=None: one derived from (engine seed, submission count)."""
         with self._submit_lock:
             if seed is None:
-                seed = [sampler_seed(self.seed, 1 << 40, self._submitted)]
+                seed = [_derive_seed(self.seed, 1 << 40, self._submitted)]
             elif not isinstance(seed, (list, tuple, np.ndarray)):
                 seed = [seed]
             (r,) = self._requests([prompt], None if key is None else [key], max_tokens, temperature, top_p, top_k,
@@ -499,26 +500,24 @@ class RolloutEngine:
     def cancel_all(self) -> None:
         """Ends every queued and running request with finish "cancelled" (their dialogues are forgotten)."""
         with self._lock:
-            while self._inbox:
-                self._waiting.append(self._inbox.popleft())
-            for r in [s for s in self._slots if s is not None] + self._waiting:
-                if r.finish is None:
-                    self._drop(r, "cancelled")
-            self._waiting.clear()
+            self._end_all("cancelled")
 
     def run_until_idle(self) -> None:
         while self.step():
             pass
 
     def _fail_all(self, e: BaseException) -> None:
-        msg = f"{type(e).__name__}: {e}"
+        self._end_all("error", f"{type(e).__name__}: {e}")
+        self._slots = [None] * self.ec.slots
+
+    def _end_all(self, reason: str, error: str | None = None) -> None:
+        """Ends every queued and running request with finish `reason` (their dialogues are forgotten)."""
         while self._inbox:
             self._waiting.append(self._inbox.popleft())
         for r in [s for s in self._slots if s is not None] + self._waiting:
             if r.finish is None:
-                self._drop(r, "error", msg)
+                self._drop(r, reason, error)
         self._waiting.clear()
-        self._slots = [None] * self.ec.slots
 
     def _requests(self, prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids, logprob_temperature,
                   first_index: int = 0) -> list[EngineRequest]:
@@ -545,7 +544,7 @@ class RolloutEngine:
         tps, tks = per("top_p", top_p, n, float), per("top_k", top_k, n, int)
         stops = sampler._stop_lists(self.stop_ids if stop_ids is None else stop_ids, n)  # noqa: SLF001
         if seed is None:
-            seed = [sampler_seed(self.seed, self._calls, i) for i in range(n)]
+            seed = [_derive_seed(self.seed, self._calls, i) for i in range(n)]
         if isinstance(seed, (list, tuple, np.ndarray)):
             seeds, salts = per("seed", seed, n, int), [0] * n
         else:
@@ -782,10 +781,6 @@ class EngineLoop:
         self.engine.cancel_all()
 
 
-def sampler_seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) % (1 << 63) for p in parts]).generate_state(1)[0])
-
-
 class EngineChatModel:
     """`endpoints.LocalChatModel` whose sampling goes through a RolloutEngine: a drop-in agent for
     `episode.run_episodes` / policy for `sim_episode.run_sim_episodes`, and an in-process simulator (ChatModel)
@@ -827,7 +822,7 @@ class EngineChatModel:
         lm = self.local
         keys = keys if keys is not None else getattr(self._call, "keys", None)
         if seed is None:
-            seed = [sampler_seed(lm.seed, lm._calls, i) for i in range(len(prompts))]  # noqa: SLF001
+            seed = [_derive_seed(lm.seed, lm._calls, i) for i in range(len(prompts))]  # noqa: SLF001
         lm._calls += 1  # noqa: SLF001
         return self.engine.generate_tokens(
             prompts, keys=keys, max_tokens=lm.max_tokens if max_tokens is None else max_tokens,
