@@ -99,7 +99,13 @@ def test_common_layout_refuses_mixed_teachers_and_empty_minibatches():
 OVERRIDES = ["train.steps=2", "checkpoint.every=1", "checkpoint.keep=4", "rollout.prompts_per_step=4",
              "rollout.group_size=2", "rollout.mini_batch_prompts=2", "rollout.max_turns=1",
              "rollout.agent_max_tokens=12", "rollout.row_len=128", "train.progress_bar=False",
-             "train.tensorboard=False"]
+             "train.tensorboard=False",
+             # Adam's update is m / (sqrt(v) + eps): with the default eps it divides each entry by its own gradient's
+             # RMS, so entries whose gradient is ~0 turn fp32 summation noise into updates of ~lr and final weights
+             # cannot be compared at summation tolerance. With eps far above every |g| the update is ~lr * m, linear
+             # in the gradient, so two runs that differ only in summation order differ in their updates only by that
+             # order's noise. The comparison checks the multi-process machinery, not Adam, so this is the setting.
+             "optimizer.eps=10.0"]
 
 
 def _free_port():
@@ -134,7 +140,7 @@ def _two_processes(workdir, abort_after=None, timeout=300):
     return [p.returncode for p in procs], outs
 
 
-def _final_params(workdir):
+def _params_at(workdir, step):
     from mimesis_jax import config as config_lib, models
     from mimesis_jax.train.checkpoint import Checkpointer
 
@@ -142,9 +148,10 @@ def _final_params(workdir):
     mc = config_lib.model_from_dict(ck.run_config()["model"])
     dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), models.abstract_params(mc))
-    params, step = ck.restore_params(None, target)
+    params, got = ck.restore_params(step, target)
     ck.close()
-    return jax.device_get(params), step
+    assert got == step
+    return jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(params))
 
 
 @pytest.mark.slow
@@ -172,12 +179,21 @@ def test_two_process_agent_rl_equals_one_process_and_resumes_after_a_kill(tmp_pa
         assert want["updates"] == 2 and want["coach_notes"] > 0
         for k in ("loss", "grpo_loss", "csd_loss", "entropy", "grad_norm"):
             assert abs(rec[k] - want[k]) <= 1e-4 * max(1.0, abs(want[k])), (s, k, rec[k], want[k])
-    p_multi, s_multi = _final_params(multi)
-    p_ref, s_ref = _final_params(tmp_path / "single")
-    assert s_multi == s_ref == 2
-    err = tree_rel_err(p_multi, p_ref)
-    print(f"2 processes vs 1: final params max rel err {err:.2e}; step losses "
+    # Each run's step-1 weights and step-2 update (params at 2 minus params at 1), compared at fp32 summation
+    # tolerance: 1e-4 of the leaf's largest update, plus the fp32 rounding of the weights the updates are added to
+    # (a few ulps of the leaf's largest weight), so a real mismatch in any leaf's gradient shows.
+    p1_m, p2_m = _params_at(multi, 1), _params_at(multi, 2)
+    p1_r, p2_r = _params_at(tmp_path / "single", 1), _params_at(tmp_path / "single", 2)
+    ulp = float(np.finfo(np.float32).eps)
+    worst = 0.0
+    for path, a1, a2, b1, b2 in zip([jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(p1_r)],
+                                    jax.tree.leaves(p1_m), jax.tree.leaves(p2_m),
+                                    jax.tree.leaves(p1_r), jax.tree.leaves(p2_r)):
+        d_m, d_r = a2 - a1, b2 - b1
+        tol = 1e-4 * np.abs(d_r).max() + 4 * ulp * np.abs(b2).max()
+        gap = max(np.abs(d_m - d_r).max(), np.abs(a1 - b1).max())
+        worst = max(worst, gap / tol)
+        assert np.abs(d_r).max() > 0, path
+        assert gap <= tol, (path, gap, tol)
+    print(f"2 processes vs 1: largest gap {worst:.2f} of its tolerance; step losses "
           f"{[(got[s]['loss'], ref.metrics[s]['loss']) for s in (1, 2)]}")
-    # Adam divides each update by its gradient's RMS, so entries whose gradient is near zero turn fp32 summation
-    # noise into updates of up to ~lr (3e-3): the final weights agree to a few 1e-5 of their scale, not 1e-7.
-    assert err < 3e-4, err
