@@ -184,9 +184,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     need(cfg.tokenizer.vocab_multiple >= 1, "tokenizer.vocab_multiple", "must be >= 1")
     o = cfg.optimizer
     need(math.isfinite(o.lr) and o.lr > 0, "optimizer.lr", "must be a finite number > 0")
+    need(cfg.train.steps >= 1, "train.steps", "must be >= 1")
     need(o.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
     need(o.warmup_steps <= cfg.train.steps, "optimizer.warmup_steps",
-         f"must be <= train.steps={cfg.train.steps}")
+         f"must be <= train.steps={cfg.train.steps}: lower it too, e.g. "
+         f"--set optimizer.warmup_steps={max(0, cfg.train.steps // 10)}")
     need(0.0 <= o.min_lr_ratio <= 1.0, "optimizer.min_lr_ratio", "must be in [0, 1]")
     need(o.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0")
     need(0.0 <= o.b1 < 1.0, "optimizer.b1", "must be in [0, 1)")
@@ -269,10 +271,7 @@ def load_config(path: str, overrides: Sequence[str] = (), kind: type | tuple = N
         raise ConfigError(f"--config {path}: no such file")
     spec = importlib.util.spec_from_file_location(f"_mimesis_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    _exec_config_module(spec, module, path)
     if not callable(getattr(module, "get_config", None)):
         raise ConfigError(f"{path}: a config file must define get_config() returning its config")
     cfg = module.get_config()
@@ -293,8 +292,25 @@ def load_sibling(config_file: str, name: str):
         raise ConfigError(f"{config_file}: builds on {path}, which does not exist")
     spec = importlib.util.spec_from_file_location(f"_mimesis_config_{os.path.splitext(name)[0]}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    _exec_config_module(spec, module, path)
     return module
+
+
+def _exec_config_module(spec, module, path: str) -> None:
+    """Runs a config file; its syntax errors and exceptions become one ConfigError naming the file and line."""
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - a user's config file may raise anything; name it in one line
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename)
+                  == os.path.abspath(path)]
+        where = f"{path}:{frames[-1].lineno}" if frames else path
+        raise ConfigError(f"{where}: {type(e).__name__}: {e}") from None
 
 
 def apply_overrides(cfg, overrides: Sequence[str]):

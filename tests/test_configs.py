@@ -115,6 +115,23 @@ def test_config_file_errors(tmp_path):
     bad.write_text("X = 1\n")
     with pytest.raises(ConfigError, match=r"bad.py: a config file must define get_config\(\)"):
         load_config(str(bad))
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("def get_config():\n    return (\n")
+    with pytest.raises(ConfigError, match=r"syntax.py:2: syntax error: '\(' was never closed"):
+        load_config(str(syntax))
+    raises = tmp_path / "raises.py"
+    raises.write_text("import os\n\n\ndef get_config():\n    return 1\n\n\nX = {}['missing']\n")
+    with pytest.raises(ConfigError, match=r"raises.py:8: KeyError: 'missing'"):
+        load_config(str(raises))
+
+
+def test_negative_steps_blame_steps_and_warmup_says_which_key_to_set():
+    with pytest.raises(ConfigError, match=r"'train.steps': must be >= 1 \(got -5\)"):
+        validate(apply_overrides(BASE, ["train.steps=-5"]))
+    cfg = load_config(os.path.join(CONFIGS, "tiny_midtrain.py"))
+    assert cfg.optimizer.warmup_steps == 10
+    with pytest.raises(ConfigError, match=r"optimizer.warmup_steps.*--set optimizer.warmup_steps=0"):
+        load_config(os.path.join(CONFIGS, "tiny_midtrain.py"), ["train.steps=3"])
 
 
 # ---------------------------------------------------------------------------------------- shipped configs
