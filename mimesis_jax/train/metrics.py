@@ -92,7 +92,11 @@ class MetricsLogger:
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            # A resumed run restarts after `start_step`: purge_step tells TensorBoard's reader to drop the events
+            # of steps > start_step that the interrupted run wrote before it died (metrics.jsonl is truncated above
+            # for the same reason), so each step shows once.
+            self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                    purge_step=start_step + 1 if start_step > 0 else None)
         if progress_bar:
             from tqdm import tqdm
 
@@ -124,8 +128,10 @@ class MetricsLogger:
         self.jsonl.flush()
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=_fmt(record.get("loss", float("nan"))),
-                                 tok_s=f"{record.get('tokens_per_s', 0):.0f}", refresh=False)
+            post = {"loss": _fmt(record.get("loss", float("nan")))}
+            if "tokens_per_s" in record:  # stages that do not measure a token rate show none, never a fake 0
+                post["tok_s"] = f"{record['tokens_per_s']:.0f}"
+            self.bar.set_postfix(post, refresh=False)
         if step % self.log_every == 0 or step == self.total:
             parts = [f"{self.stage} step {step}/{self.total}"] + [
                 f"{k} {_fmt(record[k])}" for k in self.stdout_keys if k in record]
