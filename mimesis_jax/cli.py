@@ -230,6 +230,22 @@ def _reward_plot(arms: dict, path: str) -> None:
     plt.close(fig)
 
 
+def _check_workdir(workdir: str) -> None:
+    """A training workdir must be a directory or creatable as one: say so before any work, naming the path."""
+    from mimesis_jax.models.config import ConfigError
+
+    path = os.path.abspath(workdir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--workdir {workdir}: exists and is not a directory")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--workdir {workdir}: cannot be created, {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--workdir {workdir}: cannot be created, {parent} is not writable")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from mimesis_jax.models.config import ConfigError
@@ -250,6 +266,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
+        if args.command in ("midtrain", "sft", "simrl", "agentrl", "demo") and args.workdir:
+            _check_workdir(args.workdir)
         if args.command in ("midtrain", "sft"):
             from mimesis_jax.config import load_config
 
@@ -308,7 +326,8 @@ def main(argv=None) -> int:
             if "trained_loader" in inspect.signature(mod.run).parameters:
                 return mod.run(args, trained_loader=load_trained)
             return mod.run(args)
-    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+    except (ConfigError, CheckpointError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (NonFiniteLossError, DataExhaustedError) as e:

@@ -144,3 +144,19 @@ def test_command_and_config_must_agree(tmp_path, capsys):
     assert "no checkpoints directory" in capsys.readouterr().err
     assert main(["midtrain", "--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path / "w")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_user_errors_are_one_line_rc_2_naming_the_file(tmp_path, capsys):
+    cfg = tmp_path / "synthetic.py"
+    cfg.write_text(CONFIG)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert main(["midtrain", "--config", str(cfg), "--workdir", str(blocker / "run")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --workdir {blocker / 'run'}: cannot be created, {blocker} is a file"
+    assert main(["midtrain", "--config", str(cfg), "--workdir", str(blocker)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --workdir {blocker}: exists and is not a directory"
+    bad = tmp_path / "bad_syntax.py"
+    bad.write_text("def get_config(:\n")
+    assert main(["midtrain", "--config", str(bad), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {bad}:1: syntax error") and "\n" not in err
