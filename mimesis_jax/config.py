@@ -85,6 +85,7 @@ class CheckpointConfig:
     every: int = 500  # save every N steps (and always at the end, on SIGTERM and on a non-finite stop)
     keep: int = 3  # keep the N most recent checkpoints
     async_save: bool = True  # write in a background thread while training continues
+    fallback: bool = True  # resume from the newest intact step when the latest is corrupt (logged); false: stop
 
 
 @dataclasses.dataclass(frozen=True)

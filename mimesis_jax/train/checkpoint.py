@@ -12,6 +12,13 @@ Orbax writes into a temporary directory and renames it when complete (atomic: a 
 step that looks finished), keeps the `keep` most recent steps, and with `async_save` copies arrays to host
 memory and writes them in a background thread while training continues. Restoring takes the target
 shardings of the *current* mesh, so a run can resume on a different device layout.
+
+Verification: once a step is complete, process 0 records the size and CRC-32 of every file in it in
+WORKDIR/checkpoint_checksums/<step>.json. A restore checks the step's files against that record first, so a
+truncated or bit-flipped file is named (item and file) before orbax reads it. Resuming (`restore_newest_intact`)
+falls back to the newest step that verifies and restores, logging why, and moves the broken step to
+WORKDIR/checkpoints_corrupt/ so the run can write that step again; `checkpoint.fallback=false` makes a broken
+latest step an error instead. Steps written before checksums existed are restored unverified.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import contextlib
 import json
 import logging
 import os
-from typing import Any
+import shutil
+import zlib
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -35,6 +44,29 @@ class CheckpointError(RuntimeError):
 
 def checkpoint_dir(workdir: str) -> str:
     return os.path.join(os.path.abspath(workdir), "checkpoints")
+
+
+def _file_crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _step_files(step_dir: str) -> dict[str, list[int]]:
+    """{path relative to the step directory: [size, crc32]} of every file under it."""
+    out = {}
+    for root, _, files in os.walk(step_dir):
+        for name in files:
+            full = os.path.join(root, name)
+            out[os.path.relpath(full, step_dir)] = [os.path.getsize(full), _file_crc(full)]
+    return dict(sorted(out.items()))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def gather_json(obj: Any) -> list:
@@ -69,6 +101,11 @@ class Checkpointer:
 
     def __init__(self, workdir: str, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
         self.directory = checkpoint_dir(workdir)
+        self.sums_dir = os.path.join(os.path.abspath(workdir), "checkpoint_checksums")
+        self.corrupt_dir = os.path.join(os.path.abspath(workdir), "checkpoints_corrupt")
+        self.read_only = read_only
+        self._unsummed: list[int] = []
+        self._async = async_save and not read_only
         if read_only and not os.path.isdir(self.directory):
             raise CheckpointError(f"{self.directory}: no checkpoints directory (is {workdir!r} a training workdir?)")
         with _quiet_absl(read_only):  # read-only managers log warnings about the options they ignore
@@ -108,19 +145,67 @@ class Checkpointer:
             data_iter=ocp.args.JsonSave({"process_count": jax.process_count(), "states": gather_json(data_state)}),
             run_config=ocp.args.JsonSave(run_config),
         )
+        self.manager.wait_until_finished()
+        self._write_checksums()
         self.manager.save(int(step), args=ocp.args.Composite(**items), force=True)
+        self._unsummed.append(int(step))
+        if not self._async:
+            self._write_checksums()
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
+        self._write_checksums()
 
     def close(self) -> None:
         self.manager.wait_until_finished()
+        self._write_checksums()
         self.manager.close()
+
+    def _write_checksums(self) -> None:
+        """Records the files of every step saved since the last call (they are complete: orbax has finished)."""
+        steps, self._unsummed = self._unsummed, []
+        if jax.process_index() != 0 or self.read_only:
+            return
+        os.makedirs(self.sums_dir, exist_ok=True)
+        for step in steps:
+            step_dir = os.path.join(self.directory, str(step))
+            if not os.path.isdir(step_dir):  # already garbage-collected by keep
+                continue
+            tmp = os.path.join(self.sums_dir, f"{step}.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump(_step_files(step_dir), f)
+            os.replace(tmp, os.path.join(self.sums_dir, f"{step}.json"))
+        live = {str(s) for s in self.manager.all_steps()} | {str(s) for s in self._unsummed}
+        for name in os.listdir(self.sums_dir):
+            if name.endswith(".json") and name[:-5] not in live:
+                os.remove(os.path.join(self.sums_dir, name))
+
+    def verify(self, step: int) -> None:
+        """Checks a step's files against the sizes and CRC-32s recorded when it was saved (steps without a record,
+        written before checksums existed, pass); a mismatch is a CheckpointError naming the item and the file."""
+        record = os.path.join(self.sums_dir, f"{step}.json")
+        if not os.path.exists(record):
+            return
+        with open(record) as f:
+            want = json.load(f)
+        step_dir = os.path.join(self.directory, str(step))
+        for rel, (size, crc) in want.items():
+            full = os.path.join(step_dir, rel)
+            what = f"{step_dir}/{rel} (item '{rel.split(os.sep)[0]}')"
+            if not os.path.exists(full):
+                raise CheckpointError(f"checkpoint step {step} is corrupt: {what} is missing")
+            if os.path.getsize(full) != size:
+                raise CheckpointError(f"checkpoint step {step} is corrupt: {what} has {os.path.getsize(full)} "
+                                      f"bytes, {size} were written")
+            if _file_crc(full) != crc:
+                raise CheckpointError(f"checkpoint step {step} is corrupt: {what} does not match the checksum "
+                                      "written at save")
 
     # ---------------------------------------------------------------------------------------- restore
     def restore(self, step: int, abstract_state: dict) -> tuple[dict, Any, dict]:
         """(state placed as `abstract_state`'s shardings say, this process's data state, run config dict)."""
         step = self.resolve_step(step)
+        self.verify(step)
         ab = abstract_state
         try:
             r = self.manager.restore(step, args=ocp.args.Composite(
@@ -132,7 +217,10 @@ class Checkpointer:
             ))
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{self.directory}/{step}: cannot restore the train state into the current "
-                                  f"model/optimizer layout ({type(e).__name__}: {e})") from None
+                                  f"model/optimizer layout ({_first_line(e)})") from None
+        except Exception as e:  # noqa: BLE001 - orbax / TensorStore read errors of a damaged step
+            raise CheckpointError(f"checkpoint step {step} is corrupt: {self.directory}/{step} cannot be read "
+                                  f"({_first_line(e)})") from None
         state = {"params": r.params, "opt_state": r.opt_state, **dict(r.train_state)}
         data = r.data_iter
         if data["process_count"] != jax.process_count():
@@ -141,20 +229,64 @@ class Checkpointer:
                 f"{jax.process_count()}; the data position cannot be carried over exactly")
         return state, data["states"][jax.process_index()], r.run_config
 
+    def restore_newest_intact(self, abstract_state: dict, *, fallback: bool = True,
+                              log: Callable[[str], None] = print):
+        """(step, state, data state, run config) of the newest step that verifies and restores, or None when the
+        workdir has no step. A broken newer step is logged and moved to checkpoints_corrupt/ (so training can
+        write that step again); with `fallback=False` it is an error instead."""
+        for step in reversed(self.all_steps()):
+            try:
+                state, data, run_config = self.restore(step, abstract_state)
+            except CheckpointError as e:
+                if "is corrupt" not in str(e) or not fallback:
+                    raise
+                older = [s for s in self.all_steps() if s < step]
+                if not older:
+                    raise CheckpointError(f"{e}; no older step to fall back to") from None
+                log(f"resume: {e}; falling back to step {older[-1]} (checkpoint.fallback=false to stop instead)")
+                self._quarantine(step)
+                continue
+            return step, state, data, run_config
+        return None
+
+    def _quarantine(self, step: int) -> None:
+        if jax.process_index() == 0:
+            os.makedirs(self.corrupt_dir, exist_ok=True)
+            dest = os.path.join(self.corrupt_dir, str(step))
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            shutil.move(os.path.join(self.directory, str(step)), dest)
+            record = os.path.join(self.sums_dir, f"{step}.json")
+            if os.path.exists(record):
+                os.remove(record)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
+        self.manager.reload()
+
     def restore_params(self, step: int | None, abstract_params) -> tuple[Any, int]:
         """Only the parameters (for SFT initialisation and export): (params, step)."""
         step = self.resolve_step(step)
+        self.verify(step)
         try:
             r = self.manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{self.directory}/{step}: cannot restore params for this model "
-                                  f"({type(e).__name__}: {e})") from None
+                                  f"({_first_line(e)})") from None
+        except Exception as e:  # noqa: BLE001 - orbax / TensorStore read errors of a damaged step
+            raise CheckpointError(f"checkpoint step {step} is corrupt: {self.directory}/{step} cannot be read "
+                                  f"({_first_line(e)})") from None
         return r.params, step
 
     def run_config(self, step: int | None = None) -> dict:
         """The run config stored with a step (latest by default)."""
         step = self.resolve_step(step)
-        return self.manager.restore(step, args=ocp.args.Composite(run_config=ocp.args.JsonRestore())).run_config
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(run_config=ocp.args.JsonRestore())).run_config
+        except Exception as e:  # noqa: BLE001 - unreadable or damaged metadata of a step
+            raise CheckpointError(f"checkpoint step {step} is corrupt: {self.directory}/{step}/run_config cannot "
+                                  f"be read ({_first_line(e)})") from None
 
 
 def abstract_like(tree, shardings):

@@ -122,13 +122,13 @@ def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:
     return abs_state, shard
 
 
-def restore_latest(ckpt: Checkpointer, abs_state, shardings, run_dict: dict, log=print):
+def restore_latest(ckpt: Checkpointer, abs_state, shardings, run_dict: dict, log=print, fallback: bool = True):
     """(step, state, this process's data state) of the workdir's latest checkpoint, or (None, None, None); says
     which run-config keys changed since it was written (train.steps and checkpoint.* may change freely)."""
-    latest = ckpt.latest_step()
-    if latest is None:
+    found = ckpt.restore_newest_intact(abstract_like(abs_state, shardings), fallback=fallback, log=log)
+    if found is None:
         return None, None, None
-    state, data_state, stored = ckpt.restore(latest, abstract_like(abs_state, shardings))
+    latest, state, data_state, stored = found
     changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
     if changed:
         log(f"resume: the run config differs from the checkpoint's in: {changed}")
@@ -329,7 +329,7 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
     factory = data or default_data_factory(cfg)
     it = factory(tokenizer, local_batch, t.seed, jax.process_index(), jax.process_count())
 
-    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log)
+    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log, cfg.checkpoint.fallback)
     if latest is not None:
         try:
             it.set_state(data_state)

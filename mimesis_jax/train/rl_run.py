@@ -86,7 +86,7 @@ def setup(cfg, workdir: str, tok, log=print) -> RLRun:
             raise ConfigError(f"config section 'mesh': {e}") from None
     abs_state, shardings = state_shardings(model_config, tx, mesh)
     ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log)
+    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log, cfg.checkpoint.fallback)
     if latest is None:
         params = initial_params(cfg, model_config, mesh, shardings["params"], log)
         init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
