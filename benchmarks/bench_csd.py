@@ -1,4 +1,4 @@
-"""CSD cost on a CPU: GRPO step alone vs GRPO + fused CSD vs GRPO + naive CSD (paper.md §4.2, Eq 7-11).
+"""CSD cost on a CPU: GRPO step alone vs GRPO + fused CSD vs GRPO + naive CSD (docs/reference/paper.md §4.2, Eq 7-11).
 
     python benchmarks/bench_csd.py                 # 2, 4, 8, 16 agent turns
     python benchmarks/bench_csd.py --turns 8 --repeats 3

@@ -1,4 +1,4 @@
-"""UserRL's evaluation set (environments.md): all eight gyms -- the five training gyms' test splits plus the
+"""UserRL's evaluation set (docs/reference/environments.md): all eight gyms -- the five training gyms' test splits plus the
 evaluation-only IntentionGym, TelepathyGym and SearchGym -- every task once (weights by task count), prompts of
 1,152 tokens or more dropped, 16 agent turns, pass@1 at temperature 0 (the rollout command's default).
 

@@ -1,4 +1,4 @@
-"""UserRL's training mixture (environments.md): the five training gyms in UserRL's proportions -- Travel 925,
+"""UserRL's training mixture (docs/reference/environments.md): the five training gyms in UserRL's proportions -- Travel 925,
 Tau 500, Turtle 423, Persuade 378, Function 200 rows -- prompts of 1,152 tokens or more dropped (counted and
 logged), 16 agent turns per episode (paper Table 13).
 

@@ -1,4 +1,4 @@
-"""One ABCD realistic-behaviour episode (paper.md 3.4) through the role-flipped runner, printed as a transcript with
+"""One ABCD realistic-behaviour episode (docs/reference/paper.md 3.4) through the role-flipped runner, printed as a transcript with
 the judge's scores and the Eq 12-13 reward. A script for looking at the environment and smoke-testing a judge or
 support-agent endpoint; not a test.
 

@@ -1,4 +1,4 @@
-"""FoldGRPO (paper.md §3.3) vs naive per-segment group statistics on synthetic folded rollouts. A script, not a
+"""FoldGRPO (docs/reference/paper.md §3.3) vs naive per-segment group statistics on synthetic folded rollouts. A script, not a
 test (runs in seconds on a CPU, NumPy only besides the project's `grpo.group_advantages`).
 
     python experiments/foldgrpo_bias.py [--groups 2000] [--group-size 8] [--seed 0]

@@ -1,4 +1,4 @@
-"""CSD (paper.md §4.2, Eq 7-11): the coach, the branch packing, fused == naive (log-probs and gradients) on 1
+"""CSD (docs/reference/paper.md §4.2, Eq 7-11): the coach, the branch packing, fused == naive (log-probs and gradients) on 1
 and 8 devices, no backward work for the teacher branches, and the theory hooks (alpha = 0; zero advantages)."""
 
 import jax

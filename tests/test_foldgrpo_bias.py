@@ -1,4 +1,4 @@
-"""experiments/foldgrpo_bias.py: FoldGRPO (paper.md §3.3) vs naive per-segment statistics on a hand-made group,
+"""experiments/foldgrpo_bias.py: FoldGRPO (docs/reference/paper.md §3.3) vs naive per-segment statistics on a hand-made group,
 checked against values computed by hand from the formula (mean and unbiased std over the first segment seen per
 rollout id; A = (S - mean) / (std + 1e-6), broadcast to every segment of the rollout)."""
 

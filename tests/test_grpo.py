@@ -1,4 +1,4 @@
-"""Multi-turn GRPO (paper.md §4.1, Eq 5-6) and FoldGRPO (paper.md §3.3) against NumPy written from the formulas."""
+"""Multi-turn GRPO (docs/reference/paper.md §4.1, Eq 5-6) and FoldGRPO (docs/reference/paper.md §3.3) against NumPy written from the formulas."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""InfoPO credit baseline (algorithms/infopo.py, paper.md §4.3): the information gain against an independent
+"""InfoPO credit baseline (algorithms/infopo.py, docs/reference/paper.md §4.3): the information gain against an independent
 reference (the observed and the masked sequences scored one by one with `token_logprobs`, subtracted and averaged),
 the combined turn advantage against hand-worked numbers, the config checks, and a 2-step tiny agent RL run with
 rl.credit = "infopo" whose logged infopo_ig_mean matches the reference at the initial parameters."""

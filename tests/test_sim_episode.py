@@ -96,7 +96,7 @@ def test_turn_limit_context_limit_invalid_and_no_utterance(tok):
 
 
 def test_fold_inputs_count_each_rollout_once(tok):
-    """Two groups; rollouts with 1-3 segments: FoldGRPO statistics use one score per rollout (paper.md 3.3)."""
+    """Two groups; rollouts with 1-3 segments: FoldGRPO statistics use one score per rollout (docs/reference/paper.md 3.3)."""
     ends = {1: 1, 2: 2, 3: 3, 4: 1, 5: 3}  # rollout id -> the policy turn at which it says "bye"
 
     def policy_reply(prompt, i):

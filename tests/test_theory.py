@@ -1,4 +1,4 @@
-"""The theory lab (mimesis_jax/theory, paper.md §7 / Appendix E): hand-worked examples, independent checks of the
+"""The theory lab (mimesis_jax/theory, docs/reference/paper.md §7 / Appendix E): hand-worked examples, independent checks of the
 exact machinery (enumeration, finite differences), every claim on seed 0, and the `theory` command."""
 
 import argparse

@@ -15,7 +15,7 @@ from mimesis_jax.envs.userrl.retriever import Passage, RetrieverError
 from mimesis_jax.rollout.base import ScriptedChatModel
 from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
-# the rule (environments.md / UserRL SearchGym): correct answer 1.0 and the episode ends, anything else 0.0
+# the rule (docs/reference/environments.md / UserRL SearchGym): correct answer 1.0 and the episode ends, anything else 0.0
 CORRECT, WRONG, NOTHING = 1.0, 0.0, 0.0
 MAX_SEARCHES, TOP_K = 5, 5
 QUESTIONS = {q["id"]: q for q in json.loads((DATA_DIR / "questions.json").read_text(encoding="utf-8"))}

@@ -1,4 +1,4 @@
-"""The paper's Stage I ablations (paper.md §6, Appendix C) at MIMESIS-9B scale: the full pipeline (user-side
+"""The paper's Stage I ablations (docs/reference/paper.md §6, Appendix C) at MIMESIS-9B scale: the full pipeline (user-side
 mid-training -> ThoughtTrace SFT -> joint multi-domain RL with the behaviour task) and three one-switch-off variants:
 
 * midtrain=off: no mid-training; SFT (and RL, if SFT is also off) start from the pretrained Qwen3.5-9B;

@@ -1,4 +1,4 @@
-"""Stage I ablation on a CPU (paper.md §6, Appendix C): user-side mid-training on/off x the ABCD behaviour task in
+"""Stage I ablation on a CPU (docs/reference/paper.md §6, Appendix C): user-side mid-training on/off x the ABCD behaviour task in
 joint RL on/off, through tiny mid-training -> ThoughtTrace SFT -> joint multi-domain RL (configs/tiny_*.py) with few
 steps. 4 cells; mid-training runs once and the SFT run from it is shared by the two mid-training=on cells.
 

@@ -1,4 +1,4 @@
-"""Coached On-Policy Self-Distillation, CSD (paper.md §4.2, Eq 7-11), with the fused teacher/student pass.
+"""Coached On-Policy Self-Distillation, CSD (docs/reference/paper.md §4.2, Eq 7-11), with the fused teacher/student pass.
 
 Pieces, each named after what it computes:
 

@@ -1,4 +1,4 @@
-"""Multi-turn GRPO (paper.md §4.1, Eq 5-6) and FoldGRPO group statistics (paper.md §3.3).
+"""Multi-turn GRPO (docs/reference/paper.md §4.1, Eq 5-6) and FoldGRPO group statistics (docs/reference/paper.md §3.3).
 
 Host side (NumPy, one function per formula):
 
@@ -21,7 +21,7 @@ Device side (JAX):
   the number of agent tokens in the GLOBAL batch (computed on the host before the batch is split into
   micro-batches or devices), so splitting never changes the loss. User, tool and padding tokens have weight 0.
 
-Where UserRL's code differs from the paper text, this module follows the paper (paper.md §4.1): UserRL's "Sum"
+Where UserRL's code differs from the paper text, this module follows the paper (docs/reference/paper.md §4.1): UserRL's "Sum"
 is the sum (not the mean) of turn rewards, and it rescales the credits of a trajectory so that their token mean
 is 1 before multiplying by the normalised score. Neither is done here.
 """
@@ -51,12 +51,12 @@ def _rewards(turn_rewards, where: str = "turn_rewards") -> np.ndarray:
 
 # ------------------------------------------------------------------------------------- turn credits
 def credits_equalized(turn_rewards) -> np.ndarray:
-    """UserRL "Equalized" turn credit (paper.md §4.1): c_t = 1 for every turn."""
+    """UserRL "Equalized" turn credit (docs/reference/paper.md §4.1): c_t = 1 for every turn."""
     return np.ones_like(_rewards(turn_rewards))
 
 
 def credits_r2g(turn_rewards, gamma: float) -> np.ndarray:
-    """UserRL "R2G" turn credit (paper.md §4.1): c_t = sum_{t' >= t} gamma^(t' - t) r_t'."""
+    """UserRL "R2G" turn credit (docs/reference/paper.md §4.1): c_t = sum_{t' >= t} gamma^(t' - t) r_t'."""
     r = _rewards(turn_rewards)
     out = np.zeros_like(r)
     acc = 0.0
@@ -67,13 +67,13 @@ def credits_r2g(turn_rewards, gamma: float) -> np.ndarray:
 
 
 def em_map(r) -> np.ndarray:
-    """EM(r) = 0.5 + 0.5 (1 - e^(-2r)) / (1 - e^(-2)) (paper.md §4.1); maps [0, 1] onto [0.5, 1]."""
+    """EM(r) = 0.5 + 0.5 (1 - e^(-2r)) / (1 - e^(-2)) (docs/reference/paper.md §4.1); maps [0, 1] onto [0.5, 1]."""
     r = np.asarray(r, dtype=np.float64)
     return 0.5 + 0.5 * (1.0 - np.exp(-2.0 * r)) / (1.0 - math.exp(-2.0))
 
 
 def credits_em(turn_rewards) -> np.ndarray:
-    """UserRL "EM" turn credit (paper.md §4.1): c_t = EM(r_t)."""
+    """UserRL "EM" turn credit (docs/reference/paper.md §4.1): c_t = EM(r_t)."""
     return em_map(_rewards(turn_rewards))
 
 
@@ -89,7 +89,7 @@ def turn_credits(turn_rewards, method: str = "equalized", gamma: float = 0.8) ->
 
 # -------------------------------------------------------------------------------- trajectory scores
 def score_sum(turn_rewards) -> float:
-    """UserRL "Sum" trajectory score as the paper states it (paper.md §4.1): the mean of the turn rewards."""
+    """UserRL "Sum" trajectory score as the paper states it (docs/reference/paper.md §4.1): the mean of the turn rewards."""
     r = _rewards(turn_rewards)
     if len(r) == 0:
         raise ValueError("trajectory score 'sum': a trajectory with no turn rewards has no score")
@@ -97,7 +97,7 @@ def score_sum(turn_rewards) -> float:
 
 
 def score_r2g(turn_rewards, gamma: float) -> float:
-    """UserRL "R2G" trajectory score (paper.md §4.1): the discounted return from the first turn,
+    """UserRL "R2G" trajectory score (docs/reference/paper.md §4.1): the discounted return from the first turn,
     S = sum_t gamma^t r_t (= the r2g credit of turn 0)."""
     r = _rewards(turn_rewards)
     if len(r) == 0:
@@ -116,7 +116,7 @@ def trajectory_score(turn_rewards, method: str = "sum", gamma: float = 0.8) -> f
 # ----------------------------------------------------------------------- group normalisation (FoldGRPO)
 def group_advantages(scores, group_ids, rollout_ids=None, *, fold: bool = False, eps: float = 1e-6,
                      divide_std: bool = True) -> np.ndarray:
-    """Group-normalised advantages: plain GRPO, or FoldGRPO (paper.md §3.3) with `fold=True`.
+    """Group-normalised advantages: plain GRPO, or FoldGRPO (docs/reference/paper.md §3.3) with `fold=True`.
 
     scores[i], group_ids[i], rollout_ids[i] describe segment i (a trajectory, or one fold of a rollout).
     Per group, the statistics use the FIRST segment seen for each rollout id, so a rollout split into k
@@ -173,7 +173,7 @@ def group_normalize(scores, group_ids, *, eps: float = 1e-6, divide_std: bool = 
 def turn_advantages(turn_rewards: Sequence[Sequence[float]], group_ids, rollout_ids=None, *,
                     credit: str = "equalized", score: str = "sum", gamma: float = 0.8, eps: float = 1e-6,
                     divide_std: bool = True, fold: bool = False) -> list[np.ndarray]:
-    """A_{i,t} = c_{i,t} x normalised S_i for every trajectory i and agent turn t (paper.md §4.1)."""
+    """A_{i,t} = c_{i,t} x normalised S_i for every trajectory i and agent turn t (docs/reference/paper.md §4.1)."""
     scores = []
     for i, r in enumerate(turn_rewards):
         try:
@@ -190,7 +190,7 @@ def trajectory_turn_advantages(trajectories, *, credit: str = "equalized", score
     """`turn_advantages` from `rollout.trajectory.Trajectory` objects (their turn_rewards, group_id, rollout_id).
 
     An invalid trajectory (simulator refusal, endpoint failure) is an error here: the caller must drop it
-    and report it apart (metrics.md) -- it is not a zero score.
+    and report it apart (docs/reference/metrics.md) -- it is not a zero score.
     """
     rewards = []
     for i, tr in enumerate(trajectories):

@@ -1,4 +1,4 @@
-"""InfoPO turn credit: the Stage II baseline of paper.md §4.3 ("turn-level credit from the information gain between
+"""InfoPO turn credit: the Stage II baseline of docs/reference/paper.md §4.3 ("turn-level credit from the information gain between
 the follow-up behaviour with the feedback masked and observed; trained with the same MIMESIS-9B user").
 
 The paper gives that one sentence and no formula. This module fixes the definition as follows (InfoPO, Kong et al.

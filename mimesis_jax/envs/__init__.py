@@ -1,4 +1,4 @@
-"""Environments the agent is trained and evaluated in (environments.md): protocol, registry, tool schema."""
+"""Environments the agent is trained and evaluated in (docs/reference/environments.md): protocol, registry, tool schema."""
 
 from mimesis_jax.envs.base import (  # noqa: F401
     CHOICES, INTERACT_TOOL, TOOL_NAME, Env, EnvError, InvalidEpisode, SecretWordEnv, ToolCall, format_action, make,

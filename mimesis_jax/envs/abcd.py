@@ -1,6 +1,6 @@
 """ABCD (Action-Based Conversations Dataset, asappresearch/abcd) loaders and the identity-verification replay.
 
-Formats (environments.md, ABCD section) -- all accepted as ``.json`` or gzip-compressed ``.json.gz``:
+Formats (docs/reference/environments.md, ABCD section) -- all accepted as ``.json`` or gzip-compressed ``.json.gz``:
 
 * conversations: either the release's ``{"train": [...], "dev": [...], "test": [...]}`` dict (every split's
   records are returned, each with its ``split``) or a plain list of conversations (as the public
@@ -16,7 +16,7 @@ Formats (environments.md, ABCD section) -- all accepted as ``.json`` or gzip-com
 
 Malformed input raises ``EnvError`` naming the file, the conversation (convo_id, else its index) and the field.
 
-Identity-verification replay (paper.md 3.4: "the identity-verification part of the conversation is replayed")
+Identity-verification replay (docs/reference/paper.md 3.4: "the identity-verification part of the conversation is replayed")
 -- the rule `identity_verification_turns` implements:
 
 1. Each ``action`` turn gets an action name: from the aligned ``delexed`` turn's ``targets[2]`` when ``delexed``

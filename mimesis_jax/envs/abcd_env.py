@@ -1,4 +1,4 @@
-"""The ABCD realistic-behaviour environment (paper.md 3.4): the simulator plays a customer who performs an
+"""The ABCD realistic-behaviour environment (docs/reference/paper.md 3.4): the simulator plays a customer who performs an
 assigned behaviour (B1..B13 of Table 5) or none (N) against a fixed support agent, and a judge scores it (Eq 12-13).
 
 One of the 24 environments of the joint RL stage (Eq 4, domain ``abcd_behaviour``), on the `SimEnv` protocol
@@ -21,7 +21,7 @@ An episode:
    troubleshooting flows) is replaced by one ``assistant`` greeting (``agent_greeting``).
 3. **Dialogue** (``step``). Each policy turn appends the customer's utterance. The customer ends the chat by
    writing ``config.end_marker`` (``[END]``, which its prompt asks for on the last line of its last message);
-   the episode also ends after ``config.max_user_turns`` customer turns (8, paper.md 3.4; replayed turns do not
+   the episode also ends after ``config.max_user_turns`` customer turns (8, docs/reference/paper.md 3.4; replayed turns do not
    count). Otherwise the fixed agent answers; its visible reply (any thinking removed) is the step's message.
    An agent call that fails or answers nothing raises `InvalidEpisode`.
 4. **Judge.** One call: system = the rubric, user = facts, policy, required actions, the card and the whole
@@ -83,8 +83,8 @@ META_SOURCES = ("judge", "pattern", "both")
 class BehaviourEnvConfig:
     """Settings of the behaviour environment; every bad value raises EnvError naming its key."""
 
-    neutral_share: float = 1.0 / 3.0  # P(N) when the behaviour is drawn (paper.md 3.4)
-    max_user_turns: int = 8  # policy (customer) turns after the replay (paper.md 3.4)
+    neutral_share: float = 1.0 / 3.0  # P(N) when the behaviour is drawn (docs/reference/paper.md 3.4)
+    max_user_turns: int = 8  # policy (customer) turns after the replay (docs/reference/paper.md 3.4)
     weights: Mapping[str, float] | None = None  # Eq 12 weights, any subset of e/p/n/c (stored completed by
     # DEFAULT_WEIGHTS); None = DEFAULT_WEIGHTS
     meta_narration_zeroed: tuple[str, ...] = ("e", "p")  # Eq 13: scores set to 0 under meta-narration

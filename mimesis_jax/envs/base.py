@@ -1,4 +1,4 @@
-"""The environment protocol (environments.md), the `interact_with_env` tool, a registry and a scripted env.
+"""The environment protocol (docs/reference/environments.md), the `interact_with_env` tool, a registry and a scripted env.
 
 Protocol (Gymnasium-like, as UserRL's gyms)::
 
@@ -70,7 +70,7 @@ class EnvError(ValueError):
 class InvalidEpisode(RuntimeError):
     """Raised by an environment whose other side (user, judge, classifier model) refused its role, failed, or gave
     an answer that could not be parsed: the episode runner marks the episode INVALID with this reason -- never a
-    reward of 0 (paper.md 4.3, metrics.md)."""
+    reward of 0 (docs/reference/paper.md 4.3, docs/reference/metrics.md)."""
 
 
 # ------------------------------------------------------------------------------------- actions
@@ -91,7 +91,7 @@ def parse_action(text: str) -> tuple[str, str] | None:
 
 
 def tool_feedback(feedback: str, reward: float) -> str:
-    """What the tool returns to the agent (environments.md): the feedback, then the step's reward."""
+    """What the tool returns to the agent (docs/reference/environments.md): the feedback, then the step's reward."""
     return f"{feedback}\nReward: {reward}"
 
 

@@ -1,4 +1,4 @@
-"""ABCD realistic-behaviour cards, the behaviour reward (paper.md 3.4, Eq 12-13) and meta-narration detection.
+"""ABCD realistic-behaviour cards, the behaviour reward (docs/reference/paper.md 3.4, Eq 12-13) and meta-narration detection.
 
 * ``BEHAVIOURS``: the 13 behaviours of Table 5 (B1..B13) and neutral ``N``, as cards
   {id, name, definition, looks_like, when, must_not} read from ``abcd_data/behaviours.json`` (this project's
@@ -8,7 +8,7 @@
   [0, 1]; default weights e 2.0, p 1.5, n 0.75, c 0.75 (sum 5.0). Eq 13 (this project's form; the paper does
   not print it): when the rollout *describes* the behaviour instead of performing it (meta-narration), e = p = 0.
 * ``detect_meta_narration(text)``: the first meta-narration match in a customer turn, else None.
-* ``assign_behaviour(rng)``: neutral with probability ``neutral_share`` (default 1/3, paper.md 3.4), else
+* ``assign_behaviour(rng)``: neutral with probability ``neutral_share`` (default 1/3, docs/reference/paper.md 3.4), else
   uniform over B1..B13.
 """
 
@@ -122,7 +122,7 @@ def behaviour_reward(scores: Mapping[str, float], *, meta_narration: bool = Fals
 
 # ------------------------------------------------------------------------------------- meta-narration
 # Meta-narration = the simulated customer DESCRIBES the behaviour or its role instead of performing it
-# (paper.md 3.4: "I will now act like an annoyed customer"). Each pattern is (name, regex), case-insensitive:
+# (docs/reference/paper.md 3.4: "I will now act like an annoyed customer"). Each pattern is (name, regex), case-insensitive:
 _STAGE_WORDS = (r"sighs?|sighing|groans?|huffs?|scoffs?|grumbles?|frowns?|rolls? (?:my |his |her )?eyes|"
                 r"eye ?roll|taps? (?:my |his |her )?(?:foot|fingers)|clears? (?:my |his |her )?throat|"
                 r"crosses? (?:my |his |her )?arms|impatiently|angrily|annoyed|frustrated|irritated|exasperated")

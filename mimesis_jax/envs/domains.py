@@ -1,4 +1,4 @@
-"""The 24 domains of Stage I's joint RL (paper.md 3.3, Eq 4): max_phi E_{d ~ p(d)} E_{(c,tau) ~ P^d_phi}[r_d(c, tau)].
+"""The 24 domains of Stage I's joint RL (docs/reference/paper.md 3.3, Eq 4): max_phi E_{d ~ p(d)} E_{(c,tau) ~ P^d_phi}[r_d(c, tau)].
 
 One place lists every domain -- the ABCD realistic-behaviour task (``abcd_behaviour``, envs/abcd_env.py) and the
 23 SOUL tasks (envs/soul) -- with its protocol family, whether it is multi-turn, its reward r_d in [0, 1], its

@@ -1,4 +1,4 @@
-"""Environments in which the *simulator* is the policy (Stage I joint RL, paper.md Eq 4).
+"""Environments in which the *simulator* is the policy (Stage I joint RL, docs/reference/paper.md Eq 4).
 
 In Stage II the agent is sampled and the simulator is a fixed side (envs/base.py). Stage I flips that: the
 simulator is sampled and log-probbed, and the other sides -- the ABCD support agent, a SOUL task's interlocutor,

@@ -1,1 +1,1 @@
-"""Evaluation metrics (simulator fidelity and agent performance) as defined in shared/reference/metrics.md."""
+"""Evaluation metrics (simulator fidelity and agent performance) as defined in docs/reference/metrics.md."""

@@ -1,6 +1,6 @@
 """`python -m mimesis_jax ablate --matrix configs/ablations/<name>.py --out DIR [--set ...] [--dry-run]`
 
-Runs a grid of training runs that differ in named switches (paper.md §6, Appendix C: mid-training, ThoughtTrace
+Runs a grid of training runs that differ in named switches (docs/reference/paper.md §6, Appendix C: mid-training, ThoughtTrace
 SFT and the behaviour task on/off; Stage II: alpha and beta of CSD, Eq 9-11, the coach, the turn-credit method) and
 tabulates their final metrics in ``DIR/ablation.json`` and ``DIR/report.md`` (`mimesis_jax.eval.report`).
 

@@ -14,7 +14,7 @@ for every user), else each user's model asked as an assistant.
 Scores are UserRL's evaluation scores (envs/userrl/scoring.py: the sum of the step rewards, TravelGym's per-aspect
 rule, eval reward table); a cell's mean is the mean over tasks of per-task means (`scoring.summarize`). Episodes
 where the user refused its role or a model failed are INVALID: counted per cell and in `summary.json`'s
-"invalid", never averaged in as zeros (metrics.md, "Agent performance"). Aggregates (metrics.md; eval/metrics.py):
+"invalid", never averaged in as zeros (docs/reference/metrics.md, "Agent performance"). Aggregates (docs/reference/metrics.md; eval/metrics.py):
 
 * per gym and agent: mean and SE (`metrics.mean_and_se`) over the users x seeds cell means (cells with no valid
   episode are left out; "n" says how many remain);

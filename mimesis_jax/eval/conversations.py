@@ -16,7 +16,7 @@ Format: JSONL, one conversation per line (blank lines are skipped)::
   (simulated or real) user's, ``assistant`` turns the agent's; only user turns feed the User-Sim Index features.
 * ``success`` (bool or null, optional): did the agent solve the task in this conversation (ECE's success rates).
 * ``difficulty`` (number in [0, 1] or null, optional): the task's difficulty, the pooled success rate of reference
-  simulators (metrics.md, ECE). Every conversation of a task that gives one must give the same value.
+  simulators (docs/reference/metrics.md, ECE). Every conversation of a task that gives one must give the same value.
 * any other key is kept in ``Conversation.extra`` and otherwise ignored.
 
 Errors (`EnvError`) name the file, the line and the field. Integer ids / task ids are read as strings.

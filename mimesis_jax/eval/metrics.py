@@ -1,6 +1,6 @@
-"""Evaluation metrics, implemented exactly as shared/reference/metrics.md defines them.
+"""Evaluation metrics, implemented exactly as docs/reference/metrics.md defines them.
 
-Equation numbers follow metrics.md (the paper's numbering): Eq 14 is the RealUserSim PT3 fidelity index,
+Equation numbers follow docs/reference/metrics.md (the paper's numbering): Eq 14 is the RealUserSim PT3 fidelity index,
 Eq 15 the per-feature Dice similarity of the tau-bench User-Sim Index, Eq 16 the USI5 aggregate.
 Everything here is plain Python (no JAX), so it can run anywhere and is cheap to test.
 """
@@ -56,7 +56,7 @@ def _check_table(table: Mapping[str, Mapping[str, float]]) -> list[str]:
 
 
 def mean_rank(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Mean rank MR (metrics.md, "Agent performance"; no equation number in the paper).
+    """Mean rank MR (docs/reference/metrics.md, "Agent performance"; no equation number in the paper).
 
     ``table`` maps method -> gym -> score (higher is better). Within each gym the methods are ranked
     1 = best; tied methods share the mean of the ranks they span (two tied for first both get 1.5,
@@ -83,7 +83,7 @@ def mean_rank(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
 
 
 def average(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Mean score over gyms per method (Table 2 "Avg"; metrics.md, "Agent performance").
+    """Mean score over gyms per method (Table 2 "Avg"; docs/reference/metrics.md, "Agent performance").
 
     Same validation as :func:`mean_rank`: every method must have every gym.
     """
@@ -126,7 +126,7 @@ def dimension_score(sim_stats: Mapping[str, float], human_stats: Mapping[str, fl
 def ece(
     sim_success: Sequence[float], human_success: Sequence[float], difficulty: Sequence[float]
 ) -> float:
-    """Expected calibration error of the simulator's success against humans (metrics.md, tau-bench USI).
+    """Expected calibration error of the simulator's success against humans (docs/reference/metrics.md, tau-bench USI).
 
     Inputs are equal-length per-task sequences: simulated success, human success (0/1 or rates in
     [0, 1], same agent) and task difficulty in [0, 1] (pooled success rate of reference simulators).
@@ -200,7 +200,7 @@ def fidelity_index(marks: Mapping[str, Sequence[int]]) -> tuple[float, dict[str,
 
 
 def turing_distance(judge_correct: Sequence[bool]) -> float:
-    """SimulatorArena Turing distance: |a - 50| with a = 100 * mean(judge_correct) (metrics.md).
+    """SimulatorArena Turing distance: |a - 50| with a = 100 * mean(judge_correct) (docs/reference/metrics.md).
 
     In [0, 50]; lower is better (0 = judge at chance). Empty input raises ValueError.
     """

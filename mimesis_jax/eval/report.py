@@ -8,7 +8,7 @@ Each RUN_DIR is recognised by what it holds (first match wins):
 * ``ablation.json`` -- an ablation grid (`mimesis_jax/eval/ablate.py`): a table of cells x headline final metrics,
   a table of every final metric, and the last stage's reward (or loss) curve of every finished cell;
 * ``summary.json`` -- an agent evaluation (`evalagent`): the per-gym table (mean +- SE over users x seeds, n),
-  the paper's Table 2 layout (per-gym means, Avg, MR; metrics.md "Agent performance"), the same per evaluation
+  the paper's Table 2 layout (per-gym means, Avg, MR; docs/reference/metrics.md "Agent performance"), the same per evaluation
   user with Avg and MR computed here by `metrics.average` / `metrics.mean_rank` over the gyms where every agent
   has a score (as summary.json's own), the INVALID episode counts in a table of their own (never averaged in as
   zeros), and per-gym bars with SE error bars;
@@ -19,7 +19,7 @@ Each RUN_DIR is recognised by what it holds (first match wins):
 * ``metrics.jsonl`` + ``run_config.json`` -- a training run of any stage (midtrain, sft, simrl, agentrl): curves
   of the loss, of reward_mean with the per-domain ``reward/<d>`` (simrl) or per-gym ``reward/<gym>`` (agentrl)
   rewards, and of ``val/*``; the final record as a table; for simrl runs also the behaviour-task rewards
-  ``reward/behaviour/<id>`` averaged over the run (bars) and the meta-narration rate (paper.md 3.4).
+  ``reward/behaviour/<id>`` averaged over the run (bars) and the meta-narration rate (docs/reference/paper.md 3.4).
 
 A folder holding none of these, or a file that is not what its format says, is an `EnvError` naming the folder,
 file and key (exit status 2). Numbers are printed with 4 decimals (scientific notation below 1e-3 or from 1e5);

@@ -1,5 +1,5 @@
 """Judge-based simulator fidelity: RealUserSim fidelity index (Eq 14) and the SimulatorArena Turing test and style
-similarity (metrics.md). Every metric compares a simulator conversation with the human conversation of the same
+similarity (docs/reference/metrics.md). Every metric compares a simulator conversation with the human conversation of the same
 task (`conversations.pair_by_task`); prompts are data (``data/sim_judges.toml``).
 
 * **Fidelity (Eq 14).** Per case (pair) and dimension d in `FI_DIMENSIONS` the judge says whether the simulated

@@ -1,4 +1,4 @@
-"""`python -m mimesis_jax evalsim`: how human-like a user simulator is (paper.md 5, metrics.md "Simulator fidelity").
+"""`python -m mimesis_jax evalsim`: how human-like a user simulator is (docs/reference/paper.md 5, docs/reference/metrics.md "Simulator fidelity").
 
     # tau-bench User-Sim Index (19 features, Eq 15 Dice, D1-D4, ECE, Eq 16 USI5) from conversation files
     python -m mimesis_jax evalsim --conversations sim.jsonl --human human.jsonl --out runs/evalsim

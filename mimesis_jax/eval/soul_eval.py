@@ -1,4 +1,4 @@
-"""SOUL-Index (metrics.md, paper.md 5): a simulator's mean score over the SOUL tasks, per axis and overall, as
+"""SOUL-Index (docs/reference/metrics.md, docs/reference/paper.md 5): a simulator's mean score over the SOUL tasks, per axis and overall, as
 mean +/- standard error over evaluation seeds.
 
 `evaluate` runs the simulator the way Stage I's joint RL does (train/simulator_rl.py): the simulator is the

@@ -1,11 +1,11 @@
-"""tau-bench User-Sim Index (metrics.md): 19 behavioural features of the user turns, Eq 15 Dice, ECE, Eq 16 USI5.
+"""tau-bench User-Sim Index (docs/reference/metrics.md): 19 behavioural features of the user turns, Eq 15 Dice, ECE, Eq 16 USI5.
 
-Features. metrics.md names 19 features in four dimensions (`DIMENSIONS`). How each is computed lives in a data
+Features. docs/reference/metrics.md names 19 features in four dimensions (`DIMENSIONS`). How each is computed lives in a data
 file, ``data/usi_features.toml`` (its header documents the text handling and every feature *kind*; each feature
 has a one-line ``doc`` of what it counts): regexes and word lists, never code. `conversation_features` computes
 all 19 for one conversation from its user turns; `average_features` averages them over conversations.
 
-Scores (metrics.md, tau-bench User-Sim Index):
+Scores (docs/reference/metrics.md, tau-bench User-Sim Index):
 
 * per feature m: Dice_m = 2 min(M_m, H_m) / (M_m + H_m) (Eq 15, `metrics.dice`), M_m the simulator's average and
   H_m the humans' average;
@@ -99,7 +99,7 @@ def load_features(path: str | pathlib.Path = FEATURES_PATH) -> FeatureSet:
         raise EnvError(f"{path}: no [features.<name>] tables")
     missing, unknown = sorted(set(FEATURE_NAMES) - set(table)), sorted(set(table) - set(FEATURE_NAMES))
     if missing or unknown:
-        raise EnvError(f"{path}: the features must be exactly the 19 of metrics.md; missing {missing}, "
+        raise EnvError(f"{path}: the features must be exactly the 19 of docs/reference/metrics.md; missing {missing}, "
                        f"unknown {unknown}")
     features = {}
     for name in FEATURE_NAMES:
@@ -238,7 +238,7 @@ def conversation_features(conv: Conversation, fs: FeatureSet | None = None) -> d
 
 
 def average_features(convs: Sequence[Conversation], fs: FeatureSet | None = None) -> dict[str, float]:
-    """Each feature's mean over the conversations (metrics.md: averaged over tasks)."""
+    """Each feature's mean over the conversations (docs/reference/metrics.md: averaged over tasks)."""
     if not convs:
         raise EnvError("the User-Sim Index needs at least one conversation on each side")
     fs = fs or load_features()

@@ -1,6 +1,6 @@
 """The multi-turn episode runner: agent <-> environment <-> frozen user simulator (Eq 2), many dialogues at once.
 
-One round t for every live dialogue (paper.md Eq 2: y_t ~ pi_theta(.|c, H_t); x_{t+1} ~ u_phihat(.|c, H_t, y_t)):
+One round t for every live dialogue (docs/reference/paper.md Eq 2: y_t ~ pi_theta(.|c, H_t); x_{t+1} ~ u_phihat(.|c, H_t, y_t)):
 
 1. **agent turn** -- all live dialogues' prompts (their token context + the assistant header) go through ONE
    sampler call; the agent's tokens and temperature-1 log-probs are recorded exactly as sampled (never decoded

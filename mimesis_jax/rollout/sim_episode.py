@@ -19,7 +19,7 @@ Episodes end when the env says done, at ``min(env.max_policy_turns, config.max_t
 next prompt would pass ``config.max_context_tokens`` (both then ask ``env.finish(reason)`` for the reward), or
 when a fixed side fails (`InvalidEpisode`: status "invalid", reward None -- the RL stage drops it).
 
-Training segments (what FoldGRPO expects, paper.md 3.3): each policy turn is its OWN segment with its own context,
+Training segments (what FoldGRPO expects, docs/reference/paper.md 3.3): each policy turn is its OWN segment with its own context,
 a `Trajectory` of two segments -- ``public`` (the exact prompt tokens) and ``agent`` (the sampled tokens through the
 stop token, with log-probs) -- and ``turn_rewards = [r]``, the rollout's final reward. Every segment of a rollout
 carries the rollout's id, so `fold_inputs` + ``grpo.group_advantages(..., fold=True)`` count the rollout once

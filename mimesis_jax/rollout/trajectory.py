@@ -6,7 +6,7 @@ Segments are `(kind, tokens)` with kind in
   * ``agent``  -- tokens the agent sampled (its reply up to and including the stop token), with their log-probs;
   * ``coach``  -- a CSD hindsight note for the next agent turn (Eq 7), seen only by the teacher.
 
-Placement rule (design/architecture.md): a coach segment sits after the last user/tool message and BEFORE the
+Placement rule (docs/decisions.md): a coach segment sits after the last user/tool message and BEFORE the
 assistant header of its turn, i.e. immediately before the public header segment that precedes the agent segment.
 The student sequence is every non-coach segment; the teacher context of agent turn t is every non-coach segment
 before coach_t, then coach_t, then the non-coach segments after it up to and including agent_t.

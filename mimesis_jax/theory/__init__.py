@@ -1,4 +1,4 @@
-"""The theory lab: paper.md §7 (Appendix E, Proposition E.1 and Theorem E.2) checked on small finite problems.
+"""The theory lab: docs/reference/paper.md §7 (Appendix E, Proposition E.1 and Theorem E.2) checked on small finite problems.
 
 * mdp.py: random finite-horizon MDPs, exact evaluation (dynamic programming; enumeration for checks), exact
   tabular-softmax directions, sampled GRPO groups.

@@ -1,4 +1,4 @@
-"""Each claim of paper.md §7 (Appendix E) checked on small finite problems; one `ClaimResult` per row.
+"""Each claim of docs/reference/paper.md §7 (Appendix E) checked on small finite problems; one `ClaimResult` per row.
 
 Exact wherever enumeration is possible (dynamic programming, closed-form tabular gradients, float64). The
 only Monte Carlo results are the sampled-group AdamW runs (`thm_e2_adamw_sampled`), reported as mean +/-
@@ -6,7 +6,7 @@ standard error over independent runs (eval.metrics.mean_and_se). A row "passes" 
 paper states it; rows marked "(failure)" pass when they show the failure the paper documents (weights that
 do not co-vary with the advantage guarantee nothing).
 
-The setting (paper.md §7): a fixed simulator, tasks and rollout policy p; s = the public history, a = the
+The setting (docs/reference/paper.md §7): a fixed simulator, tasks and rollout policy p; s = the public history, a = the
 next token; finite tokens, full support, finite horizon, bounded reward -- here a random finite-horizon MDP
 (theory/mdp.py) with time-indexed states and a tabular softmax policy.
 """
@@ -72,7 +72,7 @@ def performance_difference(mdp: M.FiniteMDP, p_new: np.ndarray, p: np.ndarray) -
 
 # ---------------------------------------------------------------------------------------- Proposition E.1
 def prop_e1_closed_form(seed: int, n: int = 200) -> ClaimResult:
-    """Proposition E.1 (paper.md §7): over free per-state distributions q, the maximiser of the weighted
+    """Proposition E.1 (docs/reference/paper.md §7): over free per-state distributions q, the maximiser of the weighted
     likelihood sum_a p(a|s) w(s,a) log q(a|s) is p+(a|s) = p(a|s) w(s,a) / Z(s), Z(s) = E_{a~p} w(s,a) > 0.
 
     n random states (2-6 actions, p ~ Dirichlet(1), w ~ U(0.05, 1)): Newton's method on softmax logits
@@ -217,7 +217,7 @@ def alignment_holds(lam: float, eps: float, g_norm: float, score_bound: float, h
     With w = b(s) + lambda A + e, the exact CSD direction is c = lambda g + E, E = sum_m rho_m (e_m - e_bar(s_m))
     grad log pi_m, rho = d pi (sum rho = H), and ||E|| <= S sum rho |e - e_bar| <= S H epsilon (Cauchy-Schwarz;
     epsilon^2 = sum rho e^2 / H). So <g, c> >= ||g|| (lambda ||g|| - S H epsilon) > 0. The batch error xi of
-    the theorem is 0 here (no sampling). paper.md does not spell out the paper's constant.
+    the theorem is 0 here (no sampling). docs/reference/paper.md does not spell out the paper's constant.
     """
     return lam * g_norm > score_bound * horizon * eps
 
@@ -437,7 +437,7 @@ def linear_csd_weights(group: M.Group, b: np.ndarray, A: np.ndarray, lam: float,
 def thm_e2_adamw_sampled(seed: int, runs: int = 32, warmup: int = 3, steps: int = 10, groups: int = 4,
                          group_size: int = 8, alpha: float = 1.0, lr: float = 0.05,
                          eps: float = 0.05) -> tuple[AdamWCurves, list[ClaimResult]]:
-    """Theorem E.2 under AdamW, as actual parameter moves from one state (paper.md §7: "compare actual
+    """Theorem E.2 under AdamW, as actual parameter moves from one state (docs/reference/paper.md §7: "compare actual
     parameter moves from the same state, not raw gradients").
 
     The algorithm as trained, on a random MDP: each step samples `groups` GRPO groups of `group_size`
@@ -496,7 +496,7 @@ def thm_e2_adamw_sampled(seed: int, runs: int = 32, warmup: int = 3, steps: int 
 
 
 def all_claims(seed: int) -> tuple[list[ClaimResult], E2Sweep, AdamWCurves]:
-    """Every claim of paper.md §7 in table order, with the E.2 sweep and the sampled AdamW curves (for plots)."""
+    """Every claim of docs/reference/paper.md §7 in table order, with the E.2 sweep and the sampled AdamW curves (for plots)."""
     results = [prop_e1_closed_form(seed), prop_e1_identity(seed), prop_e1_improvement(seed),
                prop_e1_negative_covariance(seed), prop_e1_zero_weight(seed)]
     sweep, sweep_claims = thm_e2_sweep(seed)

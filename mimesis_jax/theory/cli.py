@@ -1,4 +1,4 @@
-"""`python -m mimesis_jax theory`: the theory lab -- every claim of paper.md §7 (Appendix E) checked on small
+"""`python -m mimesis_jax theory`: the theory lab -- every claim of docs/reference/paper.md §7 (Appendix E) checked on small
 finite problems (theory/claims.py), printed as a table.
 
     python -m mimesis_jax theory [--out runs/theory] [--seed 0]
@@ -114,6 +114,6 @@ def run(args) -> int:
                    "e2_sweep": sweep.to_json(), "adamw_sampled": curves.to_json(),
                    "plots": [SWEEP_PLOT, ADAMW_PLOT]}, f, indent=1)
     print(format_table(results))
-    print(f"{sum(r.passed for r in results)}/{len(results)} claims hold as paper.md §7 states them "
+    print(f"{sum(r.passed for r in results)}/{len(results)} claims hold as docs/reference/paper.md §7 states them "
           f"({time.perf_counter() - t0:.1f} s) -> {args.out}")
     return 0 if ok else 1

@@ -1,4 +1,4 @@
-"""Small finite-horizon MDPs for the theory lab (paper.md §7, Appendix E), evaluated exactly.
+"""Small finite-horizon MDPs for the theory lab (docs/reference/paper.md §7, Appendix E), evaluated exactly.
 
 The paper's setting: a fixed simulator and task distribution, states s = the public history (with the current
 token prefix), actions a = the next token, finitely many tokens, a finite horizon and bounded reward. A

@@ -1,4 +1,4 @@
-"""The policy updates the theory lab compares (paper.md §7, Appendix E).
+"""The policy updates the theory lab compares (docs/reference/paper.md §7, Appendix E).
 
 * Proposition E.1's weighted-likelihood problem, per state s: maximise F(q) = sum_a p(a) w(a) log q(a) over the
   simplex. `closed_form_update` is the proposition's answer p+ = p w / Z (p kept where Z = 0);

@@ -1,4 +1,4 @@
-"""Stage II update: one jitted, sharded multi-turn GRPO (+ CSD) step on packed dialogues (paper.md §4.1-4.2).
+"""Stage II update: one jitted, sharded multi-turn GRPO (+ CSD) step on packed dialogues (docs/reference/paper.md §4.1-4.2).
 
     rl = RLConfig(alpha=0.01, beta=5.0, num_microbatches=4)
     step = make_rl_step(config, optax.adamw(1e-6), mesh, rl)
@@ -55,7 +55,7 @@ CREDITS = grpo.CREDIT_METHODS + ("infopo",)  # infopo: the §4.3 baseline (algor
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """Hyper-parameters of the Stage II update (defaults: paper.md §4.1 Table 13 and UserRL settings)."""
+    """Hyper-parameters of the Stage II update (defaults: docs/reference/paper.md §4.1 Table 13 and UserRL settings)."""
 
     eps_low: float = 0.2  # Eq 6 lower clip range
     eps_high: float = 0.2  # Eq 6 upper clip range

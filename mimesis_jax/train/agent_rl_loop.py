@@ -1,4 +1,4 @@
-"""Stage II end to end (paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
+"""Stage II end to end (docs/reference/paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
 
     result = run(cfg, workdir)        # cfg: AgentRLConfig; resumes when workdir holds a checkpoint
     python -m mimesis_jax agentrl --config configs/tiny_agentrl_csd.py --workdir runs/agent [--set ...]

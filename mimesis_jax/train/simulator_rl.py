@@ -1,4 +1,4 @@
-"""Stage I, step 3 (paper.md §3.3, Eq 4, Table 7): joint multi-domain GRPO of ONE simulator with FoldGRPO.
+"""Stage I, step 3 (docs/reference/paper.md §3.3, Eq 4, Table 7): joint multi-domain GRPO of ONE simulator with FoldGRPO.
 
     result = run(cfg, workdir)       # cfg: SimRLConfig; resumes when workdir holds a checkpoint
     python -m mimesis_jax simrl --config configs/tiny_simrl.py --workdir runs/simrl [--set ...]
@@ -29,7 +29,7 @@ invalid_frac, skipped_groups, meta_narration_rate and reward/behaviour/<id> on t
 thought_words_mean, rollout_s / train_s, the update's loss / clip_frac / entropy; `val/<d>` every
 `validation.every` steps (temperature 0, one rollout per held-out record).
 
-Ablations (paper.md Appendix C): init.from_workdir = the mid-trained (SFT) checkpoint vs init.from_hf = the
+Ablations (docs/reference/paper.md Appendix C): init.from_workdir = the mid-trained (SFT) checkpoint vs init.from_hf = the
 pretrained one; rollout.thinking on/off; domains.behaviour on/off; domains.weights; rollout.fold.
 Hand-off: the trained simulator is exported with ``python -m mimesis_jax export --workdir DIR --out HFDIR`` and
 loaded (in process, `serve`, or an external engine such as vLLM) by the agent stage (README).
@@ -77,7 +77,7 @@ class DomainMixConfig:
     weights: tuple = ()  # ((domain, weight), ...): p(d) unnormalised; () = uniform over the 24 domains
     sources: tuple = ()  # ((domain, record file), ...); a domain without one uses its shipped samples
     behaviour: bool = True  # ablation: False never draws abcd_behaviour
-    neutral_share: float = 1.0 / 3.0  # ABCD: share of neutral customers (paper.md 3.4)
+    neutral_share: float = 1.0 / 3.0  # ABCD: share of neutral customers (docs/reference/paper.md 3.4)
     max_user_turns: int = 8  # ABCD: customer turns per dialogue
     soul_max_turns: int = 0  # multi-turn SOUL tasks' policy turns; 0 = each task's own limit
 
@@ -279,7 +279,7 @@ def _mean(xs) -> float:
 
 
 def fold_advantages(rollouts, *, fold: bool = True, eps: float = 1e-6, divide_std: bool = True):
-    """(segments, per-segment advantage lists) of the valid rollouts (FoldGRPO, paper.md 3.3)."""
+    """(segments, per-segment advantage lists) of the valid rollouts (FoldGRPO, docs/reference/paper.md 3.3)."""
     from mimesis_jax.algorithms import grpo
     from mimesis_jax.rollout.sim_episode import fold_inputs
 

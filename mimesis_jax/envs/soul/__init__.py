@@ -1,4 +1,4 @@
-"""The 23 SOUL task environments (paper.md 3.3): the simulator is the policy; see base.py for the protocol.
+"""The 23 SOUL task environments (docs/reference/paper.md 3.3): the simulator is the policy; see base.py for the protocol.
 
 Task modules are imported on first use: `task_names()` lists every task, `task_info(name)` describes one.
 """

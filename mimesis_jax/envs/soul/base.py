@@ -1,6 +1,6 @@
 """The SOUL task environments' shared machinery: registry, record loading, prompt templates, answer parsing, judging.
 
-SOUL (paper.md 3.3, environments.md) is a suite of user-/human-simulation tasks; Stage I's joint RL (Eq 4) treats
+SOUL (docs/reference/paper.md 3.3, docs/reference/environments.md) is a suite of user-/human-simulation tasks; Stage I's joint RL (Eq 4) treats
 each as one environment d with its own protocol and reward r_d in [0, 1]. The simulator is the policy
 (envs/sim_env.py): the task is put to it as a ``user`` message and it answers, or role-plays, as ``assistant``.
 This project writes its own version of each task from the protocols of the public OdysSim repository

@@ -1,4 +1,4 @@
-"""The eight UserRL gyms (environments.md; SalesforceAIResearch/UserRL), in this project's own code.
+"""The eight UserRL gyms (docs/reference/environments.md; SalesforceAIResearch/UserRL), in this project's own code.
 
     tasks = userrl.load_tasks("data/function_multiturn/train.parquet")     # or userrl.shipped_tasks("train")
     env = userrl.make_env(tasks[0], user=simulator, judge=judge_model)     # data_dir=None: the shipped gym files

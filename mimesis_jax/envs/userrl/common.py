@@ -11,7 +11,7 @@ user's earlier replies as `assistant` -- so a remote assistant model (UserRL's b
 A MIMESIS simulator, which writes `user` turns in its own framing, is wrapped in `rollout.base.SimulatorAsResponder`
 (the `rollout` command and the RL stages do this for local simulators), which swaps the two roles.
 
-Failure rules (paper.md 4.3, metrics.md): a user model that refuses its role (rollout/refusal.py) or any model
+Failure rules (docs/reference/paper.md 4.3, docs/reference/metrics.md): a user model that refuses its role (rollout/refusal.py) or any model
 call that fails raises `InvalidEpisode`, and the episode runner marks the episode INVALID with the reason -- never
 a reward of 0. A judge/classifier answer that does not parse is asked again once (same prompt); a second failure is
 INVALID too.

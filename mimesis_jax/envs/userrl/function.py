@@ -1,4 +1,4 @@
-"""FunctionGym (environments.md, "The gyms"): find a hidden arithmetic rule over four numbers, then answer it on
+"""FunctionGym (docs/reference/environments.md, "The gyms"): find a hidden arithmetic rule over four numbers, then answer it on
 the test case. No LLM takes part: the environment computes everything itself.
 
 Data: `functions.json` (UserRL's file name and format): a list of records

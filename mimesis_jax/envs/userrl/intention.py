@@ -1,4 +1,4 @@
-"""IntentionGym (environments.md, "The gyms"; evaluation only): uncover the missing details of a vague request.
+"""IntentionGym (docs/reference/environments.md, "The gyms"; evaluation only): uncover the missing details of a vague request.
 
 A task (one record of UserRL's `all_intentions_train.json` / `all_intentions_test.json`: `{"id", "category",
 "task", "missing_details": [{"description", "importance", "inquiry", "options"}]}`, importance 1-3, stored as a
@@ -31,7 +31,7 @@ Choices where UserRL is lenient, ambiguous or differs (written down, as the brie
 
 * UserRL's responder prompt formats the WHOLE task record into "ORIGINAL TASK REQUEST", so in practice its responder
   does see the missing details (with their options), although its code comment says it must not. Here the
-  responder sees only the request text and category (environments.md: "a responder that does not see the missing
+  responder sees only the request text and category (docs/reference/environments.md: "a responder that does not see the missing
   details"); `responder_sees_record=True` reproduces UserRL's behaviour by putting the record (JSON) in its place.
 * The evaluator answer must be a JSON object with a `covered_detail_indices` list; otherwise it is asked again
   once, then the episode is INVALID (UserRL counts an unparseable evaluator answer as "nothing covered").

@@ -1,6 +1,6 @@
 """Task mixtures over the UserRL gyms: which task files, in which proportions, filtered by prompt length.
 
-UserRL's training set (environments.md) is 2,426 rows -- Travel 925, Tau 500, Turtle 423, Persuade 378,
+UserRL's training set (docs/reference/environments.md) is 2,426 rows -- Travel 925, Tau 500, Turtle 423, Persuade 378,
 Function 200 -- with prompts of 1,152 tokens or more dropped; the evaluation set covers all eight gyms. A
 `MixtureConfig` names task sources (files/folders of verl rows, or `shipped:train` / `shipped:test` for the
 project's own tasks) and per-gym weights. `MixtureSampler` draws gym ~ weights, then a task of that gym uniformly

@@ -1,4 +1,4 @@
-"""PersuadeGym (environments.md, "The gyms"): talk the user out of a claim it holds.
+"""PersuadeGym (docs/reference/environments.md, "The gyms"): talk the user out of a claim it holds.
 
 The user model plays a *persuadee* who starts at "Strongly Agree" with a claim and the argument it gave for it
 (one record of UserRL's `all_statements_refined.json`: `{"id", "claim", "argument"}`). Each agent step sends one
@@ -14,7 +14,7 @@ Rules, as UserRL's PersuadeGym computes them:
   0.666667, 0.833333), then clipped to [0, 1] (UserRL's `normalize_rewards`; step penalty 0). Moving back toward
   agreement gives 0 and lowers the reference for the next step, so regained ground is rewarded again.
 * **termination**: the step whose new stance is "Strongly Disagree"; truncation after `max_steps` (UserRL's gym
-  default 20; the training/eval runs use 16 turns, environments.md).
+  default 20; the training/eval runs use 16 turns, docs/reference/environments.md).
 * **choices**: UserRL sends every action to the persuadee. `[action] x` and `[answer] x` pass the argument `x`;
   `[search] x` passes the text *with* its prefix, `"[search] x"` (UserRL strips only the action/answer prefixes).
   The task prompt advertises only `answer`.

@@ -1,4 +1,4 @@
-"""Search backends for SearchGym (environments.md: "this project defines a retriever interface, ships an offline
+"""Search backends for SearchGym (docs/reference/environments.md: "this project defines a retriever interface, ships an offline
 local corpus retriever for tests, and lets a user plug a web search API").
 
     retriever = BM25Retriever("mimesis_jax/envs/userrl/data/search_corpus.jsonl")

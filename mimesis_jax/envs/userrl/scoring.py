@@ -1,4 +1,4 @@
-"""Episode scores as UserRL reports them (environments.md, "Reported score"; UserRL's interact tool and eval script).
+"""Episode scores as UserRL reports them (docs/reference/environments.md, "Reported score"; UserRL's interact tool and eval script).
 
 * **training reward** -- UserRL's tool returns the MAX step reward of the conversation (0 when no step was taken);
   this is the scalar reward of an episode in RL.
@@ -8,7 +8,7 @@
 * **overall score** -- the mean of per-gym means weighted by each gym's number of unique tasks.
 
 INVALID episodes (user refusal, endpoint failure) have no score: these functions return None for them, and
-every aggregate here skips None and counts it apart (metrics.md: never averaged in as zeros).
+every aggregate here skips None and counts it apart (docs/reference/metrics.md: never averaged in as zeros).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SearchGym: answer a multi-hop question, searching step by step (environments.md, "The gyms" table: eval-only,
+"""SearchGym: answer a multi-hop question, searching step by step (docs/reference/environments.md, "The gyms" table: eval-only,
 "a search backend (top-5 results, at most 5 searches) + LLM judge", "1.0 for a correct answer").
 
 Rules (as UserRL's SearchGym, `gyms/SearchGym/searchgym/env/search_env.py`, with its default config and the
@@ -23,7 +23,7 @@ settings its tool's env manager uses: eval_method "llm", max_steps = the task's 
 Choices where UserRL is ambiguous or cannot be followed:
 * UserRL's `[finish]` (ends the episode, reward 0) cannot be sent through `interact_with_env` (choices are
   action/answer/search), so it is not implemented; text starting "[finish]" is an invalid action.
-* UserRL's judge call swallows every error into an "incorrect" verdict; here (paper.md 4.3) a judge whose answer
+* UserRL's judge call swallows every error into an "incorrect" verdict; here (docs/reference/paper.md 4.3) a judge whose answer
   does not parse is asked again once, then the episode is INVALID (`ask_parsed`). A verdict parses when the reply
   holds a JSON object whose "judgment" is "Yes" or "No" (any case; UserRL compares with "Yes" exactly and needs
   all three keys -- here reasoning/feedback are optional).

@@ -1,7 +1,7 @@
 """UserRL task records: loading verl task files (parquet as published, or the project's JSONL in the same row
 schema) and building the env of a task.
 
-A row (environments.md): `data_source` (e.g. `interact_function`), `prompt` (chat messages: system = environment
+A row (docs/reference/environments.md): `data_source` (e.g. `interact_function`), `prompt` (chat messages: system = environment
 description and tool rules, user = the task opening), `ability`, `reward_model` {env_name, id, ground_truth, style,
 per-gym fields}, `extra_info` {index, split, need_tools_kwargs, tools_kwargs.interact_with_env.create_kwargs}.
 The create arguments name the gym (`env_name`) and select the record in its data file (`id`; TurtleGym `title`).

@@ -1,4 +1,4 @@
-"""TauGym (environments.md, "The gyms"): tau-bench customer-service tasks behind UserRL's three choices.
+"""TauGym (docs/reference/environments.md, "The gyms"): tau-bench customer-service tasks behind UserRL's three choices.
 
 The agent serves a customer (the user model) at a store's support desk. It talks to the customer and calls the
 domain's tools, which read and change a JSON database; the reward is tau-bench's: 0/1, computed once, when the

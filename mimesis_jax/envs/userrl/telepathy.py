@@ -1,4 +1,4 @@
-"""TelepathyGym: twenty questions -- guess the entity the user has in mind (environments.md, the gym table;
+"""TelepathyGym: twenty questions -- guess the entity the user has in mind (docs/reference/environments.md, the gym table;
 UserRL's TelepathyGym, an evaluation-only gym here).
 
 Rules, as UserRL's `TelepathyEnv` with the create arguments of its `env_manager` (read there, written here in this

@@ -1,4 +1,4 @@
-"""TravelGym (UserRL; environments.md, "The gyms"): plan a trip for a traveller whose preferences are hidden.
+"""TravelGym (UserRL; docs/reference/environments.md, "The gyms"): plan a trip for a traveller whose preferences are hidden.
 
 A task is one scenario of UserRL's data files `travelgym_data_<n>.json` (n = the sorted per-aspect preference
 counts, e.g. 22, 33, 233). Each file is an object {scenario id: record}; the id (= the task's `create_kwargs.id`,

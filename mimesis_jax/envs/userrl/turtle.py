@@ -1,4 +1,4 @@
-"""TurtleGym: a "turtle soup" lateral-thinking riddle (environments.md, the gym table; UserRL's TurtleGym).
+"""TurtleGym: a "turtle soup" lateral-thinking riddle (docs/reference/environments.md, the gym table; UserRL's TurtleGym).
 
 The agent reads a short, puzzling riddle (the *surface*) and must explain the hidden story behind it (the
 *bottom*). Rules, as UserRL's `StoryEnv` with the create arguments of its `env_manager` (read there, written here
