@@ -13,7 +13,8 @@ from the FIRST ``<answer>`` tag only, as OdysSim's ``re.search`` does (a reply w
   name occurs in the answer as a whole word (case-insensitive).
 * ``*:binary`` -- ``correct_answer`` is ``yes``, ``no`` or ``no:long``. 1.0 when the answer says the right
   polarity and not the other one (`says_yes` / `says_no`: a hedge naming both scores 0).
-* ``fact*`` -- token F1 between `normalize_answer`-ed gold and answer: with c common tokens (multiset),
+* ``fact*`` -- token F1 between gold and answer normalised as OdysSim does (lower case, articles, then
+  punctuation removed): with c common tokens (multiset),
   p = c / |answer tokens|, r = c / |gold tokens|, F1 = 2pr / (p + r); 0 when c = 0 or either side is empty.
 
 Record (OdysSim's field names, one flattened question per row): ``context`` str (the conversation),
@@ -27,11 +28,12 @@ instructions; ``question`` str is used when it is absent -- one of the two is re
 from __future__ import annotations
 
 import re
+import string
 from collections import Counter
 
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.sim_env import SimTurn
-from mimesis_jax.envs.soul.base import ChoiceEnv, extract_tag, first_tag, normalize_answer, parse_choice, register
+from mimesis_jax.envs.soul.base import ChoiceEnv, extract_tag, first_tag, parse_choice, register
 
 MC_LETTERS = "ABCD"
 BINARY_GOLD = {"yes": "yes", "no": "no", "no:long": "no"}
@@ -77,9 +79,15 @@ def says_no(text: str) -> bool:
     return _says(text, ("no", "false"), (" no,", " no ", " no.", " does not know ", " doesn't know "))
 
 
+def _f1_norm(s: str) -> str:
+    """OdysSim's order: lower case, articles out, THEN punctuation out ("a.m." -> "m"), whitespace collapsed."""
+    s = re.sub(r"\b(a|an|the)\b", " ", s.lower())
+    return " ".join(s.translate(str.maketrans("", "", string.punctuation)).split())
+
+
 def token_f1(gold: str, predicted: str) -> float:
-    """SQuAD-style token F1 of `predicted` against `gold` (both `normalize_answer`-ed)."""
-    g, p = normalize_answer(gold).split(), normalize_answer(predicted).split()
+    """SQuAD-style token F1 of `predicted` against `gold` (both normalised as OdysSim does, `_f1_norm`)."""
+    g, p = _f1_norm(gold).split(), _f1_norm(predicted).split()
     common = sum((Counter(g) & Counter(p)).values())
     if not g or not p or common == 0:
         return 0.0
