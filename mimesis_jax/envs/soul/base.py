@@ -9,8 +9,10 @@ This project writes its own version of each task from the protocols of the publi
 Two protocol families:
 
 * ``choice`` -- multiple-choice / exact-answer tasks scored by accuracy, no judge (`ChoiceEnv`): the reply is
-  parsed by `parse_choice` (letters) or `parse_exact` (free answers); a reply with no parseable answer scores 0
-  (that is the policy's failure, not the environment's).
+  read exactly as the task's OdysSim agent reads it (the FIRST ``<answer>`` tag, only the forms it accepts, its
+  per-task fallbacks; lifechoices' one documented difference is in its module); a reply with no readable answer
+  scores 0 (that is the policy's failure, not the environment's). ``lenient=True`` keeps this project's earlier
+  forgiving reader (`parse_choice` / `parse_exact`), off by default since format compliance is part of r_d.
 * ``judge`` -- generation tasks scored by an LLM judge with a per-task rubric (`JudgeEnv`), single- or multi-turn
   (a fixed ``partner`` model plays the other side). The judge's score is parsed by `parse_score` and mapped to
   [0, 1]; an answer that does not parse is asked again once, then the episode is INVALID (`InvalidEpisode`).
@@ -18,7 +20,8 @@ Two protocol families:
 Records: every task reads JSONL, JSON (a list) or parquet rows. A row whose ``extra_info`` is an object is read
 from that object (OdysSim's verl parquet keeps each task's fields there); otherwise the row itself is the record.
 `SoulEnv.parse_record` checks the task's fields (``fields``: (key, types, optional)) and errors name the file,
-the record index and the field. Each task ships 3-10 invented records in ``samples/<task>.jsonl``.
+the record index and the field. A row's ``data_source`` must name the task loaded (OdysSim's own keys are aliases,
+`ODYSSIM_ALIASES`); `load_mixed` routes the rows of a file that mixes tasks. Each task ships 3-10 invented records in ``samples/<task>.jsonl``.
 
 Registering a task: subclass `ChoiceEnv` or `JudgeEnv`, set the class attributes documented on `SoulEnv`, and
 decorate with `@register`.
