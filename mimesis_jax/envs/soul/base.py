@@ -21,7 +21,8 @@ Records: every task reads JSONL, JSON (a list) or parquet rows. A row whose ``ex
 from that object (OdysSim's verl parquet keeps each task's fields there); otherwise the row itself is the record.
 `SoulEnv.parse_record` checks the task's fields (``fields``: (key, types, optional)) and errors name the file,
 the record index and the field. A row's ``data_source`` must name the task loaded (OdysSim's own keys are aliases,
-`ODYSSIM_ALIASES`); `load_mixed` routes the rows of a file that mixes tasks. Each task ships 3-10 invented records in ``samples/<task>.jsonl``.
+`ODYSSIM_ALIASES`); `load_mixed` routes the rows of a file that mixes tasks. Each task ships 3-10 invented
+records in ``samples/<task>.jsonl``.
 
 Registering a task: subclass `ChoiceEnv` or `JudgeEnv`, set the class attributes documented on `SoulEnv`, and
 decorate with `@register`.

@@ -7,8 +7,8 @@ from the FIRST ``<answer>`` tag only, as OdysSim's ``re.search`` does (a reply w
 ``question_type``, as in OdysSim:
 
 * ``tom:belief:*:multiple-choice`` -- the options are inside the question text; ``correct_answer`` is the option
-  index 0-3 (``a``-``d``). 1.0 when the tag holds exactly that letter, as OdysSim reads it: "b", "(b)", "b)", "b.", any case;
-  "b. text" or "Option B" score 0 (lenient: `parse_choice`).
+  index 0-3 (``a``-``d``). 1.0 when the tag holds exactly that letter, as OdysSim reads it: "b", "(b)", "b)",
+  "b.", any case; "b. text" or "Option B" score 0 (lenient: `parse_choice`).
 * ``*:list`` -- ``correct_answer`` / ``wrong_answer`` are name lists. 1.0 when every correct name and no wrong
   name occurs in the answer as a whole word (case-insensitive).
 * ``*:binary`` -- ``correct_answer`` is ``yes``, ``no`` or ``no:long``. 1.0 when the answer says the right

@@ -6,7 +6,8 @@ the record has them, the candidate locations are put to the policy, which reason
 location inside ``<answer></answer>``. The answer is the content of the FIRST ``<answer>`` tag, as OdysSim's
 ``re.search`` reads it; a reply without one scores 0 (``lenient=True``: `parse_exact`, the last tag, else the
 text after the last "Answer:", this project's earlier reader). Reward, as OdysSim: 1.0 when ``correct_answer``
-occurs in the answer as a whole word (case-insensitive) AND no other candidate does (so listing every candidate scores 0); else 0.0.
+occurs in the answer as a whole word (case-insensitive) AND no other candidate does (so listing every
+candidate scores 0); else 0.0.
 
 Record (OdysSim's field names): ``story`` (list of sentences, a Python-list literal string of them, or plain
 text), ``question`` str, ``correct_answer`` str; optional ``cands`` (list of str, or a Python-list literal

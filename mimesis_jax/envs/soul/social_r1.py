@@ -9,7 +9,8 @@ letter can be read). The valid letters are the option lines of the prompt ("A. .
 when the prompt has fewer than two such lines (options written inline), every letter A-Z counts, as in OdysSim.
 
 Record (OdysSim's field names): the question text as ``prompt_text`` str, else ``conversations[0].messages[0]
-.content`` (the upstream wrapper), else ``prompt`` str; the gold as ``answer_letter`` str, else (also when it is "", as OdysSim) ``answer_text``
+.content`` (the upstream wrapper), else ``prompt`` str; the gold as ``answer_letter`` str, else (also when it is "",
+as OdysSim) ``answer_text``
 str starting with the letter ("B. in the drawer"). A gold that is not a letter, or not among the prompt's option
 letters, is an `EnvError` (OdysSim falls back to the text's first character).
 """

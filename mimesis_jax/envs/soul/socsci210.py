@@ -6,7 +6,8 @@ to the policy together with this project's instructions: reason briefly about ho
 give the answer alone inside ``<answer></answer>``. No judge and no partner.
 
 Reward (a numeric closeness, not plain accuracy; r_d of Eq 4). The content of the FIRST ``<answer>`` tag (OdysSim's
-``re.search``; ``lenient=True``: the last tag, this project's earlier reader) must be exactly an integer (binary outcomes also accept ``yes`` = 1 / ``no`` = 0); anything else scores 0.
+``re.search``; ``lenient=True``: the last tag, this project's earlier reader) must be
+exactly an integer (binary outcomes also accept ``yes`` = 1 / ``no`` = 0); anything else scores 0.
 
 * ``ordinal`` (the default):  r = 1 - |clip(pred, r_min, r_max) - response| / (r_max - r_min), in [0, 1];
 * ``binary`` / ``categorical``: r = 1 if pred == response else 0.
