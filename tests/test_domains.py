@@ -141,3 +141,77 @@ def test_behaviour_and_multi_turn_soul_episodes_with_the_tiny_simulator():
             if s.group_id == g:
                 r = x.reward if s.rollout_id == x.rollout_id else y.reward
                 assert a == pytest.approx((r - m) / (sd + 1e-6))
+
+
+# ------------------------------------------------------------------ issue 22: routing by data_source, OdysSim keys
+# OdysSim's route keys (agents/base_agent.py `_ROUTES`) that name one of this project's SOUL tasks, and that task.
+ODYSSIM_KEYS = {
+    "fantom": "fantom", "hitom": "hitom", "lifechoices": "lifechoices", "mirrorbench": "mirrorbench",
+    "mistakes": "mistakes", "paratomi": "paratomi", "userllm": "userllm", "coser": "coser", "twinvoice": "twinvoice",
+    "sotopia": "sotopia", "sotopia_hint": "sotopia", "social_r1": "social_r1", "sim_arena_math": "sim_math",
+    "sim_arena_doc": "sim_doc", "behavior_chain": "behaviorchain", "alignx": "alignx", "alignx_demo": "alignx",
+    "alignx_pair": "alignx", "alignx_ugc": "alignx", "alignx_arbitrary": "alignx", "alignx_history16": "alignx",
+    "humanllm": "humanllm", "socsci210": "socsci210", "humanual-book": "humanual_book",
+    "humanual-chat": "humanual_chat", "humanual-email": "humanual_email", "humanual-news": "humanual_news",
+    "humanual-opinion": "humanual_opinion", "humanual-politics": "humanual_politics",
+}
+
+
+def _sample_rows(task):
+    from mimesis_jax.envs.soul import base
+    return base.read_rows(base.sample_path(task))
+
+
+@pytest.mark.parametrize("key,task", sorted(ODYSSIM_KEYS.items()))
+def test_odyssim_task_keys_name_our_domains(key, task):
+    assert D.domain(key).name == task
+
+
+def test_load_records_rejects_a_row_of_another_task(tmp_path):
+    from mimesis_jax.envs import soul
+    rows = [{"data_source": "paratomi", "extra_info": _sample_rows("paratomi")[0]},
+            {"data_source": "hitom", "extra_info": _sample_rows("hitom")[0]}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(EnvError, match=r"record 1 \(task paratomi\): field 'data_source' is 'hitom', not task "
+                                       r"'paratomi'"):
+        soul.load_records("paratomi", path)
+    # a file of one task written with OdysSim's key loads under our name and under the key itself
+    path2 = tmp_path / "bc.jsonl"
+    path2.write_text("".join(json.dumps({"data_source": "behavior_chain", "extra_info": r}) + "\n"
+                             for r in _sample_rows("behaviorchain")))
+    want = soul.sample_records("behaviorchain")
+    assert soul.load_records("behaviorchain", path2) == want
+    assert soul.load_records("behavior_chain", path2) == want
+    assert D.domain("behavior_chain").load(path2) == want
+
+
+def test_load_mixed_routes_each_row_to_its_task(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from mimesis_jax.envs import soul
+    plan = [("hitom", "hitom"), ("behavior_chain", "behaviorchain"), ("humanual-book", "humanual_book"),
+            ("sim_arena_math", "sim_math"), ("paratomi", "paratomi")]
+    rows, want = [], {}
+    for key, task in plan:
+        for r in _sample_rows(task):
+            rows.append({"data_source": key, "extra_info": json.dumps(r)})
+        want[task] = soul.sample_records(task)
+    rows = rows[::2] + rows[1::2]  # interleave tasks
+    path = tmp_path / "odyssim.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    got = D.load_mixed(path)
+    assert set(got) == set(want)
+    for task in want:
+        assert sorted(got[task], key=json.dumps) == sorted(want[task], key=json.dumps), task
+
+
+@pytest.mark.parametrize("row,match", [
+    ({"extra_info": {"x": 1}}, r"record 0: missing field 'data_source'"),
+    ({"data_source": "mmtom", "extra_info": {"x": 1}}, r"record 0: field 'data_source' 'mmtom' is not a SOUL task"),
+])
+def test_load_mixed_errors_name_the_row(tmp_path, row, match):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(EnvError, match=match):
+        D.load_mixed(path)

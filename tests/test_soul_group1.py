@@ -88,7 +88,6 @@ _P, _R = 1 / 4, 1 / 4  # fact F1 below: 1 common token of 4 answer tokens and 4 
     ("fantom", 5, "<answer>Porto</answer>", 0.0, "Porto"),
     # paratomi (gold wooden_crate, other candidate tin_bucket)
     ("paratomi", 0, "Hana did not see the move. <answer>wooden_crate</answer>", 1.0, "wooden_crate"),
-    ("paratomi", 0, "Answer: the wooden_crate", 1.0, "the wooden_crate"),
     ("paratomi", 0, "<answer>wooden_crate or tin_bucket</answer>", 0.0, "wooden_crate or tin_bucket"),
     ("paratomi", 0, "<answer>tin_bucket</answer>", 0.0, "tin_bucket"),
     ("paratomi", 0, "<answer>big_wooden_crate</answer>", 0.0, "big_wooden_crate"),
@@ -97,7 +96,6 @@ _P, _R = 1 / 4, 1 / 4  # fact F1 below: 1 common token of 4 answer tokens and 4 
     # lifechoices (gold B; record 1: "B. ..." gold over 3 options)
     ("lifechoices", 0, "<answer>B</answer>", 1.0, "B"),
     ("lifechoices", 0, "<answer>A</answer>", 0.0, "A"),
-    ("lifechoices", 0, "Refuse and report the harbour master to the regional council.", 1.0, "B"),
     ("lifechoices", 0, "Hard to say what she would do.", 0.0, None),
     ("lifechoices", 1, "<answer>b</answer>", 1.0, "B"),
     ("lifechoices", 1, "<answer>D</answer>", 0.0, None),                         # not an offered letter
@@ -114,6 +112,21 @@ _P, _R = 1 / 4, 1 / 4  # fact F1 below: 1 common token of 4 answer tokens and 4 
 ])
 def test_reply_scores(name, index, reply, reward, predicted):
     env, _ = _env(name, index)
+    turn = env.step("thinking", reply)
+    assert turn.done and turn.reward == pytest.approx(reward, abs=1e-12)
+    assert turn.info["predicted"] == predicted and turn.info["parsed"] == (predicted is not None)
+    assert turn.info["correct"] == (reward == 1.0)
+
+
+# Issue 22: the default reader is OdysSim's (tests/test_soul_odyssim.py); these cases assert the earlier forgiving
+# reader, kept behind lenient=True (moved here from test_reply_scores, assertions unchanged).
+@pytest.mark.parametrize("name,index,reply,reward,predicted", [
+    ("paratomi", 0, "Answer: the wooden_crate", 1.0, "the wooden_crate"),
+    ("lifechoices", 0, "Refuse and report the harbour master to the regional council.", 1.0, "B"),
+])
+def test_reply_scores_lenient(name, index, reply, reward, predicted):
+    env = base.make_env(name, base.sample_records(name)[index], lenient=True)
+    env.reset()
     turn = env.step("thinking", reply)
     assert turn.done and turn.reward == pytest.approx(reward, abs=1e-12)
     assert turn.info["predicted"] == predicted and turn.info["parsed"] == (predicted is not None)

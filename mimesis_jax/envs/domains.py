@@ -91,14 +91,26 @@ def domains() -> dict[str, Domain]:
 
 
 def domain(name: str) -> Domain:
+    """The domain `name`; OdysSim's own task keys (``behavior_chain``, ``sim_arena_math``, ``humanual-book``, ...,
+    `soul.ODYSSIM_ALIASES`) name the same domains as this project's names."""
     if name == BEHAVIOUR_DOMAIN:
         return _behaviour_domain()
     from mimesis_jax.envs import soul
+    name = soul.ODYSSIM_ALIASES.get(name, name)
     try:
         soul.task_info(name)
     except EnvError:
         raise EnvError(f"unknown domain {name!r}; domains: {[BEHAVIOUR_DOMAIN] + soul.task_names()}") from None
     return _soul_domain(name)
+
+
+def load_mixed(path: str | os.PathLike) -> dict[str, list]:
+    """The records of a file that mixes SOUL tasks (e.g. an OdysSim verl parquet), routed to their domains by each
+    row's ``data_source`` (OdysSim's keys accepted): {domain: [record, ...]}. A row without one, or naming no
+    task, is an error naming the row (`soul.load_mixed`)."""
+    from mimesis_jax.envs import soul
+
+    return soul.load_mixed(path)
 
 
 def default_weights() -> dict[str, float]:

@@ -80,6 +80,9 @@ class AlignX(ChoiceEnv):
         return {**record, "icl_pairs": _items(record, "icl_pairs", PAIR_KEYS, where),
                 "ugc": _items(record, "ugc", COMMENT_KEYS, where)}
 
+    answer_letters = "AB"        # OdysSim: <answer>\s*([AB])\s*</answer> with no re.IGNORECASE:
+    answer_ignore_case = False  # <answer>b</answer> and <ANSWER>B</ANSWER> score 0 there and here
+
     def options(self):
         chosen, rejected = self.record["chosen"].strip(), self.record["rejected"].strip()
         a, b = (rejected, chosen) if chosen_is_b(self.record.get("index") or 0) else (chosen, rejected)

@@ -9,8 +9,10 @@ This project writes its own version of each task from the protocols of the publi
 Two protocol families:
 
 * ``choice`` -- multiple-choice / exact-answer tasks scored by accuracy, no judge (`ChoiceEnv`): the reply is
-  parsed by `parse_choice` (letters) or `parse_exact` (free answers); a reply with no parseable answer scores 0
-  (that is the policy's failure, not the environment's).
+  read exactly as the task's OdysSim agent reads it (the FIRST ``<answer>`` tag, only the forms it accepts, its
+  per-task fallbacks; lifechoices' one documented difference is in its module); a reply with no readable answer
+  scores 0 (that is the policy's failure, not the environment's). ``lenient=True`` keeps this project's earlier
+  forgiving reader (`parse_choice` / `parse_exact`), off by default since format compliance is part of r_d.
 * ``judge`` -- generation tasks scored by an LLM judge with a per-task rubric (`JudgeEnv`), single- or multi-turn
   (a fixed ``partner`` model plays the other side). The judge's score is parsed by `parse_score` and mapped to
   [0, 1]; an answer that does not parse is asked again once, then the episode is INVALID (`InvalidEpisode`).
@@ -18,7 +20,9 @@ Two protocol families:
 Records: every task reads JSONL, JSON (a list) or parquet rows. A row whose ``extra_info`` is an object is read
 from that object (OdysSim's verl parquet keeps each task's fields there); otherwise the row itself is the record.
 `SoulEnv.parse_record` checks the task's fields (``fields``: (key, types, optional)) and errors name the file,
-the record index and the field. Each task ships 3-10 invented records in ``samples/<task>.jsonl``.
+the record index and the field. A row's ``data_source`` must name the task loaded (OdysSim's own keys are aliases,
+`ODYSSIM_ALIASES`); `load_mixed` routes the rows of a file that mixes tasks. Each task ships 3-10 invented
+records in ``samples/<task>.jsonl``.
 
 Registering a task: subclass `ChoiceEnv` or `JudgeEnv`, set the class attributes documented on `SoulEnv`, and
 decorate with `@register`.
@@ -155,8 +159,48 @@ def _unwrap(row: Any, where: str) -> dict:
     return dict(extra) if isinstance(extra, dict) else row
 
 
+# OdysSim's own task keys (the ``data_source`` of its verl rows, ``agents/base_agent.py`` routes) that differ from
+# this project's task names. "humanual" (no domain suffix) is accepted by every humanual_* task.
+ODYSSIM_ALIASES = {
+    "behavior_chain": "behaviorchain",
+    "sim_arena_math": "sim_math",
+    "sim_arena_doc": "sim_doc",
+    "sotopia_hint": "sotopia",
+    "alignx_demo": "alignx", "alignx_pair": "alignx", "alignx_ugc": "alignx", "alignx_arbitrary": "alignx",
+    "alignx_history16": "alignx",
+    **{f"humanual-{d}": f"humanual_{d}" for d in ("book", "chat", "email", "news", "opinion", "politics")},
+}
+
+
+def canonical_task(key: str) -> str:
+    """This project's task name for `key` (ours, or OdysSim's alias of it); unknown: an EnvError."""
+    name = ODYSSIM_ALIASES.get(key, key)
+    task_info(name)
+    return name
+
+
+def _data_source(row: Any) -> str | None:
+    """A row's ``data_source`` (the verl row's own, else its extra_info's), or None."""
+    if not isinstance(row, dict):
+        return None
+    ds = row.get("data_source")
+    if ds is None and isinstance(row.get("extra_info"), dict):
+        ds = row["extra_info"].get("data_source")
+    return ds if isinstance(ds, str) and ds.strip() else None
+
+
+def _source_matches(ds: str, name: str) -> bool:
+    ds = ds.strip()
+    if ds == "humanual":
+        return name.startswith("humanual_")
+    return ODYSSIM_ALIASES.get(ds, ds) == name
+
+
 def load_records(name: str, path: str | os.PathLike) -> list[dict]:
-    """Every record of task `name` in `path`, checked by the task's `parse_record`."""
+    """Every record of task `name` in `path`, checked by the task's `parse_record`. A row whose ``data_source``
+    names another task (OdysSim's keys accepted as aliases, `ODYSSIM_ALIASES`) is an error naming the row and
+    both names (for a file mixing tasks use `load_mixed`)."""
+    name = ODYSSIM_ALIASES.get(name, name)
     cls = task_info(name).env_class
     rows = read_rows(path)
     if not rows:
@@ -164,7 +208,33 @@ def load_records(name: str, path: str | os.PathLike) -> list[dict]:
     out = []
     for i, row in enumerate(rows):
         where = f"{path}, record {i} (task {name})"
+        ds = _data_source(row)
+        if ds is not None and not _source_matches(ds, name):
+            raise EnvError(f"{where}: field 'data_source' is {ds!r}, not task {name!r} (a mixed file loads with "
+                           f"domains.load_mixed)")
         out.append(cls.parse_record(_unwrap(row, where), where))
+    return out
+
+
+def load_mixed(path: str | os.PathLike) -> dict[str, list[dict]]:
+    """The records of a file mixing tasks (an OdysSim verl parquet), routed by each row's ``data_source``:
+    {task: [record, ...]} in file order. A row without ``data_source``, or naming no SOUL task, is an error naming
+    the row; the bare "humanual" key names no single task and is an error too."""
+    rows = read_rows(path)
+    if not rows:
+        raise EnvError(f"SOUL record file {path} holds no records")
+    out: dict[str, list[dict]] = {}
+    for i, row in enumerate(rows):
+        ds = _data_source(row)
+        if ds is None:
+            raise EnvError(f"{path}, record {i}: missing field 'data_source' (needed to route a mixed file)")
+        try:
+            name = canonical_task(ds.strip())
+        except EnvError:
+            raise EnvError(f"{path}, record {i}: field 'data_source' {ds!r} is not a SOUL task or OdysSim alias; "
+                           f"tasks: {task_names()}") from None
+        where = f"{path}, record {i} (task {name})"
+        out.setdefault(name, []).append(task_info(name).env_class.parse_record(_unwrap(row, where), where))
     return out
 
 
@@ -217,6 +287,21 @@ def stored_prompt(record: dict, where: str, fallback: str | None = None) -> str:
 
 # ------------------------------------------------------------------------------------ answer parsing
 _TAG_RE = {}
+
+
+def first_tag(text: str | None, tag: str = "answer") -> str | None:
+    """The content of the FIRST <tag>...</tag> in `text` (case-insensitive tag, DOTALL, stripped), else None: what
+    OdysSim's agents read (``re.search``)."""
+    m = re.search(rf"<{tag}>(.*?)</{tag}>", text or "", re.DOTALL | re.IGNORECASE)
+    return m.group(1).strip() if m else None
+
+
+def tagged_letter(text: str | None, letter_class: str, ignore_case: bool = True) -> str | None:
+    """OdysSim's strict letter reader: the first ``<answer>\\s*X\\s*</answer>`` whose X is one character of
+    `letter_class` (a regex class body, e.g. "ABCD"), upper-cased; else None. Note ``re.search`` of the whole
+    pattern: a first tag that holds something else is skipped for a later one that holds a bare letter."""
+    m = re.search(rf"<answer>\s*([{letter_class}])\s*</answer>", text or "", re.IGNORECASE if ignore_case else 0)
+    return m.group(1).upper() if m else None
 
 
 def extract_tag(text: str, tag: str = "answer") -> str | None:
@@ -373,8 +458,11 @@ class SoulEnv(SimEnv):
     def __init__(self, record: dict, *, judge=None, partner=None, seed: int | None = None,
                  max_turns: int | None = None, judge_temperature: float | None = 0.0,
                  judge_max_tokens: int | None = None, partner_temperature: float | None = None,
-                 partner_max_tokens: int | None = None):
+                 partner_max_tokens: int | None = None, lenient: bool = False):
         self.record, self.judge, self.partner, self.seed = record, judge, partner, seed
+        if not isinstance(lenient, bool):
+            raise EnvError(f"SOUL task {self.name!r}: lenient must be true or false, got {lenient!r}")
+        self.lenient = lenient
         if max_turns is not None:
             if not isinstance(max_turns, int) or max_turns < 1:
                 raise EnvError(f"SOUL task {self.name!r}: max_turns must be a positive integer, got {max_turns!r}")
@@ -442,13 +530,23 @@ class SoulEnv(SimEnv):
 class ChoiceEnv(SoulEnv):
     """Accuracy-scored tasks: one question, one answer, reward 1.0 when the parsed answer is right else 0.0.
 
+    Reading the answer (issue 22): by default each task reads the reply exactly as its OdysSim agent does
+    (`strict_extract`): for the letter tasks the FIRST ``<answer>X</answer>`` holding one letter of
+    `answer_letters` (``re.search``; case-insensitive unless `answer_ignore_case` is False); an untagged answer,
+    ``(B)``, ``B. text``, bare option text or ``Option B`` inside the tag scores 0, as there -- format compliance
+    is part of r_d. ``lenient=True`` (an env option) restores this project's earlier, forgiving reader
+    (`parse_choice` / `parse_exact`: the LAST tag, boxed / "answer is X" / bare-letter / option-text fallbacks);
+    it changes the training signal and is off by default.
+
     Hooks: `initial_messages()`, `letters()` (the option letters; empty for exact-answer tasks), `options()`
-    (letter -> text, optional), `gold()` (the right letter, or the right answer text), `extract(utterance)`,
+    (letter -> text, optional), `gold()` (the right letter, or the right answer text), `strict_extract(utterance)`,
     `is_correct(predicted)`."""
 
     family = "choice"
     multi_turn = False
     max_policy_turns = 1
+    answer_letters = "ABCD"    # the regex class OdysSim's tag pattern reads
+    answer_ignore_case = True
 
     def letters(self) -> list[str]:
         return sorted(self.options())
@@ -459,7 +557,12 @@ class ChoiceEnv(SoulEnv):
     def gold(self) -> str:
         raise NotImplementedError
 
+    def strict_extract(self, utterance: str) -> str | None:
+        return tagged_letter(utterance, self.answer_letters, self.answer_ignore_case)
+
     def extract(self, utterance: str) -> str | None:
+        if not self.lenient:
+            return self.strict_extract(utterance)
         letters = self.letters()
         if letters:
             return parse_choice(utterance, letters, self.options() or None)
@@ -473,6 +576,9 @@ class ChoiceEnv(SoulEnv):
     def step(self, thought: str | None, utterance: str | None) -> SimTurn:
         self.replies.append(utterance)
         predicted = self.extract(utterance) if utterance else None
+        letters = self.letters()
+        if predicted is not None and letters and predicted.upper() not in letters:
+            predicted = None  # a letter that is not offered is no answer (the reward is 0 either way, as OdysSim)
         correct = predicted is not None and self.is_correct(predicted)
         return SimTurn(done=True, reward=1.0 if correct else 0.0,
                        info={"predicted": predicted, "gold": self.gold(), "correct": correct,

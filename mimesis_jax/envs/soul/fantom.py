@@ -2,16 +2,19 @@
 
 Protocol (OdysSim ``agents/fantom``, this project's wording): a conversation, optional notes and one question are
 put to the policy, which reasons and writes its final answer inside ``<answer></answer>``. The answer is read
-from the LAST ``<answer>`` tag only (a reply without one scores 0). Reward r_d in [0, 1] depends on
+from the FIRST ``<answer>`` tag only, as OdysSim's ``re.search`` does (a reply without one scores 0;
+``lenient=True`` reads the last tag, this project's earlier reader). Reward r_d in [0, 1] depends on
 ``question_type``, as in OdysSim:
 
 * ``tom:belief:*:multiple-choice`` -- the options are inside the question text; ``correct_answer`` is the option
-  index 0-3 (``a``-``d``). 1.0 when the tag holds that letter (read by `parse_choice`: "b", "(b)", "b." ...).
+  index 0-3 (``a``-``d``). 1.0 when the tag holds exactly that letter, as OdysSim reads it: "b", "(b)", "b)",
+  "b.", any case; "b. text" or "Option B" score 0 (lenient: `parse_choice`).
 * ``*:list`` -- ``correct_answer`` / ``wrong_answer`` are name lists. 1.0 when every correct name and no wrong
   name occurs in the answer as a whole word (case-insensitive).
 * ``*:binary`` -- ``correct_answer`` is ``yes``, ``no`` or ``no:long``. 1.0 when the answer says the right
   polarity and not the other one (`says_yes` / `says_no`: a hedge naming both scores 0).
-* ``fact*`` -- token F1 between `normalize_answer`-ed gold and answer: with c common tokens (multiset),
+* ``fact*`` -- token F1 between gold and answer normalised as OdysSim does (lower case, articles, then
+  punctuation removed): with c common tokens (multiset),
   p = c / |answer tokens|, r = c / |gold tokens|, F1 = 2pr / (p + r); 0 when c = 0 or either side is empty.
 
 Record (OdysSim's field names, one flattened question per row): ``context`` str (the conversation),
@@ -25,11 +28,12 @@ instructions; ``question`` str is used when it is absent -- one of the two is re
 from __future__ import annotations
 
 import re
+import string
 from collections import Counter
 
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.sim_env import SimTurn
-from mimesis_jax.envs.soul.base import ChoiceEnv, extract_tag, normalize_answer, parse_choice, register
+from mimesis_jax.envs.soul.base import ChoiceEnv, extract_tag, first_tag, parse_choice, register
 
 MC_LETTERS = "ABCD"
 BINARY_GOLD = {"yes": "yes", "no": "no", "no:long": "no"}
@@ -75,9 +79,15 @@ def says_no(text: str) -> bool:
     return _says(text, ("no", "false"), (" no,", " no ", " no.", " does not know ", " doesn't know "))
 
 
+def _f1_norm(s: str) -> str:
+    """OdysSim's order: lower case, articles out, THEN punctuation out ("a.m." -> "m"), whitespace collapsed."""
+    s = re.sub(r"\b(a|an|the)\b", " ", s.lower())
+    return " ".join(s.translate(str.maketrans("", "", string.punctuation)).split())
+
+
 def token_f1(gold: str, predicted: str) -> float:
-    """SQuAD-style token F1 of `predicted` against `gold` (both `normalize_answer`-ed)."""
-    g, p = normalize_answer(gold).split(), normalize_answer(predicted).split()
+    """SQuAD-style token F1 of `predicted` against `gold` (both normalised as OdysSim does, `_f1_norm`)."""
+    g, p = _f1_norm(gold).split(), _f1_norm(predicted).split()
     common = sum((Counter(g) & Counter(p)).values())
     if not g or not p or common == 0:
         return 0.0
@@ -149,7 +159,11 @@ class FanToM(ChoiceEnv):
         """(reward, what was read from the answer) for the text inside the <answer> tag."""
         kind, gold = self.kind(), self.gold()
         if kind == "choice":
-            letter = parse_choice(answer, MC_LETTERS)
+            if self.lenient:
+                letter = parse_choice(answer, MC_LETTERS)
+            else:  # OdysSim: the whole tag content is one letter a-d, optionally "(b)", "b)", "b."
+                m = re.match(r"^\(?([a-d])\)?\.?$", answer.strip().lower())
+                letter = m.group(1).upper() if m else None
             return (1.0 if letter == gold else 0.0), letter
         if kind == "list":
             wrong = name_list(self.record.get("wrong_answer") or [])
@@ -163,7 +177,8 @@ class FanToM(ChoiceEnv):
 
     def step(self, thought, utterance):
         self.replies.append(utterance)
-        answer = extract_tag(utterance) if utterance else None
+        # OdysSim reads the FIRST <answer> tag (lenient: this project's earlier reader, the last one)
+        answer = (extract_tag(utterance) if self.lenient else first_tag(utterance)) if utterance else None
         reward, predicted = self.score(answer) if answer else (0.0, None)
         return SimTurn(done=True, reward=reward,
                        info={"predicted": predicted, "gold": self.gold(), "correct": reward == 1.0,

@@ -43,8 +43,14 @@ class HiToM(ChoiceEnv):
             raise EnvError(f"{where}: field 'correct_answer' {record['correct_answer']!r} is not one of the choices")
         return record
 
+    answer_letters = "A-Z"  # OdysSim: <answer>\s*([A-Z])\s*</answer>, case-insensitive
+
     def options(self):
         return split_choices(self.record["choices"])
+
+    def is_correct(self, predicted):
+        # OdysSim: the letter must name a parsed choice whose text equals correct_answer
+        return self.options().get(predicted.upper(), "").strip() == self.record["correct_answer"].strip()
 
     def gold(self):
         want = self.record["correct_answer"].strip()

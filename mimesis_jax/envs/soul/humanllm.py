@@ -6,9 +6,9 @@ each "History N:" entry put on its own line) and the candidates relabelled "A: .
 A-T), and answers its top 5 guesses, most likely first, as ``<answer>C,A,M,B,K</answer>``.
 
 Reward (r_d of Eq 4; reciprocal rank, no judge): r = 1 / rank of the true item within the 5 letters, 0 when it is
-not among them. The last ``<answer>`` must hold exactly 5 distinct upper-case letters, comma separated (spaces
-around the commas are tolerated, unlike OdysSim's strict pattern), each naming an existing candidate; anything
-else scores 0.
+not among them. As OdysSim: the first ``<answer>X1,X2,X3,X4,X5</answer>`` (5 distinct upper-case
+letters, commas, no spaces, lower-case tag) is read, each letter naming an existing candidate; anything else
+scores 0. (``lenient=True``: the last tag, spaces around the commas tolerated, this project's earlier reader.)
 
 Record (OdysSim's field names): ``prompt_text`` str (else ``conversations[0].messages[0].content``), ``candidates``
 list of 5-20 str (in "Candidate 1..N" order), ``answer_index`` int (0-based index of the true item); optional
@@ -44,8 +44,23 @@ def history_lines(text: str) -> str:
     return "\n".join([head] + entries if head else entries)
 
 
-def parse_ranking(text: str | None, n_candidates: int) -> list[int] | None:
-    """The 0-based candidate indices of the last <answer>: exactly TOP_K distinct letters naming candidates."""
+_STRICT_RE = re.compile(r"<answer>([A-T](?:,[A-T]){%d})</answer>" % (TOP_K - 1))
+
+
+def parse_ranking(text: str | None, n_candidates: int, lenient: bool = False) -> list[int] | None:
+    """The 0-based candidate indices of the answer: exactly TOP_K distinct letters naming candidates.
+
+    Default, as OdysSim: the first match of ``<answer>X1,X2,X3,X4,X5</answer>`` -- upper-case A-T letters and
+    commas only (no spaces, case-sensitive tag), so a differently written tag is skipped for a later exact one.
+    lenient: the last <answer> tag, spaces around the letters allowed (this project's earlier reader)."""
+    if not lenient:
+        m = _STRICT_RE.search(text or "")
+        if not m:
+            return None
+        letters = m.group(1).split(",")
+        if len(set(letters)) != TOP_K or any(LETTERS.index(x) >= n_candidates for x in letters):
+            return None
+        return [LETTERS.index(x) for x in letters]
     inner = extract_tag(text or "")
     if inner is None:
         return None
@@ -99,7 +114,7 @@ class HumanLLM(SoulEnv):
 
     def step(self, thought, utterance):
         self.replies.append(utterance)
-        ranking = parse_ranking(utterance, len(self.record["candidates"]))
+        ranking = parse_ranking(utterance, len(self.record["candidates"]), self.lenient)
         gold = self.record["answer_index"]
         rank = ranking.index(gold) + 1 if ranking and gold in ranking else None
         return SimTurn(done=True, reward=1.0 / rank if rank else 0.0,

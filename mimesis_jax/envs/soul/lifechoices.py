@@ -4,9 +4,15 @@ Eq 4).
 Protocol (OdysSim ``agents/lifechoices``, this project's wording): the policy plays a book character given the
 character's name, memories (``input_text``), a scenario, a question and lettered options, and gives the letter
 of the choice the character would make inside ``<answer></answer>``. Reward: 1.0 when the letter read by
-`parse_choice` equals the first letter of ``Correct Answer``, else 0.0. (OdysSim's reader also falls back to the
-first A-D character anywhere in the upper-cased reply, which would count almost any reply as an answer; here a
-reply with no readable answer scores 0.)
+`read_choice` equals the first letter of ``Correct Answer``, else 0.0.
+
+Reading the letter follows OdysSim's ``extract_choice``: the reply is stripped and upper-cased; a reply that is
+just A-D is that letter; else the first match, in order, of ``<answer>X</answer>``, a leading ``X.``/``X)``/
+``X:``/``X,``, ``CHOICE X``, ``ANSWER X``, ``(X)``, a trailing X. ONE DIFFERENCE, on purpose: OdysSim's last
+fallback is the first A-D character anywhere in the upper-cased reply, which is usually the A of ``<ANSWER>``
+itself or a letter inside a word ("I THINK..." -> no, "BECAUSE" -> B); this project's last fallback is the first
+STANDALONE A-D (not inside a word), so a reply with no letter of its own scores 0. (``lenient=True`` keeps the
+earlier `parse_choice` reader.)
 
 Record (OdysSim's field names): ``character_name`` str, ``input_text`` str (the character's memories),
 ``Multiple Choice Question`` object with ``Scenario`` str, ``Question`` str, ``Options`` list of 2-4 str (lettered
@@ -16,11 +22,31 @@ A, B, ... in order) and ``Correct Answer`` str (a letter, possibly followed by t
 
 from __future__ import annotations
 
+import re
+
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.model_io import field
 from mimesis_jax.envs.soul.base import ChoiceEnv, register
 
 MCQ = "Multiple Choice Question"
+_PATTERNS = (r"<answer>\s*([ABCD])\s*</answer>", r"^([ABCD])\s*[.):,]", r"choice[:\s]+([ABCD])",
+             r"answer[:\s]+([ABCD])", r"\(([ABCD])\)", r"^([ABCD])$", r"([ABCD])\s*$")
+_STANDALONE = re.compile(r"(?<![A-Z0-9_])([ABCD])(?![A-Z0-9_])")
+
+
+def read_choice(reply: str | None) -> str | None:
+    """The chosen letter as OdysSim's lifechoices reader finds it, except the last fallback (module docstring)."""
+    if not reply:
+        return None
+    text = reply.strip().upper()
+    if text in ("A", "B", "C", "D"):
+        return text
+    for pattern in _PATTERNS:
+        m = re.search(pattern, text, re.IGNORECASE)
+        if m:
+            return m.group(1).upper()
+    m = _STANDALONE.search(text)  # OdysSim: the first A-D character anywhere (see the module docstring)
+    return m.group(1) if m else None
 
 
 @register
@@ -46,6 +72,9 @@ class LifeChoices(ChoiceEnv):
             raise EnvError(f"{inner}: field 'Correct Answer' {mcq['Correct Answer']!r} is not one of the option "
                            f"letters {', '.join(letters)}")
         return record
+
+    def strict_extract(self, utterance):
+        return read_choice(utterance)
 
     def options(self):
         return {"ABCD"[i]: text.strip() for i, text in enumerate(self.record[MCQ]["Options"])}

@@ -4,8 +4,8 @@ one SOUL domain of Eq 4).
 Protocol (OdysSim ``agents/mistakes``, this project's wording): a system message casts the policy as a K-12
 student who holds a given misconception; the user message gives the question, its lettered options and the
 misconception. The policy reasons as that student and gives the letter the student would pick inside
-``<answer></answer>``. Reward: 1.0 when the letter read by `parse_choice` equals ``TargetOption`` (the wrong
-option the misconception leads to), else 0.0.
+``<answer></answer>``. Reward: 1.0 when the letter read as OdysSim reads it (`ChoiceEnv`: the first
+``<answer>X</answer>``, X in A-D) equals ``TargetOption`` (the wrong option the misconception leads to), else 0.0.
 
 Record (OdysSim's field names; the agent also reads the lower-case alias after the slash): ``QuestionText`` /
 ``question`` str, ``AnswerAText`` .. ``AnswerDText`` str (an empty or missing one is not offered; at least two

@@ -3,9 +3,11 @@ domain of Eq 4).
 
 Protocol (OdysSim ``agents/paratomi``, this project's wording): the story, optional notes, the question and, when
 the record has them, the candidate locations are put to the policy, which reasons and writes the most specific
-location inside ``<answer></answer>``. The answer is read by `parse_exact` (the last ``<answer>`` tag, else the
-text after the last "Answer:"). Reward, as OdysSim: 1.0 when ``correct_answer`` occurs in the answer as a whole
-word (case-insensitive) AND no other candidate does (so listing every candidate scores 0); else 0.0.
+location inside ``<answer></answer>``. The answer is the content of the FIRST ``<answer>`` tag, as OdysSim's
+``re.search`` reads it; a reply without one scores 0 (``lenient=True``: `parse_exact`, the last tag, else the
+text after the last "Answer:", this project's earlier reader). Reward, as OdysSim: 1.0 when ``correct_answer``
+occurs in the answer as a whole word (case-insensitive) AND no other candidate does (so listing every
+candidate scores 0); else 0.0.
 
 Record (OdysSim's field names): ``story`` (list of sentences, a Python-list literal string of them, or plain
 text), ``question`` str, ``correct_answer`` str; optional ``cands`` (list of str, or a Python-list literal
@@ -20,7 +22,7 @@ import ast
 import re
 
 from mimesis_jax.envs.base import EnvError
-from mimesis_jax.envs.soul.base import ChoiceEnv, register
+from mimesis_jax.envs.soul.base import ChoiceEnv, first_tag, register
 
 
 def _as_list(value) -> list:
@@ -69,6 +71,9 @@ class ParaToMI(ChoiceEnv):
             raise EnvError(f"{where}: field 'correct_answer' is empty")
         record["cands"] = _str_items(_as_list(record.get("cands") or []), where, "cands")
         return record
+
+    def strict_extract(self, utterance):
+        return first_tag(utterance) or None  # OdysSim: the FIRST <answer> tag's content; none or empty scores 0
 
     def gold(self):
         return self.record["correct_answer"].strip()

@@ -9,7 +9,8 @@ letter can be read). The valid letters are the option lines of the prompt ("A. .
 when the prompt has fewer than two such lines (options written inline), every letter A-Z counts, as in OdysSim.
 
 Record (OdysSim's field names): the question text as ``prompt_text`` str, else ``conversations[0].messages[0]
-.content`` (the upstream wrapper), else ``prompt`` str; the gold as ``answer_letter`` str, else ``answer_text``
+.content`` (the upstream wrapper), else ``prompt`` str; the gold as ``answer_letter`` str, else (also when it is "",
+as OdysSim) ``answer_text``
 str starting with the letter ("B. in the drawer"). A gold that is not a letter, or not among the prompt's option
 letters, is an `EnvError` (OdysSim falls back to the text's first character).
 """
@@ -35,6 +36,8 @@ def option_letters(prompt: str) -> list[str]:
 def gold_letter(record: dict, where: str) -> str:
     """``answer_letter``, else the leading letter of ``answer_text`` ("B. text", "B) text" or "B")."""
     letter = record.get("answer_letter")
+    if isinstance(letter, str) and not letter.strip():
+        letter = None  # OdysSim: an empty answer_letter falls back to answer_text
     if letter is not None:
         if not isinstance(letter, str) or not re.fullmatch(r"\s*[A-Za-z]\s*", letter):
             raise EnvError(f"{where}: field 'answer_letter' must be one letter, got {letter!r}")
@@ -64,10 +67,12 @@ class SocialR1(ChoiceEnv):
         gold = gold_letter(record, where)
         letters = option_letters(prompt)
         if gold not in letters:
-            field_name = "answer_letter" if record.get("answer_letter") is not None else "answer_text"
+            field_name = "answer_letter" if str(record.get("answer_letter") or "").strip() else "answer_text"
             raise EnvError(f"{where}: field {field_name!r} gives {gold!r}, which is not an option letter of the "
                            f"prompt ({', '.join(letters)})")
         return {**record, "prompt_text": prompt, "answer_letter": gold}
+
+    answer_letters = "A-Z"  # OdysSim: <answer>\s*([A-Z])\s*</answer>, case-insensitive
 
     def letters(self):
         return option_letters(self.record["prompt_text"])

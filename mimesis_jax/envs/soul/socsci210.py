@@ -5,7 +5,8 @@ demographics, the experimental condition (stimulus) and the outcome question wit
 to the policy together with this project's instructions: reason briefly about how this person would answer, then
 give the answer alone inside ``<answer></answer>``. No judge and no partner.
 
-Reward (a numeric closeness, not plain accuracy; r_d of Eq 4). The content of the last ``<answer>`` tag must be
+Reward (a numeric closeness, not plain accuracy; r_d of Eq 4). The content of the FIRST ``<answer>`` tag (OdysSim's
+``re.search``; ``lenient=True``: the last tag, this project's earlier reader) must be
 exactly an integer (binary outcomes also accept ``yes`` = 1 / ``no`` = 0); anything else scores 0.
 
 * ``ordinal`` (the default):  r = 1 - |clip(pred, r_min, r_max) - response| / (r_max - r_min), in [0, 1];
@@ -28,7 +29,7 @@ import re
 
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.sim_env import SimTurn
-from mimesis_jax.envs.soul.base import SoulEnv, extract_tag, register, stored_prompt
+from mimesis_jax.envs.soul.base import SoulEnv, extract_tag, first_tag, register, stored_prompt
 
 RESPONSE_TYPES = ("ordinal", "binary", "categorical")
 EXACT_MATCH_TYPES = ("binary", "categorical")
@@ -40,9 +41,10 @@ def number_text(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def parse_prediction(text: str | None, response_type: str) -> float | None:
-    """The predicted answer: the last <answer> content, exactly an integer (binary: also yes/no), else None."""
-    inner = extract_tag(text or "")
+def parse_prediction(text: str | None, response_type: str, lenient: bool = False) -> float | None:
+    """The predicted answer: the FIRST <answer> content (OdysSim's ``re.search``; lenient: the last one, this
+    project's earlier reader), exactly an integer (binary: also yes/no, any case), else None."""
+    inner = extract_tag(text or "") if lenient else first_tag(text)
     if inner is None:
         return None
     if response_type == "binary" and inner.lower() in ("yes", "no"):
@@ -110,7 +112,7 @@ class SocSci210(SoulEnv):
     def step(self, thought, utterance):
         self.replies.append(utterance)
         r = self.record
-        pred = parse_prediction(utterance, r["response_type"])
+        pred = parse_prediction(utterance, r["response_type"], self.lenient)
         reward = closeness_reward(pred, r["response"], r["r_min"], r["r_max"], r["response_type"])
         return SimTurn(done=True, reward=reward,
                        info={"predicted": pred, "gold": r["response"], "exact": pred == r["response"],

@@ -2,8 +2,8 @@
 
 Protocol (OdysSim ``agents/twinvoice``, this project's wording): the persona's earlier posts, an anchor post and
 2-4 candidate replies (lettered A, B, ...) are put to the policy, which reasons and gives the letter of the reply
-the persona wrote inside ``<answer></answer>``. Reward: 1.0 when the letter read by `parse_choice` is the one at
-``answer_idx``, else 0.0.
+the persona wrote inside ``<answer></answer>``. Reward: 1.0 when the letter read as OdysSim
+reads it (`ChoiceEnv`: the first ``<answer>X</answer>``, X in A-D) is the one at ``answer_idx``, else 0.0.
 
 Record (OdysSim's field names; the agent reads the first alias present): ``conversation_history`` / ``history``
 (list, or a JSON string of a list; str items are shown as they are, other items as compact JSON),
