@@ -92,7 +92,13 @@ def test_split_dict_gz_and_plain_list(tmp_path):
 
 @pytest.mark.parametrize("mutate, field", [
     (lambda r: r["scenario"].pop("subflow"), "scenario.subflow"),
-    (lambda r: r["scenario"]["personal"].pop("email"), "scenario.personal.email"),
+    (lambda r: r["scenario"]["personal"].__setitem__("email", 5), "scenario.personal.email"),
+    (lambda r: r["scenario"].__setitem__("personal", None), "scenario.personal"),
+    (lambda r: r["scenario"].pop("order"), "scenario.order"),
+    (lambda r: r["scenario"]["order"].__setitem__("order_id", 1234567890), "scenario.order.order_id"),
+    (lambda r: r["scenario"]["order"].__setitem__("products", 3), "scenario.order.products"),
+    (lambda r: r["scenario"]["product"].__setitem__("names", "boots"), "scenario.product.names"),
+    (lambda r: r["scenario"].__setitem__("flow", ""), "scenario.flow"),
     (lambda r: r["original"].__setitem__(2, ["robot", "hi"]), "original[2].speaker"),
     (lambda r: r["original"].__setitem__(3, ["customer"]), "original[3]"),
     (lambda r: r["delexed"][1].pop("targets"), "delexed[1].targets"),

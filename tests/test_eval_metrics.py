@@ -63,6 +63,48 @@ def test_mean_rank_empty_table():
         average({})
 
 
+def _np_mean_rank(table, rtol=1e-9, atol=1e-12):
+    """Independent NumPy reference: rank = 1 + #clearly-better + (#close-to-me - 1) / 2, averaged over gyms."""
+    import numpy as np
+
+    methods = list(table)
+    gyms = sorted(next(iter(table.values())))
+    s = np.array([[table[m][g] for g in gyms] for m in methods], dtype=np.float64)  # (M, G)
+    close = np.abs(s[:, None, :] - s[None, :, :]) <= np.maximum(atol, rtol * np.maximum(np.abs(s[:, None, :]),
+                                                                                     np.abs(s[None, :, :])))
+    better = (s[None, :, :] > s[:, None, :]) & ~close  # [i, j, g]: j clearly beats i on g
+    ranks = 1.0 + better.sum(axis=1) + (close.sum(axis=1) - 1) / 2.0
+    return dict(zip(methods, ranks.mean(axis=1)))
+
+
+def test_mean_rank_ties_within_tolerance_for_sums_in_different_orders():
+    a = 0.1 + 0.1  # 0.2
+    b = sum([0.1, 0.2, 0.3]) / 3  # 0.20000000000000004
+    c = 0.3 - 0.1  # 0.19999999999999998
+    assert a != b and a != c  # the floats differ: exact equality would rank them 1, 2 (and 3)
+    two = {"A": {"g": a}, "B": {"g": b}}
+    mr = mean_rank(two)
+    assert mr == {"A": 1.5, "B": 1.5}
+    assert mr == pytest.approx(_np_mean_rank(two))
+    three = {"A": {"g": a, "h": 0.5}, "B": {"g": b, "h": 0.25}, "C": {"g": c, "h": 0.75}, "D": {"g": 0.1, "h": 0.5}}
+    mr = mean_rank(three)
+    ref = _np_mean_rank(three)
+    # g: A, B, C tie for 1st-3rd -> 2 each, D 4th; h: C 1st, A = D tie 2nd-3rd -> 2.5, B 4th
+    assert ref == pytest.approx({"A": 2.25, "B": 3.0, "C": 1.5, "D": 3.25})
+    assert mr == pytest.approx(ref)
+
+
+def test_mean_rank_tolerance_is_narrow():
+    # differences well above rel 1e-9 / abs 1e-12 are real differences, not ties
+    for lo, hi in [(0.2, 0.2 * (1 + 1e-7)), (0.0, 1e-10), (1e6, 1e6 + 1e-2)]:
+        table = {"A": {"g": hi}, "B": {"g": lo}}
+        assert mean_rank(table) == {"A": 1.0, "B": 2.0} == pytest.approx(_np_mean_rank(table))
+    # and differences inside it tie: abs 1e-13 around 0, rel 1e-10 around 1e6
+    for lo, hi in [(0.0, 1e-13), (1e6, 1e6 * (1 + 1e-10))]:
+        table = {"A": {"g": hi}, "B": {"g": lo}}
+        assert mean_rank(table) == {"A": 1.5, "B": 1.5} == pytest.approx(_np_mean_rank(table))
+
+
 def test_dice_edge_cases():
     assert dice(0, 0) == 1.0  # both zero -> 1 by definition
     assert dice(0, 2) == 0.0  # 2*0/(0+2)

@@ -215,8 +215,8 @@ def test_invalid_format_finish_and_truncation():
     assert (reward, terminated, truncated) == (0.0, True, False)
     assert obs["feedback"] == fn.FB_FINISH_WRONG.format(expected=63.0)
 
-    env = _env("func-2")  # UserRL's default: 20 steps
-    for i in range(19):
+    env = _env("func-2")  # default 15 steps: UserRL's InteractTool.create(max_turns=15)
+    for i in range(14):
         assert env.step("[action] 1 1 1 1")[2:4] == (False, False)
     assert env.step("[action] 1 1 1 1")[2:4] == (False, True) and env.done
 
@@ -391,7 +391,7 @@ def test_episode_turn_limit_and_env_truncation(tok):
     agent = ScriptedAgent(tok, [tool_call_text("action", "1 2 3 4")])
     trajs = run_episodes(agent, None, [EpisodeTask(env=make_env(task), agent_messages=task.prompt),
                                        EpisodeTask(env=make_env(task, max_steps=3), agent_messages=task.prompt)],
-                         EpisodeConfig(max_turns=16), tokenizer=tok)
-    assert trajs[0].meta["end_reason"] == "turn_limit" and trajs[0].meta["turns"] == 16
+                         EpisodeConfig(max_turns=12), tokenizer=tok)  # under the env's default 15 steps
+    assert trajs[0].meta["end_reason"] == "turn_limit" and trajs[0].meta["turns"] == 12
     assert trajs[1].meta["end_reason"] == "truncated" and trajs[1].turn_rewards == [0.0, 0.0, 0.0]
     assert all(t.status == "ok" for t in trajs)

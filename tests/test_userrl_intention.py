@@ -189,7 +189,7 @@ def test_shipped_data_and_tasks_resolve():
         assert t.id in test_ids and t.data_source == "interact_intention"
         env = make_env(t, user=ScriptedChatModel(responder("x")), judge=ScriptedChatModel(judge_says([])))
         obs, info = env.reset()
-        assert t.create_kwargs["task"] in obs["feedback"] and env.max_steps == 20
+        assert t.create_kwargs["task"] in obs["feedback"] and env.max_steps == 15
         assert t.reward_model["ground_truth"] == ", ".join(d["description"] for d in env.intention["missing_details"])
 
 

@@ -165,7 +165,7 @@ def test_shipped_data_and_tasks_resolve():
         obs, info = env.reset()
         assert t.create_kwargs["claim"] in obs["feedback"] and info["initial_stance"] == "Strongly Agree"
         assert t.reward_model["claim"] == t.create_kwargs["claim"] and t.data_source == "interact_persuade"
-        assert [m["role"] for m in t.prompt] == ["system", "user"] and env.max_steps == 20
+        assert [m["role"] for m in t.prompt] == ["system", "user"] and env.max_steps == 15
 
 
 def test_max_turns_create_argument_sets_the_limit():

@@ -176,7 +176,7 @@ def test_truncation_at_max_steps_and_max_turns_create_argument(tasks):
     t = task_of(tasks, "Corvane-1")
     t2 = userrl.Task(**{**t.__dict__, "create_kwargs": {**t.create_kwargs, "max_turns": 2}})
     assert userrl.make_env(t2, eval_method="rule").max_steps == 2
-    assert userrl.make_env(t, eval_method="rule").max_steps == 20
+    assert userrl.make_env(t, eval_method="rule").max_steps == 15
 
 
 # ------------------------------------------------------------------------------------ INVALID

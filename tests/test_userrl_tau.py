@@ -273,7 +273,23 @@ def test_truncation_gives_no_reward():
     env.step(call("cancel_pending_order", order_id="#L1001", reason="no longer needed"))
     obs, reward, term, trunc, info = env.step("[search] tools")
     assert (reward, term, trunc) == (0.0, False, True) and "reward_info" not in info
-    assert make_env(_task("local_retail-train-000"), user=None).max_steps == 30
+    assert make_env(_task("local_retail-train-000"), user=None).max_steps == 15
+
+
+def test_default_step_limit_is_userrl_training_tools_15_and_configurable():
+    # UserRL's InteractTool.create(..., max_turns=15) builds every training env; the tau task rows carry no max_turns
+    UR_INTERACT_TOOL_MAX_TURNS = 15
+    t = _task("local_retail-train-000")
+    assert "max_turns" not in t.create_kwargs
+    env = make_env(t, user=None)
+    assert env.max_steps == UR_INTERACT_TOOL_MAX_TURNS
+    env.reset()
+    truncs = [env.step("[search] tools")[3] for _ in range(UR_INTERACT_TOOL_MAX_TURNS)]
+    assert truncs == [False] * (UR_INTERACT_TOOL_MAX_TURNS - 1) + [True]
+    assert make_env(t, user=None, max_steps=30).max_steps == 30
+    t7 = _task("local_retail-train-000")
+    t7 = Task(gym=t7.gym, id=t7.id, prompt=t7.prompt, create_kwargs={**t7.create_kwargs, "max_turns": 7})
+    assert make_env(t7, user=None).max_steps == 7 and make_env(t7, user=None, max_steps=4).max_steps == 4
 
 
 # --------------------------------------------------------------------------------------- the user

@@ -131,7 +131,7 @@ def test_turn_limit_truncates():
     _, reward, term, trunc, _ = env.step("[answer] squid")
     assert trunc and not term and reward == 0.0 and env.done
     assert make_env(task_for("Octopus", max_turns=15)).max_steps == 15
-    assert make_env(task_for("Octopus")).max_steps == TelepathyGym.default_max_steps == 20
+    assert make_env(task_for("Octopus")).max_steps == TelepathyGym.default_max_steps == 15
 
 
 # ------------------------------------------------------------------------------------ end to end

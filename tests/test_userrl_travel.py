@@ -99,7 +99,7 @@ def test_shipped_tasks_and_data():
         env, _, _ = make(t)
         obs, info = env.reset()
         assert obs["feedback"] == rec["initial_description"] and info["n_aspects"] == len(rec["dimensions"])
-        assert env.max_steps == 20
+        assert env.max_steps == 15
 
 
 # ---------------------------------------------------------------------------------- [search]

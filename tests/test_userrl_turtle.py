@@ -187,7 +187,7 @@ def test_turn_limit_truncates():
     _, _, term, trunc, _ = env.step("[action] b")
     assert trunc and not term and env.done
     assert make_env(task_for("The Cold Soup", max_turns=7)).max_steps == 7
-    assert make_env(task_for("The Cold Soup")).max_steps == TurtleGym.default_max_steps == 20
+    assert make_env(task_for("The Cold Soup")).max_steps == TurtleGym.default_max_steps == 15
 
 
 # ------------------------------------------------------------------------------------ judge failures

@@ -5,8 +5,9 @@ Formats (docs/reference/environments.md, ABCD section) -- all accepted as ``.jso
 * conversations: either the release's ``{"train": [...], "dev": [...], "test": [...]}`` dict (every split's
   records are returned, each with its ``split``) or a plain list of conversations (as the public
   ``abcd_sample.json``; ``split`` is then None). Each conversation is
-  ``{"convo_id", "scenario": {"personal": {customer_name, email, member_level, phone, username}, "order": {...},
-  "product": {...}, "flow", "subflow"}, "original": [[speaker, text], ...], "delexed": [...]?}`` with speaker in
+  ``{"convo_id", "scenario": {"personal": {...}, "order": {...}, "product": {...}, "flow", "subflow"},
+  "original": [[speaker, text], ...], "delexed": [...]?}`` (every personal / order / product field optional,
+  as in the release: ``PERSONAL_FIELDS`` + ``PERSONAL_OTHER_FIELDS``, ``ORDER_FIELDS``, ``PRODUCT_LIST_FIELDS``) with speaker in
   {agent, customer, action}; ``delexed`` (optional) holds one dict per turn
   ``{speaker, text, turn_count, targets, candidates}`` with ``targets = [subflow, kind, action, values, index]``.
 * ``kb.json``: ``{subflow: [action name, ...]}`` -- the action sequence each subflow requires.
@@ -44,7 +45,18 @@ from mimesis_jax.envs.base import EnvError
 
 SPEAKERS = ("agent", "customer", "action")
 SPLITS = ("train", "dev", "test")
-PERSONAL_FIELDS = ("customer_name", "email", "member_level", "phone", "username")
+# The release's scenario fields. None of the personal / order / product fields is present in every conversation:
+# the release's own code reads a personal slot only `if slot in scene` (components/systems.py), its ontology lists
+# personal slots account_id, email, phone, pin_number, username beside the name and membership level, and e.g. a
+# storewide_query conversation of the public sample has personal {customer_name, member_level, phone} (no email,
+# no username), an address-only order and empty product lists. So each is optional; when present it must have
+# its type (a string; product.names / product.amounts lists; order.products a string or a list). Other keys are
+# kept as they are. flow and subflow are required non-empty strings, personal / order / product required objects.
+PERSONAL_FIELDS = ("customer_name", "email", "member_level", "phone", "username")  # the shipped sample has all
+PERSONAL_OTHER_FIELDS = ("account_id", "pin_number", "zip_code")  # slots the release's ontology / README name too
+ORDER_FIELDS = ("street_address", "full_address", "city", "state", "zip_code", "order_id", "num_products",
+                "packaging", "payment_method", "purchase_date")
+PRODUCT_LIST_FIELDS = ("names", "amounts")
 SCENARIO_FIELDS = ("personal", "order", "product", "flow", "subflow")
 DELEXED_FIELDS = ("speaker", "text", "turn_count", "targets", "candidates")
 
@@ -119,11 +131,16 @@ def _parse_record(rec: Any, path, index: int, split: str | None) -> Conversation
     for k in ("personal", "order", "product"):
         if not isinstance(sc[k], dict):
             raise _fail(path, where, f"scenario.{k}", "must be an object")
-    for k in PERSONAL_FIELDS:
-        if k not in sc["personal"]:
-            raise _fail(path, where, f"scenario.personal.{k}", "is missing")
-        if not isinstance(sc["personal"][k], str):
-            raise _fail(path, where, f"scenario.personal.{k}", "must be a string")
+    for part, names in (("personal", PERSONAL_FIELDS + PERSONAL_OTHER_FIELDS), ("order", ORDER_FIELDS)):
+        for k in names:  # optional: checked only when present
+            if k in sc[part] and not isinstance(sc[part][k], str):
+                raise _fail(path, where, f"scenario.{part}.{k}",
+                            f"must be a string when present, got {type(sc[part][k]).__name__}")
+    if "products" in sc["order"] and not isinstance(sc["order"]["products"], (str, list)):
+        raise _fail(path, where, "scenario.order.products", "must be a string or a list when present")
+    for k in PRODUCT_LIST_FIELDS:
+        if k in sc["product"] and not isinstance(sc["product"][k], list):
+            raise _fail(path, where, f"scenario.product.{k}", "must be a list when present")
 
     orig = rec.get("original")
     if not isinstance(orig, list):

@@ -151,10 +151,13 @@ def prompt(key: str, **values) -> str:
 
 
 def _kv_lines(values: Mapping[str, Any]) -> str:
-    """'- key: value' lines (lists joined with ', '); '- (none)' for an empty mapping."""
-    if not values:
+    """'- key: value' lines (lists joined with ', ') for the fields the record has; a field that is absent,
+    None, an empty string or an empty list (the release's storewide / FAQ conversations have empty product lists
+    and no email or username) gets no line; '- (none)' when no field is left."""
+    present = [(k, v) for k, v in values.items() if v is not None and v != "" and v != []]
+    if not present:
         return "- (none)"
-    return "\n".join(f"- {k}: {', '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in values.items())
+    return "\n".join(f"- {k}: {', '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in present)
 
 
 def scenario_facts(record: abcd.Conversation) -> str:

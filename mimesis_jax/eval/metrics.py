@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "mean_rank",
+    "TIE_REL_TOL",
+    "TIE_ABS_TOL",
     "average",
     "dice",
     "dimension_score",
@@ -26,6 +28,11 @@ __all__ = [
 
 # Difficulty bin cutoffs for ECE: bins are [0,0.2), [0.2,0.4), [0.4,0.6), [0.6,0.8), [0.8,1.0].
 ECE_CUTOFFS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
+
+# Mean-rank tie tolerance: two scores tie when math.isclose(a, b, rel_tol=TIE_REL_TOL, abs_tol=TIE_ABS_TOL), so
+# per-gym means that are equal up to float summation order (0.1 + 0.1 vs 0.05 + 0.15) share the mean rank.
+TIE_REL_TOL: float = 1e-9
+TIE_ABS_TOL: float = 1e-12
 
 
 def _finite(x, what: str) -> float:
@@ -62,6 +69,11 @@ def mean_rank(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     1 = best; tied methods share the mean of the ranks they span (two tied for first both get 1.5,
     three tied for 2nd-4th all get 3). MR of a method = mean of its ranks over all gyms.
 
+    Ties are decided within a tolerance, not by exact float equality: scores a, b tie when
+    ``math.isclose(a, b, rel_tol=TIE_REL_TOL, abs_tol=TIE_ABS_TOL)`` (1e-9, 1e-12), so means that differ only by
+    summation order share a rank. Closeness is not transitive; a tie group starts at the best score not yet
+    ranked and takes every following score close to that first one (no chaining through a run of near values).
+
     Raises ValueError for an empty table, or when a method lacks a gym that another method has
     (the message names both the method and the gym).
     """
@@ -73,7 +85,8 @@ def mean_rank(table: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
         while i < len(ordered):
             j = i
             score = float(table[ordered[i]][gym])
-            while j + 1 < len(ordered) and float(table[ordered[j + 1]][gym]) == score:
+            while j + 1 < len(ordered) and math.isclose(float(table[ordered[j + 1]][gym]), score,
+                                                        rel_tol=TIE_REL_TOL, abs_tol=TIE_ABS_TOL):
                 j += 1
             shared = (i + 1 + j + 1) / 2.0  # mean of 1-based ranks i+1 .. j+1
             for k in range(i, j + 1):

@@ -96,6 +96,11 @@ def index_records(records, key: str, where: str) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------------ the base env
+# UserRL's training path creates every gym through `InteractTool.create(instance_id, env_name, max_turns=15, ...)`
+# (verl/tools/interact_tool.py); its task rows carry no `max_turns`, so 15 is the limit a tool-created env gets
+# unless the rollout config overrides it (UserRL's own train.sh passes multi_turn.max_turns=16).
+USERRL_TOOL_MAX_TURNS = 15
+
 class UserRLEnv(Env):
     """Base of the eight gyms: step counting, the `[action]/[answer]/[search]` dispatch, truncation at
     `max_steps`, and the calls to the user / judge / classifier models.

@@ -3,7 +3,8 @@ the test case. No LLM takes part: the environment computes everything itself.
 
 Data: `functions.json` (UserRL's file name and format): a list of records
 ``{"id": "func-1", "rule": "a * b + c - d", "test_case": [4, 7, 2, 9], "expected_result": 21.0}``.
-A task's create arguments name the record (`id`) and may set `max_turns` (UserRL's tool default: 20 steps).
+A task's create arguments name the record (`id`) and may set `max_turns` (default 15 steps: UserRL's
+`InteractTool.create(max_turns=15)`; FunctionEnv's own config default is 20).
 
 Rules, as UserRL's FunctionGym has them (every step's reward is 0.0 unless stated):
 
@@ -23,7 +24,7 @@ Rules, as UserRL's FunctionGym has them (every step's reward is 0.0 unless state
 * ``[finish]`` -- ends the episode, reward 0 (UserRL accepts it; the `interact_with_env` tool of this project offers
   only action/answer/search, so only a direct `step("[finish]")` reaches it).
 * any other text -> FB_INVALID, reward 0.
-* the episode is truncated after `max_steps` steps (UserRL default 20); UserRL's `step_penalty` (x step number,
+* the episode is truncated after `max_steps` steps (default 15, UserRL's InteractTool); UserRL's `step_penalty` (x step number,
   subtracted from every step's reward) and `normalize_rewards` (clip to [0, 1]) are options, off by default as in
   UserRL.
 
@@ -58,7 +59,7 @@ from typing import Callable, Sequence
 
 from mimesis_jax.envs.base import EnvError, StepResult
 from mimesis_jax.envs.model_io import field
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 DATA_FILE = "functions.json"  # UserRL's file name
@@ -228,7 +229,7 @@ class FunctionGym(UserRLEnv):
     x is f(test case) within 1e-6 (ends the episode). See the module docstring for every rule."""
 
     prompt_file = "function"
-    default_max_steps = 20
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
     invalid_action_feedback = FB_INVALID
 
     def __init__(self, function_id: str, *, data_dir: str | os.PathLike | None = None, max_steps: int | None = None,

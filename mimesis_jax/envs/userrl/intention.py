@@ -22,7 +22,8 @@ Rules, as UserRL's IntentionGym computes them:
   when it covers n > 1 details, minus 0.2 x (n - 1) floored at 0 (`max(0.0, base - 0.2 * (n - 1))`, plain float
   arithmetic, no rounding: 0.7 - 0.2 = 0.49999999999999994 as in UserRL); then clipped to [0, 1] (step penalty
   0, scale 1). Only newly covered details count -- covered ones leave the list the evaluator sees;
-* **termination**: the step after which no detail is left; truncation after `max_steps` (UserRL's default 20).
+* **termination**: the step after which no detail is left; truncation after `max_steps` (default 15, UserRL's
+  `InteractTool.create(max_turns=15)`; IntentionEnv's own config default is 20).
 * **choices**: UserRL treats every action as a question. `[action] x` / `[answer] x` ask `x`; `[search] x` asks
   `"[search] x"` with its prefix (UserRL strips only the action/answer prefixes). The task prompt advertises only
   `action`.
@@ -52,7 +53,7 @@ import json
 
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 DATA_FILES = ("all_intentions_train.json", "all_intentions_test.json")  # UserRL's lookup order
@@ -154,7 +155,7 @@ class IntentionEnv(UserRLEnv):
     """Ask clarifying questions until every missing detail of `intention` is covered (module docstring)."""
 
     prompt_file = "intention"
-    default_max_steps = 20
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
 
     def __init__(self, intention: dict, *, user=None, judge=None, max_steps: int | None = None,
                  responder_sees_record: bool = False, **options):

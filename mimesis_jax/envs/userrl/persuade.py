@@ -13,8 +13,9 @@ Rules, as UserRL's PersuadeGym computes them:
   stance so far): moved <= 0 -> 0.0; moved >= 6 -> 1.0; else `round(moved / 6, 6)` (0.166667, 0.333333, 0.5,
   0.666667, 0.833333), then clipped to [0, 1] (UserRL's `normalize_rewards`; step penalty 0). Moving back toward
   agreement gives 0 and lowers the reference for the next step, so regained ground is rewarded again.
-* **termination**: the step whose new stance is "Strongly Disagree"; truncation after `max_steps` (UserRL's gym
-  default 20; the training/eval runs use 16 turns, docs/reference/environments.md).
+* **termination**: the step whose new stance is "Strongly Disagree"; truncation after `max_steps` (default 15,
+  UserRL's `InteractTool.create(max_turns=15)`; its gym's config default is 20; the training/eval runs use 16
+  turns, docs/reference/environments.md).
 * **choices**: UserRL sends every action to the persuadee. `[action] x` and `[answer] x` pass the argument `x`;
   `[search] x` passes the text *with* its prefix, `"[search] x"` (UserRL strips only the action/answer prefixes).
   The task prompt advertises only `answer`.
@@ -45,7 +46,7 @@ import re
 
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 DATA_FILE = "all_statements_refined.json"
@@ -125,7 +126,7 @@ class PersuadeEnv(UserRLEnv):
     """Persuade the user model away from `statement["claim"]` (module docstring for the rules)."""
 
     prompt_file = "persuade"
-    default_max_steps = 20
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
 
     def __init__(self, statement: dict, *, user=None, judge=None, max_steps: int | None = None, **options):
         super().__init__(user=user, judge=judge, max_steps=max_steps, **options)

@@ -2,7 +2,8 @@
 "a search backend (top-5 results, at most 5 searches) + LLM judge", "1.0 for a correct answer").
 
 Rules (as UserRL's SearchGym, `gyms/SearchGym/searchgym/env/search_env.py`, with its default config and the
-settings its tool's env manager uses: eval_method "llm", max_steps = the task's `max_turns`, default 20):
+settings its tool's env manager uses: eval_method "llm", max_steps = the task's `max_turns`, default 15 as
+UserRL's `InteractTool.create(max_turns=15)` passes it):
 
 * `[search] <query>` -- every search action counts toward the limit of `max_search_steps` (5), empty ones
   included. Past the limit the search is not run: a message asks for an answer instead (reward 0). An empty
@@ -42,7 +43,7 @@ import os
 
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.retriever import BM25Retriever, RetrieverError
 from mimesis_jax.envs.userrl.tasks import register_gym
 
@@ -112,7 +113,7 @@ class SearchGym(UserRLEnv):
     """One multi-hop question; the agent searches (at most `max_search_steps` times) and answers."""
 
     prompt_file = "search"
-    default_max_steps = 20
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
     invalid_action_feedback = ("Invalid action. Use [search] followed by a query to look something up, or [answer] "
                                "followed by your answer.")
 
@@ -191,7 +192,7 @@ class SearchGym(UserRLEnv):
         """The env of a SearchGym task: its record in `questions.json` (selected by `task.id`), the judge, and
         the search backend: `retriever` (any object with `search(query, k)`), else a BM25 retriever over
         `options["corpus"]` or the `search_corpus.jsonl` found in `data_dir` (default: the shipped corpus).
-        `max_steps` defaults to the task's `max_turns` create argument, then 20. Other options:
+        `max_steps` defaults to the task's `max_turns` create argument, then 15 (UserRL's InteractTool). Other options:
         max_search_steps (5), max_search_results (5), eval_method ("llm" | "rule"), and UserRLEnv's keywords.
         `user` is ignored: SearchGym has no user simulator."""
         path = data_file(QUESTIONS_FILE, data_dir)

@@ -20,7 +20,9 @@ Choices (as UserRL's TauGym proxies them to tau-bench):
 * Reward (tau-bench `Env.calculate_reward`): 1.0 when the final database hashes equal to the database reached by
   replaying the task's gold actions (terminating tools skipped) on a fresh copy, AND every required output
   string (lower-cased) occurs in some message the agent sent to the customer (lower-cased, commas removed);
-  otherwise 0.0. Every other step rewards 0. Truncation (max_steps, UserRL default 30; 16 in the paper's runs)
+  otherwise 0.0. Every other step rewards 0. Truncation (max_steps, default 15 = UserRL's
+  `InteractTool.create(max_turns=15)`, the training path's tool; 16 in the paper's runs; set by `max_steps` or a
+  `max_turns` create argument)
   ends the episode with no reward, as in UserRL, where only tau-bench's `done` computes it.
 
 Two backends, chosen per task record (the `tau_train.json` / `tau_test.json` record named by the task id; ids with
@@ -64,7 +66,7 @@ from typing import Callable
 
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 TRAIN_FILE, TEST_FILE = "tau_train.json", "tau_test.json"
@@ -473,7 +475,7 @@ class TauEnv(UserRLEnv):
     """A tau-bench-style customer-service episode (module docstring for the rules)."""
 
     prompt_file = "tau"
-    default_max_steps = 30
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 30; UserRL's InteractTool creates the tool with max_turns=15
     invalid_action_feedback = ("This step was not understood. Use the interact_with_env tool, with choice "
                                "'search', 'action' or 'answer', as the system instruction describes.")
 

@@ -19,7 +19,8 @@ project's own code):
 * `[search] <text>` -- UserRL has no search here, but its step sends everything that is not `[answer]`/`[finish]`
   to the user with the 8-character prefix cut off, so a `[search]` is answered as a question. Kept (it is left out
   of the clue history, as UserRL).
-* the turn limit is UserRL's gym default of 20 (`max_turns` in the create arguments or `max_steps` override it).
+* the turn limit is 15, UserRL's `InteractTool.create(max_turns=15)` (its gym's
+  own config default is 20); `max_turns` in the create arguments or `max_steps` override it.
 * the task is selected by its `title` (create arguments `title`, `category`): the first record, in file order, whose
   `title` or `id` equals it case-insensitively (UserRL's get_entity_by_title). `category`, `description` and `goal`
   are not used by the env (they shape the agent's task text).
@@ -43,7 +44,7 @@ import pathlib
 
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 from mimesis_jax.envs.userrl.turtle import check_shaping, host_answer, shaped_reward, turn_limit
 
@@ -105,7 +106,7 @@ class TelepathyGym(UserRLEnv):
     """One entity to guess: Yes/No questions to the user, judged guesses (rules: module docstring)."""
 
     prompt_file = "telepathy"
-    default_max_steps = 20
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
     invalid_action_feedback = ("Invalid action. Call interact_with_env with choice 'action' and a Yes-or-No question, "
                                "or choice 'answer' and your guess of the entity.")
 

@@ -30,7 +30,8 @@ its eval script both run):
   else -`wrong_choice_penalty` (0). Its initial is recorded and, with one_choice_per_aspect, the remaining
   preferences of that aspect are dropped (no longer classified or volunteered). Step reward = max(sum, 0).
 * the episode ends (terminated) when every aspect's best id has been answered; truncated at `max_steps`
-  (UserRL's default 20, or create_kwargs `max_turns`). `[finish]` ends it with reward 0. Every other step
+  (default 15, UserRL's `InteractTool.create(max_turns=15)`; TravelEnv's own
+  config default is 20; or create_kwargs `max_turns`). `[finish]` ends it with reward 0. Every other step
   (unreadable ones too) gets `reward * reward_scale - step_penalty`, clamped to [0, 1] with normalize_rewards
   (defaults: unchanged).
 * rewards: reward_variant "train" = UserRL's env_manager (preference 0.8, search 0.0; the default here), "eval" =
@@ -66,7 +67,7 @@ from typing import Any
 
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import DATA_DIR, UserRLEnv, data_file, read_json
+from mimesis_jax.envs.userrl.common import DATA_DIR, USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 ASPECT_OF_LETTER = {"F": "flight", "A": "apartment", "C": "rental_car", "H": "hotel", "R": "restaurant"}
@@ -202,7 +203,7 @@ class TravelGym(UserRLEnv):
     """UserRL's TravelGym; rules and choices in the module docstring."""
 
     prompt_file = "travel"
-    default_max_steps = 20
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
     invalid_action_feedback = INVALID_FORMAT
 
     def __init__(self, record: dict, *, task_id: str = "", user=None, judge=None, classifier=None,

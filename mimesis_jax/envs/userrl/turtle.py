@@ -21,7 +21,8 @@ in this project's own code):
   with normalize_rewards (True), clipped to [0, 1]. Every step is shaped, questions included.
 * `[search] <text>` -- UserRL has no search here, but its step sends everything that is not `[answer]`/`[finish]`
   to the host with the 8-character prefix cut off, so a `[search]` is answered as a question. Kept.
-* the turn limit is UserRL's gym default of 20 (`max_turns` in the create arguments or `max_steps` override it);
+* the turn limit is 15, UserRL's `InteractTool.create(max_turns=15)` (its gym's
+  own config default is 20); `max_turns` in the create arguments or `max_steps` override it;
   the step that reaches it truncates the episode.
 * the task is selected by its `title` (case-insensitive, first match in file order, as UserRL); stories whose
   `judgment` is not "Yes" are skipped on load, as UserRL does. The create arguments' `surface`/`bottom` are not
@@ -51,7 +52,7 @@ import pathlib
 
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import UserRLEnv, data_file, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 STORY_FILE = "all_stories_refined.json"
@@ -188,7 +189,7 @@ class TurtleGym(UserRLEnv):
     """One turtle-soup story: Yes/No questions to the host, rubric-judged answers (rules: module docstring)."""
 
     prompt_file = "turtle"
-    default_max_steps = 20
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
     invalid_action_feedback = ("Invalid action. Call interact_with_env with choice 'action' and a Yes-or-No question, "
                                "or choice 'answer' and your version of the hidden story.")
 
