@@ -706,3 +706,60 @@ def test_non_loopback_without_key_warns(capsys):
     assert not serve.warn_if_exposed("::1", "http://[::1]:1/v1", [])
     err = capsys.readouterr().err
     assert err.count("no authentication") == 1 and "s3cret" not in err
+
+
+def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(checkpoint, monkeypatch):
+    """`serve --engine`: prompt + max_tokens beyond --engine-max-len is a 400 naming the flag (a stream too, before
+    its first byte). An injected fault (the decode program loses its donated pool and raises) ends the request
+    in flight with a 500, and the next request is served as before; while the pool cannot be rebuilt /health
+    answers 503 and so do requests."""
+    from mimesis_jax.rollout import engine as engine_mod
+
+    srv = serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--engine", "--engine-slots", "2",
+                                         "--engine-page-size", "8", "--engine-max-len", "64")).start()
+    try:
+        client, eng = _client(srv), srv.model.engine
+        n = len(_local(srv).render(CONV))
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=64 - n + 1, stream=stream)
+            assert e.value.param == "max_tokens" and "--engine-max-len" in e.value.message
+        assert eng.stats["prefill_calls"] == 0  # refused before any work
+        want = _local(srv).chat(CONV, max_tokens=6, temperature=0.0).token_ids
+        real, faults = engine_mod._decode_program, {"left": 1}
+
+        def faulty(*args, **kwargs):
+            if faults["left"]:
+                faults["left"] -= 1
+                for x in jax.tree.leaves(args[5]):
+                    x.delete()
+                raise RuntimeError("injected: RESOURCE_EXHAUSTED while decoding")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(engine_mod, "_decode_program", faulty)
+        kw = dict(model="tiny-sim", messages=CONV, max_tokens=6, temperature=0.0,
+                  extra_body={"return_token_ids": True})
+        with pytest.raises(openai.InternalServerError, match="injected"):
+            client.chat.completions.create(**kw)
+        assert client.chat.completions.create(**kw).choices[0].token_ids == want  # rebuilt: served again
+        assert eng.stats["rebuilds"] == 1
+        faults["left"] = 1
+        new_pools = eng._new_pools  # noqa: SLF001
+
+        def no_memory():
+            raise RuntimeError("injected: no memory for a new pool")
+        monkeypatch.setattr(eng, "_new_pools", no_memory)
+        with pytest.raises(openai.InternalServerError, match="injected"):
+            client.chat.completions.create(**kw)
+        health = f"http://127.0.0.1:{srv.port}/health"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(health, timeout=10)
+        assert e.value.code == 503 and "could not rebuild" in json.loads(e.value.read())["error"]
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(**kw)
+        assert e.value.status_code == 503
+        monkeypatch.setattr(eng, "_new_pools", new_pools)
+        with urllib.request.urlopen(health, timeout=10) as r:  # looking rebuilds it
+            assert json.loads(r.read()) == {"status": "ok"}
+        assert client.chat.completions.create(**kw).choices[0].token_ids == want
+    finally:
+        srv.stop()
