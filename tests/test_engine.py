@@ -258,7 +258,8 @@ def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(m
         return real(*args, **kwargs)
     monkeypatch.setattr(engine_mod, "_decode_program", faulty)
     told = []
-    a = eng.submit(pa + [3], max_tokens=8, temperature=1.0, seed=1, on_token=lambda r, t, lp: told.append((t, r.finish)))
+    a = eng.submit(pa + [3], max_tokens=8, temperature=1.0, seed=1,
+                   on_token=lambda r, t, lp: told.append((t, r.finish)))
     b = eng.submit(pb, max_tokens=8, temperature=1.0, seed=2)
     with pytest.raises(RuntimeError, match="injected"):
         eng.run_until_idle()
