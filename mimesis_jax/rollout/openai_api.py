@@ -15,7 +15,11 @@ and `return_token_ids` (the generated `token_ids` on each choice). With thinking
 `reasoning_content` and the public reply in `content` (as vLLM's reasoning parsers do). Completions fields:
 `prompt` (a string, a list of strings, a list of token ids or a list of such lists; no chat template is applied),
 `logprobs` (0 only: `tokens`, `token_logprobs`, `text_offset`), `echo` false, and the same sampling fields.
-A bad request gets HTTP 400 with an OpenAI-style JSON error naming the offending field.
+A bad request gets HTTP 400 with an OpenAI-style JSON error naming the offending field (invalid text such as a
+lone surrogate included; prompt tokens + max_tokens beyond `backend.context()` too, checked before any work, so
+a stream is refused before its first byte). `create_app`'s guards answer in the same shape: 401 without a
+configured API key, 413 beyond the body limit, 429 (Retry-After) beyond the choices in flight, 503 while the
+backend reports itself unhealthy. A client that disconnects cancels its choices (streamed or not).
 """
 
 from __future__ import annotations
