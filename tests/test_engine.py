@@ -233,6 +233,66 @@ def test_submit_step_streams_tokens_joins_mid_flight_and_cancels():
     assert eng.pages_in_use() == 0 and not eng.dialogues and not eng.has_work()
 
 
+def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(monkeypatch):
+    """An injected fault: the decode program deletes its donated pool and raises (what a run-time OOM leaves).
+    The requests it held end with "error", the engine rebuilds a fresh pool (every page free, no dialogue
+    cached), and the next requests sample exactly what `sampler.generate` does. If the rebuild fails too, the
+    engine is `broken` and refuses work with EngineError until a later submit rebuilds it."""
+    from mimesis_jax.rollout import engine as engine_mod
+
+    config, params = _model("qwen3")
+    ec = EngineConfig(slots=2, page_size=4, num_pages=16, max_pages_per_seq=16, prefill_chunk=8, prefill_rows=2,
+                      decode_steps=2)
+    eng = RolloutEngine(config, params, ec)
+    rng = np.random.RandomState(7)
+    pa, pb, pc = ([int(t) for t in rng.randint(0, 97, size=n)] for n in (7, 5, 6))
+    eng.generate_tokens([pa], keys=["idle"], max_tokens=3, temperature=0.0)  # a cached dialogue in the pool
+    real, faults = engine_mod._decode_program, {"left": 1}
+
+    def faulty(*args, **kwargs):
+        if faults["left"]:
+            faults["left"] -= 1
+            for x in jax.tree.leaves(args[5]):  # the donated cache is gone, then the call fails
+                x.delete()
+            raise RuntimeError("injected: RESOURCE_EXHAUSTED while decoding")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(engine_mod, "_decode_program", faulty)
+    told = []
+    a = eng.submit(pa + [3], max_tokens=8, temperature=1.0, seed=1,
+                   on_token=lambda r, t, lp: told.append((t, r.finish)))
+    b = eng.submit(pb, max_tokens=8, temperature=1.0, seed=2)
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.run_until_idle()
+    assert a.finish == b.finish == "error" and "injected" in a.error and told[-1] == (None, "error")
+    assert eng.stats["rebuilds"] == 1 and eng.broken is None and not eng._cache_lost()  # noqa: SLF001
+    assert eng.pages_in_use() == 0 and not eng.dialogues and not eng.has_work()
+    c = eng.submit(pc, max_tokens=6, temperature=1.0, seed=13)
+    eng.run_until_idle()
+    out = eng.generate_tokens([pa, pb], keys=["idle", "b"], max_tokens=5, temperature=1.0, seed=[21, 22])
+    for got, p, n, s in ((c.sample(), pc, 6, 13), (out[0], pa, 5, 21), (out[1], pb, 5, 22)):
+        ref = sampler.generate(config, params, [p], max_new_tokens=n, temperature=1.0, seed=[s], buckets=BK)[0]
+        assert got.tokens == ref.tokens
+        np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=3e-5)
+    # the rebuild fails as well (the memory is still taken): broken, refusing work, until a rebuild succeeds
+    faults["left"] = 1
+    new_pools = eng._new_pools  # noqa: SLF001
+
+    def no_memory():
+        raise RuntimeError("injected: no memory for a new pool")
+    monkeypatch.setattr(eng, "_new_pools", no_memory)
+    d = eng.submit(pc, max_tokens=6, temperature=1.0, seed=13)
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.run_until_idle()
+    assert d.finish == "error" and "could not rebuild" in eng.broken
+    with pytest.raises(EngineError, match="could not rebuild"):
+        eng.submit(pc, max_tokens=2)
+    with pytest.raises(EngineError, match="could not rebuild"):
+        eng.generate_tokens([pc], max_tokens=2)
+    monkeypatch.setattr(eng, "_new_pools", new_pools)
+    again = eng.generate_tokens([pc], max_tokens=6, temperature=1.0, seed=[13])[0]  # rebuilt on submission
+    assert eng.broken is None and again.tokens == c.out and eng.stats["rebuilds"] == 2
+
+
 def test_paged_decode_attention_matches_numpy_formula():
     """paged_decode_attention and paged_attention against softmax(q.k / sqrt(d)) v written out per row in
     NumPy over the row's keys in page-table order (GQA: head h reads KV head h // 2)."""

@@ -529,3 +529,237 @@ def test_engine_streams_as_sampled_batches_across_calls_and_cancels(checkpoint):
         assert eng.stats["slot_steps_used"] < 400  # the long completion never ran to its end
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------------------------ bounds and keys
+KEYS = ("key-one", "key-two")
+ENV_KEYS = "env-key-a, env-key-b"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """A server over a model with a 64-token context, two --api-key keys plus two from MIMESIS_API_KEY,
+    --max-queued 2 and --max-body-bytes 4096."""
+    tok = load_tokenizer("tiny")
+    config = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, initializer_range=0.3,
+                         max_position_embeddings=64)
+    path = str(tmp_path_factory.mktemp("guarded"))
+    models.save_hf(path, config, models.init_params(config, jax.random.key(1)))
+    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+        ["--checkpoint", path, "--tokenizer", "tiny", "--port", "0", "--max-tokens", "12", "--batch-wait-ms", "5",
+         "--model-name", "tiny-sim", "--api-key", KEYS[0], "--api-key", KEYS[1], "--max-queued", "2",
+         "--max-body-bytes", "4096"])
+    old = os.environ.get("MIMESIS_API_KEY")
+    os.environ["MIMESIS_API_KEY"] = ENV_KEYS
+    try:
+        srv = serve.build_server(args).start()
+    finally:
+        if old is None:
+            os.environ.pop("MIMESIS_API_KEY")
+        else:
+            os.environ["MIMESIS_API_KEY"] = old
+    yield srv
+    srv.stop()
+
+
+def _keyed(srv, key):
+    return openai.OpenAI(base_url=srv.url, api_key=key, timeout=60, max_retries=0)
+
+
+def _raw(url, data, headers=None, route="/chat/completions"):
+    req = urllib.request.Request(url + route, data=data, headers={"Content-Type": "application/json",
+                                                                  **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
+
+def test_api_keys_are_required_and_any_configured_key_works(guarded):
+    short = [{"role": "user", "content": "Hi"}]
+    for key in (*KEYS, "env-key-a", "env-key-b"):  # the flags' keys and MIMESIS_API_KEY's comma-separated ones
+        r = _keyed(guarded, key).chat.completions.create(model="tiny-sim", messages=short, max_tokens=3)
+        assert r.choices[0].finish_reason in ("stop", "length")
+    for key in ("wrong", KEYS[0] + "x", KEYS[0][:-1], "env-key-a, env-key-b"):
+        with pytest.raises(openai.AuthenticationError) as e:
+            _keyed(guarded, key).chat.completions.create(model="tiny-sim", messages=short, max_tokens=3)
+        assert e.value.status_code == 401 and e.value.code == "invalid_api_key" and key not in e.value.message
+    with pytest.raises(openai.AuthenticationError):
+        _keyed(guarded, "wrong").models.list()
+    status, _, err = _raw(guarded.url, json.dumps({"messages": short}).encode())  # no Authorization header
+    assert status == 401 and err["error"]["type"] == "invalid_request_error" and err["error"]["param"] is None
+    with urllib.request.urlopen(f"http://127.0.0.1:{guarded.port}/health", timeout=10) as r:  # open
+        assert json.loads(r.read()) == {"status": "ok"}
+
+
+def test_prompt_plus_max_tokens_beyond_the_context_is_400_before_any_work(guarded):
+    """The model's context is 64 tokens: prompt + max_tokens beyond it is refused, naming the field and the
+    limit's source, and a stream is refused with the 400 itself (no 200 and error event)."""
+    tok, client = guarded.model.tok, _keyed(guarded, KEYS[0])
+    local = LocalChatModel(guarded.model.config, guarded.model.params, tok)
+    long_conv = [{"role": "user", "content": "where is my parcel " * 20}]
+    assert len(local.render(long_conv)) > 64
+    short = [{"role": "user", "content": "Hi"}]
+    n = len(local.render(short))
+    before = len(guarded.engine.batch_sizes)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny-sim", messages=long_conv, stream=stream)
+        assert e.value.param == "messages" and "max_position_embeddings" in e.value.message
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny-sim", messages=short, max_tokens=64 - n + 1, stream=stream)
+        assert e.value.param == "max_tokens" and f"at most {64 - n}" in e.value.message
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny-sim", messages=short, max_completion_tokens=64 - n + 1,
+                                           stream=stream)
+        assert e.value.param == "max_completion_tokens"
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny-sim", prompt=tok.encode("where is my parcel " * 20),
+                                      max_tokens=1, stream=stream)
+        assert e.value.param == "prompt"
+    assert len(guarded.engine.batch_sizes) == before  # nothing reached the sampler
+    # exactly at the limit it is served; without max_tokens the default (12) is clipped to what fits
+    r = client.chat.completions.create(model="tiny-sim", messages=short, max_tokens=64 - n, temperature=0.0)
+    assert r.usage.prompt_tokens == n
+    near = next(c for c in ([{"role": "user", "content": "parcel " * k}] for k in range(1, 64))
+                if 64 - 12 < len(local.render(c)) < 64)
+    m = len(local.render(near))
+    assert 64 - 12 < m < 64
+    r = client.chat.completions.create(model="tiny-sim", messages=near, temperature=0.0,
+                                       extra_body={"return_token_ids": True})
+    want = local.chat(near, max_tokens=64 - m, temperature=0.0)
+    assert r.choices[0].token_ids == want.token_ids and len(r.choices[0].token_ids) <= 64 - m
+
+
+def test_body_size_queue_bound_and_invalid_text(guarded, server):
+    hdr = {"Authorization": f"Bearer {KEYS[1]}"}
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+    status, _, err = _raw(guarded.url, big, hdr)
+    assert status == 413 and "--max-body-bytes" in err["error"]["message"]
+    import http.client  # a chunked body (no Content-Length) is counted as it is read
+
+    conn = http.client.HTTPConnection("127.0.0.1", guarded.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", body=iter([big[:3000], big[3000:]]), encode_chunked=True,
+                 headers={**hdr, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 413 and "--max-body-bytes" in json.loads(resp.read())["error"]["message"]
+    conn.close()
+    client = _keyed(guarded, KEYS[1])
+    short = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.RateLimitError) as e:  # n=3 choices > --max-queued 2
+        client.chat.completions.create(model="tiny-sim", messages=short, max_tokens=3, n=3)
+    assert e.value.status_code == 429 and e.value.response.headers["retry-after"] == "1"
+    assert "--max-queued" in e.value.message
+    for _ in range(3):  # the in-flight count goes back to 0 after each request: n=2 fits every time
+        assert len(client.chat.completions.create(model="tiny-sim", messages=short, max_tokens=3, n=2).choices) == 2
+    assert len(list(client.chat.completions.create(model="tiny-sim", messages=short, max_tokens=3, n=2,
+                                                   stream=True))) > 0
+    r = client.chat.completions.create(model="tiny-sim", messages=short, max_tokens=3, n=2)
+    assert len(r.choices) == 2
+    # a lone surrogate is no text: 400 naming the field (raw JSON: the escape reaches the server as is)
+    for body, route, param in (
+            ('{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "/chat/completions", "messages[0]"),
+            ('{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+             "/chat/completions", "messages[0]"),
+            ('{"messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]}', "/chat/completions", "stop"),
+            ('{"prompt": "x\\ud834"}', "/completions", "prompt")):
+        status, _, err = _raw(server.url, body.encode(), route=route)
+        assert status == 400 and err["error"]["param"] == param and "surrogate" in err["error"]["message"], err
+
+
+def test_dropped_stream_cancels_its_generation_on_the_default_backend(server):
+    """A client that closes its stream cancels its row of the running sampler call: it stops within a few steps
+    instead of decoding all its tokens, and the next request does not wait for it."""
+    local = _local(server)
+    prompt = local.render(CONV, False)
+    probe = local.generate_tokens([prompt] * 16, max_tokens=400, temperature=1.0, seed=list(range(16)))
+    seed = next(s for s, p in enumerate(probe) if p.finish_reason == "length")  # runs all 400 tokens
+    before, batches = len(server.engine.cancelled_tokens), len(server.engine.batch_sizes)
+    stream = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=400,
+                                                     temperature=1.0, seed=seed, stream=True)
+    next(iter(stream))  # the role delta: the request is in the batcher
+    for _ in range(3000):  # its sampler call has started
+        if len(server.engine.batch_sizes) > batches:
+            break
+        __import__("time").sleep(0.01)
+    stream.close()
+    for _ in range(6000):
+        if len(server.engine.cancelled_tokens) > before:
+            break
+        __import__("time").sleep(0.01)
+    assert len(server.engine.cancelled_tokens) == before + 1
+    assert 1 <= server.engine.cancelled_tokens[-1] < 400  # stopped early, inside its sampler call (not skipped)
+    r = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=5, temperature=0.0,
+                                                extra_body={"return_token_ids": True})
+    assert r.choices[0].token_ids == local.chat(CONV, max_tokens=5, temperature=0.0).token_ids
+
+
+def test_non_loopback_without_key_warns(capsys):
+    """(No socket is opened on another interface: the check is a function of the bound address.)"""
+    assert serve.warn_if_exposed("0.0.0.0", "http://0.0.0.0:1/v1", [])
+    assert "no authentication" in capsys.readouterr().err
+    assert serve.warn_if_exposed("192.168.1.5", "http://192.168.1.5:1/v1", [])
+    assert not serve.warn_if_exposed("0.0.0.0", "http://0.0.0.0:1/v1", ["s3cret"])
+    assert not serve.warn_if_exposed("127.0.0.1", "http://127.0.0.1:1/v1", [])
+    assert not serve.warn_if_exposed("::1", "http://[::1]:1/v1", [])
+    err = capsys.readouterr().err
+    assert err.count("no authentication") == 1 and "s3cret" not in err
+
+
+def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(checkpoint, monkeypatch):
+    """`serve --engine`: prompt + max_tokens beyond --engine-max-len is a 400 naming the flag (a stream too, before
+    its first byte). An injected fault (the decode program loses its donated pool and raises) ends the request
+    in flight with a 500, and the next request is served as before; while the pool cannot be rebuilt /health
+    answers 503 and so do requests."""
+    from mimesis_jax.rollout import engine as engine_mod
+
+    srv = serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--engine", "--engine-slots", "2",
+                                         "--engine-page-size", "8", "--engine-max-len", "64")).start()
+    try:
+        client, eng = _client(srv), srv.model.engine
+        n = len(_local(srv).render(CONV))
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=64 - n + 1, stream=stream)
+            assert e.value.param == "max_tokens" and "--engine-max-len" in e.value.message
+        assert eng.stats["prefill_calls"] == 0  # refused before any work
+        want = _local(srv).chat(CONV, max_tokens=6, temperature=0.0).token_ids
+        real, faults = engine_mod._decode_program, {"left": 1}
+
+        def faulty(*args, **kwargs):
+            if faults["left"]:
+                faults["left"] -= 1
+                for x in jax.tree.leaves(args[5]):
+                    x.delete()
+                raise RuntimeError("injected: RESOURCE_EXHAUSTED while decoding")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(engine_mod, "_decode_program", faulty)
+        kw = dict(model="tiny-sim", messages=CONV, max_tokens=6, temperature=0.0,
+                  extra_body={"return_token_ids": True})
+        with pytest.raises(openai.InternalServerError, match="injected"):
+            client.chat.completions.create(**kw)
+        assert client.chat.completions.create(**kw).choices[0].token_ids == want  # rebuilt: served again
+        assert eng.stats["rebuilds"] == 1
+        faults["left"] = 1
+        new_pools = eng._new_pools  # noqa: SLF001
+
+        def no_memory():
+            raise RuntimeError("injected: no memory for a new pool")
+        monkeypatch.setattr(eng, "_new_pools", no_memory)
+        with pytest.raises(openai.InternalServerError, match="injected"):
+            client.chat.completions.create(**kw)
+        health = f"http://127.0.0.1:{srv.port}/health"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(health, timeout=10)
+        assert e.value.code == 503 and "could not rebuild" in json.loads(e.value.read())["error"]
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(**kw)
+        assert e.value.status_code == 503
+        monkeypatch.setattr(eng, "_new_pools", new_pools)
+        with urllib.request.urlopen(health, timeout=10) as r:  # looking rebuilds it
+            assert json.loads(r.read()) == {"status": "ok"}
+        assert client.chat.completions.create(**kw).choices[0].token_ids == want
+    finally:
+        srv.stop()

@@ -156,15 +156,16 @@ class LocalChatModel:
                                     generation_role=self.generation_role, tools=self.tools).ids)
 
     def generate_tokens(self, prompts: Sequence[Sequence[int]], *, max_tokens=None, temperature=None, top_p=None,
-                        top_k=None, seed=None) -> list[sampler.Sample]:
-        """Token-level sampling (prompts are token ids): what the episode runner uses for the agent."""
+                        top_k=None, seed=None, cancel=None) -> list[sampler.Sample]:
+        """Token-level sampling (prompts are token ids): what the episode runner uses for the agent. `cancel`:
+        sampler.generate's per-row cancel flags (serve sets a row when its client goes away)."""
         n = len(prompts)
         if seed is None:
             seed = [_derive_seed(self.seed, self._calls, i) for i in range(n)]
         self._calls += 1
         return sampler.generate(
             self.config, self.params, prompts, stop_ids=self.stop_ids, seed=seed, mesh=self.mesh,
-            buckets=self.buckets, max_batch=self.max_batch,
+            buckets=self.buckets, max_batch=self.max_batch, cancel=None if self.mesh is not None else cancel,
             max_new_tokens=self.max_tokens if max_tokens is None else max_tokens,
             temperature=self.temperature if temperature is None else temperature,
             top_p=self.top_p if top_p is None else top_p, top_k=self.top_k if top_k is None else top_k)

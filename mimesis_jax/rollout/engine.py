@@ -280,10 +280,8 @@ class RolloutEngine:
         self.stop_ids = [int(t) for t in stop_ids]
         self.seed = seed
         self.decode_fn = decode_attention
-        self.cache = fam.init_paged_cache(config, self.ec.num_pages, self.ec.page_size, self.ec.states)
-        self.free_pages = list(range(self.ec.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
-        self.free_states = list(range(self.ec.states - 1, 0, -1))
-        self.dialogues: OrderedDict = OrderedDict()  # key -> _Dialogue, least recently used first
+        self.broken: str | None = None  # why the engine cannot serve (its pool was lost and not rebuilt)
+        self._new_pools()
         self._clock = 0
         self._calls = 0
         self._lock = threading.RLock()  # envs on worker threads may share one engine (calls are serialised)
@@ -295,7 +293,45 @@ class RolloutEngine:
         self._submitted = 0
         self._serial = 0
         self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
-                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0)
+                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0)
+
+    def _new_pools(self) -> None:
+        """A fresh KV pool (and Qwen3.5 state slots), every page and slot free, no dialogue cached."""
+        self.cache = None  # the old buffers go first: a rebuild after an OOM needs their memory
+        self.cache = models.family(self.config).init_paged_cache(self.config, self.ec.num_pages, self.ec.page_size,
+                                                                 self.ec.states)
+        self.free_pages = list(range(self.ec.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
+        self.free_states = list(range(self.ec.states - 1, 0, -1))
+        self.dialogues: OrderedDict = OrderedDict()  # key -> _Dialogue, least recently used first
+
+    def _cache_lost(self) -> bool:
+        """Whether the pool's buffers are gone: a program that failed after taking its donated cache."""
+        return self.cache is None or any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(self.cache))
+
+    def _recover(self) -> None:
+        """After a failed program call: when its donated pool was lost, a new pool and state slots (every cached
+        dialogue is forgotten: it is recomputed when it returns). If that fails too (e.g. the memory is still
+        taken), `broken` says why: the engine refuses work (EngineError) and `serve`'s /health answers 503
+        until a later submit rebuilds it."""
+        if self.broken is None and not self._cache_lost():
+            return
+        try:
+            self._new_pools()
+        except Exception as e:  # noqa: BLE001 -- reported through `broken`
+            self.broken = (f"the rollout engine lost its KV pool in a failed program call and could not rebuild "
+                           f"it ({type(e).__name__}: {e})")
+            log.error("%s", self.broken)
+            return
+        self.broken = None
+        self.stats["rebuilds"] += 1
+        log.warning("rollout engine: a failed program call lost the KV pool; rebuilt a fresh pool")
+
+    def _check_healthy(self) -> None:
+        if self.broken is not None:
+            with self._lock:
+                self._recover()
+            if self.broken is not None:
+                raise EngineError(self.broken)
 
     # ------------------------------------------------------------------------------------ pools
     @property
@@ -433,6 +469,7 @@ class RolloutEngine:
         keys: one dialogue key per prompt (None entries or keys=None: stateless requests). Returns one Sample
         per prompt, in order (tokens through the stop id, log-probs at the request's temperature). Requests
         submitted from other threads (`submit`) share the slots meanwhile."""
+        self._check_healthy()
         with self._lock:
             reqs = self._requests(prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids,
                                   logprob_temperature)
@@ -463,7 +500,9 @@ class RolloutEngine:
         bad one raises ValueError / EngineError now). It joins the running batch at the next scheduler round:
         whoever drives the scheduler (`step`, `run_until_idle`, a `generate_tokens` call, or an `EngineLoop`)
         runs it alongside everything else. Settings as `generate_tokens` for one prompt; `on_token` see
-        EngineRequest. seed=None: one derived from (engine seed, submission count)."""
+        EngineRequest. seed=None: one derived from (engine seed, submission count). A broken engine (`broken`)
+        raises EngineError."""
+        self._check_healthy()
         with self._submit_lock:
             if seed is None:
                 seed = [_derive_seed(self.seed, 1 << 40, self._submitted)]
@@ -509,6 +548,7 @@ class RolloutEngine:
     def _fail_all(self, e: BaseException) -> None:
         self._end_all("error", f"{type(e).__name__}: {e}")
         self._slots = [None] * self.ec.slots
+        self._recover()
 
     def _end_all(self, reason: str, error: str | None = None) -> None:
         """Ends every queued and running request with finish `reason` (their dialogues are forgotten)."""

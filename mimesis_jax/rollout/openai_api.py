@@ -15,13 +15,18 @@ and `return_token_ids` (the generated `token_ids` on each choice). With thinking
 `reasoning_content` and the public reply in `content` (as vLLM's reasoning parsers do). Completions fields:
 `prompt` (a string, a list of strings, a list of token ids or a list of such lists; no chat template is applied),
 `logprobs` (0 only: `tokens`, `token_logprobs`, `text_offset`), `echo` false, and the same sampling fields.
-A bad request gets HTTP 400 with an OpenAI-style JSON error naming the offending field.
+A bad request gets HTTP 400 with an OpenAI-style JSON error naming the offending field (invalid text such as a
+lone surrogate included; prompt tokens + max_tokens beyond `backend.context()` too, checked before any work, so
+a stream is refused before its first byte). `create_app`'s guards answer in the same shape: 401 without a
+configured API key, 413 beyond the body limit, 429 (Retry-After) beyond the choices in flight, 503 while the
+backend reports itself unhealthy. A client that disconnects cancels its choices (streamed or not).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import time
 import uuid
@@ -43,15 +48,25 @@ class BadRequest(ValueError):
 
 
 # ------------------------------------------------------------------------------------ requests
+def _valid_text(s: str, where: str, param: str) -> str:
+    """`s` if it is encodable text; a lone surrogate (JSON "\\ud800") is no character: BadRequest naming it."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(f"{where}: invalid text (a lone surrogate {s[e.start]!r} at character {e.start}); send "
+                         "valid UTF-8", param) from None
+    return s
+
+
 def _content_text(content, i: int) -> str:
     if isinstance(content, str):
-        return content
+        return _valid_text(content, f"messages[{i}].content", f"messages[{i}]")
     if isinstance(content, list):
         parts = []
         for j, p in enumerate(content):
             if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
                 raise BadRequest(f"messages[{i}].content[{j}]: only text parts are supported", f"messages[{i}]")
-            parts.append(p["text"])
+            parts.append(_valid_text(p["text"], f"messages[{i}].content[{j}]", f"messages[{i}]"))
         return "".join(parts)
     raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]")
 
@@ -82,6 +97,8 @@ def _sampling_fields(body: dict, max_tokens_limit: int, max_n: int) -> dict:
         stop = [stop]
     elif not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
+    for s in stop:
+        _valid_text(s, "'stop'", "stop")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequest(f"'seed' must be an integer, got {seed!r}", "seed")
@@ -94,6 +111,7 @@ def _sampling_fields(body: dict, max_tokens_limit: int, max_n: int) -> dict:
     mt = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return {
         "max_tokens": number(mt, 1, max_tokens_limit, None, integer=True),
+        "max_tokens_field": mt,
         "temperature": number("temperature", 0.0, 2.0, None),
         "top_p": number("top_p", 1e-9, 1.0, None),
         "top_k": number("top_k", 0, 1 << 30, None, integer=True),
@@ -153,6 +171,9 @@ def parse_completion_request(body, max_tokens_limit: int, vocab_size: int, max_n
                          f"[0, {vocab_size}) or a list of such lists", "prompt")
     if any(isinstance(x, str) and not x for x in prompts):
         raise BadRequest("'prompt' must not be empty", "prompt")
+    for x in prompts:
+        if isinstance(x, str):
+            _valid_text(x, "'prompt'", "prompt")
     req = _sampling_fields(body, max_tokens_limit, max_n)
     lp = body.get("logprobs")
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 5):
@@ -204,6 +225,9 @@ class Backend(Protocol):
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         ...
+
+    # optional: `context() -> (most prompt + completion tokens, what sets it: a flag or config key)`, checked before
+    # any work; `health() -> None | str` (a reason: /health answers 503 with it)
 
 
 class Detokenizer:
@@ -327,28 +351,118 @@ def _chat_message(text: str, thinking: bool) -> dict:
     return {"role": "assistant", "content": utterance or "", "reasoning_content": thought}
 
 
-def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 32768, max_n: int = 16):
-    """The FastAPI app of the OpenAI-compatible API over `backend` (see the module docstring)."""
-    app = FastAPI(title="mimesis_jax serve", docs_url=None, redoc_url=None, openapi_url=None)
-    tok = backend.tok
+def _error(status: int, message: str, param=None, kind="invalid_request_error", code=None, headers=None):
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
 
-    def error(status: int, message: str, param=None, kind="invalid_request_error"):
-        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                            status_code=status)
+
+class _Guard:
+    """ASGI middleware in front of the app: the API keys (`Authorization: Bearer KEY`, compared in constant time
+    with every configured key; /health is open) and the declared body size (Content-Length; a chunked body is
+    counted as it is read, in `create_app`). Keys are never logged or echoed."""
+
+    def __init__(self, app, keys=(), max_body_bytes: int = 0):
+        self.app, self.keys, self.max_body = app, [k.encode() for k in keys], int(max_body_bytes)
+
+    def _authorized(self, headers) -> bool:
+        auth = headers.get(b"authorization", b"")
+        token = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+        ok = False
+        for k in self.keys:  # every key compared, whichever matches: the time does not say which one
+            ok |= hmac.compare_digest(token, k)
+        return ok
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.keys and scope.get("path") != "/health" and not self._authorized(headers):
+            resp = _error(401, "invalid or missing API key: send the header 'Authorization: Bearer KEY' with a key "
+                               "given to serve --api-key (or MIMESIS_API_KEY)", code="invalid_api_key",
+                          headers={"WWW-Authenticate": "Bearer"})
+            return await resp(scope, receive, send)
+        size = headers.get(b"content-length")
+        if self.max_body and size is not None and size.isdigit() and int(size) > self.max_body:
+            resp = _error(413, f"request body of {int(size)} bytes exceeds the {self.max_body}-byte limit "
+                               "(serve --max-body-bytes)", code="request_too_large")
+            return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client of a request whose body was read goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 32768, max_n: int = 16,
+               api_keys=(), max_queued: int = 0, max_body_bytes: int = 0):
+    """The FastAPI app of the OpenAI-compatible API over `backend` (see the module docstring).
+
+    api_keys: accepted bearer keys (none = no authentication; 401 otherwise). max_queued: most choices queued or
+    generating at once (0 = unbounded; beyond it 429 with Retry-After). max_body_bytes: largest request body
+    (0 = unbounded; beyond it 413). Every request's prompt tokens + max_tokens are checked against
+    `backend.context()` before any work (400 naming the field and what sets the limit)."""
+    app = FastAPI(title="mimesis_jax serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_Guard, keys=list(api_keys), max_body_bytes=max_body_bytes)
+    tok = backend.tok
+    error = _error
+    active = {"choices": 0}  # choices queued or generating (the event loop's thread only: no lock)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request, exc):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind=kind)
 
+    class TooLarge(Exception):
+        pass
+
     async def body_of(request: Request):
+        data = b""
+        async for chunk in request.stream():
+            data += chunk
+            if max_body_bytes and len(data) > max_body_bytes:
+                raise TooLarge()
         try:
-            return json.loads(await request.body() or b"null")
+            return json.loads(data or b"null")
         except ValueError as e:
             raise BadRequest(f"request body is not valid JSON ({getattr(e, 'msg', e)})") from None
 
+    def too_large():
+        return error(413, f"request body exceeds the {max_body_bytes}-byte limit (serve --max-body-bytes)",
+                     code="request_too_large")
+
+    def check_context(prompts, req, prompt_param):
+        """max_tokens for the request (the default clipped to the context); BadRequest when prompt + max_tokens
+        cannot fit: before any work, so a stream is refused before its first byte."""
+        limit, source = backend.context() if hasattr(backend, "context") else (None, None)
+        longest = max(len(p) for p in prompts)
+        mt = req["max_tokens"]
+        if limit is None:
+            return mt or backend.max_tokens
+        if longest + 1 > limit:
+            raise BadRequest(f"'{prompt_param}': the prompt has {longest} tokens; with at least 1 new token that "
+                             f"exceeds the context of {limit} tokens ({source})", prompt_param)
+        if mt is None:
+            return min(backend.max_tokens, limit - longest)
+        if longest + mt > limit:
+            f = req["max_tokens_field"]
+            raise BadRequest(f"'{f}': prompt ({longest} tokens) + {f} ({mt}) = {longest + mt} exceeds the context "
+                             f"of {limit} tokens ({source}); lower {f} to at most {limit - longest}", f)
+        return mt
+
+    def queue_full(n):
+        return max_queued and active["choices"] + n > max_queued
+
+    def busy():
+        return error(429, f"the server is at its limit of {max_queued} queued choices (serve --max-queued); "
+                          "retry later", kind="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
+
     @app.get("/health")
     async def health():
+        why = backend.health() if hasattr(backend, "health") else None
+        if why:
+            return JSONResponse({"status": "unhealthy", "error": why}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -366,28 +480,67 @@ def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 327
     async def chat_completions(request: Request):
         try:
             req = parse_request(await body_of(request), max_tokens_limit, max_n)
+            if queue_full(req["n"]):
+                return busy()
             prompt, thinking = backend.render(req["messages"], req["enable_thinking"])
+            req["max_tokens"] = check_context([prompt], req, "messages")
         except BadRequest as e:
             return error(400, str(e), e.param)
-        return await respond("chat", req, [(prompt, sampling(req, i)) for i in range(req["n"])], thinking)
+        except TooLarge:
+            return too_large()
+        return await respond("chat", req, [(prompt, sampling(req, i)) for i in range(req["n"])], thinking, request)
 
     @app.post("/v1/completions")
     @app.post("/completions")
     async def completions(request: Request):
         try:
             req = parse_completion_request(await body_of(request), max_tokens_limit, tok.vocab_size, max_n)
+            if queue_full(req["n"] * len(req["prompts"])):
+                return busy()
+            prompts = [list(tok.encode(p)) if isinstance(p, str) else list(p) for p in req["prompts"]]
+            req["max_tokens"] = check_context(prompts, req, "prompt")
         except BadRequest as e:
             return error(400, str(e), e.param)
-        prompts = [list(tok.encode(p)) if isinstance(p, str) else list(p) for p in req["prompts"]]
+        except TooLarge:
+            return too_large()
         choices = [(p, sampling(req, k * req["n"] + i)) for k, p in enumerate(prompts) for i in range(req["n"])]
-        return await respond("text", req, choices, False)
+        return await respond("text", req, choices, False, request)
 
-    async def respond(kind, req, choices, thinking):
+    async def respond(kind, req, choices, thinking, request=None):
+        if queue_full(len(choices)):  # checked again: the prompt was rendered meanwhile
+            return busy()
+        why = backend.health() if hasattr(backend, "health") else None
+        if why:
+            return error(503, why, kind="server_error", code="unhealthy", headers={"Retry-After": "5"})
+        active["choices"] += len(choices)
+        if not req["stream"]:
+            work = asyncio.ensure_future(answer(kind, req, choices, thinking))
+            gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+            try:
+                await asyncio.wait([work] + ([gone] if gone else []), return_when=asyncio.FIRST_COMPLETED)
+                if not work.done():  # the client went away: its generation is cancelled
+                    work.cancel()
+                    return error(499, "client closed the request")
+                return work.result()
+            finally:
+                if gone is not None:
+                    gone.cancel()
+                active["choices"] -= len(choices)
+
+        async def counted(gen):
+            try:
+                async for x in gen:
+                    yield x
+            finally:
+                active["choices"] -= len(choices)
+        return await answer(kind, req, choices, thinking, counted)
+
+    async def answer(kind, req, choices, thinking, counted=None):
         n_prompt = sum(len(p) for p, _ in choices[::req["n"]])  # each prompt once, however many choices
         head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}",
                 "created": int(time.time()), "model": model_name}
         if req["stream"]:
-            return StreamingResponse(stream(kind, req, choices, thinking, head, n_prompt),
+            return StreamingResponse(counted(stream(kind, req, choices, thinking, head, n_prompt)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
         async def run(prompt, params):

@@ -54,6 +54,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
@@ -183,9 +184,24 @@ def _constrain_cache(config: ModelConfig, cache):
                         is_leaf=is_axes)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+_CANCEL: dict[int, np.ndarray] = {}  # call id -> bool [rows]: rows whose caller went away (set from any thread)
+_CANCEL_IDS = iter(range(1, 1 << 31))
+CANCEL_CHECK_EVERY = 4  # decode steps between looks at the cancel flags (one host callback each)
+
+
+def _cancelled_rows(call_id, n_rows: int) -> np.ndarray:
+    flags = _CANCEL.get(int(call_id))
+    out = np.zeros((n_rows,), bool)
+    if flags is not None:
+        k = min(n_rows, len(flags))
+        out[:k] = flags[:k]
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3), static_argnames=("cancellable",))
 def _generate_bucket(config: ModelConfig, params, n_new: int, filtering: int, tokens, positions, segments,
-                     lengths, temperature, lp_temperature, top_k, top_p, max_new, stops, seeds, salts, live):
+                     lengths, temperature, lp_temperature, top_k, top_p, max_new, stops, seeds, salts, live,
+                     cancel_id=0, cancellable: bool = False):
     _TRACES["count"] += 1
     B, P = tokens.shape
     row_keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(seeds, salts)
@@ -220,6 +236,13 @@ def _generate_bucket(config: ModelConfig, params, n_new: int, filtering: int, to
         out_lp = out_lp.at[:, i].set(jnp.where(write, lp, 0.0))
         count = count + write.astype(jnp.int32)
         done = done | is_stop(new) | (i + 1 >= max_new)
+        if cancellable:  # rows whose caller went away stop (every CANCEL_CHECK_EVERY steps: a host callback)
+            gone = jax.lax.cond(
+                i % CANCEL_CHECK_EVERY == 0,
+                lambda: io_callback(functools.partial(_cancelled_rows, n_rows=B),
+                                                     jax.ShapeDtypeStruct((B,), jnp.bool_), cancel_id),
+                lambda: jnp.zeros((B,), jnp.bool_))
+            done = done | gone
         return i + 1, new, cache, out_tok, out_lp, done, count
 
     carry = (jnp.int32(1), tok, cache, out_tok, out_lp, done, count)
@@ -250,7 +273,7 @@ def _stop_lists(stop_ids, n: int) -> list[list[int]]:
 def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_new_tokens,
              temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), seed=0, mesh=None,
              buckets: Buckets | None = None, logprob_temperature: str | float = "sampling",
-             max_batch: int = 0) -> list[Sample]:
+             max_batch: int = 0, cancel: np.ndarray | None = None) -> list[Sample]:
     """Samples a continuation of every prompt (token id lists of any lengths) in batched programs.
 
     See the module docstring for the sampling rules, the log-prob temperature ("sampling": each request's own
@@ -259,6 +282,9 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
     consecutive chunks of at most `max_batch`, each with its own batch / prompt bucket, so the KV cache and the
     prefill hold one chunk at a time. Row r keeps its key (seed, global index r) whatever the chunking: the
     samples are those of a single call.
+    `cancel` (no mesh): a bool array [len(prompts)] another thread may set while the call runs; a row set True
+    stops decoding within CANCEL_CHECK_EVERY steps (its sample ends early, marked "length"; the caller that
+    cancelled it discards it). The other rows' samples do not change.
     """
     prompts = list(prompts)
     n = len(prompts)
@@ -310,12 +336,13 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
     for a in range(0, n, step):
         rows = slice(a, min(n, a + step))
         samples += _generate_chunk(config, params, prompts[rows], max_new[rows], temps[rows], lp_temps[rows],
-                                   tps[rows], tks[rows], stops[rows], seeds[rows], salts[rows], mesh, buckets)
+                                   tps[rows], tks[rows], stops[rows], seeds[rows], salts[rows], mesh, buckets,
+                                   None if cancel is None or mesh is not None else cancel[rows])
     return samples
 
 
 def _generate_chunk(config, params, prompts, max_new, temps, lp_temps, tps, tks, stops, seeds, salts, mesh,
-                    buckets: Buckets) -> list[Sample]:
+                    buckets: Buckets, cancel=None) -> list[Sample]:
     """One compiled call over validated per-request lists (params already placed on `mesh`)."""
     n = len(prompts)
     B = buckets.batch(n, sharding.batch_shard_count(mesh, config))
@@ -346,7 +373,15 @@ def _generate_chunk(config, params, prompts, max_new, temps, lp_temps, tps, tks,
               pad(tks, 0, np.int32), pad(tps, 1.0, np.float32), pad(max_new, 1, np.int32), stop_arr,
               pad([s % (1 << 32) for s in seeds], 0, np.uint32), pad(salts, 0, np.uint32), live)
     if mesh is None:
-        out_tok, out_lp, count = _generate_bucket(config, params, N, filtering, *inputs)
+        cid = next(_CANCEL_IDS) if cancel is not None else 0
+        if cancel is not None:
+            _CANCEL[cid] = cancel
+        try:
+            out_tok, out_lp, count = _generate_bucket(config, params, N, filtering, *inputs, np.int32(cid),
+                                                      cancellable=cancel is not None)
+            out_tok, out_lp, count = jax.device_get((out_tok, out_lp, count))
+        finally:
+            _CANCEL.pop(cid, None)
     else:
         placed = [jax.device_put(x, sharding.batch_sharding(mesh, x.shape, config)) for x in inputs]
         with sharding.use_mesh(mesh):

@@ -5,8 +5,14 @@
     python -m mimesis_jax.rollout.serve --checkpoint HF_DIR --port 0       # HF directories only
 
 The API (chat and text completions, streaming, n, logprobs; rollout/openai_api.py) is a FastAPI app run by
-uvicorn (`ChatServer`), bound to 127.0.0.1 unless --host says otherwise; no authentication (a client's key is
-accepted and ignored). Its backend here is `EngineBackend`: every choice goes through a `BatchingEngine`, which
+uvicorn (`ChatServer`), bound to 127.0.0.1 unless --host says otherwise. With `--api-key KEY` (repeatable) or
+MIMESIS_API_KEY (comma-separated keys) every route but /health needs `Authorization: Bearer KEY` (compared in
+constant time; 401 otherwise); without a key any request is served, and binding a non-loopback address warns.
+Every request is bounded before any work: prompt tokens + max_tokens within the context (the model's
+max_position_embeddings; with --engine also --engine-max-len and the pool), else 400 naming the field and the
+limit (a stream is refused before its first byte); at most `--max-queued` choices in flight (429 with
+Retry-After beyond); bodies up to `--max-body-bytes` (413 beyond). A client that goes away cancels its
+generation on both backends. Its backend here is `EngineBackend`: every choice goes through a `BatchingEngine`, which
 samples concurrent requests together in ONE sampler call (up to `--max-batch`, waiting at most `--batch-wait-ms`
 for company), every request keeping its own settings. That backend delivers a choice's tokens when its batch is
 done, so a stream carries well-formed OpenAI chunks that arrive together; with `--engine` (below) they arrive as
@@ -25,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import ipaddress
 import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -46,6 +54,14 @@ log = logging.getLogger(__name__)
 class _Job:
     def __init__(self, req, callback=None):
         self.req, self.done, self.result, self.error, self.callback = req, threading.Event(), None, None, callback
+        self.cancelled, self.flags, self.row = False, None, -1  # flags[row]: the running batch's cancel array
+
+    def cancel(self):
+        """The caller went away (any thread): skipped if still queued, stopped within a few steps if running."""
+        self.cancelled = True
+        flags = self.flags
+        if flags is not None:
+            flags[self.row] = True
 
 
 class BatchingEngine:
@@ -59,6 +75,7 @@ class BatchingEngine:
         self._stop = threading.Event()
         self._calls = 0
         self.batch_sizes: list[int] = []  # one entry per sampler call, for tests and logs
+        self.cancelled_tokens: list[int] = []  # tokens sampled for each request cancelled while in a batch
         self._thread = threading.Thread(target=self._loop, name="mimesis-serve-batcher", daemon=True)
         self._thread.start()
 
@@ -81,7 +98,9 @@ class BatchingEngine:
                 fut.set_exception(RuntimeError(job.error))
             else:
                 fut.set_result(job.result)
-        self._q.put(_Job((list(prompt_ids), params), lambda job: loop.call_soon_threadsafe(settle, job)))
+        job = _Job((list(prompt_ids), params), lambda job: loop.call_soon_threadsafe(settle, job))
+        fut.add_done_callback(lambda f: job.cancel() if f.cancelled() else None)  # the client went away
+        self._q.put(job)
         return fut
 
     def close(self):
@@ -105,11 +124,27 @@ class BatchingEngine:
             self._run(jobs)
 
     def _run(self, jobs):
+        import numpy as np
+
         from mimesis_jax.rollout.endpoints import _derive_seed
 
+        for j in jobs:
+            if j.cancelled:  # went away while queued: never sampled
+                j.error = "cancelled"
+                self.cancelled_tokens.append(0)
+                j.done.set()
+        jobs = [j for j in jobs if not j.cancelled]
+        if not jobs:
+            return
         m, ps = self.model, [j.req[1] for j in jobs]
         self.batch_sizes.append(len(jobs))
         self._calls += 1
+        flags = np.zeros((len(jobs),), bool)
+        for i, j in enumerate(jobs):
+            j.row, j.flags = i, flags
+            if j.cancelled:  # cancelled between the look above and now
+                flags[i] = True
+        extra = {"cancel": flags} if "cancel" in inspect.signature(m.generate_tokens).parameters else {}
 
         def pick(name, default):
             return [default if getattr(p, name) is None else getattr(p, name) for p in ps]
@@ -118,9 +153,12 @@ class BatchingEngine:
                 [j.req[0] for j in jobs], max_tokens=pick("max_tokens", m.max_tokens),
                 temperature=pick("temperature", m.temperature), top_p=pick("top_p", m.top_p),
                 top_k=pick("top_k", m.top_k),
-                seed=[_derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed for i, p in enumerate(ps)])
+                seed=[_derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed for i, p in enumerate(ps)],
+                **extra)
             for j, r in zip(jobs, out):
                 j.result = r
+                if j.cancelled:
+                    self.cancelled_tokens.append(len(r.tokens))
         except Exception as e:  # noqa: BLE001 -- reported to every waiting client as a 500
             log.exception("batched generation failed")
             for j in jobs:
@@ -140,6 +178,9 @@ class EngineBackend:
     def __init__(self, model: LocalChatModel, engine: BatchingEngine):
         self.model, self.engine, self.tok = model, engine, model.tok
         self.stop_ids, self.max_tokens = tuple(model.stop_ids), int(model.max_tokens)
+
+    def context(self):
+        return int(self.model.config.max_position_embeddings), "the model's max_position_embeddings"
 
     def render(self, messages, enable_thinking=None):
         think = self.model.enable_thinking if enable_thinking is None else enable_thinking
@@ -168,6 +209,27 @@ class StreamingEngineBackend:
         self.loop = EngineLoop(model.engine, name="mimesis-serve-engine")
         self._count = 0
         self._count_lock = threading.Lock()
+
+    def context(self):
+        """The longest prompt + completion: the engine's page table (--engine-max-len), the pool
+        (--engine-pages) and the model's positions, whichever is least."""
+        eng = self.loop.engine
+        ec = eng.ec
+        pool = (ec.num_pages - 1) * ec.page_size
+        limits = [(eng.max_len, f"--engine-max-len, {eng.max_len}"),
+                  (pool, f"--engine-pages {ec.num_pages} x --engine-page-size {ec.page_size}, less the trash page"),
+                  (int(self.model.config.max_position_embeddings), "the model's max_position_embeddings")]
+        return min(limits, key=lambda x: x[0])
+
+    def health(self):
+        """None, or why the engine cannot serve (each look tries to rebuild its pool first)."""
+        from mimesis_jax.rollout.engine import EngineError
+
+        try:
+            self.loop.engine._check_healthy()  # noqa: SLF001
+        except EngineError as e:
+            return str(e)
+        return None
 
     def render(self, messages, enable_thinking=None):
         think = self.model.enable_thinking if enable_thinking is None else enable_thinking
@@ -245,6 +307,17 @@ class BatchedChatModel:
 
 
 # ------------------------------------------------------------------------------------ the server
+def warn_if_exposed(address: str, url: str, keys) -> bool:
+    """Warns (log and stderr) when `address` is not a loopback address and no API key is set; True if it did."""
+    if keys or ipaddress.ip_address(address).is_loopback:
+        return False
+    msg = (f"WARNING: serving on {url}: reachable from other machines, with no authentication "
+           "(pass --api-key KEY or set MIMESIS_API_KEY)")
+    log.warning(msg)
+    print(msg, file=sys.stderr, flush=True)
+    return True
+
+
 class ChatServer:
     """uvicorn serving `create_app` over a LocalChatModel (through a BatchingEngine) or an EngineChatModel (through
     a StreamingEngineBackend; `.engine` is whichever of the two runs the requests). The socket is bound at
@@ -252,7 +325,8 @@ class ChatServer:
     `serve_forever()` from the calling one (Ctrl-C / SIGTERM end it); `stop()` shuts down and closes the engine."""
 
     def __init__(self, model: LocalChatModel, *, host: str = "127.0.0.1", port: int = 8000, model_name: str = "local",
-                 max_batch: int = 32, batch_wait_ms: float = 5.0, max_tokens_limit: int = 32768, max_n: int = 16):
+                 max_batch: int = 32, batch_wait_ms: float = 5.0, max_tokens_limit: int = 32768, max_n: int = 16,
+                 api_keys=(), max_queued: int = 256, max_body_bytes: int = 8 << 20):
         import uvicorn
 
         self.model, self.model_name, self.max_tokens_limit = model, model_name, int(max_tokens_limit)
@@ -262,11 +336,12 @@ class ChatServer:
         else:
             self.engine = BatchingEngine(model, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
             backend = EngineBackend(model, self.engine)
-        self.app = create_app(backend, model_name, max_tokens_limit=max_tokens_limit, max_n=max_n)
+        keys = [k for k in api_keys if k]
+        self.app = create_app(backend, model_name, max_tokens_limit=max_tokens_limit, max_n=max_n, api_keys=keys,
+                              max_queued=max_queued, max_body_bytes=max_body_bytes)
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         self._sock = socket.create_server((host, port), family=family)
-        if not ipaddress.ip_address(self._sock.getsockname()[0]).is_loopback:
-            log.warning("serving on %s: reachable from other machines, with no authentication", self.url)
+        warn_if_exposed(self._sock.getsockname()[0], self.url, keys)
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off",
                                                      timeout_graceful_shutdown=5))
         self._thread: threading.Thread | None = None
@@ -320,6 +395,14 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
     parser.add_argument("--max-tokens-limit", type=int, default=32768, help="largest max_tokens accepted")
     parser.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) accepted")
+    parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                        help="a key clients must send (Authorization: Bearer KEY); repeatable; also the "
+                             "comma-separated MIMESIS_API_KEY. None: no authentication")
+    parser.add_argument("--max-queued", type=int, default=256,
+                        help="most choices queued or generating at once; beyond it 429 with Retry-After (0 = no "
+                             "limit)")
+    parser.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                        help="largest request body in bytes; beyond it 413 (0 = no limit)")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -413,7 +496,16 @@ def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str 
                           max_tokens=max_tokens, seed=seed, name=name)
 
 
+def api_keys_from(args) -> list[str]:
+    """--api-key values and the comma-separated MIMESIS_API_KEY (empty entries dropped)."""
+    env = os.environ.get("MIMESIS_API_KEY", "")
+    return [k.strip() for k in list(getattr(args, "api_key", None) or []) + env.split(",") if k.strip()]
+
+
 def build_server(args, trained_loader=None) -> ChatServer:
+    for flag, v in (("--max-queued", args.max_queued), ("--max-body-bytes", args.max_body_bytes)):
+        if v < 0:
+            raise SystemExit(f"{flag} {v}: must be >= 0 (0 = no limit)")
     model = load_chat_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype,
                             generation_role=args.generation_role, enable_thinking=args.enable_thinking,
                             max_tokens=args.max_tokens, seed=args.seed, name=args.model_name,
@@ -427,7 +519,8 @@ def build_server(args, trained_loader=None) -> ChatServer:
                                 max_tokens=model.max_tokens, seed=model.seed, name=model.name)
     return ChatServer(model, host=args.host, port=args.port, model_name=model.name, max_batch=args.max_batch,
                       batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit,
-                      max_n=args.max_n)
+                      max_n=args.max_n, api_keys=api_keys_from(args), max_queued=args.max_queued,
+                      max_body_bytes=args.max_body_bytes)
 
 
 def run(args, trained_loader=None) -> int:
