@@ -274,3 +274,62 @@ def test_agentrl_command_sigterm_checkpoint_resume_and_validation(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resume: {wd} from step {stopped}" in again.stdout
     assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()][-1] == stopped + 1
+
+
+# --------------------------------------------------------------------------------- bounded dialogues
+SMALL_STEP = ("train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=1",
+              "rollout.agent_max_tokens=24")
+
+
+def test_row_len_equal_to_the_context_limit_trains(tmp_path):
+    """row_len == rollout.max_context_tokens (as the paper configs set it): every dialogue fits its row (the tool
+    result / user turn after the last agent turn is dropped when it does not fit, and counted), the step trains."""
+    seen = {}
+    res = L.run(_cfg("tiny_agentrl_csd.py", *SMALL_STEP, "rollout.mini_batch_prompts=2", "rollout.row_len=120",
+                     "rollout.max_context_tokens=120"),
+                str(tmp_path), user_side=_side(), handle_signals=False, log=lambda *a: None,
+                on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
+    rec, trajs = res.metrics[1], seen[1]
+    assert all(len(t.student_tokens()) <= 120 for t in trajs)
+    cut = [t for t in trajs if t.meta.get("dropped_tail_tokens")]
+    assert cut and rec["context_cut"] == len(cut)  # the limit did bind (before the fix: "N tokens exceed row_len")
+    assert rec["context_cut_tokens"] == sum(t.meta["dropped_tail_tokens"] for t in cut)
+    assert all(t.meta["end_reason"] == "context_limit" for t in cut)
+    assert rec["updates"] == 1 and np.isfinite(rec["loss"]) and rec["no_agent_turn"] == 0
+    assert rec["coach_notes"] > 0  # CSD on: the coached turns' teacher branches packed beside the 120-token rows
+
+
+
+def test_dialogues_with_no_agent_turn_are_skipped_and_counted(tmp_path):
+    """A prompt that leaves no room for a first agent turn: the dialogue ends ok with no turn; the loop counts it
+    (no_agent_turn), leaves it out of its group (here every group is skipped) and of the reward means."""
+    seen = {}
+    res = L.run(_cfg("tiny_agentrl_grpo.py", *SMALL_STEP, "rollout.row_len=60", "rollout.max_context_tokens=60"),
+                str(tmp_path), user_side=_side(), handle_signals=False, log=lambda *a: None,
+                on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
+    rec, trajs = res.metrics[1], seen[1]
+    assert all(t.status == "ok" and t.num_agent_turns == 0 for t in trajs) and len(trajs) == 4
+    assert (rec["no_agent_turn"], rec["skipped_groups"], rec["trained_groups"], rec["updates"]) == (4, 2, 0, 0)
+    assert rec["invalid"] == 0 and rec["reward_mean"] == 0.0
+
+
+@pytest.mark.parametrize("sets,match", [
+    (("rollout.row_len=100", "rollout.max_context_tokens=120"), r"'rollout.row_len': must be >= rollout.max_context"),
+    (("rollout.row_len=0", "rollout.max_context_tokens=30"), r"'rollout.max_context_tokens': = 30 leaves no room .*"
+     r"rollout.agent_max_tokens=24 \+ 16 header tokens need 40; raise rollout.max_context_tokens"),
+    (("rollout.row_len=30", "rollout.max_context_tokens=0"), r"'rollout.row_len': = 30 leaves no room"),
+    (("rollout.row_len=600", "rollout.max_context_tokens=500", "gyms.max_prompt_tokens=480"),
+     r"a prompt of gyms.max_prompt_tokens=480 \+ rollout.agent_max_tokens=24 \+ 16 header tokens need 520"),
+])
+def test_context_budget_errors_name_the_key(sets, match):
+    from mimesis_jax.models.config import ConfigError
+    with pytest.raises(ConfigError, match=match):
+        _cfg("tiny_agentrl_grpo.py", "rollout.agent_max_tokens=24", *sets).validate()
+
+
+def test_paper_configs_budget_a_first_turn():
+    for name in ("qwen3_8b_agentrl_grpo.py", "qwen3_8b_agentrl_csd.py"):
+        cfg = L.load(os.path.join(ROOT, "configs", name)).validate()
+        r = cfg.rollout
+        assert r.row_len == r.max_context_tokens == L.context_budget(r)
+        assert r.max_context_tokens >= cfg.gyms.max_prompt_tokens + r.agent_max_tokens + L.HEADER_TOKENS

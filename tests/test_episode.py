@@ -258,3 +258,44 @@ def test_bad_tasks_are_named(tok):
     t.env = Broken("a")
     with pytest.raises(RuntimeError, match=r"task 0 \(rollout \d+\), agent turn 0: the environment raised KeyError"):
         run_episodes(ScriptedAgent(tok, [tool_call_text("search", "hint")]), None, [t])
+
+
+def test_context_limit_bounds_the_recorded_dialogue_exactly(tok):
+    """max_context_tokens bounds what is RECORDED: the public segments after an agent turn (closing newline, tool
+    result, user turn) are kept only while they fit (the rest is dropped and counted), and the env / simulator still
+    see the turn, so its reward is unchanged. Lengths come from an unbounded run of the same dialogue."""
+    reply = tool_call_text("action", "What is the secret?")
+    A = len(tok.encode(reply)) + 1  # + <|im_end|>
+    n0 = len(render_messages(tok, _task().agent_messages, tools=[INTERACT_TOOL]).ids)
+    H = len(generation_prompt(tok, "assistant"))
+
+    def run(limit, turns=2):
+        cfg = EpisodeConfig(max_turns=turns, agent_max_tokens=A, max_context_tokens=limit)
+        [t] = run_episodes(ScriptedAgent(tok, [reply]), ScriptedChatModel([USER_REPLY]), [_task()], cfg)
+        return t
+
+    free = run(None, turns=1)  # segments: prompt, header, agent, closing, tool turn, user turn
+    assert [len(s.tokens) for s in free.segments[:3]] == [n0, H, A] and len(free.segments) == 6
+    c, tool, user = (len(s.tokens) for s in free.segments[3:])
+    full = n0 + H + A + c + tool + user
+    assert len(free.student_tokens()) == full
+    cases = {  # limit -> (recorded tokens, dropped tail tokens)
+        full - 1: (full - user, user),  # the user turn does not fit
+        n0 + H + A + c + tool: (full - user, user),
+        n0 + H + A + c: (n0 + H + A + c, tool + user),
+        n0 + H + A: (n0 + H + A, c + tool + user),  # the agent turn fits exactly, nothing after it
+    }
+    for limit, (kept, dropped) in cases.items():
+        t = run(limit)
+        assert len(t.student_tokens()) == kept <= limit, limit
+        assert t.meta.get("dropped_tail_tokens", 0) == dropped, limit
+        assert t.meta["end_reason"] == "context_limit" and t.status == "ok" and t.num_agent_turns == 1
+        assert t.turn_rewards == free.turn_rewards and t.user_utterances == free.user_utterances
+        assert t.student_tokens() == free.student_tokens()[:kept]
+    # a prompt that leaves no room for the first agent turn: an ok dialogue with no turn (the RL loop skips it)
+    t = run(n0 + H + A - 1)
+    assert (t.status, t.meta["end_reason"], t.num_agent_turns, t.turn_rewards) == ("ok", "context_limit", 0, [])
+    assert len(t.student_tokens()) == n0
+    # with room for two whole turns nothing is dropped
+    t = run(2 * full)
+    assert t.num_agent_turns == 2 and "dropped_tail_tokens" not in t.meta

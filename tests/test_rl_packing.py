@@ -202,3 +202,29 @@ def test_temperature_is_log_softmax_of_the_scaled_logits():
             assert n_coached >= 3
     with pytest.raises(ValueError, match="temperature must be > 0"):
         token_logprobs(CFG, params, np.asarray(students[:1]), temperature=0.0)
+
+
+def test_trailing_loss_free_tokens_past_row_len_are_dropped():
+    """A trajectory longer than row_len keeps its first row_len tokens when its last agent token ends within them
+    (what follows carries no loss: causal attention); an agent token past row_len is still an error."""
+    from mimesis_jax.rollout.trajectory import Segment, Trajectory
+    tr = Trajectory([Segment("public", [11, 12, 13, 14, 15]), Segment("agent", [21, 22, 23], [-0.5, -0.25, -1.0]),
+                     Segment("public", [31, 32, 33, 34, 35, 36])], [1.0])
+    short = Trajectory([Segment("public", [41, 42]), Segment("agent", [51], [-2.0])], [0.0])
+    packed = pack_trajectories([tr, short], advantages=[[1.5], [-1.5]], teacher="none", row_len=10, num_rows=2,
+                               pad_multiple=1)
+    a = packed.arrays
+    assert packed.dropped_tail_tokens == 14 - 10
+    np.testing.assert_array_equal(a["tokens"][0], [11, 12, 13, 14, 15, 21, 22, 23, 31, 32])
+    np.testing.assert_array_equal(a["positions"][0], np.arange(10))
+    np.testing.assert_array_equal(a["segment_ids"][0], [1] * 10)
+    np.testing.assert_array_equal(a["agent_mask"][0], [0, 0, 0, 0, 0, 1, 1, 1, 0, 0])
+    np.testing.assert_allclose(a["old_logp"][0], [0, 0, 0, 0, 0, -0.5, -0.25, -1.0, 0, 0])
+    np.testing.assert_allclose(a["advantages"][0], [0, 0, 0, 0, 0, 1.5, 1.5, 1.5, 0, 0])
+    np.testing.assert_array_equal(a["tokens"][1], [41, 42, 51] + [0] * 7)
+    np.testing.assert_allclose(a["grpo_weight"][0, 5:8], [0.25] * 3)  # token-mean over the 4 agent tokens
+    np.testing.assert_allclose(a["grpo_weight"][1, 2], 0.25)
+    fits = pack_trajectories([tr], teacher="none", row_len=16, pad_multiple=1)
+    assert fits.dropped_tail_tokens == 0 and fits.arrays["tokens"][0, :14].tolist() == tr.student_tokens()
+    with pytest.raises(ValueError, match=r"trajectory 0: 14 tokens exceed row_len=7 \(its last agent token ends at 8"):
+        pack_trajectories([tr], teacher="none", row_len=7, pad_multiple=1)

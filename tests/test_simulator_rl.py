@@ -189,3 +189,44 @@ def test_paper_configs():
     off = S.load(os.path.join(ROOT, "configs", "mimesis_9b_simrl.py"), ["domains.behaviour=false"])
     w = off.domains.weight_map()
     assert w["abcd_behaviour"] == 0.0 and len(w) == 24 and sum(v > 0 for v in w.values()) == 23
+
+
+def test_rollouts_with_no_policy_turn_are_skipped_and_counted(tmp_path):
+    """row_len == rollout.max_context_tokens = 256, shorter than every tiny prompt + max_tokens: each rollout
+    finishes ok before its first policy turn (no segment to train on). They are counted (no_policy_turn), do not
+    count as their group's valid rollouts (every group skipped) and the step makes no update -- before, such
+    groups were kept and the update crashed on an empty mini-batch."""
+    seen = {}
+    cfg = S.load(CONFIG, SMALL + ["train.steps=1", "validation.every=0", "rollout.row_len=256",
+                                  "rollout.max_context_tokens=256"])
+    res = S.run(cfg, str(tmp_path), handle_signals=False, log=lambda *a: None,
+                on_rollouts=lambda step, outs: seen.__setitem__(step, outs))
+    rec, outs = res.metrics[1], seen[1]
+    assert len(outs) == 4 and all(o.status == "ok" and o.end == "context_limit" and not o.segments for o in outs)
+    assert (rec["no_policy_turn"], rec["skipped_groups"], rec["segments"], rec["invalid"]) == (4, 2, 0, 0)
+
+
+@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
+def test_row_len_equal_to_the_context_limit_trains(tmp_path):
+    """row_len == rollout.max_context_tokens (as the 9B config sets it): every policy turn's segment (its prompt and
+    sample) fits one row and the step trains."""
+    seen = {}
+    cfg = S.load(CONFIG, SMALL + ["train.steps=1", "validation.every=0", "rollout.row_len=2048",
+                                  "rollout.max_context_tokens=2048"])
+    res = S.run(cfg, str(tmp_path), handle_signals=False, log=lambda *a: None,
+                on_rollouts=lambda step, outs: seen.__setitem__(step, outs))
+    rec, outs = res.metrics[1], seen[1]
+    segs = [s for o in outs for s in o.segments]
+    assert segs and all(len(s.student_tokens()) <= 2048 for s in segs)
+    assert rec["segments"] == len(segs) and rec["no_policy_turn"] == 0
+    assert "clip_frac_last" in rec and np.isfinite(rec["loss"])  # clip_frac_last: logged only after an update
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["rollout.row_len=1024", "rollout.max_context_tokens=2048"], r"'rollout.row_len': must be >= "),
+    (["rollout.row_len=0", "rollout.max_context_tokens=20"], r"'rollout.max_context_tokens': = 20 leaves no room .*"
+     r"rollout.max_tokens=8 \+ 16 header tokens need 24; raise rollout.max_context_tokens"),
+])
+def test_context_budget_errors_name_the_key(sets, match):
+    with pytest.raises(ConfigError, match=match):
+        S.load(CONFIG, SMALL + sets).validate()

@@ -77,6 +77,7 @@ class PackedRL:
     num_sequences: int
     teacher: str  # the teacher layout actually packed: fused | naive | none (none when nothing is coached)
     old_logp_from_rollout: bool
+    dropped_tail_tokens: int = 0  # trailing public tokens (after a trajectory's last agent token) past row_len
 
     @property
     def num_rows(self) -> int:
@@ -236,7 +237,9 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     gives zeros (scoring only). use_rollout_logprobs: take old log-probs from Segment.logprobs (an agent
     segment without them is an error); False leaves zeros for the step to recompute.
     Rows: see `_assign_rows` (first fit by length, then the teacher-branch load balanced over the rows).
-    row_len / branch_len / naive_len / num_rows / head_len / branch_head_len fix the shapes; None picks the need
+    A trajectory longer than row_len keeps its first row_len tokens when its last agent token ends within them
+    (the dropped trailing public tokens carry no loss and are counted in `dropped_tail_tokens`); else it is an
+    error. row_len / branch_len / naive_len / num_rows / head_len / branch_head_len fix the shapes; None picks the need
     on a ladder (row_len: `bucket` of the longest trajectory; branch_len and the head counts: the longest per-row
     need on the `BRANCH_STEPS` / `HEAD_STEPS` ladders of pad_multiple, head counts capped at the row lengths;
     num_rows: the `ROW_STEPS` ladder of rows_multiple, e.g. micro-batches x batch-sharding devices). In a
@@ -270,9 +273,16 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     n_agent_tr = np.array([sum(n for _, n, _, _ in l.turns) for l in lays], np.int64)
     n_coached_tr = np.array([sum(n for _, n, c, _ in l.turns if c is not None) for l in lays], np.int64)
     Tb_cap = None if branch_len is None else int(branch_len)
+    dropped_tail = 0
     for i, lay in enumerate(lays):
-        if trunk[i] > T:
-            raise ValueError(f"trajectory {i}: {trunk[i]} tokens exceed row_len={T}")
+        if trunk[i] > T:  # the tokens after the last agent token carry no loss (causal): drop what passes T
+            end = max([s + n for s, n, _, _ in lay.turns if n] or [0])
+            if end > T:
+                raise ValueError(f"trajectory {i}: {trunk[i]} tokens exceed row_len={T} (its last agent token "
+                                 f"ends at {end}; only tokens after it can be dropped)")
+            dropped_tail += int(trunk[i]) - T
+            lay.tokens = lay.tokens[:T]
+            trunk[i] = T
         if Tb_cap is not None and blen[i] > Tb_cap:
             raise ValueError(f"trajectory {i}: its teacher branches need {blen[i]} tokens > branch_len={Tb_cap}")
         if head_len is not None and n_agent_tr[i] > head_len:
@@ -368,7 +378,7 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     arr["grpo_weight"] = loss_token_weights(arr["agent_mask"], seq_ids, loss_agg)
     arr["csd_weight"] = (arr["coached_mask"] / n_coached if n_coached else arr["coached_mask"]).astype(np.float32)
     n_seq = len({i for i in range(len(lays)) if any(n for _, n, _, _ in lays[i].turns)})
-    return PackedRL(arr, slots, n_agent, n_coached, n_seq, mode, bool(use_rollout_logprobs))
+    return PackedRL(arr, slots, n_agent, n_coached, n_seq, mode, bool(use_rollout_logprobs), dropped_tail)
 
 
 def unpack_turns(packed: PackedRL, per_token: np.ndarray) -> list[list[np.ndarray]]:

@@ -16,7 +16,8 @@ One round t for every live dialogue (docs/reference/paper.md Eq 2: y_t ~ pi_thet
    rendered as a fresh user turn.
 
 Episodes end when the env terminates/truncates, the user ends it (`env.observe_user`), the turn limit
-(default 16), or the context limit. A simulator that refuses its role (rollout/refusal.py), fails, or never closes
+(default 16), or the context limit (`EpisodeConfig.max_context_tokens`: the recorded tokens never pass it; a tool
+result or user turn that does not fit is dropped from the record and ends the episode). A simulator that refuses its role (rollout/refusal.py), fails, or never closes
 its thought makes the episode INVALID with the reason -- never a reward of 0.
 
 Recorded segments (rollout/trajectory.py): the agent's initial context (public); then per agent turn the
@@ -68,7 +69,11 @@ class EpisodeConfig:
     user_max_tokens: int = 512
     user_temperature: float | None = None  # None: the user model's own default
     user_thinking: bool = True  # the simulator writes "<think>thought</think> utterance"
-    max_context_tokens: int | None = None  # end an episode (status ok) before its context would exceed this
+    # The recorded dialogue never passes this: an episode ends (status ok, "context_limit") before an agent turn
+    # whose prompt + agent_max_tokens would pass it, and the public segments that follow an agent turn (tool
+    # result, user turn) are recorded only while they fit (the rest is dropped, meta["dropped_tail_tokens"]).
+    # An episode whose first prompt leaves no room has no agent turn (meta["turns"] == 0; the RL loops skip it).
+    max_context_tokens: int | None = None
     seed: int = 0
     tools: tuple = (INTERACT_TOOL,)
     refusal_rules: dict[str, str] | None = None  # None: refusal.DEFAULT_RULES
@@ -114,6 +119,7 @@ class _Live:
     pending_user: bool = False
     seed_key: int = 0  # the explicit rollout id, else the task's index: identical calls sample identically
     released: bool = False  # its engine state (if any) was freed
+    cut: bool = False  # a trailing public segment did not fit max_context_tokens: nothing more is recorded
 
 
 _ROLLOUT_IDS = itertools.count(1 << 40)  # default ids: far above the ids training drivers assign from 0
@@ -127,6 +133,19 @@ def _add(ep: _Live, kind: str, tokens, logprobs=None, text=None):
     seg = Segment(kind, list(tokens), None if logprobs is None else list(logprobs), text)
     ep.traj.segments.append(seg)
     ep.context.extend(seg.tokens)
+
+
+def _add_tail(ep: _Live, tokens, limit: int | None):
+    """Appends a public segment that FOLLOWS an agent turn (closing newline, tool result, user turn) if it fits
+    `limit`; else records nothing from here on (the segment and every later one are dropped, counted in
+    meta["dropped_tail_tokens"]) and the dialogue ends "context_limit" after this round. Those tokens carry no
+    loss and no later agent turn would read them, so the recorded dialogue never outgrows its row, while the env
+    and the simulator still see the turn (its rewards are unchanged)."""
+    if ep.cut or (limit is not None and len(ep.context) + len(tokens) > limit):
+        ep.cut = True
+        ep.traj.meta["dropped_tail_tokens"] = ep.traj.meta.get("dropped_tail_tokens", 0) + len(tokens)
+        return
+    _add(ep, "public", tokens)
 
 
 def _end(ep: _Live, reason: str, invalid: str | None = None):
@@ -215,6 +234,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     newline = list(tok.encode("\n"))
     im_end = int(tok.im_end_id)
 
+    limit = cfg.max_context_tokens
     agent_keys = cfg.dialogue_keys and hasattr(agent, "release")
     eps: list[_Live] = []
     seen_ids: dict[int, int] = {}
@@ -269,7 +289,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                 body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
                 reply = tok.decode(body)
                 _add(ep, "agent", s.tokens, s.logprobs, text=reply)
-                _add(ep, "public", newline if ended_cleanly else [im_end] + newline)
+                _add_tail(ep, newline if ended_cleanly else [im_end] + newline, limit)
                 ep.turns += 1
                 if getattr(ep.task.env, "tool_mode", True):
                     calls.append(parse_tool_call(reply))
@@ -300,7 +320,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                                          "to_user": to_user})
                 ep.traj.turn_rewards.append(float(reward))
                 tool_msg = {"role": "tool", "content": tool_feedback(feedback, reward)}
-                _add(ep, "public", render_turn(tok, tool_msg).ids)
+                _add_tail(ep, render_turn(tok, tool_msg).ids, limit)
                 if terminated or truncated:
                     _end(ep, "terminated" if terminated else "truncated")
                 elif to_user is not None and ep.user_view is not None:
@@ -312,7 +332,8 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             # 3. user-simulator turn: one batched call
             for ep, utterance in (_user_turns(pending, user, cfg, refusal, opening=False) if pending else []):
                 # the agent sees the utterance only, as a plain user turn (no think block of any kind)
-                _add(ep, "public", render_turn(tok, {"role": "user", "content": utterance}, enable_thinking=False).ids)
+                _add_tail(ep, render_turn(tok, {"role": "user", "content": utterance}, enable_thinking=False).ids,
+                          limit)
                 extra, stop, uinfo = ep.task.env.observe_user(utterance)
                 ep.traj.turn_rewards[-1] += float(extra)
                 if uinfo:
@@ -320,6 +341,8 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                 if stop:
                     _end(ep, "user_ended")
             for ep in live:
+                if not ep.done and ep.cut:  # what followed this turn passed the limit: no room for another
+                    _end(ep, "context_limit")
                 if not ep.done and ep.turns >= cfg.max_turns:
                     _end(ep, "turn_limit")
     finally:  # an env that raised leaves no dialogue state behind either

@@ -84,7 +84,9 @@ class RolloutConfig:
     mini_batch_prompts: int = 16  # tasks (whole groups) per optimizer update (UserRL mini-batch 16)
     max_turns: int = 16  # agent turns per dialogue (Table 13)
     agent_max_tokens: int = 8192  # per agent turn
-    max_context_tokens: int = 0  # a dialogue ends (status ok) before its context would pass this (0 = no limit)
+    # a dialogue ends (status ok) before an agent turn would pass this, and what follows a turn is recorded only
+    # while it fits (episode.py): the recorded dialogue never passes it. 0 = rollout.row_len; both 0 = no limit
+    max_context_tokens: int = 0
     temperature: float = 1.0  # agent sampling temperature in training (Table 13)
     row_len: int = 0  # packed row length; 0 = bucketed from the batch
     min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
@@ -158,8 +160,8 @@ class AgentRLConfig:
              "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
         need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
         validate_engine_keys(r, need)
-        need(not (r.row_len and r.max_context_tokens and r.row_len < r.max_context_tokens), "rollout.row_len",
-             f"must be >= rollout.max_context_tokens={r.max_context_tokens} (a whole dialogue fits one row)")
+        validate_context_budget(r, r.agent_max_tokens, "rollout.agent_max_tokens", need,
+                                prompt_tokens=self.gyms.max_prompt_tokens, prompt_key="gyms.max_prompt_tokens")
         need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
         need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
              f"must be in [2, rollout.group_size={r.group_size}]")
@@ -179,6 +181,34 @@ class AgentRLConfig:
              "set at most one of init.from_workdir and init.from_hf")
         self.gyms.validate()
         return self
+
+
+# <|im_start|>assistant\n (+ <think>\n\n</think>\n\n): a generous bound on the generation header in any tokenizer
+HEADER_TOKENS = 16
+
+
+def context_budget(r) -> int:
+    """The tokens a recorded dialogue (agentrl) or policy-turn segment (simrl) may hold: rollout.max_context_tokens,
+    else rollout.row_len (a dialogue must fit its row), else 0 = unbounded. The runners never record more."""
+    return int(r.max_context_tokens or r.row_len or 0)
+
+
+def validate_context_budget(r, turn_tokens: int, turn_key: str, need, *, prompt_tokens: int = 0,
+                            prompt_key: str = "") -> None:
+    """row_len against the budget a dialogue really needs. The runners bound every recorded dialogue by
+    `context_budget(r)` (the agent turn is sampled only when prompt + its max tokens fit; what follows it is recorded
+    only while it fits), so rows of row_len >= that budget always hold it. The budget must leave room for one turn
+    of `turn_tokens` (+ the generation header) after the longest prompt (`prompt_tokens`, 0 = unknown), else
+    dialogues end with no turn to train on."""
+    need(not (r.row_len and r.max_context_tokens and r.row_len < r.max_context_tokens), "rollout.row_len",
+         f"must be >= rollout.max_context_tokens={r.max_context_tokens} (a whole dialogue fits one row)")
+    budget = context_budget(r)
+    if budget:
+        key = "rollout.max_context_tokens" if r.max_context_tokens else "rollout.row_len"
+        first = prompt_tokens + turn_tokens + HEADER_TOKENS
+        longest = f"a prompt of {prompt_key}={prompt_tokens} + " if prompt_tokens else ""
+        need(budget >= first, key, f"= {budget} leaves no room for a first turn: {longest}{turn_key}={turn_tokens} "
+             f"+ {HEADER_TOKENS} header tokens need {first}; raise {key} (or lower {turn_key})")
 
 
 def validate_engine_keys(r, need) -> None:
@@ -361,13 +391,18 @@ def _mean(xs):
 
 
 def _group_filter(trajs, min_valid: int):
-    """(kept trajectories, invalid count, skipped groups): invalid episodes leave their group; a group with
-    fewer than `min_valid` valid dialogues is skipped whole."""
+    """(kept trajectories, invalid count, skipped groups, no-turn count): invalid episodes and ok episodes with no
+    agent turn (the prompt left no room for one under the context limit: nothing to train on, no turn reward to
+    normalise) leave their group, each counted; a group with fewer than `min_valid` remaining dialogues is
+    skipped whole."""
     groups: dict[int, list] = {}
-    invalid = 0
+    invalid = no_turn = 0
     for t in trajs:
         if t.status != "ok":
             invalid += 1
+            continue
+        if t.num_agent_turns == 0:
+            no_turn += 1
             continue
         groups.setdefault(t.group_id, []).append(t)
     all_groups = {t.group_id for t in trajs}
@@ -378,7 +413,7 @@ def _group_filter(trajs, min_valid: int):
             skipped += 1
         else:
             kept.append(members)
-    return kept, invalid, skipped
+    return kept, invalid, skipped, no_turn
 
 
 def _global_minibatch_order(kept: list[list]) -> list[list]:
@@ -447,7 +482,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     side = build_user_side(cfg.users, trained_loader, engine_config=sim_engine) if own_side else user_side
     ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
                          agent_temperature=r.temperature, user_temperature=0.0,
-                         max_context_tokens=r.max_context_tokens or None,
+                         max_context_tokens=context_budget(r) or None,
                          user_thinking=cfg.users.simulator_thinking, user_max_tokens=cfg.users.simulator_max_tokens,
                          env_workers=r.env_workers)
     log(f"agentrl: {model_config.model_type} | mesh {dict(mesh.shape)} | {r.prompts_per_step} tasks x "
@@ -496,7 +531,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                              r.group_size, r.travel_reward_variant)
             next_rid += len(drawn) * r.group_size  # every process counts the rollouts of all processes
             t1 = time.perf_counter()
-            kept, n_invalid, skipped = _group_filter(trajs, r.min_valid_per_group)
+            kept, n_invalid, skipped, n_no_turn = _group_filter(trajs, r.min_valid_per_group)
             kept = _global_minibatch_order(kept)
             n_notes = 0
             if cfg.rl.alpha > 0 and kept:
@@ -537,7 +572,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             step += 1
             state["step"] = rl_run.step_array(step, mesh)
             t3 = time.perf_counter()
-            rec = _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cfg,
+            rec = _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, ms, scoring, grpo, cfg,
                                rollout_s=t1 - t0, coach_s=t2 - t1, train_s=t3 - t_adv,
                                lr=float(schedule(max(0, step * cfg.updates_per_step() - 1))))
             if infopo_credit:
@@ -570,26 +605,29 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     return AgentRLResult(workdir, start, step, history, preempted, saved)
 
 
-def _step_record(trajs, kept, n_invalid, skipped, n_notes, ms, scoring, grpo, cfg, **timing) -> dict:
+def _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, ms, scoring, grpo, cfg, **timing) -> dict:
     """One step's metrics over the episodes of EVERY process (gathered per episode, in rollout-id order, and the
     counts summed), so all processes log the same numbers; `kept` is already the global list of kept groups."""
     def summary(t):
-        ok = t.status == "ok"
+        ok = t.status == "ok" and t.num_agent_turns > 0  # a dialogue with no agent turn has no score (skipped)
         return {"rid": int(t.rollout_id), "ok": ok, "gym": t.task.get("gym", "?"),
                 "score": float(grpo.trajectory_score(t.turn_rewards, cfg.rl.score, cfg.rl.gamma)) if ok else 0.0,
                 "train": float(scoring.training_reward([s.get("reward", 0.0) for s in t.env_info])) if ok else 0.0,
-                "turns": int(t.num_agent_turns),
+                "turns": int(t.num_agent_turns), "cut": int(t.meta.get("dropped_tail_tokens", 0)),
                 "agent_tokens": sum(len(s.tokens) for s in t.segments if s.kind == "agent")}
     eps = sorted(rl_run.gather_list([summary(t) for t in trajs]), key=lambda e: e["rid"])
     if jax.process_count() > 1:
-        n_invalid, skipped, n_notes = (int(x) for x in np.sum(rl_run.gather_list([[n_invalid, skipped, n_notes]]),
-                                                              axis=0))
+        n_invalid, skipped, n_no_turn, n_notes = (
+            int(x) for x in np.sum(rl_run.gather_list([[n_invalid, skipped, n_no_turn, n_notes]]), axis=0))
     valid = [e for e in eps if e["ok"]]
     rec: dict[str, Any] = {
         "reward_mean": _mean(e["score"] for e in valid),
         "train_reward_mean": _mean(e["train"] for e in valid),
         "episodes": len(eps), "invalid": n_invalid, "invalid_frac": n_invalid / max(1, len(eps)),
         "skipped_groups": skipped, "trained_groups": len(kept), "updates": len(ms), "coach_notes": n_notes,
+        "no_agent_turn": n_no_turn,  # ok dialogues whose prompt left no room for an agent turn (not trained)
+        "context_cut": sum(e["cut"] > 0 for e in eps),  # dialogues whose trailing tool/user turn passed the limit
+        "context_cut_tokens": sum(e["cut"] for e in eps),
         "turns_mean": _mean(e["turns"] for e in eps),
     }
     for gym in sorted({e["gym"] for e in eps}):

@@ -96,7 +96,9 @@ class SimRolloutConfig:
     group_size: int = 8  # Table 7: 64 x 8 = 512 rollouts per step
     mini_batch_prompts: int = 16
     max_tokens: int = 2048  # per simulator turn (thought + utterance)
-    max_context_tokens: int = 0  # finish a rollout (env.finish) before a turn's prompt would pass this; 0 = none
+    # finish a rollout (env.finish) before a turn's prompt + max_tokens would pass this; 0 = rollout.row_len (a
+    # policy turn's segment must fit its row), both 0 = none
+    max_context_tokens: int = 0
     temperature: float = 1.0
     thinking: bool = True  # ablation: the simulator reasons before each turn (Table 7: on)
     fold: bool = True  # FoldGRPO statistics over unique rollout ids; False = the naive per-segment ablation
@@ -164,6 +166,7 @@ class SimRLConfig:
         need(isinstance(r.max_batch, int) and not isinstance(r.max_batch, bool) and r.max_batch >= 0,
              "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
         need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
+        agent_rl_loop.validate_context_budget(r, r.max_tokens, "rollout.max_tokens", need)
         agent_rl_loop.validate_engine_keys(r, need)
         need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
         need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
@@ -379,7 +382,8 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
                 tasks.append(SimEpisodeTask(env, group_id=first_group + p, rollout_id=first_rid + p * group_size + k,
                                             domain=d, task={"domain": d, "record": i}))
         ec = SimEpisodeConfig(max_tokens=r.max_tokens, temperature=temperature, seed=seed,
-                              max_context_tokens=r.max_context_tokens or None, env_workers=r.env_workers)
+                              max_context_tokens=agent_rl_loop.context_budget(r) or None,
+                              env_workers=r.env_workers)
         return run_sim_episodes(policy, tasks, ec, tokenizer=tok)
 
     records_of = records
@@ -397,8 +401,10 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
             groups: dict[int, list] = {}
             for o in outs:
                 groups.setdefault(o.group_id, []).append(o)
+            # a valid rollout that finished before its first policy turn (the context limit left no room) has no
+            # segment to train on: it does not count towards its group's valid rollouts (metric no_policy_turn)
             kept = [g for _, g in sorted(groups.items())
-                    if sum(o.status == "ok" for o in g) >= r.min_valid_per_group]
+                    if sum(o.status == "ok" and bool(o.segments) for o in g) >= r.min_valid_per_group]
             skipped = len(groups) - len(kept)
             if jax.process_count() > 1:  # all processes' kept groups in order, [] where another process has it
                 mine = {g[0].group_id: g for g in kept}
@@ -475,6 +481,7 @@ def step_record(outs, skipped: int, running: dict[str, list[float]], **timing) -
         "reward_mean": _mean(o.reward for o in valid), "rollouts": len(outs),
         "segments": sum(len(o.segments) for o in outs), "invalid": n_invalid,
         "invalid_frac": n_invalid / max(1, len(outs)), "skipped_groups": skipped,
+        "no_policy_turn": sum(not o.segments for o in valid),
         "thought_words_mean": _mean(len(t.split()) for o in outs for t in o.thoughts if t is not None),
     }
     rec["segments_per_rollout"] = rec["segments"] / max(1, len(outs))
