@@ -1,7 +1,7 @@
 """The paper's direction on a toy (paper §4.2, Appendix E): GRPO vs GRPO + CSD when the simulator's hindsight is
 informative, and the control where it is not. A script, not a test (several minutes on a CPU).
 
-    python experiments/csd_toy.py --out runs/csd_toy [--seeds 0 1 2] [--steps 20] [--alpha 0.5]
+    python experiments/csd_toy.py --out runs/csd_toy [--seeds 0 1 2 3 4 5 6 7] [--steps 20] [--alpha 0.5]
 
 The toy (envs/toy.py, ToyKeyword): the user privately likes replies whose words start with 's'; each agent turn is
 rewarded by the fraction of its words that do. The rule-based user's private thought says how the reply matched,
@@ -15,9 +15,10 @@ so a coach reading it (Eq 7) can write the right note: "Use many words that star
 2. **RL without notes** from that agent, three arms x seeds, everything else equal (configs/tiny_agentrl_csd.py):
    * `grpo`: alpha = 0;
    * `csd`: GRPO + alpha CSD with the informative coach (the note names the user's letter);
-   * `csd_shuffled` (control): the same, but each note names a random letter -- uninformative hindsight.
-   Reported per arm: reward curves (mean over seeds), steps to reach the reward threshold (mean and spread;
-   runs that never reach it count as steps + 1 and are marked), final reward. Theory (Appendix E) predicts a gain
+   * `csd_shuffled` (control): the same, but each note names a random letter of ToyCoach.NULL_LETTERS ("bdhk":
+     never the target, never taught in the warm start) -- hindsight independent of the target.
+   Reported per arm: reward curves (mean over seeds), steps to reach the reward threshold (mean with a 95%
+   Student-t interval over seeds; runs that never reach it count as steps + 1 and are marked), final reward. Theory (Appendix E) predicts a gain
    only when the note's weights co-vary with the advantage: `csd` faster than `grpo`, `csd_shuffled` no faster.
 It prints the table and writes `csd_toy.png` and `csd_toy.json` to --out.
 """
@@ -141,6 +142,52 @@ def note_following(config, params, tok, words, seed: int, n: int = 32) -> dict:
     return out
 
 
+def note_covariance(config, params, tok, arm: str, seed: int, groups: int = 8, group_size: int = 8,
+                    beta: float = 5.0) -> float:
+    """Appendix E's Cov(w, A) on one arm's notes, measured at the warm-started agent (every RL run's start):
+    per group, `group_size` sampled replies to one prompt, A = the group-normalised ToyKeyword reward (GRPO's
+    advantage), w = the reply's mean Eq 9 weight sigmoid(beta (log pi(y | note) - log pi(y))) over its tokens
+    with the arm's note (csd: the user's letter; csd_shuffled: a random NULL_LETTERS letter). A has mean 0 in
+    each group, so Cov(w, A) = mean(w * A) over all replies."""
+    import jax
+    import jax.numpy as jnp
+
+    from mimesis_jax.algorithms.csd import coach_note_message
+    from mimesis_jax.algorithms.logprobs import token_logprobs
+    from mimesis_jax.data.chat import render_messages
+    from mimesis_jax.envs.toy import TOPICS, ToyCoach, keyword_reward
+    from mimesis_jax.rollout.endpoints import LocalChatModel
+
+    rng = random.Random(seed)
+    agent = LocalChatModel(config, params, tok, max_tokens=24, temperature=1.0, seed=seed)
+    L = 224
+    score = jax.jit(lambda x: token_logprobs(config, params, x))
+
+    def reply_logps(msgs):
+        r = render_messages(tok, msgs)
+        ids = np.zeros((1, L), np.int32)
+        ids[0, :len(r.ids)] = r.ids
+        lp = np.asarray(score(jnp.asarray(ids)))[0]  # lp[i] = log p(ids[i + 1])
+        where = np.nonzero(r.mask("assistant", turns=[len(msgs) - 1]))[0]
+        return lp[where - 1]
+
+    ws, As = [], []
+    for g in range(groups):
+        base = [{"role": "system", "content": "You are a friendly assistant. Reply in one or two sentences."},
+                {"role": "user", "content": f"Tell me something about {TOPICS[g % len(TOPICS)]}."}]
+        replies = [x.text for x in agent.chat_batch([base] * group_size)]
+        r = np.array([keyword_reward(t, LETTER) for t in replies])
+        A = (r - r.mean()) / (r.std() + 1e-6)
+        for text, a in zip(replies, A):
+            letter = LETTER if arm == "csd" else rng.choice(ToyCoach.NULL_LETTERS)
+            reply = {"role": "assistant", "content": text}
+            student = reply_logps(base + [reply])
+            teacher = reply_logps(base + [coach_note_message(ToyCoach.note(letter)), reply])
+            ws.append(float(np.mean(1.0 / (1.0 + np.exp(-beta * (teacher - student))))))
+            As.append(float(a))
+    return float(np.mean(np.array(ws) * np.array(As)))
+
+
 def run_arm(arm: str, seed: int, steps: int, alpha: float, warm_dir: str, out: str, tok):
     from mimesis_jax.train import agent_rl_loop as rl_loop
 
@@ -164,7 +211,7 @@ def steps_to(curve, threshold):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/csd_toy")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     p.add_argument("--steps", type=int, default=20, help="RL steps per run")
     p.add_argument("--alpha", type=float, default=0.5, help="CSD weight of the two CSD arms (Eq 11)")
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.4, 0.8],
@@ -185,6 +232,11 @@ def main(argv=None) -> int:
     print("note following after the warm start (mean reward for the user's letter): "
           + ", ".join(f"{k}: {v:.3f}" for k, v in check.items()), flush=True)
 
+    cov = {arm: [note_covariance(config, params, tok, arm, seed=s) for s in args.seeds[:3]]
+           for arm in ("csd", "csd_shuffled")}
+    print("Appendix E Cov(w, A) on each arm's notes at the warm start (3 seeds x 64 replies): "
+          + ", ".join(f"{a}: " + " ".join(f"{c:+.4f}" for c in cs) for a, cs in cov.items()), flush=True)
+
     curves = {}
     for arm in ("grpo", "csd", "csd_shuffled"):
         for seed in args.seeds:
@@ -193,8 +245,15 @@ def main(argv=None) -> int:
             print(f"{arm} seed {seed}: reward {curves[arm][-1][0]:.3f} -> {curves[arm][-1][-1]:.3f} "
                   f"({time.perf_counter() - t:.0f} s)", flush=True)
 
+    def ci95(x):  # half-width of the 95% Student-t interval of the mean
+        if len(x) < 2:
+            return 0.0
+        from scipy.stats import t as student_t
+
+        return float(student_t.ppf(0.975, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x)))
+
     sd = lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else 0.0  # noqa: E731
-    rows = ["| arm | seeds | " + " | ".join(f"steps to reward >= {t:.2f} (mean +/- sd, reached)"
+    rows = ["| arm | seeds | " + " | ".join(f"steps to reward >= {t:.2f} (mean [95% CI], reached)"
                                             for t in args.thresholds) + " | final reward (mean +/- sd) |",
             "|---|---|" + "---|" * len(args.thresholds) + "---|"]
     summary = {}
@@ -204,13 +263,15 @@ def main(argv=None) -> int:
             hits = [steps_to(c, t) for c in cs]
             n = np.array([h[0] for h in hits], float)
             summary[arm][f"steps_to_{t}"] = n.tolist()
-            cells.append(f"{n.mean():.1f} +/- {sd(n):.1f} ({sum(h[1] for h in hits)}/{len(hits)})")
+            summary[arm][f"steps_to_{t}_ci95"] = [n.mean() - ci95(n), n.mean() + ci95(n)]
+            cells.append(f"{n.mean():.1f} [{n.mean() - ci95(n):.1f}, {n.mean() + ci95(n):.1f}] "
+                         f"({sum(h[1] for h in hits)}/{len(hits)})")
         final = np.array([np.mean(c[-3:]) for c in cs])
         rows.append(f"| {arm} | {len(cs)} | " + " | ".join(cells) + f" | {final.mean():.3f} +/- {sd(final):.3f} |")
     table = "\n".join(rows)
     print(table)
     with open(os.path.join(args.out, "csd_toy.json"), "w") as f:
-        json.dump({"args": vars(args), "note_following": check, "arms": summary, "table": table}, f, indent=2)
+        json.dump({"args": vars(args), "note_following": check, "cov_w_adv": cov, "arms": summary, "table": table}, f, indent=2)
 
     import matplotlib
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import jax.numpy as jnp
 import numpy as np
 
 from mimesis_jax.models.config import ModelConfig
@@ -87,3 +88,44 @@ def jaxpr_dims(jaxpr) -> set:
                 if hasattr(inner, "eqns"):
                     dims |= jaxpr_dims(inner)
     return dims
+
+
+def loop_carry_float_dtypes(jaxpr) -> list[str]:
+    """The dtypes of every floating-point loop carry (while / fori_loop / scan) in a jaxpr, recursing into
+    sub-jaxprs (pjit, custom_vjp, cond, pallas_call kernels): the online-softmax accumulators of an attention
+    kernel are such carries, so a bf16 accumulator shows up here as 'bfloat16'."""
+    out: list[str] = []
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        name, params = eqn.primitive.name, eqn.params
+        carries = []
+        if name == "while":
+            body = params["body_jaxpr"].jaxpr
+            carries = body.invars[params["body_nconsts"]:]
+        elif name == "scan":
+            body = params["jaxpr"].jaxpr
+            carries = body.invars[params["num_consts"]:params["num_consts"] + params["num_carry"]]
+        for v in carries:
+            dt = getattr(v.aval, "dtype", None)
+            if dt is not None and jnp.issubdtype(dt, jnp.floating):  # bfloat16 is not a NumPy floating type
+                out.append(str(dt))
+        for p in params.values():
+            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out += loop_carry_float_dtypes(inner)
+    return out
+
+
+def np_causal_attention(q, k, v):
+    """Causal GQA attention of one segment per row in float64 NumPy (q [B, T, H, D], k/v [B, T, KVH, D], scale
+    1/sqrt(D)): the output [B, T, H, D] and the log-sum-exp [B, T, H]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    T, H, D = q.shape[1], q.shape[2], q.shape[3]
+    k, v = np.repeat(k, H // k.shape[2], 2), np.repeat(v, H // v.shape[2], 2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", p / l, v), (m + np.log(l))[..., 0].transpose(0, 2, 1)

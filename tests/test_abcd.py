@@ -288,3 +288,59 @@ def test_assignment_frequencies(share):
     assert behaviour.assign_behaviour(np.random.default_rng(0), neutral_share=0.0) != "N"
     with pytest.raises(EnvError, match="neutral_share"):
         behaviour.assign_behaviour(np.random.default_rng(0), neutral_share=1.5)
+
+
+# In-character speech that mentions roles, characters, pretending or a type of customer: the rule must not fire
+# (issue 22: the first four zeroed e and p before).
+IN_CHARACTER = [
+    "shipping it late is out of character for you guys",
+    "In my role as office manager I ordered these",
+    "As a frustrated customer, I want this fixed today",
+    "I will pretend I did not hear that",
+    "I'm going to act like I never got that email and start over.",
+    "That's not the role I expected support to play here.",
+    "My character is being questioned, I never lied about the order.",
+    "I'll play the loyal customer card: I've been with you ten years.",
+    "As an angry customer I think I deserve a discount.",
+    "I'm a gold member, I shouldn't have to act like a detective to find my package.",
+    "Let me pretend for a second that this makes sense.",
+    "It's totally in character for your company to lose my order.",
+    "Your agent played the part of helpful and then hung up on me.",
+    "The script you're reading from doesn't answer my question.",
+    "My instructions to the courier were to leave it at the door.",
+    "I am a customer, not a bot, please read what I wrote.",
+    "I had a role in choosing this supplier, so I care.",
+    "I'll behave when you give me my refund.",
+    "Act like you care for once.",
+    "The scenario you describe never happened.",
+    "I ordered the B4: the blue one, size medium.",
+    "Honestly the customer service in this store used to be better.",
+    "I simulate nothing, the box really arrived crushed.",
+    "I've acted patient long enough, where is my money?",
+]
+# True meta-narration the rule still catches on its own.
+META = [
+    "As an AI language model, I cannot pretend to be angry.",
+    "I am a simulated user, so here is my next request.",
+    "(the user sighs) fine, my email is on file",
+    "In this role-play I am the customer, so: where is my order?",
+    "I will now act like an annoyed customer.",
+    "*sighs* fine, here is my email",
+    "According to my instructions I should not give you the order ID.",
+    "Breaking character for a moment: the scenario is unclear.",
+    "Following my assigned behaviour, I add another requirement.",
+]
+
+
+def test_meta_narration_rule_spares_in_character_speech():
+    assert len(IN_CHARACTER) >= 24
+    for t in IN_CHARACTER:
+        assert behaviour.meta_narration_rule(t) is None, t
+    for t in META:
+        m = behaviour.meta_narration_rule(t)
+        assert m and m in t, t
+    # the looser forms of the four reported sentences are candidates for the judge, not the rule
+    for t in IN_CHARACTER[:4]:
+        assert behaviour.meta_narration_candidates(t), t
+    with pytest.raises(EnvError, match="meta_narration_rule"):
+        behaviour.meta_narration_rule(None)

@@ -108,7 +108,7 @@ def test_full_episode_ends_at_max_user_turns():
     assert t3.done and t3.messages == []
     assert t3.reward == pytest.approx(REWARD) and REWARD == pytest.approx(0.74)
     assert t3.info == {"behaviour": "B2", "reward": t3.reward, "scores": {"e": 0.8, "p": 0.6, "n": 0.9, "c": 0.7},
-                       "meta_narration": False, "meta_source": None, "meta_match": None,
+                       "meta_narration": False, "meta_source": None, "meta_match": None, "meta_candidates": [],
                        "judge_rationale": "fine", "end": "max_user_turns", "user_turns": 3}
     # the fixed agent: its system prompt carries the policy and the required actions; the customer is "user"
     calls = env.agent.calls
@@ -382,3 +382,35 @@ def test_every_shipped_sample_has_policy_and_actions():
                                  behaviour="N")
         assert env.actions == KB[record.subflow]
         assert "Case: " in env.policy
+
+
+def test_in_character_speech_keeps_e_and_p_and_the_judge_sees_the_candidates():
+    """The four sentences issue 22 reported: the judge says no meta-narration, so e and p count (Eq 12 with the
+    default weights on verdict()'s scores = 0.74, not Eq 13's 0.24); the candidates are in its request."""
+    said = ["shipping it late is out of character for you guys", "In my role as office manager I ordered these",
+            "As a frustrated customer, I want this fixed today", "I will pretend I did not hear that"]
+    seen = []
+
+    class Judge:
+        def chat(self, messages, **_):
+            seen.append(messages)
+            return ChatResponse(text=verdict())
+
+    judge = Judge()
+    env = make_behaviour_env(CONVS[1102], agent=ScriptedChatModel(["A1", "A2", "A3"], cycle=False), judge=judge,
+                             behaviour="B2", config=BehaviourEnvConfig(max_user_turns=4))
+    env.reset()
+    for u in said:
+        t = env.step(None, u)
+    assert t.done and t.reward == pytest.approx((2.0 * 0.8 + 1.5 * 0.6 + 0.75 * 0.9 + 0.75 * 0.7) / 5.0)
+    assert (t.info["meta_narration"], t.info["meta_source"], t.info["meta_match"]) == (False, None, None)
+    assert t.info["meta_candidates"] == ["out of character", "my role", "As a frustrated customer",
+                                         "I will pretend"]
+    request = seen[-1][1]["content"]
+    for c in t.info["meta_candidates"]:
+        assert f"- {c!r}" in request
+    # the judge's flag still zeroes e and p on such a turn
+    env = env_for(judge=(verdict(meta=True),), max_user_turns=1)
+    env.reset()
+    t = env.step(None, said[2])
+    assert t.reward == pytest.approx(REWARD_META) and t.info["meta_source"] == "judge"

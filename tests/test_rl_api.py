@@ -1,7 +1,6 @@
 """What a GRPO loop on the public API relies on: the KL-to-reference term (value and gradient against a per-token
 NumPy reference), the update at the sampling temperature, donation errors, and counting compilations."""
 
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,6 @@ import pytest
 
 from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models
-from mimesis_jax.algorithms import csd
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.profiling import count_compilations
 from mimesis_jax.train import agent_rl
@@ -146,8 +144,6 @@ def test_config_errors_name_the_key():
             RLConfig(**kw)
 
 
-@pytest.mark.skipif("temperature" not in inspect.signature(csd.student_logprobs).parameters,
-                    reason="needs csd.student_logprobs / student_teacher_logprobs(..., temperature=T) (in progress)")
 def test_update_scores_at_the_sampling_temperature(trajectories):
     """Old (recomputed) and student log-probs of the update are log softmax(logits / T) of the forward logits."""
     T = 0.7

@@ -31,15 +31,18 @@ An episode:
    For neutral N the judge reads e as "stays cooperative, free of any deliberately difficult conduct" and p is
    fixed at 1 (nothing has to happen at a particular time): the judge is told so and the environment sets
    p = 1.0 whatever it wrote.
-5. **Reward.** Meta-narration = the judge's flag OR (``config.pattern_check`` and
-   `behaviour.detect_meta_narration` matches one of the POLICY's customer utterances; the replayed turns were
-   written by a real customer and are not checked). r = `behaviour.behaviour_reward` (Eq 12 with
+5. **Reward.** Meta-narration = the judge's flag OR (``config.pattern_check`` and the narrow rule
+   `behaviour.meta_narration_rule` matches one of the POLICY's customer utterances; the replayed turns were
+   written by a real customer and are not checked). Looser matches (`behaviour.meta_narration_candidates`:
+   "As a frustrated customer", "my role", "out of character", "I will pretend") decide nothing: they are listed
+   in the judge's request ($candidates) and in ``info["meta_candidates"]``, and the judge's flag decides. r = `behaviour.behaviour_reward` (Eq 12 with
    ``config.weights``; Eq 13 zeroes ``config.meta_narration_zeroed``, e and p by default).
    ``utterance=None`` or an empty utterance (no public reply) finishes at once with reward 0 and no judge call
    (``end = "no_utterance"``); so does ``finish`` before any customer turn.
 
 ``info`` of the final step: behaviour, reward, scores (the judged e/p/n/c before Eq 13, None when not judged),
-meta_narration, meta_source ("judge" | "pattern" | "both" | None), meta_match (the pattern's matched text),
+meta_narration, meta_source ("judge" | "pattern" | "both" | None), meta_match (the rule's matched text),
+meta_candidates (the candidate phrases shown to the judge),
 judge_rationale, end ("customer_ended" | "max_user_turns" | "no_utterance" | the runner's reason), user_turns.
 `behaviour_report` aggregates such infos per behaviour.
 
@@ -66,7 +69,7 @@ from mimesis_jax.envs import abcd
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
 from mimesis_jax.envs.behaviour import (
     ALL_IDS, BEHAVIOUR_IDS, BEHAVIOURS, CARD_FIELDS, NEUTRAL, SCORE_KEYS, BehaviourCard, assign_behaviour,
-    behaviour_reward, detect_meta_narration, resolve_weights,
+    behaviour_reward, meta_narration_candidates, meta_narration_rule, resolve_weights,
 )
 from mimesis_jax.envs.model_io import call_model, fill, load_templates, parse_json_object
 from mimesis_jax.envs.sim_env import Message, SimEnv, SimTurn
@@ -419,7 +422,8 @@ class BehaviourEnv(SimEnv):
                          required_actions=self.required_actions_text,
                          card=card_text(self.card, "judge_card_neutral", "judge_card_behaviour"),
                          replay=self._transcript_lines(replay) if replay else prompt("transcript_no_replay"),
-                         dialogue=self._transcript_lines(self._dialogue[len(replay):]))
+                         dialogue=self._transcript_lines(self._dialogue[len(replay):]),
+                         candidates="\n".join(f"- {c!r}" for c in self._candidates()) or "- (none)")
         messages = [{"role": "system", "content": prompt("judge_system", end_marker=self.config.end_marker)},
                     {"role": "user", "content": request}]
         error = ""
@@ -434,10 +438,15 @@ class BehaviourEnv(SimEnv):
                                    {"role": "user", "content": prompt("judge_retry", error=error)}]
         raise InvalidEpisode(f"{self.where}: the behaviour judge's answer did not parse twice: {error}")
 
+    def _candidates(self) -> list[str]:
+        """The policy's phrases META_NARRATION_CANDIDATES marks, first occurrence of each, in order."""
+        return list(dict.fromkeys(c for u in self._utterances for c in meta_narration_candidates(u)))
+
     # -------------------------------------------------------------- the end
     def _end(self, end: str, *, judged: bool = True) -> SimTurn:
         info: dict[str, Any] = {"behaviour": self.behaviour, "reward": 0.0, "scores": None, "meta_narration": None,
-                                "meta_source": None, "meta_match": None, "judge_rationale": None, "end": end,
+                                "meta_source": None, "meta_match": None, "meta_candidates": None,
+                                "judge_rationale": None, "end": end,
                                 "user_turns": len(self._utterances)}
         if judged:
             verdict = self._judge()
@@ -446,13 +455,13 @@ class BehaviourEnv(SimEnv):
                 scores["p"] = 1.0
             match = None
             if self.config.pattern_check:
-                match = next((m for m in map(detect_meta_narration, self._utterances) if m is not None), None)
+                match = next((m for m in map(meta_narration_rule, self._utterances) if m is not None), None)
             source = {(True, True): "both", (True, False): "judge", (False, True): "pattern"}.get(
                 (verdict["meta_narration"], match is not None))
             reward = behaviour_reward(scores, meta_narration=source is not None, weights=self.config.weights,
                                       meta_narration_zeroed=self.config.meta_narration_zeroed)
             info.update(reward=reward, scores=scores, meta_narration=source is not None, meta_source=source,
-                        meta_match=match, judge_rationale=verdict["rationale"])
+                        meta_match=match, meta_candidates=self._candidates(), judge_rationale=verdict["rationale"])
         self._done = True
         return SimTurn(done=True, reward=info["reward"], info=info)
 

@@ -7,7 +7,8 @@
   components e (expression), p (placement in time), n (naturalness), c (task/fact/policy consistency), each in
   [0, 1]; default weights e 2.0, p 1.5, n 0.75, c 0.75 (sum 5.0). Eq 13 (this project's form; the paper does
   not print it): when the rollout *describes* the behaviour instead of performing it (meta-narration), e = p = 0.
-* ``detect_meta_narration(text)``: the first meta-narration match in a customer turn, else None.
+* ``meta_narration_rule(text)``: the first sure meta-narration match in a customer turn (zeroes e and p), else
+  None; ``meta_narration_candidates(text)``: looser matches shown to the judge, which decides.
 * ``assign_behaviour(rng)``: neutral with probability ``neutral_share`` (default 1/3, docs/reference/paper.md 3.4), else
   uniform over B1..B13.
 """
@@ -122,47 +123,91 @@ def behaviour_reward(scores: Mapping[str, float], *, meta_narration: bool = Fals
 
 # ------------------------------------------------------------------------------------- meta-narration
 # Meta-narration = the simulated customer DESCRIBES the behaviour or its role instead of performing it
-# (docs/reference/paper.md 3.4: "I will now act like an annoyed customer"). Each pattern is (name, regex), case-insensitive:
+# (docs/reference/paper.md 3.4: "I will now act like an annoyed customer"). The judge decides (its ``meta_narration`` flag). Two
+# pattern sets help it, both case-insensitive (name, regex):
+# * META_NARRATION_PATTERNS, the RULE: forms no real customer writes (an AI/simulation disclosure, announcing a
+#   performance of a customer/role, stage directions, the role-play, the script, a behaviour card's name or id).
+#   A match zeroes e and p on its own (Eq 13) when ``pattern_check`` is on.
+# * META_NARRATION_CANDIDATES: forms that are often in-character speech ("As a frustrated customer, I want...",
+#   "In my role as office manager...", "that is out of character for you guys", "I will pretend I did not hear
+#   that"). A match never zeroes anything: the matched text is shown to the judge, which decides.
 _STAGE_WORDS = (r"sighs?|sighing|groans?|huffs?|scoffs?|grumbles?|frowns?|rolls? (?:my |his |her )?eyes|"
                 r"eye ?roll|taps? (?:my |his |her )?(?:foot|fingers)|clears? (?:my |his |her )?throat|"
                 r"crosses? (?:my |his |her )?arms|impatiently|angrily|annoyed|frustrated|irritated|exasperated")
+_ACTOR = r"(?:the |a |an )?(?:user|customer|simulated (?:user|customer)|caller|client)"
 _NAME_PHRASES = "|".join(re.escape(c.name.lower()) for c in BEHAVIOURS.values() if c.id != NEUTRAL)
+_I_WILL = r"\b(?:I(?:'ll| will| shall| am going to|'m going to| am gonna|'m gonna)|let me)\s+(?:now\s+)?"
 META_NARRATION_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((n, re.compile(p, re.I)) for n, p in (
-    # announcing a performance: "I will (now) act/pretend/play ...", "I'm going to play the ...", "let me act as"
-    ("announces_act", r"\b(?:I(?:'ll| will| shall| am going to|'m going to| am gonna|'m gonna)|let me)\s+(?:now\s+)?"
-                      r"(?:(?:act|behave)\s+(?:like|as|out|the part|annoyed|impatient|angry|difficult|rude)|pretend|"
-                      r"portray|simulate|role-?play|stay in character|"
-                      r"play\s+(?:the|a|an|my)\s+(?:\w+\s+)?(?:role|part|character|customer|user))\b"),
-    # casting oneself as a type: "as an annoyed customer", "as a difficult user"
-    ("casts_self", r"\bas an? (?:\w+ )?(?:annoyed|impatient|angry|frustrated|difficult|demanding|entitled|rude|"
-                   r"uncooperative|confused|simulated) (?:customer|user|client|person)\b"),
-    # talking about one's role or behaviour: "my persona", "my role", "my assigned behaviour", "behaviour card"
-    # ("this behaviour" alone is left out: customers say it about the agent's conduct)
-    ("mentions_role", r"\b(?:my|this|the assigned|the target|the required) (?:persona|character)\b|"
-                      r"\bmy role\b|\b(?:assigned|target|required) behaviou?r\b|"
+    # "As an AI language model", "I am a simulated user", "I'm just an AI"
+    ("discloses_simulation", r"\bas an? (?:AI|artificial intelligence|language model)\b(?: (?:language )?model)?|"
+                             r"\bI(?:'m| am) (?:just |only )?(?:an? )?(?:AI|simulated|simulation|virtual|fictional|"
+                             r"role-?played?|scripted) (?:user|customer|assistant|model|character|persona)\b|"
+                             r"\bI(?:'m| am) (?:just |only )?(?:an AI|a language model|a simulation)\b"),
+    # announcing a performance: "I will (now) act like an annoyed customer", "I'll play the part of"
+    ("announces_act", _I_WILL + r"(?:(?:act|behave)\s+(?:like|as)\s+(?:an?|the)\s+(?:\w+\s+){0,2}?"
+                      r"(?:customer|user|client|character|persona)\b|"
+                      r"(?:act|behave)\s+(?:annoyed|impatient|angry|difficult|rude)\b|act\s+out\b|"
+                      r"portray\b|simulate\b|role-?play\b|stay in character\b|"
+                      r"play\s+(?:the|a|an|my)\s+(?:\w+\s+)?(?:role|part|character)\b|"
+                      r"play\s+(?:the|a|an|my)\s+(?:\w+\s+)?(?:customer|user)\b(?!\s+card))"),
+    # talking about the assigned role or behaviour: "my persona", "my role here", "following my assigned behaviour"
+    ("mentions_role", r"\b(?:my|this|the assigned|the target|the required) persona\b|"
+                      r"\b(?:assigned|target|required) (?:behaviou?r|character|role|conduct)\b|"
+                      r"\bmy role (?:here|in this (?:chat|conversation|scenario|simulation|exercise|role-?play))\b|"
                       r"\bbehaviou?r (?:card|pattern|id)\b"),
-    ("in_character", r"\b(?:in|out of|break(?:ing)?) character\b|\brole-?play(?:ing)?\b"),
+    # the role-play itself: "in this role-play", "staying in character", "breaking character"
+    ("in_character", r"\brole-?play(?:ing|ed)?\b|\b(?:stay(?:s|ed|ing)?|remain(?:s|ed|ing)?|keep(?:s|ing)?) in character\b|"
+                     r"\bbreak(?:s|ing)? character\b|\bbroke character\b|\(\s*OOC\b"),
     # talking about the script: "my instructions say", "according to the scenario"
     ("mentions_script", r"\b(?:my|the) (?:instructions|scenario|prompt|script) (?:says?|tells? me|asks? me)\b|"
                         r"\baccording to (?:my|the) (?:instructions|scenario|script|prompt)\b"),
-    # stage directions: "*sighs*", "(rolls eyes)", "[frustrated]"
+    # stage directions: "*sighs*", "(rolls eyes)", "[frustrated]", "(the user sighs)"
     ("stage_direction", r"\*\s*(?:" + _STAGE_WORDS + r")[^*\n]{0,40}\*|\(\s*(?:" + _STAGE_WORDS + r")[^)\n]{0,40}\)|"
-                        r"\[\s*(?:" + _STAGE_WORDS + r")[^\]\n]{0,40}\]"),
-    # naming a behaviour: a card name ("goalpost shifting") or id ("B7") from Table 5
-    ("names_behaviour", r"(?:" + _NAME_PHRASES + r")|\bbehaviou?r\s+B(?:1[0-3]|[1-9])\b|\bB(?:1[0-3]|[1-9]):"),
+                        r"\[\s*(?:" + _STAGE_WORDS + r")[^\]\n]{0,40}\]|"
+                        r"[(*\[]\s*" + _ACTOR + r"\s+(?:" + _STAGE_WORDS + r"|\w+s)\b[^)*\]\n]{0,40}[)*\]]"),
+    # naming a behaviour: a card name ("goalpost shifting") or "behaviour B7" from Table 5
+    ("names_behaviour", r"(?:" + _NAME_PHRASES + r")|\bbehaviou?r\s+B(?:1[0-3]|[1-9])\b"),
+))
+META_NARRATION_CANDIDATES: tuple[tuple[str, re.Pattern], ...] = tuple((n, re.compile(p, re.I)) for n, p in (
+    ("pretends", _I_WILL + r"pretend\b"),
+    ("casts_self", r"\bas an? (?:\w+ )?(?:annoyed|impatient|angry|frustrated|difficult|demanding|entitled|rude|"
+                   r"uncooperative|confused) (?:customer|user|client|person)\b"),
+    ("my_role", r"\bmy role\b|\bmy character\b"),
+    ("character", r"\b(?:in|out of) character\b"),
+    ("behaviour_id", r"\bB(?:1[0-3]|[1-9]):"),
 ))
 
 
-def detect_meta_narration(text: str) -> str | None:
-    """The matched text of the first META_NARRATION_PATTERNS hit (in pattern order), or None when the turn
-    performs rather than describes."""
+def _check_text(text, who: str) -> None:
     if not isinstance(text, str):
-        raise EnvError(f"detect_meta_narration: text must be a string, got {type(text).__name__}")
+        raise EnvError(f"{who}: text must be a string, got {type(text).__name__}")
+
+
+def meta_narration_rule(text: str) -> str | None:
+    """The matched text of the first META_NARRATION_PATTERNS hit (the rule: zeroes e and p), else None."""
+    _check_text(text, "meta_narration_rule")
     for _, pat in META_NARRATION_PATTERNS:
         m = pat.search(text)
         if m:
             return m.group(0)
     return None
+
+
+def meta_narration_candidates(text: str) -> list[str]:
+    """The matched texts of META_NARRATION_CANDIDATES in ``text`` (shown to the judge; they decide nothing)."""
+    _check_text(text, "meta_narration_candidates")
+    return [m.group(0) for _, pat in META_NARRATION_CANDIDATES for m in pat.finditer(text)]
+
+
+def detect_meta_narration(text: str) -> str | None:
+    """The rule's match (`meta_narration_rule`), else the first candidate's, else None: anything worth a look.
+    Only the rule's match zeroes scores; see the section comment."""
+    _check_text(text, "detect_meta_narration")
+    hit = meta_narration_rule(text)
+    if hit is None:
+        cands = meta_narration_candidates(text)
+        hit = cands[0] if cands else None
+    return hit
 
 
 # ------------------------------------------------------------------------------------- assignment

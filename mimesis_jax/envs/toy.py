@@ -122,9 +122,13 @@ class ToyUser:
 class ToyCoach:
     """A rule-based coach for ToyKeyword: reads the user's thought in the coach prompt (Eq 7 input) and writes the
     note a good coach would -- which letter the words should start with. With `shuffle_seed` set it names a
-    random letter of `NOTE_LETTERS` instead (the uninformative-notes control: right only by chance)."""
+    random letter of `NULL_LETTERS` instead, whatever the dialogue: the uninformative-notes control. Those letters
+    are never a ToyKeyword target in experiments/csd_toy.py (target 's') and the warm start never teaches them,
+    so the note is independent of the target. (A random letter of NOTE_LETTERS, as before, was right one time in
+    four and still carried signal.)"""
 
     NOTE_LETTERS = "mpst"  # the letters experiments/csd_toy.py teaches its agent to follow in notes
+    NULL_LETTERS = "bdhk"  # the control's letters: never a target, never taught, no example words
     NOTE_WORDS = {  # examples a note gives (a tiny agent copies words from its context far more easily)
         "m": ("moon", "milk", "map", "music", "market", "morning"),
         "p": ("park", "paper", "plan", "piano", "picnic", "path"),
@@ -148,7 +152,7 @@ class ToyCoach:
         m = re.search(r"words starting with '([a-z])'", text)
         if m is None:
             return ChatResponse(text="NONE")
-        letter = m.group(1) if self.rng is None else self.rng.choice(self.NOTE_LETTERS)
+        letter = m.group(1) if self.rng is None else self.rng.choice(self.NULL_LETTERS)
         return ChatResponse(text=self.note(letter))
 
     def chat_batch(self, conversations, **kw):
