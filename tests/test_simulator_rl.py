@@ -31,10 +31,16 @@ SMALL = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts
 
 
 class FlakyJudge(ToyBehaviourJudge):
-    """The toy judge, failing (an endpoint error) on requests whose text hashes to 0 mod 3 (deterministic)."""
+    """The toy judge, failing (an endpoint error) on every third request it gets (deterministic with one env
+    worker). Counting calls, not hashing the request text, keeps the failures independent of prompt wording."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = 0
 
     def chat(self, messages, **kw):
-        if sum(map(ord, messages[-1]["content"])) % 3 == 0:
+        self.calls += 1
+        if self.calls % 3 == 1:
             return ChatResponse("", finish_reason="error", meta={"error": "judge endpoint 503"})
         return super().chat(messages, **kw)
 
