@@ -114,7 +114,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _two_processes(workdir, abort_after=None, timeout=300):
+def _two_processes(workdir, abort_after=None, timeout=900):
     port = str(_free_port())
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4 "
