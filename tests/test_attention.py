@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_helpers import loop_carry_float_dtypes, np_causal_attention, random_batch, tiny_config
+from rl_helpers import check_bf16_long_attention, random_batch, tiny_config
 from mimesis_jax import models
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
@@ -260,26 +260,7 @@ def test_bf16_long_sequence_matches_fp32_reference_and_carries_are_fp32():
     bf16 rounding of p and of the output), well under what a bf16 output accumulator gives (3.8e-4 measured);
     lse within 1e-5 (6e-7 measured; a bf16 running sum is off by ~1e-3). Every float loop carry of the forward and
     backward programs (m, l, acc; dq, dk, dv) is float32 in the jaxpr."""
-    B, T, H, KVH, Dh = 1, 1024, 2, 1, 16
-    rng = np.random.RandomState(0)
-    q, k, v = (jnp.asarray(rng.randn(*s), jnp.bfloat16) for s in ((B, T, H, Dh), (B, T, KVH, Dh), (B, T, KVH, Dh)))
-    spec = causal_spec(jnp.ones((B, T), jnp.int32))
-
-    def run(q, k, v):
-        return attend(q, k, v, spec, impl="blockwise", return_lse=True, block_q=64, block_k=16)
-
-    o, lse = jax.jit(run)(q, k, v)
-    ref_o, ref_lse = np_causal_attention(q, k, v)
-    err = np.abs(np.asarray(o, np.float64) - ref_o)
-    assert err.mean() < 2e-4, err.mean()
-    assert np.abs(np.asarray(lse, np.float64) - ref_lse).max() < 1e-5
-
-    def loss(q, k, v):
-        o, lse = run(q, k, v)
-        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(lse)
-
-    carries = loop_carry_float_dtypes(jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v))
-    assert len(carries) >= 6 and set(carries) == {"float32"}, carries  # m, l, acc; dq; dk, dv at least
+    check_bf16_long_attention("blockwise")
 
 
 def test_bf16_inputs_accumulate_in_fp32():
