@@ -40,9 +40,10 @@ from typing import Any, Literal
 import grain
 import numpy as np
 
-from mimesis_jax.data.midtrain import RecordError, midtrain_example
+from mimesis_jax.data import jsonio
+from mimesis_jax.data.midtrain import RecordError, conversation_messages, last_user_index, midtrain_example
 from mimesis_jax.data.packing import ROW_KEYS, PackIterDataset, fit_length
-from mimesis_jax.data.thoughttrace import thoughttrace_example
+from mimesis_jax.data.thoughttrace import thoughttrace_example, thoughttrace_messages
 from mimesis_jax.data.tokenizer import Tokenizer
 from mimesis_jax.models.config import ConfigError
 
@@ -148,11 +149,83 @@ def _load_file(path: str, src: SourceConfig, cache_dir: str | None):
                       "save_to_disk directory)")
 
 
+def _json_lines_ext(path: str) -> bool:
+    return os.path.isfile(path) and path.rsplit(".", 1)[-1].lower() in ("jsonl", "json", "ndjson")
+
+
+def check_file(path: str) -> None:
+    """File-level checks before `datasets` reads a file: a JSON-lines file exists, is not empty and is text; a
+    parquet file starts and ends with its magic bytes and holds rows (`jsonio.DataFileError` otherwise)."""
+    if os.path.isdir(path):
+        return
+    ext = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
+    if ext in ("jsonl", "json", "ndjson"):
+        jsonio.check_text_file(path)
+    elif ext == "parquet":
+        if not os.path.isfile(path):
+            raise jsonio.DataFileError(path, None, "does not exist")
+        size = os.path.getsize(path)
+        if size == 0:
+            raise jsonio.DataFileError(path, None, "is empty (no parquet records)")
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(max(0, size - 4))
+            tail = f.read(4)
+        if head != b"PAR1" or tail != b"PAR1":
+            raise jsonio.DataFileError(path, None, "is not a parquet file (no PAR1 magic bytes)")
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_metadata(path).num_rows
+        except Exception as e:  # noqa: BLE001 -- any reader failure is the file's fault
+            raise jsonio.DataFileError(path, None, f"is not a readable parquet file ({e})") from None
+        if rows == 0:
+            raise jsonio.DataFileError(path, None, "holds no rows")
+
+
+def record_checker(fmt: str, cfg: "DataConfig"):
+    """check(record, where) for one record of `fmt`: the structure the conversion needs (fields, roles, a user
+    turn to learn), without tokenizing. Raises RecordError."""
+    def midtrain(rec, where):
+        last_user_index(conversation_messages(rec, where=where, keep=("tool_calls",)), where)
+
+    def thoughttrace(rec, where):
+        thoughttrace_messages(rec, where=where, persona=cfg.persona)
+
+    def tokens(rec, where):
+        jsonio.require_fields(rec, ("tokens", "loss_mask"), where)
+
+    return {"midtrain": midtrain, "thoughttrace": thoughttrace, "tokens": tokens}[fmt]
+
+
+def check_data_files(cfg: "DataConfig") -> dict[str, int]:
+    """Reads every file of every source up front, before any training: the first problem raises
+    `jsonio.DataFileError` naming the file (and line). JSON-lines files are read whole: each line must be a JSON
+    object with the structure its source's format needs (unless ``skip_bad_records``, which leaves bad records
+    to be skipped and counted); parquet files are checked for their magic bytes and a row count. Returns
+    {file: records checked} (parquet: its rows; a save_to_disk directory: not counted)."""
+    cfg.validate()
+    counts = {}
+    for i, src in enumerate(cfg.sources):
+        for path in _files(src, f"data.sources.{i}"):
+            check_file(path)
+            if _json_lines_ext(path) and not cfg.skip_bad_records:
+                counts[path] = jsonio.check_jsonl(path, check=record_checker(src.format, cfg))
+            elif path.endswith(".parquet"):
+                import pyarrow.parquet as pq
+
+                counts[path] = pq.read_metadata(path).num_rows
+    return counts
+
+
 class RecordSource:
     """Random access over the records of every file of a source: item i -> (file, index in file, raw record)."""
 
     def __init__(self, src: SourceConfig, key: str, cache_dir: str | None = None):
-        self.parts = [(f,) + _load_file(f, src, cache_dir) for f in _files(src, key)]
+        files = _files(src, key)
+        for f in files:
+            check_file(f)  # an empty or binary file is named here, not deep inside `datasets`
+        self.parts = [(f,) + _load_file(f, src, cache_dir) for f in files]
         self.offsets = np.cumsum([0] + [len(ds) for _, ds, _ in self.parts])
 
     def __len__(self) -> int:

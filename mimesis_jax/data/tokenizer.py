@@ -79,6 +79,12 @@ TINY_SYMBOLS = (ENDOFTEXT,) + CHAT_CONTROL_TOKENS
 _TINY_SPECIAL = frozenset({ENDOFTEXT, "<|im_start|>", "<|im_end|>"})  # same "special" split as Qwen
 
 
+# Text whose ids (with the vocabulary size and the control-token ids) fingerprint a tokenizer.
+FINGERPRINT_PROBE = ("<|im_start|>user\nHello  world, it's 2024-07-01 at 09:30.\tCafé naïve Ünïcödé ñ 日本語 😀🚀"
+                     " {\"name\": \"lookup\", \"arguments\": {}}<|im_end|>\n<|im_start|>assistant\n<think>\nok"
+                     "</think>\n<tool_call>x</tool_call><|im_end|><|endoftext|>")
+
+
 class TokenizerError(ValueError):
     """A tokenizer spec, file or token that cannot be used (the message names it)."""
 
@@ -108,6 +114,15 @@ class Tokenizer:
     def find_token(self, token: str) -> int | None:
         """Id of a single added/control token, or None when the tokenizer has no such token."""
         raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """16 hex digits naming this tokenizer's ids: a hash of its id-space size, the ids of the chat control
+        tokens and the ids of a probe text (spaces, digits, accents, CJK, emoji, markup). Two tokenizers that
+        agree on it encode text alike (the sentencepiece model and its exported tokenizer.json do)."""
+        h = hashlib.sha256(f"v{self.vocab_size}|".encode())
+        h.update(json.dumps([self.find_token(t) for t in TINY_SYMBOLS]).encode())
+        h.update(json.dumps(self.encode(FINGERPRINT_PROBE)).encode())
+        return h.hexdigest()[:16]
 
     def token_id(self, token: str) -> int:
         tid = self.find_token(token)
@@ -369,6 +384,107 @@ def _atomic_write(path: str, text: str | bytes) -> None:
         f.write(text.encode("utf-8") if isinstance(text, str) else text)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------- HF tokenizer directory for export
+TOKENIZER_RECORD = "mimesis_tokenizer.json"  # {"source", "vocab_size", "fingerprint"} of an exported tokenizer
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                       "merges.txt", "chat_template.jinja")
+
+
+def sentencepiece_tokenizer_json(tok: SentencePieceTokenizer) -> str:
+    """The ``tokenizer.json`` (HF ``tokenizers``) of a BPE sentencepiece model, giving the ids of ``tok.encode``:
+    the model's vocabulary at its ids, merges ranked by the merged piece's id (sentencepiece BPE merges the pair
+    whose result scores highest, and its scores fall with the id), spaces as ``▁`` with no dummy prefix, byte
+    fallback, and its user-defined and control pieces as added tokens at their ids (special: the control pieces
+    and ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``). Models with a normalisation rule other than identity,
+    a dummy prefix or another algorithm than BPE are refused (they would need sentencepiece's own normaliser)."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import AddedToken, decoders, models, normalizers
+    from tokenizers import Tokenizer as _TK
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(tok.sp.serialized_model_proto())
+    spec, norm = proto.trainer_spec, proto.normalizer_spec
+    problems = [what for what, bad in (
+        ("model_type is not BPE", spec.model_type != pb.TrainerSpec.BPE),
+        ("add_dummy_prefix", norm.add_dummy_prefix), ("remove_extra_whitespaces", norm.remove_extra_whitespaces),
+        (f"normalization rule {norm.name!r}", bool(norm.precompiled_charsmap)),
+        ("no byte_fallback", not spec.byte_fallback), ("treat_whitespace_as_suffix", spec.treat_whitespace_as_suffix))
+        if bad]
+    if problems:
+        raise TokenizerError(f"{tok.model_file}: cannot write a tokenizer.json with the same ids: "
+                             + ", ".join(problems))
+    kinds = pb.ModelProto.SentencePiece
+    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+    normal = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == kinds.NORMAL}
+    ranked = sorted((i, normal[piece[:k]], normal[piece[k:]], piece[:k], piece[k:])
+                    for piece, i in normal.items() for k in range(1, len(piece))
+                    if piece[:k] in normal and piece[k:] in normal)
+    unk = proto.pieces[spec.unk_id].piece
+    tk = _TK(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in ranked], unk_token=unk, byte_fallback=True,
+                        fuse_unk=True))
+    tk.normalizer = normalizers.Replace(" ", "\u2581")
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    for i, p in enumerate(proto.pieces):
+        if p.type in (kinds.USER_DEFINED, kinds.CONTROL) and p.piece:
+            special = p.type == kinds.CONTROL or p.piece in _TINY_SPECIAL
+            tk.add_tokens([AddedToken(p.piece, special=special, normalized=False)])
+            if tk.token_to_id(p.piece) != i:
+                raise TokenizerError(f"{tok.model_file}: {p.piece} got id {tk.token_to_id(p.piece)}, expected {i}")
+    return tk.to_str()
+
+
+def save_hf_tokenizer(tok: Tokenizer, out_dir: str, source: str | None = None) -> list[str]:
+    """Writes `tok` into `out_dir` so that ``transformers.AutoTokenizer.from_pretrained(out_dir)`` (and
+    ``load_tokenizer("hf:" + out_dir)``) give its ids: a HF tokenizer directory's files are copied; a
+    sentencepiece model gets a ``tokenizer.json`` built from it (`sentencepiece_tokenizer_json`), a
+    ``tokenizer_config.json`` and a copy of the model as ``tokenizer.model``. Also writes ``mimesis_tokenizer.json``
+    (source spec, vocabulary size, `Tokenizer.fingerprint`). Returns the file names written."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    if isinstance(tok, HFTokenizer):
+        for fn in _HF_TOKENIZER_FILES:
+            src = os.path.join(tok.path, fn)
+            if os.path.isfile(src):
+                with open(src, "rb") as f:
+                    _atomic_write(os.path.join(out_dir, fn), f.read())
+                written.append(fn)
+        if "tokenizer.json" not in written:
+            _atomic_write(os.path.join(out_dir, "tokenizer.json"), tok._full.to_str())
+            written.append("tokenizer.json")
+    elif isinstance(tok, SentencePieceTokenizer):
+        _atomic_write(os.path.join(out_dir, "tokenizer.json"), sentencepiece_tokenizer_json(tok))
+        added = {t: tok._symbols[t] for t in (ENDOFTEXT, "<|im_end|>") if t in tok._symbols}
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": None, "eos_token": "<|im_end|>" if "<|im_end|>" in added else None,
+            "pad_token": ENDOFTEXT if ENDOFTEXT in added else None, "unk_token": None,
+            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+            "split_special_tokens": False, "mimesis_source": source or tok.name,
+        }
+        _atomic_write(os.path.join(out_dir, "tokenizer_config.json"), json.dumps(config, indent=2))
+        with open(tok.model_file, "rb") as f:
+            _atomic_write(os.path.join(out_dir, "tokenizer.model"), f.read())
+        written += ["tokenizer.json", "tokenizer_config.json", "tokenizer.model"]
+    else:
+        raise TokenizerError(f"tokenizer {tok.name!r} ({type(tok).__name__}): no export format")
+    record = {"source": source or tok.name, "vocab_size": tok.vocab_size, "fingerprint": tok.fingerprint()}
+    _atomic_write(os.path.join(out_dir, TOKENIZER_RECORD), json.dumps(record, indent=2))
+    return written + [TOKENIZER_RECORD]
+
+
+def read_tokenizer_record(model_dir: str) -> dict | None:
+    """The ``mimesis_tokenizer.json`` an export wrote into `model_dir`, or None when there is none."""
+    path = os.path.join(model_dir, TOKENIZER_RECORD)
+    if not os.path.isfile(path):
+        return None
+    from mimesis_jax.data.jsonio import read_json
+
+    rec = read_json(path)
+    if not isinstance(rec, dict) or not isinstance(rec.get("fingerprint"), str):
+        raise TokenizerError(f"{path}: expected an object with a 'fingerprint' string")
+    return rec
 
 
 # ----------------------------------------------------------------------------------- tiny sentencepiece model

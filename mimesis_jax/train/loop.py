@@ -307,6 +307,10 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
     primary = jax.process_index() == 0
     log = print if primary else (lambda *a, **k: None)
 
+    if data is None and not hasattr(cfg.data, "make_iterator"):
+        from mimesis_jax.data.pipeline import check_data_files
+
+        check_data_files(cfg.data)  # every data file read once up front: a bad line is named before any step
     needs_tokenizer = cfg.tokenizer.set_model_vocab or (data is None and not hasattr(cfg.data, "make_iterator"))
     if tokenizer is None and needs_tokenizer:
         tokenizer = load_tokenizer(cfg)
