@@ -260,6 +260,7 @@ def main(argv=None) -> int:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
             initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+        from mimesis_jax.data.tokenizer import TokenizerError
         from mimesis_jax.train.checkpoint import CheckpointError
         from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
     except ConfigError as e:
@@ -326,8 +327,8 @@ def main(argv=None) -> int:
             if "trained_loader" in inspect.signature(mod.run).parameters:
                 return mod.run(args, trained_loader=load_trained)
             return mod.run(args)
-    except (ConfigError, CheckpointError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-            PermissionError) as e:
+    except (ConfigError, CheckpointError, TokenizerError, FileNotFoundError, NotADirectoryError,
+            IsADirectoryError, PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (NonFiniteLossError, DataExhaustedError) as e:

@@ -384,8 +384,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step of a training workdir (default latest)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer spec for data.tokenizer.load_tokenizer: tiny | qwen3 | qwen3_5 | hf:DIR | "
-                             "sentencepiece:FILE (default: hf:CHECKPOINT when it holds tokenizer files; a workdir's "
-                             "run tokenizer)")
+                             "sentencepiece:FILE (default: the checkpoint's own -- the tokenizer files an export "
+                             "wrote, or a workdir's run tokenizer; one whose ids differ from it is an error)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--model-name", default=None, help="the model id reported (default: checkpoint dir name)")
@@ -443,6 +443,44 @@ def engine_config_from_args(args, model_config):
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
+def dir_tokenizer_spec(model_dir: str) -> str | None:
+    """The load_tokenizer spec of the tokenizer files in a HF model directory: ``hf:DIR`` when it has a
+    ``tokenizer.json`` or ``tokenizer_config.json``; ``sentencepiece:DIR/tokenizer.model`` when that model is all
+    it has (what exports wrote before they wrote a tokenizer.json: AutoTokenizer would read it as another
+    tokenizer); None when it has none."""
+    if any(os.path.isfile(os.path.join(model_dir, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return f"hf:{model_dir}"
+    if os.path.isfile(os.path.join(model_dir, "tokenizer.model")):
+        return f"sentencepiece:{os.path.join(model_dir, 'tokenizer.model')}"
+    return None
+
+
+def check_tokenizer(checkpoint: str, tok, spec: str, default_spec: str | None, vocab_size: int, source: str):
+    """The tokenizer `tok` (loaded from `spec`) fits the checkpoint: its ids fit the model's vocabulary, and its
+    fingerprint equals the one the export recorded (mimesis_tokenizer.json) or, when `spec` is not the
+    checkpoint's own tokenizer `default_spec`, that tokenizer's. A ConfigError naming both otherwise."""
+    from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
+    from mimesis_jax.models.config import ConfigError
+
+    if tok.vocab_size > vocab_size:
+        raise ConfigError(f"tokenizer mismatch: --tokenizer {spec} has {tok.vocab_size} ids, more than the model's "
+                          f"vocab_size {vocab_size} ({source})")
+    record = read_tokenizer_record(checkpoint) if os.path.isdir(checkpoint) else None
+    if record is not None:
+        want = (f"{record.get('source')!r} (recorded in {os.path.join(checkpoint, 'mimesis_tokenizer.json')})",
+                record.get("vocab_size"), record["fingerprint"])
+    elif default_spec is not None and spec != default_spec:
+        own = load_tokenizer(default_spec)
+        want = (f"{default_spec!r} (the checkpoint's own)", own.vocab_size, own.fingerprint())
+    else:
+        return
+    got = tok.fingerprint()
+    if got != want[2]:
+        raise ConfigError(f"tokenizer mismatch: --checkpoint {checkpoint} was trained with tokenizer {want[0]}, "
+                          f"{want[1]} ids, fingerprint {want[2]}; --tokenizer {spec} has {tok.vocab_size} ids, "
+                          f"fingerprint {got}")
+
+
 def _load_weights(args, trained_loader):
     """(config, params, default tokenizer spec or None, where the weights came from) for --checkpoint: a HF
     directory (config.json + safetensors) or, when the caller supplies `trained_loader` (the CLI passes
@@ -459,7 +497,7 @@ def _load_weights(args, trained_loader):
         if args.step is not None:
             raise SystemExit(f"--step {args.step}: {ckpt} is a HF directory (one set of weights); --step selects a "
                              "checkpoint of a training workdir")
-        tok = f"hf:{ckpt}" if any(os.path.exists(os.path.join(ckpt, f)) for f in TOKENIZER_FILES) else None
+        tok = dir_tokenizer_spec(ckpt)
         config, params = models.load_hf(ckpt, dtype=args.dtype)
         return config, params, tok, f"{ckpt}/config.json"
     if trained_loader is not None and os.path.isdir(os.path.join(ckpt, "checkpoints")):
@@ -488,9 +526,7 @@ def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str 
         raise SystemExit(f"--checkpoint {checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
                          "pass --tokenizer SPEC (e.g. tiny, qwen3, qwen3_5, hf:DIR)")
     tok = load_tokenizer(spec)
-    if tok.vocab_size > config.vocab_size:
-        raise SystemExit(f"--tokenizer {spec}: {tok.vocab_size} ids do not fit the model's vocab_size "
-                         f"{config.vocab_size} ({source})")
+    check_tokenizer(checkpoint, tok, spec, default_tok, config.vocab_size, source)
     name = name or os.path.basename(os.path.normpath(checkpoint))
     return LocalChatModel(config, params, tok, generation_role=generation_role, enable_thinking=enable_thinking,
                           max_tokens=max_tokens, seed=seed, name=name)

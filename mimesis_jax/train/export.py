@@ -9,7 +9,6 @@ result back to the same parameters (exactly, in float32) and transformers loads 
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 from mimesis_jax import config as config_lib
@@ -47,22 +46,11 @@ def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "flo
 
 
 def _save_tokenizer(name: str, out: str, log) -> None:
-    """Copies the run's tokenizer files next to the weights: a HF tokenizer directory's tokenizer files, or a
-    sentencepiece model as tokenizer.model (readable with load_tokenizer("sentencepiece:OUT/tokenizer.model"))."""
-    try:
-        from mimesis_jax.data.tokenizer import load_tokenizer
-    except ImportError:
-        log("export: mimesis_jax.data.tokenizer is not available; tokenizer files not written")
-        return
-    tok = load_tokenizer(name)
-    hf_dir, sp_model = getattr(tok, "path", None), getattr(tok, "model_file", None)
-    copied = []
-    if hf_dir and os.path.isdir(hf_dir):
-        for fn in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
-            if os.path.isfile(os.path.join(hf_dir, fn)):
-                shutil.copyfile(os.path.join(hf_dir, fn), os.path.join(out, fn))
-                copied.append(fn)
-    elif sp_model and os.path.isfile(sp_model):
-        shutil.copyfile(sp_model, os.path.join(out, "tokenizer.model"))
-        copied.append("tokenizer.model")
-    log(f"export: tokenizer {name!r}: " + (f"wrote {', '.join(copied)}" if copied else "no files to copy"))
+    """Writes the run's tokenizer next to the weights so that `transformers.AutoTokenizer.from_pretrained(out)`
+    and `serve`/`rollout` give the run's ids (data.tokenizer.save_hf_tokenizer: a HF tokenizer directory's files,
+    or for a sentencepiece model a tokenizer.json built from it plus the model as tokenizer.model), and records
+    the tokenizer's fingerprint in mimesis_tokenizer.json."""
+    from mimesis_jax.data.tokenizer import load_tokenizer, save_hf_tokenizer
+
+    written = save_hf_tokenizer(load_tokenizer(name), out, source=name)
+    log(f"export: tokenizer {name!r}: wrote {', '.join(written)}")
