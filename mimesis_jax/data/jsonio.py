@@ -33,7 +33,7 @@ class DataFileError(ConfigError):
 
 def check_text_file(path, *, allow_empty: bool = False) -> None:
     """The file exists, is a regular file, is not empty (unless `allow_empty`) and does not look binary (a NUL
-    byte, or bytes that are not UTF-8, in its first 8 KiB)."""
+    byte, many control bytes or mostly non-UTF-8 bytes in its first 8 KiB)."""
     p = os.fspath(path)
     if not os.path.exists(p):
         raise DataFileError(p, None, "does not exist")
@@ -48,22 +48,29 @@ def check_text_file(path, *, allow_empty: bool = False) -> None:
         if allow_empty:
             return
         raise DataFileError(p, None, "is empty (no JSON records)")
-    if b"\x00" in head or _not_utf8(head):
+    if _looks_binary(head):
         raise DataFileError(p, None, "is a binary file, not UTF-8 JSON text")
 
 
-def _not_utf8(head: bytes) -> bool:
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as e:
-        # a multi-byte character cut by the sniff window is fine
-        return not (e.start >= len(head) - 3 and e.reason == "unexpected end of data")
-    return False
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\b")
 
 
-def iter_jsonl(path) -> Iterator[tuple[int, Any]]:
+def _looks_binary(head: bytes) -> bool:
+    """A NUL byte, more than 10% control bytes, or (from the 16th byte) bytes of which more than a third are not
+    UTF-8. Text in another encoding (Latin-1 ...) is left to the line-level UTF-8 error, which names the line."""
+    if b"\x00" in head:
+        return True
+    controls = sum(1 for b in head if (b < 0x20 and b not in _TEXT_CONTROLS) or b == 0x7F)
+    if controls > 0.1 * len(head):
+        return True
+    bad = len(head) - len(head.decode("utf-8", errors="ignore").encode("utf-8"))
+    return len(head) >= 16 and bad > len(head) / 3
+
+
+def iter_jsonl(path, *, keep_errors: bool = False) -> Iterator[tuple[int, Any]]:
     """(line number from 1, decoded value) for every non-blank line of a JSON-lines file (an empty file has
-    none; `check_jsonl` refuses it)."""
+    none; `check_jsonl` refuses it). A line that is not UTF-8 JSON raises `DataFileError`, or with `keep_errors`
+    is yielded as (line, that DataFileError) and reading goes on."""
     check_text_file(path, allow_empty=True)
     p = os.fspath(path)
     with open(p, "rb") as f:
@@ -71,13 +78,20 @@ def iter_jsonl(path) -> Iterator[tuple[int, Any]]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataFileError(p, n, f"not valid UTF-8 (byte {e.start + 1})") from None
-            if not text.strip():
-                continue
-            try:
-                yield n, json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DataFileError(p, n, f"not valid JSON ({e.msg}, column {e.colno})") from None
+                err = DataFileError(p, n, f"not valid UTF-8 (byte {e.start + 1})")
+            else:
+                if not text.strip():
+                    continue
+                try:
+                    rec = json.loads(text)
+                except json.JSONDecodeError as e:
+                    err = DataFileError(p, n, f"not valid JSON ({e.msg}, column {e.colno})")
+                else:
+                    yield n, rec
+                    continue
+            if not keep_errors:
+                raise err
+            yield n, err
 
 
 def read_jsonl(path) -> list[Any]:
@@ -102,29 +116,44 @@ def read_json(path) -> Any:
         raise DataFileError(p, e.lineno, f"not valid JSON ({e.msg}, column {e.colno})") from None
 
 
-def check_jsonl(path, *, check: Callable[[Any, str], None] | None = None, objects: bool = True) -> int:
-    """Reads a whole JSON-lines file up front; returns its number of records. Every line must be JSON (and a JSON
-    object when `objects`); `check(record, where)` (``where`` = ``PATH:LINE``) may raise any ValueError, which
-    becomes a `DataFileError` for that line. A file with no record is an error."""
+def check_jsonl(path, *, check: Callable[[Any, str], None] | None = None, objects: bool = True,
+                skip_bad: bool = False) -> int:
+    """Reads a whole JSON-lines file up front; returns its number of usable records. Every line must be JSON (and
+    a JSON object when `objects`); `check(record, where)` (``where`` = ``PATH:LINE``) may raise any ValueError,
+    which becomes a `DataFileError` for that line. The first bad line raises, or with `skip_bad` is counted out
+    (the reader skips it later). A file with no usable record is an error (naming the first bad line, if any)."""
     check_text_file(path)
-    n_records = 0
-    for n, rec in iter_jsonl(path):
-        if objects and not isinstance(rec, dict):
-            raise DataFileError(path, n, f"expected a JSON object, got {type(rec).__name__}")
-        if check is not None:
-            where = f"{os.fspath(path)}:{n}"
-            try:
-                check(rec, where)
-            except DataFileError:
-                raise
-            except ValueError as e:
-                msg = str(e)
-                reason = msg[len(where) + 2:] if msg.startswith(where + ": ") else msg
-                raise DataFileError(path, n, reason) from None
-        n_records += 1
-    if n_records == 0:
+    usable, first_bad, n_bad = 0, None, 0
+    for n, rec in iter_jsonl(path, keep_errors=skip_bad):
+        err = rec if isinstance(rec, DataFileError) else _record_problem(path, n, rec, check, objects)
+        if err is None:
+            usable += 1
+            continue
+        if not skip_bad:
+            raise err
+        n_bad += 1
+        first_bad = first_bad or err
+    if usable == 0:
+        if first_bad is not None:
+            raise DataFileError(path, None, f"none of its {n_bad} records is usable (the first: line "
+                                            f"{first_bad.line}: {first_bad.reason})")
         raise DataFileError(path, None, "holds only blank lines (no JSON records)")
-    return n_records
+    return usable
+
+
+def _record_problem(path, n: int, rec, check, objects: bool) -> DataFileError | None:
+    if objects and not isinstance(rec, dict):
+        return DataFileError(path, n, f"expected a JSON object, got {type(rec).__name__}")
+    if check is not None:
+        where = f"{os.fspath(path)}:{n}"
+        try:
+            check(rec, where)
+        except DataFileError as e:
+            return e
+        except ValueError as e:
+            msg = str(e)
+            return DataFileError(path, n, msg[len(where) + 2:] if msg.startswith(where + ": ") else msg)
+    return None
 
 
 def require_fields(rec: dict, fields, where: str) -> None:

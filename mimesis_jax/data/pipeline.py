@@ -201,16 +201,18 @@ def record_checker(fmt: str, cfg: "DataConfig"):
 def check_data_files(cfg: "DataConfig") -> dict[str, int]:
     """Reads every file of every source up front, before any training: the first problem raises
     `jsonio.DataFileError` naming the file (and line). JSON-lines files are read whole: each line must be a JSON
-    object with the structure its source's format needs (unless ``skip_bad_records``, which leaves bad records
-    to be skipped and counted); parquet files are checked for their magic bytes and a row count. Returns
-    {file: records checked} (parquet: its rows; a save_to_disk directory: not counted)."""
+    object with the structure its source's format needs (with ``skip_bad_records`` bad lines are left to be
+    skipped and counted, but a file with no usable record is an error: the pipeline would skip forever);
+    parquet files are checked for their magic bytes and a row count. Returns {file: usable records}
+    (parquet: its rows; a save_to_disk directory: not counted)."""
     cfg.validate()
     counts = {}
     for i, src in enumerate(cfg.sources):
         for path in _files(src, f"data.sources.{i}"):
             check_file(path)
-            if _json_lines_ext(path) and not cfg.skip_bad_records:
-                counts[path] = jsonio.check_jsonl(path, check=record_checker(src.format, cfg))
+            if _json_lines_ext(path):
+                counts[path] = jsonio.check_jsonl(path, check=record_checker(src.format, cfg),
+                                                  skip_bad=cfg.skip_bad_records)
             elif path.endswith(".parquet"):
                 import pyarrow.parquet as pq
 
