@@ -99,6 +99,12 @@ def read_jsonl(path) -> list[Any]:
     return [rec for _, rec in iter_jsonl(path)]
 
 
+def read_jsonl_numbered(path) -> list[tuple[int, Any]]:
+    """[(line number, decoded value), ...] of a JSON-lines file, read whole first (so a caller's own record
+    errors never mix with the reader's)."""
+    return list(iter_jsonl(path))
+
+
 def read_json(path) -> Any:
     """The decoded JSON document of a file (errors name the line of a syntax error)."""
     check_text_file(path)
@@ -161,3 +167,9 @@ def require_fields(rec: dict, fields, where: str) -> None:
     for k in fields:
         if k not in rec:
             raise ValueError(f"{where}: missing field '{k}' (keys are {sorted(rec)[:12]})")
+
+
+def located(e: DataFileError, style: str = "{path}, line {line}") -> str:
+    """The message of `e` with its location written in a caller's own style (``{path}``, ``{line}``)."""
+    loc = e.path if e.line is None else style.format(path=e.path, line=e.line)
+    return f"{loc}: {e.reason}"

@@ -509,12 +509,12 @@ def tiny_training_lines(sample_files: Sequence[str] | None = None) -> list[str]:
     if not files:
         raise TokenizerError(f"tiny tokenizer: no sample .jsonl files in {samples_dir()}")
     lines: list[str] = []
+    from mimesis_jax.data.jsonio import read_jsonl
+
     for fn in files:
-        with open(fn, encoding="utf-8") as f:
-            for n, raw in enumerate(f):
-                if raw.strip():
-                    for s in _strings(json.loads(raw)):
-                        lines += [x for x in s.split("\n") if x.strip()]
+        for rec in read_jsonl(fn):
+            for s in _strings(rec):
+                lines += [x for x in s.split("\n") if x.strip()]
     lines += template_phrases()
     lines += ["system", "user", "assistant", "tool", "# Tools", "You may call one or more functions to assist "
               "with the user query.", '{"name": "lookup", "arguments": {"query": "weather"}}']

@@ -15,13 +15,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import EnvError
 
 BEHAVIOURS_PATH = os.path.join(os.path.dirname(__file__), "abcd_data", "behaviours.json")
@@ -48,10 +48,9 @@ class BehaviourCard:
 def load_behaviours(path=BEHAVIOURS_PATH) -> dict[str, BehaviourCard]:
     """Read the behaviour cards: a JSON list of objects with CARD_FIELDS, ids exactly B1..B13 and N."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise EnvError(f"behaviour cards file {os.fspath(path)!r} is not readable JSON: {e}") from e
+        data = jsonio.read_json(path)
+    except jsonio.DataFileError as e:
+        raise EnvError(f"behaviour cards file {os.fspath(path)!r} is not readable JSON: {jsonio.located(e)}") from e
     if not isinstance(data, list):
         raise EnvError(f"behaviour cards file {os.fspath(path)!r}: expected a list of cards")
     cards: dict[str, BehaviourCard] = {}

@@ -41,6 +41,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.eval import metrics
 
@@ -106,10 +107,9 @@ def write_json(path: str, obj) -> None:
 
 def _read_json(path: str):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise EnvError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return jsonio.read_json(path)
+    except jsonio.DataFileError as e:
+        raise EnvError(jsonio.located(e)) from None
 
 
 def _check_names(kind: str, entries: Sequence[Entry]) -> None:

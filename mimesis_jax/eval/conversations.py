@@ -25,11 +25,11 @@ Errors (`EnvError`) name the file, the line and the field. Integer ids / task id
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any, Sequence
 
+from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import EnvError
 
 SOURCES = ("simulator", "human")
@@ -107,20 +107,17 @@ def load_conversations(path: str | os.PathLike, source: str | None = None) -> li
         raise EnvError(f"conversation file {path} does not exist")
     out: list[Conversation] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {n}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EnvError(f"{where}: not valid JSON ({e.msg})") from None
-            conv = parse_conversation(obj, where, source)
-            if conv.id in seen:
-                raise EnvError(f"{conv.where}: field 'id' {conv.id!r} is already used on line {seen[conv.id]}")
-            seen[conv.id] = n
-            out.append(conv)
+    try:
+        rows = jsonio.read_jsonl_numbered(path)
+    except jsonio.DataFileError as e:
+        raise EnvError(jsonio.located(e)) from None
+    for n, obj in rows:
+        where = f"{path}, line {n}"
+        conv = parse_conversation(obj, where, source)
+        if conv.id in seen:
+            raise EnvError(f"{conv.where}: field 'id' {conv.id!r} is already used on line {seen[conv.id]}")
+        seen[conv.id] = n
+        out.append(conv)
     if not out:
         raise EnvError(f"conversation file {path} holds no conversations")
     return out

@@ -38,6 +38,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import call_model, field, fill, load_templates, parse_json_object
 from mimesis_jax.envs.sim_env import Message, SimEnv, SimTurn
@@ -118,23 +119,13 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     if not p.is_file():
         raise EnvError(f"SOUL record file {p} does not exist")
     suffix = p.suffix.lower()
-    if suffix == ".jsonl":
-        rows = []
-        with open(p, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise EnvError(f"{p}, line {n}: not valid JSON ({e.msg})") from None
-        return rows
-    if suffix == ".json":
+    if suffix in (".jsonl", ".json"):
         try:
-            with open(p, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise EnvError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+            if suffix == ".jsonl":
+                return jsonio.read_jsonl(p)
+            data = jsonio.read_json(p)
+        except jsonio.DataFileError as e:
+            raise EnvError(jsonio.located(e)) from None
         if not isinstance(data, list):
             raise EnvError(f"{p}: a .json record file must hold a list of records")
         return data

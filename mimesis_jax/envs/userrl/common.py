@@ -24,12 +24,12 @@ step's `info["user_thought"]` for the CSD coach (Eq 7).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import pathlib
 import random
 from typing import Any, Callable, Sequence
 
+from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import Env, EnvError, InvalidEpisode, StepResult, parse_action
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import response_thought, split_thought
@@ -67,11 +67,10 @@ def data_file(name: str, data_dir: str | os.PathLike | None = None) -> pathlib.P
 
 @functools.lru_cache(maxsize=64)
 def _read_json(path: str, mtime: float) -> Any:
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise EnvError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    try:
+        return jsonio.read_json(path)
+    except jsonio.DataFileError as e:
+        raise EnvError(jsonio.located(e)) from None
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Protocol, runtime_checkable
 
+from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import EnvError
 
 
@@ -65,33 +66,30 @@ def read_corpus(path: str | os.PathLike) -> list[Passage]:
         raise EnvError(f"search corpus {p} does not exist")
     out: list[Passage] = []
     seen: dict[str, int] = {}
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}, line {lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EnvError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise EnvError(f"{where}: expected an object with 'id', 'title', 'text', got {type(row).__name__}")
-            values = {}
-            for key, types in (("id", (str, int)), ("title", str), ("text", str)):
-                v = row.get(key)
-                if v is None:
-                    raise EnvError(f"{where}: missing field {key!r}")
-                if isinstance(v, bool) or not isinstance(v, types):
-                    raise EnvError(f"{where}: field {key!r} must be a string, got {type(v).__name__}")
-                values[key] = str(v)
-            if not values["id"].strip():
-                raise EnvError(f"{where}: field 'id' is empty")
-            if not (values["title"].strip() or values["text"].strip()):
-                raise EnvError(f"{where}: fields 'title' and 'text' are both empty")
-            if values["id"] in seen:
-                raise EnvError(f"{where}: duplicate id {values['id']!r} (first on line {seen[values['id']]})")
-            seen[values["id"]] = lineno
-            out.append(Passage(values["id"], values["title"], values["text"]))
+    try:
+        rows = jsonio.read_jsonl_numbered(p)
+    except jsonio.DataFileError as e:
+        raise EnvError(jsonio.located(e)) from None
+    for lineno, row in rows:
+        where = f"{p}, line {lineno}"
+        if not isinstance(row, dict):
+            raise EnvError(f"{where}: expected an object with 'id', 'title', 'text', got {type(row).__name__}")
+        values = {}
+        for key, types in (("id", (str, int)), ("title", str), ("text", str)):
+            v = row.get(key)
+            if v is None:
+                raise EnvError(f"{where}: missing field {key!r}")
+            if isinstance(v, bool) or not isinstance(v, types):
+                raise EnvError(f"{where}: field {key!r} must be a string, got {type(v).__name__}")
+            values[key] = str(v)
+        if not values["id"].strip():
+            raise EnvError(f"{where}: field 'id' is empty")
+        if not (values["title"].strip() or values["text"].strip()):
+            raise EnvError(f"{where}: fields 'title' and 'text' are both empty")
+        if values["id"] in seen:
+            raise EnvError(f"{where}: duplicate id {values['id']!r} (first on line {seen[values['id']]})")
+        seen[values["id"]] = lineno
+        out.append(Passage(values["id"], values["title"], values["text"]))
     if not out:
         raise EnvError(f"search corpus {p} holds no passages")
     return out

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import pathlib
 from typing import Any, Iterable
 
+from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import EnvError, register
 
 # UserRL env name -> module under mimesis_jax.envs.userrl (imported when a task of that gym is built)
@@ -147,20 +147,16 @@ def _rows(path: pathlib.Path) -> Iterable[tuple[int, Any]]:
             raise EnvError(f"{path}: not a readable parquet file ({e})") from None
         yield from enumerate(table.to_pylist())
     elif suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                if not line.strip():
-                    continue
-                try:
-                    yield i, json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise EnvError(f"{path}, row {i}: not valid JSON ({e.msg})") from None
+        try:
+            for n, rec in jsonio.iter_jsonl(path):
+                yield n - 1, rec  # rows count lines from 0
+        except jsonio.DataFileError as e:
+            raise EnvError(f"{e.path}, row {e.line - 1}: {e.reason}" if e.line else jsonio.located(e)) from None
     elif suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise EnvError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        try:
+            data = jsonio.read_json(path)
+        except jsonio.DataFileError as e:
+            raise EnvError(jsonio.located(e)) from None
         if not isinstance(data, list):
             raise EnvError(f"{path}: a .json task file must hold a list of rows")
         yield from enumerate(data)
