@@ -165,3 +165,19 @@ def test_cli_refuses_a_file_with_no_usable_record(files, tmp_path, capsys):
                "--set", f"data.sources.0.path={files['good']}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: {files['good']}: none of its 2 records is usable")
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("tasks", "{}, row 1: not valid JSON (Expecting value, column 13)"),  # task files count rows from 0
+    ("binary", "{}: is a binary file, not UTF-8 JSON text"),
+])
+def test_cli_agentrl_names_a_bad_task_file_before_any_model_work(files, tmp_path, capsys, name, reason):
+    from mimesis_jax.cli import main
+
+    files["tasks"] = _write(tmp_path / "tasks.jsonl", ["", '{"prompt": [oops'])
+    wd = tmp_path / "wd"
+    rc = main(["agentrl", "--config", os.path.join(REPO, "configs", "tiny_agentrl_grpo.py"), "--workdir", str(wd),
+               "--set", f"gyms.sources=['{files[name]}']"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["error: config key 'gyms': " + reason.format(files[name])]
+    assert not os.path.exists(wd / "run_config.json") and not os.path.exists(wd / "checkpoints")

@@ -50,6 +50,7 @@ import numpy as np
 from mimesis_jax import config as config_lib
 from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
                                 TrainConfig)
+from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train import rl_run
@@ -443,11 +444,14 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     workdir = os.path.abspath(workdir)
     log = rl_run.primary_log(log)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
+    try:  # the task files are read before any model work: a bad file is a config error naming it
+        tasks, dropped = build_tasks(cfg.validate().gyms, tok)
+    except EnvError as e:
+        raise ConfigError(f"config key 'gyms': {e}") from None
     run_ = rl_run.setup(cfg, workdir, tok, log)
     cfg, model_config, mesh, ckpt = run_.cfg, run_.model_config, run_.mesh, run_.ckpt
     schedule, latest, state = run_.schedule, run_.latest, run_.state
 
-    tasks, dropped = build_tasks(cfg.gyms, tok)
     if dropped:
         log(f"gyms: dropped {sum(dropped.values())} task(s) with prompts of >= {cfg.gyms.max_prompt_tokens} "
             f"tokens: {dropped}")
