@@ -33,7 +33,9 @@ def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
     assert [r["step"] for r in sim] == [1] and all(np.isfinite(r["reward_mean"]) for r in sim)
     assert {"reward/hitom", "reward/abcd_behaviour"} & set(sim[0]) and "=== export" in out
     with open(os.path.join(root, "simrl", "run_config.json")) as f:
-        assert json.load(f)["init"]["from_workdir"] == os.path.join(root, "sft")
+        sim_run = json.load(f)
+    assert sim_run["init"]["from_workdir"] == os.path.join(root, "sft")
+    assert sim_run["rl"]["num_microbatches"] == 4  # the demo's simrl updates in 4 micro-batches (its peak RSS)
     config, params = models.load_hf(os.path.join(root, "hf"))
     assert config.model_type == "qwen3_5_text" and config.vocab_size == 1024
     assert os.path.isfile(os.path.join(root, "hf", "tokenizer.model"))

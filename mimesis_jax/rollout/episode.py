@@ -32,7 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import itertools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from mimesis_jax.envs.base import (INTERACT_TOOL, Env, InvalidEpisode, ToolCall,
                                    tool_feedback, visible_reply)
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import chat_many, response_thought
+from mimesis_jax.rollout.progress import TurnProgress
 from mimesis_jax.rollout.refusal import RefusalDetector
 from mimesis_jax.rollout.sampler import Sample
 from mimesis_jax.rollout.trajectory import Segment, Trajectory
@@ -212,7 +213,7 @@ def _env_steps(live: list[_Live], calls: list, workers: int) -> list:
 
 
 def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfig | None = None, *,
-                 tokenizer=None) -> list[Trajectory]:
+                 tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[Trajectory]:
     """Runs every task to its end and returns one Trajectory per task, in order.
 
     agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
@@ -221,6 +222,9 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
     ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.
     tokenizer: the agent's tokenizer (default `agent.tok`); all public segments are rendered with data/chat.py.
+    progress: called after every round with a `rollout.progress.TurnProgress` (rounds so far, dialogues still
+    active, agent tokens sampled so far), and once more with 0 active if the batch ends before a round (context
+    limit); `rollout.progress.TurnReporter` prints it.
     """
     from mimesis_jax.data.chat import generation_prompt, render_messages, render_turn
 
@@ -265,6 +269,15 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                                    tools=tools if getattr(ep.task.env, "tool_mode", True) else None)
         _add(ep, "public", rendered.ids)
 
+    rounds, sampled, reported_active = 0, 0, None
+
+    def report():
+        nonlocal reported_active
+        if progress is not None:
+            reported_active = sum(not ep.done for ep in eps)
+            progress(TurnProgress(turn=rounds, max_turns=cfg.max_turns, active=reported_active, total=len(eps),
+                                  sampled_tokens=sampled))
+
     try:
         while True:
             _release([ep for ep in eps if ep.done], agent, user, cfg)  # free ended dialogues' pages early
@@ -275,6 +288,8 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                         _end(ep, "context_limit")
                 live = [ep for ep in live if not ep.done]
             if not live:
+                if reported_active:  # the last report still counted dialogues that the context limit ended
+                    report()
                 break
             # 1. agent turn: one sampler call for every live dialogue
             keyed = {"keys": [("agent", ep.traj.rollout_id) for ep in live]} if agent_keys else {}
@@ -282,6 +297,8 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                 [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens,
                 temperature=cfg.agent_temperature, top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
                 seed=[_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live], **keyed)
+            rounds += 1
+            sampled += sum(len(s.tokens) for s in samples)
             calls = []
             for ep, s in zip(live, samples):
                 _add(ep, "public", header)
@@ -345,6 +362,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                     _end(ep, "context_limit")
                 if not ep.done and ep.turns >= cfg.max_turns:
                     _end(ep, "turn_limit")
+            report()
     finally:  # an env that raised leaves no dialogue state behind either
         _release(eps, agent, user, cfg)
     for ep in eps:

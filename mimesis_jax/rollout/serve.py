@@ -419,6 +419,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "size and a new request waits at most one burst for a free slot")
     parser.add_argument("--engine-pages", type=int, default=0,
                         help="--engine: KV pool pages (0 = every slot at --engine-max-len, + the trash page)")
+    parser.add_argument("--engine-warmup", action="store_true",
+                        help="--engine: compile every prefill and decode program before serving (slower start; no "
+                             "request then waits for a compilation, e.g. in a load test)")
     return parser
 
 
@@ -553,6 +556,8 @@ def build_server(args, trained_loader=None) -> ChatServer:
                                 engine_config=engine_config_from_args(args, model.config),
                                 generation_role=model.generation_role, enable_thinking=model.enable_thinking,
                                 max_tokens=model.max_tokens, seed=model.seed, name=model.name)
+        if args.engine_warmup:
+            model.engine.warmup()
     return ChatServer(model, host=args.host, port=args.port, model_name=model.name, max_batch=args.max_batch,
                       batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit,
                       max_n=args.max_n, api_keys=api_keys_from(args), max_queued=args.max_queued,

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from mimesis_jax.envs.base import InvalidEpisode
 from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
 from mimesis_jax.rollout.endpoints import split_thought
 from mimesis_jax.rollout.episode import _ROLLOUT_IDS, _seed
+from mimesis_jax.rollout.progress import TurnProgress
 from mimesis_jax.rollout.trajectory import Segment, Trajectory
 
 
@@ -144,13 +145,16 @@ def _check_turn(ep: _Live, result, what: str) -> SimTurn | None:
 
 
 def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisodeConfig | None = None, *,
-                     tokenizer=None) -> list[SimRollout]:
+                     tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[SimRollout]:
     """Runs every task to its end; one SimRollout per task, in order.
 
     policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
     (`endpoints.LocalChatModel` over the simulator's weights, or `episode.ScriptedAgent` in tests). A policy with
     `release` (`engine.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
     tokenizer: the policy's tokenizer (default `policy.tok`).
+    progress: called after every round with a `rollout.progress.TurnProgress` (rounds so far, of at most the
+    largest turn limit of the batch; rollouts still active; policy tokens sampled so far), and once more with 0
+    active if the batch ends before a round (context limit); `rollout.progress.TurnReporter` prints it.
     """
     from mimesis_jax.data.chat import render_messages
 
@@ -182,6 +186,16 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
             ep.view = [dict(m) for m in view]
 
     keyed_policy = cfg.dialogue_keys and hasattr(policy, "release")
+    max_rounds = max((ep.limit for ep in eps), default=0)
+    sampled, reported_active = 0, None
+
+    def report(rounds: int):
+        nonlocal reported_active
+        if progress is not None:
+            reported_active = sum(not ep.done for ep in eps)
+            progress(TurnProgress(turn=rounds, max_turns=max_rounds, active=reported_active, total=len(eps),
+                                  sampled_tokens=sampled))
+
     try:
         turn = 0
         while True:
@@ -203,12 +217,15 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
                 keep = [(ep, p) for ep, p in zip(live, prompts) if not ep.done]
                 live, prompts = [e for e, _ in keep], [p for _, p in keep]
             if not live:
+                if reported_active:  # the last report still counted rollouts that the context limit ended
+                    report(turn)
                 break
             # 1. policy turn: one sampler call for every live episode
             keyed = {"keys": [ep.out.rollout_id for ep in live]} if keyed_policy else {}
             samples = policy.generate_tokens(prompts, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
                                              top_p=cfg.top_p, top_k=cfg.top_k,
                                              seed=[_seed(cfg.seed, ep.seed_key, turn) for ep in live], **keyed)
+            sampled += sum(len(s.tokens) for s in samples)
             steps = []
             for ep, prompt, s in zip(live, prompts, samples):
                 body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
@@ -244,6 +261,7 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
                 if t is not None:
                     _finish(ep, t, "turn_limit")
             turn += 1
+            report(turn)
     finally:  # free the engine state (pages, state slots) of every rollout, also when a step raised
         if keyed_policy:
             for ep in eps:

@@ -56,7 +56,8 @@ from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train import rl_run
 from mimesis_jax.train.agent_rl import RLConfig
 
-STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s")
+STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
+               "rollout_tokens_per_s", "train_tokens_per_s")
 
 
 # ------------------------------------------------------------------------------------------ config
@@ -438,6 +439,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     from mimesis_jax.envs.userrl.episodes import episode_tasks
     from mimesis_jax.rollout.endpoints import LocalChatModel
     from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
+    from mimesis_jax.rollout.progress import TurnReporter
     from mimesis_jax.train.loop import _StopFlag
     from mimesis_jax.train.metrics import MetricsLogger
 
@@ -510,7 +512,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                                        engine_config=rollout_engine_config(r, model_config, in_flight),
                                        max_tokens=r.agent_max_tokens, name="agent")
 
-    def rollouts(params, task_list, temperature, seed, first_group, first_rid, group_size, travel_variant):
+    def rollouts(params, task_list, temperature, seed, first_group, first_rid, group_size, travel_variant, label):
         """The episodes of this process's share of `task_list` (rl_run.process_share): task i is group
         first_group + i with rollout ids first_rid + i * group_size + k, whatever process runs it. With
         rollout.engine the engine agent samples (its parameters are `params`, set after each update)."""
@@ -524,7 +526,8 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                                       first_rollout_id=first_rid + i * group_size, seed=seed, user=side.gym_user,
                                       judge=side.judge, gym_options={"TravelGym": {"reward_variant": travel_variant}})]
         ec = dataclasses.replace(ecfg, agent_temperature=temperature, seed=seed)
-        return run_episodes(agent, side.simulator, eps, ec, tokenizer=tok)
+        progress = TurnReporter(label) if cfg.train.progress_bar and jax.process_index() == 0 else None
+        return run_episodes(agent, side.simulator, eps, ec, tokenizer=tok, progress=progress)
 
     try:
         while step < cfg.train.steps:
@@ -532,7 +535,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
             seed = rl_run.step_seed(cfg.train.seed, step)
             drawn = sampler.sample(r.prompts_per_step)
             trajs = rollouts(state["params"], drawn, r.temperature, seed, step * r.prompts_per_step, next_rid,
-                             r.group_size, r.travel_reward_variant)
+                             r.group_size, r.travel_reward_variant, f"agentrl step {step + 1} rollout")
             next_rid += len(drawn) * r.group_size  # every process counts the rollouts of all processes
             t1 = time.perf_counter()
             kept, n_invalid, skipped, n_no_turn = _group_filter(trajs, r.min_valid_per_group)
@@ -583,7 +586,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                 rec.update(infopo_ig_mean=_mean(gains), infopo_turns=len(gains), infopo_s=t_adv - t2)
             if cfg.validation.every and step % cfg.validation.every == 0 and val_tasks:
                 vt = rollouts(state["params"], val_tasks, cfg.validation.temperature, 12345, 0, 1 << 30, 1,
-                              cfg.validation.travel_reward_variant)
+                              cfg.validation.travel_reward_variant, f"agentrl step {step} validation")
                 vs = rl_run.gather_list([dataclasses.asdict(scoring.score_trajectory(t)) for t in vt])
                 summ = scoring.summarize([scoring.EpisodeScore(**x) for x in vs])
                 for gym, s in summ.items():

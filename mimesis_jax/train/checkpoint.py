@@ -69,6 +69,57 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+def _path_names(path) -> tuple[str, ...]:
+    """A pytree key path as plain names: a dict key, a sequence index and a namedtuple field all become strings
+    (orbax stores an optax namedtuple's fields as named keys and a tuple's items as "0", "1", ...)."""
+    out = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                out.append(str(getattr(k, attr)))
+                break
+        else:
+            out.append(str(k))
+    return tuple(out)
+
+
+def _stored_shapes(item_dir: str) -> dict[tuple[str, ...], tuple[int, ...]] | None:
+    """{key path: global shape} of the arrays of one saved StandardSave item, from its metadata only (no array is
+    read); None when the metadata cannot be read (the restore then reports what is wrong)."""
+    from etils import epath
+
+    try:
+        md = ocp.StandardCheckpointHandler().metadata(epath.Path(item_dir))
+    except Exception:  # noqa: BLE001 - no metadata / an older layout: leave it to the restore
+        return None
+    leaves = jax.tree_util.tree_flatten_with_path(md)[0]
+    return {_path_names(p): tuple(v.shape) for p, v in leaves if hasattr(v, "shape") and v.shape is not None}
+
+
+def _check_layout(step_dir: str, items: dict[str, Any]) -> None:
+    """Raises a one-line CheckpointError when an array of `items` ({item name: abstract tree}) has a different shape
+    in the checkpoint, or is not in it, BEFORE orbax starts reading: a restore that fails part-way leaves orbax's
+    pending async reads to print "Event loop is closed" / "Exception ignored" traces at exit."""
+    for item, abstract in items.items():
+        stored = _stored_shapes(os.path.join(step_dir, item))
+        if stored is None:
+            continue
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+            if not hasattr(leaf, "shape"):
+                continue
+            key = _path_names(path)
+            name = item + "".join(f"[{k}]" for k in key)
+            if key not in stored:
+                raise CheckpointError(f"{step_dir}: cannot restore into the current model/optimizer "
+                                      f"layout: {name} is not in the checkpoint (was the model or optimizer config "
+                                      "changed? resume with the config it was saved with, or use a new --workdir)")
+            if tuple(leaf.shape) != stored[key]:
+                raise CheckpointError(f"{step_dir}: cannot restore into the current model/optimizer "
+                                      f"layout: {name} has shape {stored[key]} in the checkpoint and "
+                                      f"{tuple(leaf.shape)} in the current model (was the model config changed? "
+                                      "resume with the config it was saved with, or use a new --workdir)")
+
+
 def gather_json(obj: Any) -> list:
     """Every process's JSON-serialisable `obj`, as a list indexed by process (a collective on many hosts)."""
     if jax.process_count() == 1:
@@ -207,6 +258,9 @@ class Checkpointer:
         step = self.resolve_step(step)
         self.verify(step)
         ab = abstract_state
+        _check_layout(os.path.join(self.directory, str(step)),
+                      {"params": ab["params"], "opt_state": ab["opt_state"],
+                       "train_state": {k: ab[k] for k in STATE_KEYS}})
         try:
             r = self.manager.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(ab["params"]),
@@ -269,6 +323,7 @@ class Checkpointer:
         """Only the parameters (for SFT initialisation and export): (params, step)."""
         step = self.resolve_step(step)
         self.verify(step)
+        _check_layout(os.path.join(self.directory, str(step)), {"params": abstract_params})
         try:
             r = self.manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
         except (ValueError, KeyError, TypeError) as e:

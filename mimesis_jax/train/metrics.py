@@ -1,5 +1,5 @@
 """Training metrics: WORKDIR/metrics.jsonl (every step), stdout lines and TensorBoard (every `log_every`
-steps), and a tqdm progress bar with tokens/s.
+steps), and a tqdm progress bar with the token rates a stage measures (`BAR_RATES`).
 
 Only process 0 writes. On resume, records of steps after the restored checkpoint (written by the interrupted
 run before it died) are dropped from metrics.jsonl, so the file always describes one consistent run.
@@ -67,6 +67,12 @@ def _fmt(v) -> str:
     return str(v)
 
 
+# (record key, progress-bar name): tokens trained per second of step time (LM stages), tokens the policy sampled per
+# second of rollout time and tokens trained per second of update time (RL stages)
+BAR_RATES = (("tokens_per_s", "tok_s"), ("rollout_tokens_per_s", "rollout_tok_s"),
+             ("train_tokens_per_s", "train_tok_s"))
+
+
 class MetricsLogger:
     STDOUT_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")
 
@@ -129,8 +135,10 @@ class MetricsLogger:
         if self.bar is not None:
             self.bar.update(1)
             post = {"loss": _fmt(record.get("loss", float("nan")))}
-            if "tokens_per_s" in record:  # stages that do not measure a token rate show none, never a fake 0
-                post["tok_s"] = f"{record['tokens_per_s']:.0f}"
+            # each rate a stage measures, under its own name; a stage that measures none shows none (never a fake 0)
+            for key, short in BAR_RATES:
+                if key in record:
+                    post[short] = f"{record[key]:.0f}"
             self.bar.set_postfix(post, refresh=False)
         if step % self.log_every == 0 or step == self.total:
             parts = [f"{self.stage} step {step}/{self.total}"] + [

@@ -53,7 +53,8 @@ from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train import agent_rl_loop, rl_run
 from mimesis_jax.train.agent_rl import RLConfig
 
-STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s")
+STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s",
+               "rollout_tokens_per_s", "train_tokens_per_s")
 BEHAVIOUR = "abcd_behaviour"
 
 
@@ -301,6 +302,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.envs.domains import DomainSampler, make_domain_env
     from mimesis_jax.rollout.endpoints import LocalChatModel
+    from mimesis_jax.rollout.progress import TurnReporter
     from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
     from mimesis_jax.train.loop import _StopFlag
     from mimesis_jax.train.metrics import MetricsLogger
@@ -362,7 +364,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
             model_config, agent_rl_loop.engine_params(run_.state["params"]), tok, max_tokens=r.max_tokens,
             name="simulator", engine_config=agent_rl_loop.rollout_engine_config(r, model_config, in_flight))
 
-    def rollouts(params, prompts, group_size, temperature, seed, first_group, first_rid):
+    def rollouts(params, prompts, group_size, temperature, seed, first_group, first_rid, label):
         """The rollouts of this process's share of `prompts` (rl_run.process_share): prompt p is group
         first_group + p with rollout ids first_rid + p * group_size + k and env seed f(seed, p), whatever process
         runs it. With rollout.engine the engine policy samples (its parameters are `params`, set after each
@@ -384,7 +386,8 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
         ec = SimEpisodeConfig(max_tokens=r.max_tokens, temperature=temperature, seed=seed,
                               max_context_tokens=agent_rl_loop.context_budget(r) or None,
                               env_workers=r.env_workers)
-        return run_sim_episodes(policy, tasks, ec, tokenizer=tok)
+        progress = TurnReporter(label) if cfg.train.progress_bar and jax.process_index() == 0 else None
+        return run_sim_episodes(policy, tasks, ec, tokenizer=tok, progress=progress)
 
     records_of = records
     try:
@@ -393,7 +396,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
             seed = rl_run.step_seed(cfg.train.seed, step)
             drawn = sampler.draw(r.prompts_per_step)
             outs = rollouts(run_.state["params"], drawn, r.group_size, r.temperature, seed,
-                            step * r.prompts_per_step, next_rid)
+                            step * r.prompts_per_step, next_rid, f"simrl step {step + 1} rollout")
             next_rid += len(drawn) * r.group_size  # every process counts the rollouts of all processes
             t1 = time.perf_counter()
             if on_rollouts is not None:
@@ -430,7 +433,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
                 records_of = val_records
                 vprompts = [(d, i) for d in sorted(val_records) for i in range(len(val_records[d]))]
                 vouts = gathered_outcomes(rollouts(run_.state["params"], vprompts, 1, cfg.validation.temperature,
-                                                   12345, 0, 1 << 40))
+                                                   12345, 0, 1 << 40, f"simrl step {step} validation"))
                 records_of = records
                 for d in sorted(val_records):
                     rec[f"val/{d}"] = _mean(o.reward for o in vouts if o.domain == d and o.status == "ok")
@@ -466,9 +469,17 @@ def gathered_outcomes(outs) -> list:
         info = json.loads(json.dumps(o.info, default=str)) if o.domain == BEHAVIOUR else {}
         return {"rid": int(o.rollout_id), "status": o.status, "domain": o.domain, "info": info,
                 "reward": None if o.reward is None else float(o.reward), "segments": len(o.segments),
-                "thoughts": list(o.thoughts)}
+                "thoughts": list(o.thoughts),
+                "policy_tokens": sum(len(t.segments[-1].tokens) for t in o.segments)}
     return [types.SimpleNamespace(**dict(e, segments=[None] * e["segments"]))
             for e in sorted(rl_run.gather_list([summary(o) for o in outs]), key=lambda e: e["rid"])]
+
+
+def _policy_tokens(o) -> int:
+    """Tokens the policy sampled in one rollout: its gathered count, or the agent segment of each turn."""
+    if hasattr(o, "policy_tokens"):
+        return int(o.policy_tokens)
+    return sum(len(t.segments[-1].tokens) for t in o.segments)
 
 
 def step_record(outs, skipped: int, running: dict[str, list[float]], **timing) -> dict:
@@ -485,6 +496,8 @@ def step_record(outs, skipped: int, running: dict[str, list[float]], **timing) -
         "thought_words_mean": _mean(len(t.split()) for o in outs for t in o.thoughts if t is not None),
     }
     rec["segments_per_rollout"] = rec["segments"] / max(1, len(outs))
+    if "rollout_s" in timing:  # tokens the policy sampled (every process's rollouts) per second of rollout time
+        rec["rollout_tokens_per_s"] = sum(map(_policy_tokens, outs)) / max(timing["rollout_s"], 1e-9)
     for d in sorted({o.domain for o in outs}):
         rs = [o.reward for o in valid if o.domain == d]
         rec[f"reward/{d}"] = _mean(rs)

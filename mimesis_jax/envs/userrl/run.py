@@ -91,6 +91,7 @@ def run(args, trained_loader=None) -> int:
     from mimesis_jax.envs.userrl import mixture, scoring
     from mimesis_jax.envs.userrl.episodes import episode_tasks, trajectory_record
     from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
+    from mimesis_jax.rollout.progress import TurnReporter
     from mimesis_jax.rollout.specs import agent_from_spec, close_models, user_and_judge
 
     gyms = tuple(g.strip() for g in args.gyms.split(",")) if args.gyms else ()
@@ -132,7 +133,9 @@ def run(args, trained_loader=None) -> int:
                                      first_rollout_id=start * args.group, seed=args.seed, data_dir=args.data_dir,
                                      user=user, judge=judge, retriever=retriever,
                                      gym_options={"TravelGym": {"reward_variant": args.travel_reward_variant}})
-            for traj in run_episodes(agent, None, ep_tasks, ecfg, tokenizer=agent.tok):
+            batch_no, batches = start // per_batch + 1, -(-len(tasks) // per_batch)
+            for traj in run_episodes(agent, None, ep_tasks, ecfg, tokenizer=agent.tok,
+                                     progress=TurnReporter(f"rollout batch {batch_no}/{batches}")):
                 rec = trajectory_record(traj)
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 scores.append(scoring.score_trajectory(traj))

@@ -1,0 +1,49 @@
+"""benchmarks/bench_serve.py at a small size: both backends of `serve` (a subprocess on 127.0.0.1) take 20
+concurrent plain, streamed and dropped requests with no error, every request that was not dropped gets a full
+answer, and 20 clients that close their streams mid-way do not hold up the next request: its latency stays within
+a bound of a plain request's, timed on the same server before the load (a ratio, not an absolute time)."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# 20 uncancelled dropped streams of 128 tokens would keep every engine slot (16) and the default backend's batch
+# busy for 128 decode steps before the next request's 16, i.e. several times a lone request's latency; a server
+# that cancels them lets the next request start within a burst or two.
+MAX_AFTER_DROP_RATIO = 5.0
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_serve", os.path.join(ROOT, "benchmarks", "bench_serve.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_percentile_interpolates_between_order_statistics():
+    p = _bench().percentile
+    assert p([4.0, 1.0, 3.0, 2.0], 50) == 2.5 and p([1.0, 2.0, 3.0, 4.0, 5.0], 95) == 4.8 and p([7.0], 99) == 7.0
+
+
+@pytest.mark.slow
+def test_bounded_load_on_both_backends(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert _bench().main(["--n", "20", "--concurrency", "20", "--duration", "10", "--max-tokens", "16",
+                          "--drop-max-tokens", "128", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    results = {b["backend"]: b for b in json.loads(out.read_text())}
+    assert sorted(results) == ["default", "engine"]
+    for name, b in results.items():
+        for mode, m in b["modes"].items():
+            assert m["errors"] == 0, (name, mode, m["error_samples"])
+            assert m["capped"] == 0 and m["sent"] == m["done"] == 20, (name, mode, m)  # all 20 start at once
+            if mode != "drop":
+                assert m["full"] == 20, (name, mode, m)
+            assert m["p50_s"] <= m["p95_s"] <= m["p99_s"]
+        assert b["after_drop_ratio"] <= MAX_AFTER_DROP_RATIO, (name, b["baseline_s"], b["after_drop_s"])
+        assert b["rss_before_mb"] > 0 and b["rss_after_mb"] > 0
+        assert f"{name}: warm-up" in printed
