@@ -176,8 +176,8 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
     arms = {}
     for arm in ("grpo", "csd"):
         wd = os.path.join(root, f"agent_{arm}")
-        print(f"=== agent RL ({arm}): configs/tiny_agentrl_{arm}.py -> {wd}", flush=True)
-        cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl_{arm}.py"),
+        print(f"=== agent RL ({arm}): configs/tiny_agentrl.py:{arm} -> {wd}", flush=True)
+        cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
                                  [f"train.steps={steps}", f"users.coach={simulator_dir}"])
         t = time.perf_counter()
         res = agent_rl_loop.run(cfg, wd, trained_loader=load_trained)

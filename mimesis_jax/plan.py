@@ -675,16 +675,9 @@ def plan(w: Workload, device: Device) -> Plan:
 # ---------------------------------------------------------------------------------------- configs
 def load_run_config(path: str, overrides: Sequence[str] = ()):
     """A RunConfig, AgentRLConfig or SimRLConfig from a config file (+ --set overrides)."""
-    from mimesis_jax.config import RunConfig, load_config
-    from mimesis_jax.train.agent_rl_loop import AgentRLConfig
-    from mimesis_jax.train.simulator_rl import SimRLConfig
+    from mimesis_jax.config import AgentRLConfig, RunConfig, SimRLConfig, load_config
 
-    try:
-        return load_config(path, overrides, kind=(RunConfig, AgentRLConfig, SimRLConfig))
-    except ConfigError:
-        raise
-    except ValueError as e:  # RLConfig's own checks
-        raise ConfigError(f"{path}: {e}") from None
+    return load_config(path, overrides, kind=(RunConfig, AgentRLConfig, SimRLConfig))
 
 
 def runtime_model(cfg) -> ModelConfig:
@@ -863,11 +856,3 @@ def run(args) -> int:
         return 2
     return 0
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mimesis_jax plan", description=__doc__.split("\n\n")[0])
-    return run(add_args(parser).parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
