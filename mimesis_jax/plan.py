@@ -1,7 +1,7 @@
 """Memory planner: does a run config fit its mesh, per device, before any device is touched?
 
-    python -m mimesis_jax plan --config configs/mimesis_9b_sft.py --device a100-80g
-    python -m mimesis_jax plan --config configs/qwen3_8b_agentrl_csd.py --mesh data=1,fsdp=16,tensor=1 --device h200
+    python -m mimesis_jax plan --config configs/mimesis_sft.py:9b --device a100-80g
+    python -m mimesis_jax plan --config configs/qwen3_8b_agentrl.py:csd --mesh data=1,fsdp=16,tensor=1 --device h200
 
 The mesh defaults to the config's own (`mesh.*`; an axis of -1 absorbs the devices this process sees). The
 number of devices is the mesh product and they need not exist: the plan is shapes and arithmetic.

@@ -18,10 +18,10 @@ from mimesis_jax.train.synthetic import SyntheticData
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
 PAPER = {  # Table 4: steps, LR, max length, devices
-    "mimesis_4b_midtrain": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=4.2e9),
-    "mimesis_9b_midtrain": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=8.9e9),
-    "mimesis_4b_sft": dict(lr=1e-7, seq_len=32_768, devices=8, size=4.2e9, tokens=15.8e6),
-    "mimesis_9b_sft": dict(lr=1e-7, seq_len=32_768, devices=8, size=8.9e9, tokens=15.8e6),
+    "mimesis_midtrain.py:4b": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=4.2e9),
+    "mimesis_midtrain.py:9b": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=8.9e9),
+    "mimesis_sft.py:4b": dict(lr=1e-7, seq_len=32_768, devices=8, size=4.2e9, tokens=15.8e6),
+    "mimesis_sft.py:9b": dict(lr=1e-7, seq_len=32_768, devices=8, size=8.9e9, tokens=15.8e6),
 }
 
 BASE = RunConfig(stage="midtrain", data=SyntheticData(),
@@ -163,7 +163,7 @@ def test_paper_config_builds_abstractly(name):
     from mimesis_jax.train.step import split_micro_batches, train_step
 
     want = PAPER[name]
-    cfg = load_config(os.path.join(CONFIGS, f"{name}.py"))
+    cfg = load_config(os.path.join(CONFIGS, name))
     assert cfg.optimizer.lr == want["lr"] and cfg.data.seq_len == want["seq_len"]
     if "steps" in want:
         assert cfg.train.steps == want["steps"]
@@ -248,11 +248,11 @@ def test_optimizer_and_train_defaults_are_valid():
 
 
 def test_agent_rl_paper_configs_follow_table_13():
-    """configs/qwen3_8b_agentrl_{grpo,csd}.py: Table 13 and UserRL's inherited settings; an ~8.2B Qwen3 agent."""
+    """configs/qwen3_8b_agentrl.py:{grpo,csd}: Table 13 and UserRL's inherited settings; an ~8.2B Qwen3 agent."""
     from mimesis_jax.train import agent_rl_loop
 
-    grpo_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl_grpo.py"))
-    csd_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl_csd.py"))
+    grpo_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl.py:grpo"))
+    csd_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl.py:csd"))
     for c in (grpo_cfg, csd_cfg):
         assert c.train.steps == 100 and c.rollout.group_size == 8 and c.rollout.max_turns == 16
         assert c.optimizer.lr == 1e-6 and c.rl.gamma == 0.8 and c.rl.beta == 5.0

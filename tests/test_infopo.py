@@ -167,11 +167,11 @@ def test_bad_inputs_and_config():
     bad = dataclasses.replace(TRAJS[0], status="invalid", invalid_reason="refused")
     with pytest.raises(ValueError, match="trajectory 0 has status 'invalid'"):
         infopo.infopo_advantages([bad, TRAJS[1]], IGS[:2], coef=1.0, gate_tau=0.0)
-    with pytest.raises(ValueError, match="RLConfig key 'infopo_coef'"):
+    with pytest.raises(ValueError, match="config key 'rl.infopo_coef'"):
         RLConfig(credit="infopo", infopo_coef=-1.0)
-    with pytest.raises(ValueError, match="RLConfig key 'infopo_gate_tau'"):
+    with pytest.raises(ValueError, match="config key 'rl.infopo_gate_tau'"):
         RLConfig(credit="infopo", infopo_gate_tau=float("inf"))
-    with pytest.raises(ValueError, match="RLConfig key 'credit'"):
+    with pytest.raises(ValueError, match="config key 'rl.credit'"):
         RLConfig(credit="info")
     with pytest.raises(ValueError, match="needs a scoring pass"):
         prepare_batch(TRAJS, RLConfig(credit="infopo"))
@@ -185,7 +185,7 @@ def test_tiny_infopo_run_logs_the_information_gain(tmp_path):
     sets = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2",
             "rollout.group_size=3", "rollout.mini_batch_prompts=1", "rollout.agent_max_tokens=8",
             "rollout.row_len=256", "checkpoint.async_save=false", "train.steps=2"]
-    cfg = L.load(os.path.join(ROOT, "configs", "tiny_agentrl_infopo.py"), sets)
+    cfg = L.load(os.path.join(ROOT, "configs", "tiny_agentrl.py:infopo"), sets)
     assert cfg.rl.credit == "infopo" and cfg.rl.alpha == 0.0
     user = ToyUser()
     seen = {}

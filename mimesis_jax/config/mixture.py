@@ -9,6 +9,9 @@ from mimesis_jax.config.checks import need
 
 USERRL_TRAIN_ROWS = {"TravelGym": 925, "TauGym": 500, "TurtleGym": 423, "PersuadeGym": 378, "FunctionGym": 200}
 MAX_PROMPT_TOKENS = 1152  # UserRL drops prompts of this many tokens or more
+# the eight UserRL gyms (envs/userrl/<name without "Gym", lower case>.py implements each)
+USERRL_GYMS = ("TravelGym", "TurtleGym", "FunctionGym", "TauGym", "PersuadeGym", "IntentionGym", "TelepathyGym",
+               "SearchGym")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +27,7 @@ class MixtureConfig:
 
     def validate(self) -> "MixtureConfig":
         """Checks every key a `--set` can reach; errors name the key (config.load_config calls this)."""
-        from mimesis_jax.envs.userrl.tasks import GYM_MODULES
-
-        known = set(GYM_MODULES) | {"ToyKeyword"}
+        known = set(USERRL_GYMS) | {"ToyKeyword"}
         bad = sorted({g for g, _ in self.weights} - known) + sorted(set(self.gyms) - known)
         need(not bad, "weights'/'gyms", f"unknown gyms {bad}; known: {sorted(known)}")
         need(not any(float(w) < 0 for _, w in self.weights), "weights", "weights must be >= 0", got=self.weights)

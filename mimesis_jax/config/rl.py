@@ -289,14 +289,7 @@ class DomainMixConfig:
     neutral_share: float = 1.0 / 3.0  # ABCD: share of neutral customers (docs/reference/paper.md 3.4)
     max_user_turns: int = 8  # ABCD: customer turns per dialogue
     soul_max_turns: int = 0  # multi-turn SOUL tasks' policy turns; 0 = each task's own limit
-
-    def weight_map(self) -> dict[str, float]:
-        from mimesis_jax.envs.domains import default_weights
-
-        w = dict(default_weights()) if not self.weights else {str(k): float(v) for k, v in self.weights}
-        if not self.behaviour and BEHAVIOUR in w:
-            w[BEHAVIOUR] = 0.0
-        return w
+    # p(d) itself needs the domain registry: train/simulator_rl.domain_weights(cfg.domains)
 
 
 @dataclasses.dataclass(frozen=True)

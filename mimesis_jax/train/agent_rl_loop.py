@@ -1,7 +1,7 @@
 """Stage II end to end (docs/reference/paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
 
     result = run(cfg, workdir)        # cfg: AgentRLConfig; resumes when workdir holds a checkpoint
-    python -m mimesis_jax agentrl --config configs/tiny_agentrl_csd.py --workdir runs/agent [--set ...]
+    python -m mimesis_jax agentrl --config configs/tiny_agentrl.py:csd --workdir runs/agent [--set ...]
 
 One RL step:
 1. draw `rollout.prompts_per_step` tasks from the gym mixture (envs/userrl/mixture.py, d by weight);

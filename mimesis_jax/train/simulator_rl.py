@@ -67,6 +67,17 @@ def load(path: str, overrides=()) -> SimRLConfig:
 
 
 # ------------------------------------------------------------------------------------------ sides and records
+def domain_weights(d: DomainMixConfig) -> dict[str, float]:
+    """p(d), unnormalised: domains.weights, or uniform over the 24 domains when it is (); abcd_behaviour gets 0
+    with domains.behaviour=false (the ablation)."""
+    from mimesis_jax.envs.domains import default_weights
+
+    w = dict(default_weights()) if not d.weights else {str(k): float(v) for k, v in d.weights}
+    if not d.behaviour and BEHAVIOUR in w:
+        w[BEHAVIOUR] = 0.0
+    return w
+
+
 def build_sides(s: SidesConfig, trained_loader=None):
     """(SideModels, closers) from the config: toy-judge / toy-agent are the rule-based CPU sides (envs/toy.py)."""
     from mimesis_jax.envs.domains import SideModels
@@ -169,7 +180,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     log = rl_run.primary_log(log)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
     cfg = cfg.validate()
-    weights = cfg.domains.weight_map()
+    weights = domain_weights(cfg.domains)
     records = _records(cfg.domains.sources, weights, "domains.sources")
     try:
         sampler = DomainSampler(weights, {d: len(v) for d, v in records.items()}, seed=cfg.train.seed)
