@@ -84,7 +84,7 @@ def engine_params(params):
 def load(path: str, overrides=()) -> AgentRLConfig:
     try:
         return config_lib.load_config(path, overrides, kind=AgentRLConfig)
-    except ValueError as e:  # RLConfig's own checks
+    except ValueError as e:  # a config class's own checks (not ConfigError)
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{path}: {e}") from None
