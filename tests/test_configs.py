@@ -425,8 +425,8 @@ def test_rl_config_errors_are_config_errors_naming_the_rl_key():
 
     with pytest.raises(ConfigError) as e:
         RLConfig(beta=0.0)
-    assert str(e.value) == "config key 'rl.beta': must be > 0 (got 0.0)"
-    with pytest.raises(ConfigError, match=r"--set rl.beta=-1: config key 'rl.beta': must be > 0 \(got -1.0\)"):
+    assert str(e.value) == "RLConfig key 'beta': must be > 0 (got 0.0)"
+    with pytest.raises(ConfigError, match=r"--set rl.beta=-1: RLConfig key 'beta': must be > 0 \(got -1.0\)"):
         load_config(os.path.join(CONFIGS, "tiny_agentrl.py"), ["rl.beta=-1"], kind=object)
 
 

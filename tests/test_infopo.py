@@ -167,11 +167,11 @@ def test_bad_inputs_and_config():
     bad = dataclasses.replace(TRAJS[0], status="invalid", invalid_reason="refused")
     with pytest.raises(ValueError, match="trajectory 0 has status 'invalid'"):
         infopo.infopo_advantages([bad, TRAJS[1]], IGS[:2], coef=1.0, gate_tau=0.0)
-    with pytest.raises(ValueError, match="config key 'rl.infopo_coef'"):
+    with pytest.raises(ValueError, match="RLConfig key 'infopo_coef'"):
         RLConfig(credit="infopo", infopo_coef=-1.0)
-    with pytest.raises(ValueError, match="config key 'rl.infopo_gate_tau'"):
+    with pytest.raises(ValueError, match="RLConfig key 'infopo_gate_tau'"):
         RLConfig(credit="infopo", infopo_gate_tau=float("inf"))
-    with pytest.raises(ValueError, match="config key 'rl.credit'"):
+    with pytest.raises(ValueError, match="RLConfig key 'credit'"):
         RLConfig(credit="info")
     with pytest.raises(ValueError, match="needs a scoring pass"):
         prepare_batch(TRAJS, RLConfig(credit="infopo"))

@@ -24,13 +24,14 @@ def lookup(obj, key: str):
     return obj
 
 
-def need(ok, key: str, msg: str, *, within=None, got=_UNSET) -> None:
+def need(ok, key: str, msg: str, *, within=None, got=_UNSET, what: str = "config key") -> None:
     """Raises ConfigError("config key 'KEY': MSG (got VALUE)") unless `ok`.
 
-    The value shown is `got`, else the value at `key` under `within` (a run config), else none is shown."""
+    The value shown is `got`, else the value at `key` under `within` (a run config), else none is shown. `what`
+    names a section checked on its own (RLConfig's fields: "RLConfig key 'alpha'")."""
     if ok:
         return
     if got is _UNSET and within is not None:
         got = lookup(within, key)
     tail = "" if got is _UNSET else f" (got {got!r})"
-    raise ConfigError(f"config key '{key}': {msg}{tail}")
+    raise ConfigError(f"{what} '{key}': {msg}{tail}")

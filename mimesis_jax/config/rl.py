@@ -52,7 +52,7 @@ class RLConfig:
 
     def __post_init__(self):
         def need(cond, key, msg):
-            _need(cond, f"rl.{key}", msg, got=getattr(self, key))
+            _need(cond, key, msg, got=getattr(self, key), what="RLConfig key")
 
         need(self.eps_low >= 0 and self.eps_high >= 0, "eps_low", "clip ranges must be >= 0")
         need(self.loss_agg in grpo.LOSS_AGGS, "loss_agg", f"must be one of {grpo.LOSS_AGGS}")
