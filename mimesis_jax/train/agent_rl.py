@@ -35,7 +35,6 @@ kl_ref (L_KL before kl_coef) only when kl_coef > 0.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import jax

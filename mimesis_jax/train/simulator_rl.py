@@ -50,7 +50,7 @@ from mimesis_jax import config as config_lib
 from mimesis_jax.config.rl import (BEHAVIOUR, DomainMixConfig, RLConfig, SidesConfig, SimRLConfig,  # noqa: F401
                                    SimRolloutConfig, SimValidationConfig, context_budget)
 from mimesis_jax.envs.base import EnvError
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.models.config import ConfigError
 from mimesis_jax.train import agent_rl_loop, rl_run
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s")
