@@ -3,7 +3,7 @@ the same prompts in the same process (issue #16 item 7; run on an accelerator by
 
     python benchmarks/bench_engine_decode.py                     # the ~1B Qwen3 of configs/qwen3_1b_device.py, bf16
     python benchmarks/bench_engine_decode.py --tiny              # a tiny fp32 Qwen3 on a CPU (smoke run, seconds)
-    python benchmarks/bench_engine_decode.py --config configs/qwen3_8b_agentrl_grpo.py --new-tokens 128
+    python benchmarks/bench_engine_decode.py --config configs/qwen3_8b_agentrl.py:grpo --new-tokens 128
 
 Workload (seeded, identical for both paths): --batch prompts of random token ids, lengths uniform in
 [--prompt-min, --prompt-max] (a system prompt, a task and a few turns: 600-1,000 tokens by default), each

@@ -12,7 +12,7 @@ the device machine reaches nothing outside, and these figures depend on shapes, 
 The model is Qwen3-1.7B's layer (hidden 2048, MLP 6144, 16 query / 8 KV heads of 128, q/k RMSNorm, tied
 embeddings, vocab 151,936) at 16 layers instead of 28: 0.81B parameters in the layers + 0.31B in the tied
 embedding = 1.12B. Why this shape: the same head_dim, GQA ratio and vocabulary as the paper's Qwen3-8B agent
-(configs/qwen3_8b_agentrl_grpo.py), so the kernels and the chunked LM head are those of the real run, at a size
+(configs/qwen3_8b_agentrl.py), so the kernels and the chunked LM head are those of the real run, at a size
 whose step compiles and runs in seconds on one chip.
 
 The batch (what `profile --what grpo_step|csd_step` builds): one PPO mini-batch of 4 tasks x 8 dialogues = 32
@@ -28,11 +28,9 @@ figure should compare. Peak 77 GiB of the 125 GiB usable (the same with CSD bran
 notes); "full" remat would need 40 GiB, no remat 172 GiB (does not fit).
 """
 
-from mimesis_jax.config import CheckpointConfig, MeshConfig, OptimizerConfig, TokenizerConfig, TrainConfig
-from mimesis_jax.envs.userrl.mixture import MixtureConfig
+from mimesis_jax.config import (AgentRLConfig, CheckpointConfig, MeshConfig, MixtureConfig, OptimizerConfig, RLConfig,
+                                RolloutConfig, TokenizerConfig, TrainConfig, UserSideConfig)
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.train.agent_rl import RLConfig
-from mimesis_jax.train.agent_rl_loop import AgentRLConfig, RolloutConfig, UserSideConfig
 
 ROW_LEN, TURNS = 4096, 8
 

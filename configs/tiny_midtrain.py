@@ -13,21 +13,9 @@ no fast bf16 matmuls.
 import os
 
 from mimesis_jax.config import (CheckpointConfig, MeshConfig, OptimizerConfig, RunConfig, TokenizerConfig,
-                                TrainConfig, qwen3_5_layer_types)
+                                TrainConfig, tiny_qwen3_5)
 from mimesis_jax.data.pipeline import DataConfig, SourceConfig
 from mimesis_jax.data.tokenizer import samples_dir
-from mimesis_jax.models import ModelConfig
-
-
-def tiny_qwen3_5() -> ModelConfig:
-    # vocab_size is replaced by the tokenizer's size (tokenizer.set_model_vocab)
-    return ModelConfig(model_type="qwen3_5_text", vocab_size=1024, hidden_size=64, intermediate_size=192,
-                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                       partial_rotary_factor=0.25, rope_theta=10_000.0, tie_word_embeddings=True,
-                       attn_output_gate=True, full_attention_interval=4, layer_types=qwen3_5_layer_types(4, 4),
-                       linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                       linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=4096,
-                       logits_seq_chunk=128, logits_vocab_chunk=512)
 
 
 def get_config() -> RunConfig:

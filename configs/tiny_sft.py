@@ -10,27 +10,27 @@ epochs as in the paper (~10 packed batches per epoch at 512 tokens). The LR is 1
 starts from random weights (and says so).
 """
 
-import dataclasses
 import os
 
-from mimesis_jax.config import OptimizerConfig, load_sibling
+from mimesis_jax.config import (CheckpointConfig, MeshConfig, OptimizerConfig, RunConfig, TokenizerConfig,
+                                TrainConfig, tiny_qwen3_5)
 from mimesis_jax.data.pipeline import DataConfig, SourceConfig
 from mimesis_jax.data.tokenizer import samples_dir
 
-_mid = load_sibling(__file__, "tiny_midtrain.py")
 
-
-def get_config():
-    base = _mid.get_config()
-    return dataclasses.replace(
-        base,
+def get_config() -> RunConfig:
+    # the model, tokenizer, batch and mesh of configs/tiny_midtrain.py
+    return RunConfig(
         name="tiny_sft",
         stage="sft",
+        model=tiny_qwen3_5(),
+        tokenizer=TokenizerConfig(name="tiny", set_model_vocab=True, vocab_multiple=64),
         data=DataConfig(sources=(SourceConfig(os.path.join(samples_dir(), "thoughttrace_sample.jsonl"),
                                               format="thoughttrace"),),
                         seq_len=512, num_epochs=None, skip_bad_records=True),
         optimizer=OptimizerConfig(lr=1e-3, schedule="cosine", warmup_steps=3, min_lr_ratio=0.1, weight_decay=0.0,
                                   b1=0.9, b2=0.95, clip_norm=1.0),
-        train=dataclasses.replace(base.train, steps=30, log_every=5),
-        checkpoint=dataclasses.replace(base.checkpoint, every=15),
+        train=TrainConfig(steps=30, global_batch=8, grad_accum=1, seed=0, dtype="float32", log_every=5),
+        mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
+        checkpoint=CheckpointConfig(every=15, keep=2, async_save=True),
     )

@@ -14,18 +14,14 @@ the format, e.g. init.from_workdir=<SFT run>). Real judges / support agents:
 --set sides.judge=<spec> sides.support_agent=<spec>.
 """
 
-from mimesis_jax.config import (CheckpointConfig, MeshConfig, OptimizerConfig, TokenizerConfig, TrainConfig,
-                                load_sibling)
-from mimesis_jax.train.agent_rl import RLConfig
-from mimesis_jax.train.simulator_rl import DomainMixConfig, SidesConfig, SimRLConfig, SimRolloutConfig
-
-_mid = load_sibling(__file__, "tiny_midtrain.py")
+from mimesis_jax.config import (CheckpointConfig, DomainMixConfig, MeshConfig, OptimizerConfig, RLConfig, SidesConfig,
+                                SimRLConfig, SimRolloutConfig, TokenizerConfig, TrainConfig, tiny_qwen3_5)
 
 
 def get_config() -> SimRLConfig:
     return SimRLConfig(
         name="tiny_simrl",
-        model=_mid.tiny_qwen3_5(),
+        model=tiny_qwen3_5(),
         tokenizer=TokenizerConfig(name="tiny", set_model_vocab=True, vocab_multiple=64),
         sides=SidesConfig(judge="toy-judge", support_agent="toy-agent"),
         domains=DomainMixConfig(weights=(("hitom", 1.0), ("abcd_behaviour", 1.0)), max_user_turns=2),

@@ -7,7 +7,7 @@ evaluation-only IntentionGym, TelepathyGym and SearchGym -- every task once (wei
 For UserRL's published test set: `--set sources='("data/alltest_multiturn/test.parquet",)'`.
 """
 
-from mimesis_jax.envs.userrl.mixture import MAX_PROMPT_TOKENS, MixtureConfig
+from mimesis_jax.config import MAX_PROMPT_TOKENS, MixtureConfig
 
 
 def get_config() -> MixtureConfig:

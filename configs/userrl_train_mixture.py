@@ -8,7 +8,7 @@ logged), 16 agent turns per episode (paper Table 13).
 `--set sources='("data/alltrain_multiturn/train.parquet",)'` (with the gym data files in `--data-dir`).
 """
 
-from mimesis_jax.envs.userrl.mixture import MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, MixtureConfig
+from mimesis_jax.config import MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, MixtureConfig
 
 
 def get_config() -> MixtureConfig:

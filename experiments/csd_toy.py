@@ -12,7 +12,7 @@ so a coach reading it (Eq 7) can write the right note: "Use many words that star
    before the assistant header; the note names a letter and gives example words) the reply uses the note's
    words; without a note, words of all four note letters. The agent thus has no preference of its own, but
    follows notes (printed as a check).
-2. **RL without notes** from that agent, three arms x seeds, everything else equal (configs/tiny_agentrl_csd.py):
+2. **RL without notes** from that agent, three arms x seeds, everything else equal (configs/tiny_agentrl.py:csd):
    * `grpo`: alpha = 0;
    * `csd`: GRPO + alpha CSD with the informative coach (the note names the user's letter);
    * `csd_shuffled` (control): the same, but each note names a random letter of ToyCoach.NULL_LETTERS ("bdhk":
@@ -195,7 +195,7 @@ def run_arm(arm: str, seed: int, steps: int, alpha: float, warm_dir: str, out: s
     sets = [f"train.steps={steps}", f"train.seed={seed}", f"init.from_hf={warm_dir}", "users.simulator=toy-user",
             f"users.coach={coach}", f"rl.alpha={0.0 if arm == 'grpo' else alpha}", "train.progress_bar=false",
             "train.tensorboard=false", "train.log_every=1000", "checkpoint.every=1000", "checkpoint.async_save=false"]
-    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"), sets)
+    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl.py:csd"), sets)
     wd = os.path.join(out, f"{arm}_seed{seed}")
     res = rl_loop.run(cfg, wd, tokenizer=tok, handle_signals=False, log=lambda *a: None)
     return [res.metrics[s]["reward_mean"] for s in sorted(res.metrics)]
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     from mimesis_jax.train import agent_rl_loop as rl_loop
 
     tok = load_tokenizer("tiny")
-    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"))
+    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl.py:csd"))
     warm_dir = os.path.join(args.out, "warm_agent")
     t0 = time.perf_counter()
     config, params, words = warm_start(cfg, tok, warm_dir, args.warm_steps, seed=0)

@@ -4,7 +4,7 @@
 #   launch/local.sh midtrain configs/tiny_midtrain.py runs/tiny_mid [--set train.steps=20 ...]
 #   launch/local.sh sft configs/tiny_sft.py runs/tiny_sft --set init.from_workdir=runs/tiny_mid
 #   launch/local.sh simrl configs/tiny_simrl.py runs/tiny_simrl --set init.from_workdir=runs/tiny_sft
-#   launch/local.sh agentrl configs/tiny_agentrl_csd.py runs/tiny_agent
+#   launch/local.sh agentrl configs/tiny_agentrl.py:csd runs/tiny_agent
 #
 # Rerunning the same command resumes from the workdir's latest checkpoint. SIGTERM (e.g. `kill PID`) makes
 # the trainer finish its step, checkpoint and exit 0. Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps
@@ -13,7 +13,7 @@
 # NUM_PROCESSES=N (default 1) rehearses a multi-host run on this machine: N processes joined by jax.distributed
 # (coordinator 127.0.0.1:$PORT, default 12355), each with its own devices -- on a CPU give each some with
 #   NUM_PROCESSES=2 XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
-#     launch/local.sh agentrl configs/tiny_agentrl_csd.py runs/agent_2proc
+#     launch/local.sh agentrl configs/tiny_agentrl.py:csd runs/agent_2proc
 # Every stage runs this way (the RL stages split each step's tasks over the processes). Only process 0 prints
 # and writes metrics; the script waits for all and fails if any fails.
 set -euo pipefail

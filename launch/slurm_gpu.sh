@@ -2,12 +2,12 @@
 # GPU cluster under SLURM: one process per node driving its 8 GPUs; jax.distributed joins the nodes
 # (coordinator, process count and ids are read from SLURM's environment).
 #
-#   sbatch --nodes=4 launch/slurm_gpu.sh midtrain configs/mimesis_4b_midtrain.py /shared/runs/mimesis_4b_midtrain \
+#   sbatch --nodes=4 launch/slurm_gpu.sh midtrain configs/mimesis_midtrain.py:4b /shared/runs/mimesis_4b_midtrain \
 #       --set init.from_hf=/shared/ckpt/Qwen3.5-4B data.sources.0.path='/shared/data/midtrain/*.jsonl'
-#   sbatch --nodes=1 launch/slurm_gpu.sh sft configs/mimesis_4b_sft.py /shared/runs/mimesis_4b_sft
-#   sbatch --nodes=2 launch/slurm_gpu.sh simrl configs/mimesis_4b_simrl.py /shared/runs/mimesis_4b_simrl \
+#   sbatch --nodes=1 launch/slurm_gpu.sh sft configs/mimesis_sft.py:4b /shared/runs/mimesis_4b_sft
+#   sbatch --nodes=2 launch/slurm_gpu.sh simrl configs/mimesis_simrl.py:4b /shared/runs/mimesis_4b_simrl \
 #       --set init.from_workdir=/shared/runs/mimesis_4b_sft mesh.fsdp=16
-#   sbatch --nodes=2 launch/slurm_gpu.sh agentrl configs/qwen3_8b_agentrl_csd.py /shared/runs/agent_csd \
+#   sbatch --nodes=2 launch/slurm_gpu.sh agentrl configs/qwen3_8b_agentrl.py:csd /shared/runs/agent_csd \
 #       --set mesh.fsdp=16 users.simulator=/shared/export/mimesis_4b_simrl
 #
 # The mesh in the config must multiply to nodes x 8 (the paper's mid-training: 4 nodes = fsdp 16 x tensor 2;

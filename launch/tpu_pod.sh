@@ -2,9 +2,9 @@
 # TPU pod slice (Cloud TPU VMs): the same command on every worker; jax.distributed auto-detects the slice.
 #
 #   TPU_NAME=my-v5p-64 ZONE=us-east5-a REPO=~/mimesis_jax \
-#     launch/tpu_pod.sh midtrain configs/mimesis_4b_midtrain.py /mnt/shared/runs/mimesis_4b_midtrain \
+#     launch/tpu_pod.sh midtrain configs/mimesis_midtrain.py:4b /mnt/shared/runs/mimesis_4b_midtrain \
 #       --set mesh.fsdp=32 mesh.tensor=1 init.from_hf=/mnt/shared/ckpt/Qwen3.5-4B
-#   TPU_NAME=my-v5p-16 ZONE=us-east5-a launch/tpu_pod.sh agentrl configs/qwen3_8b_agentrl_csd.py \
+#   TPU_NAME=my-v5p-16 ZONE=us-east5-a launch/tpu_pod.sh agentrl configs/qwen3_8b_agentrl.py:csd \
 #       /mnt/shared/runs/agent_csd --set mesh.fsdp=8 users.simulator=/mnt/shared/export/mimesis_4b_simrl
 #
 # Every worker needs the repo at $REPO with its dependencies installed (jax[tpu] of the pinned jax version) and

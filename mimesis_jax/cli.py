@@ -18,7 +18,8 @@
     plan     --config configs/<name>.py [--mesh data=A,fsdp=B,tensor=C] --device a100-80g   memory per device
     profile  --config configs/<name>.py --what grpo_step|csd_step|sampler|midtrain_step --steps N --out DIR
 
-A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
+A config file with variants takes one after a colon (``--config configs/mimesis_simrl.py:9b``; the file's VARIANTS,
+the first by default). A training command resumes when DIR already holds a checkpoint. Exit status: 0 on success and after a
 SIGTERM-triggered checkpoint; 1 when training stops on a non-finite loss or runs out of data; 2 for a bad
 config, argument or checkpoint (the message names the key or file).
 Multi-host: add ``--distributed`` (jax.distributed, auto-detected on TPU pods and SLURM) -- see launch/.
@@ -60,18 +61,18 @@ def _parser() -> argparse.ArgumentParser:
 
     for stage in ("midtrain", "sft"):
         sp = sub.add_parser(stage, help=f"run the {stage} stage")
-        sp.add_argument("--config", required=True, help="configs/<name>.py defining get_config()")
+        sp.add_argument("--config", required=True, help="configs/<name>.py[:variant] defining get_config()")
         sp.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, tensorboard/")
         sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set train.steps=100 checkpoint.every=10")
         distributed(sp)
     sp = sub.add_parser("simrl", help="Stage I.3: joint multi-domain RL of the simulator (FoldGRPO, Eq 4)")
-    sp.add_argument("--config", required=True, help="configs/<name>.py defining get_config() -> SimRLConfig")
+    sp.add_argument("--config", required=True, help="configs/<name>.py[:variant] defining get_config() -> SimRLConfig")
     sp.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, tensorboard/")
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
     distributed(sp)
     sp = sub.add_parser("agentrl", help="Stage II: train the agent against the frozen simulator (GRPO + CSD)")
-    sp.add_argument("--config", required=True, help="configs/<name>.py defining get_config() -> AgentRLConfig")
+    sp.add_argument("--config", required=True, help="configs/<name>.py[:variant] defining get_config() -> AgentRLConfig")
     sp.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, tensorboard/")
     sp.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
     distributed(sp)
@@ -192,8 +193,8 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
     arms = {}
     for arm in ("grpo", "csd"):
         wd = os.path.join(root, f"agent_{arm}")
-        print(f"=== agent RL ({arm}): configs/tiny_agentrl_{arm}.py -> {wd}", flush=True)
-        cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl_{arm}.py"),
+        print(f"=== agent RL ({arm}): configs/tiny_agentrl.py:{arm} -> {wd}", flush=True)
+        cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
                                  [f"train.steps={steps}", f"users.coach={simulator_dir}"])
         t = time.perf_counter()
         res = agent_rl_loop.run(cfg, wd, trained_loader=load_trained)

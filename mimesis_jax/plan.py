@@ -1,7 +1,7 @@
 """Memory planner: does a run config fit its mesh, per device, before any device is touched?
 
-    python -m mimesis_jax plan --config configs/mimesis_9b_sft.py --device a100-80g
-    python -m mimesis_jax plan --config configs/qwen3_8b_agentrl_csd.py --mesh data=1,fsdp=16,tensor=1 --device h200
+    python -m mimesis_jax plan --config configs/mimesis_sft.py:9b --device a100-80g
+    python -m mimesis_jax plan --config configs/qwen3_8b_agentrl.py:csd --mesh data=1,fsdp=16,tensor=1 --device h200
 
 The mesh defaults to the config's own (`mesh.*`; an axis of -1 absorbs the devices this process sees). The
 number of devices is the mesh product and they need not exist: the plan is shapes and arithmetic.
@@ -675,16 +675,9 @@ def plan(w: Workload, device: Device) -> Plan:
 # ---------------------------------------------------------------------------------------- configs
 def load_run_config(path: str, overrides: Sequence[str] = ()):
     """A RunConfig, AgentRLConfig or SimRLConfig from a config file (+ --set overrides)."""
-    from mimesis_jax.config import RunConfig, load_config
-    from mimesis_jax.train.agent_rl_loop import AgentRLConfig
-    from mimesis_jax.train.simulator_rl import SimRLConfig
+    from mimesis_jax.config import AgentRLConfig, RunConfig, SimRLConfig, load_config
 
-    try:
-        return load_config(path, overrides, kind=(RunConfig, AgentRLConfig, SimRLConfig))
-    except ConfigError:
-        raise
-    except ValueError as e:  # RLConfig's own checks
-        raise ConfigError(f"{path}: {e}") from None
+    return load_config(path, overrides, kind=(RunConfig, AgentRLConfig, SimRLConfig))
 
 
 def runtime_model(cfg) -> ModelConfig:
@@ -863,11 +856,3 @@ def run(args) -> int:
         return 2
     return 0
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mimesis_jax plan", description=__doc__.split("\n\n")[0])
-    return run(add_args(parser).parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """``python -m mimesis_jax profile``: a jax.profiler trace, the compiled HLO, XLA's cost analysis and an MFU summary
 of one compiled program of a run config.
 
-    python -m mimesis_jax profile --config configs/tiny_agentrl_csd.py --what csd_step --steps 5 --out prof/csd
-    python -m mimesis_jax profile --config configs/qwen3_8b_agentrl_csd.py --what csd_step --steps 5 \\
+    python -m mimesis_jax profile --config configs/tiny_agentrl.py:csd --what csd_step --steps 5 --out prof/csd
+    python -m mimesis_jax profile --config configs/qwen3_8b_agentrl.py:csd --what csd_step --steps 5 \\
         --out prof/csd8b --device h100-80g --set rl.num_microbatches=8
     tensorboard --logdir prof/csd          # or xprof; the *.trace.json.gz also opens in ui.perfetto.dev
 

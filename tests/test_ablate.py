@@ -50,14 +50,14 @@ def test_dry_run_tiny_agent_csd_lists_cells_and_exact_overrides(tmp_path):
     base = ("train.steps=4", "checkpoint.every=4")
     for c, (a, cr) in zip(cells, [("0.0", "equalized"), ("0.0", "r2g"), ("0.01", "equalized"), ("0.01", "r2g")]):
         (r,) = c.stages
-        assert (r.stage, r.config) == ("agentrl", "configs/tiny_agentrl_grpo.py")
+        assert (r.stage, r.config) == ("agentrl", "configs/tiny_agentrl.py:grpo")
         assert r.overrides == base + (f"rl.alpha={a}", f"rl.credit={cr}")
         assert os.path.dirname(r.workdir) == str(out / "stages")
     assert len({c.stages[0].workdir for c in cells}) == 4
     assert lines[0] == (f"matrix tiny_agent_csd ({os.path.join(MATRICES, 'tiny_agent_csd.py')}): 4 cells over "
                         "switches alpha, credit; 4 distinct stage runs")
     assert lines[1:3] == ["[1/4] alpha=0,credit=equalized",
-                          f"  python -m mimesis_jax agentrl --config configs/tiny_agentrl_grpo.py --workdir "
+                          f"  python -m mimesis_jax agentrl --config configs/tiny_agentrl.py:grpo --workdir "
                           f"{cells[0].stages[0].workdir} --set train.steps=4 checkpoint.every=4 rl.alpha=0.0 "
                           "rl.credit=equalized"]
     assert len(lines) == 1 + 4 * 2
@@ -106,8 +106,8 @@ def test_dry_run_paper_appendix_c_matrix(tmp_path):
                                        "midtrain=on,thoughttrace=off,behaviour=on",
                                        "midtrain=on,thoughttrace=on,behaviour=off"]
     full, nomid, nott, nobeh = (c.stages for c in cells)
-    assert [r.config for r in full] == ["configs/mimesis_9b_midtrain.py", "configs/mimesis_9b_sft.py",
-                                        "configs/mimesis_9b_simrl.py"]
+    assert [r.config for r in full] == ["configs/mimesis_midtrain.py:9b", "configs/mimesis_sft.py:9b",
+                                        "configs/mimesis_simrl.py:9b"]
     assert full[0].overrides == ()
     assert full[2].overrides == ("domains.behaviour=true", "init.from_hf=", f"init.from_workdir={full[1].workdir}")
     # no mid-training: SFT starts from the pretrained checkpoint; the chain replaces the switch's simrl init
@@ -124,7 +124,7 @@ def test_dry_run_paper_appendix_c_matrix(tmp_path):
 def test_agentrl_after_a_simulator_stage_gets_it_as_the_user(tmp_path):
     m = _write_matrix(tmp_path / "m.py", """
         def get_matrix():
-            return {"stages": [("simrl", "configs/tiny_simrl.py"), ("agentrl", "configs/tiny_agentrl_csd.py")],
+            return {"stages": [("simrl", "configs/tiny_simrl.py"), ("agentrl", "configs/tiny_agentrl.py:csd")],
                     "switches": {"sim": {"on": [], "off": [("simrl", "off")]}}}
     """)
     lines = []
@@ -140,7 +140,7 @@ GRID = """
     def get_matrix():
         return {{
             "name": "grid",
-            "stages": [("agentrl", "configs/tiny_agentrl_grpo.py")],
+            "stages": [("agentrl", "configs/tiny_agentrl.py:grpo")],
             "overrides": [("agentrl", o) for o in (
                 "train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=2",
                 "rollout.agent_max_tokens=8", "rollout.row_len=256", "checkpoint.async_save=false",
@@ -258,18 +258,18 @@ def test_a_signal_stops_the_grid_with_later_cells_pending(tmp_path, monkeypatch)
 
 # ------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("body, message", [
-    ('{"stages": [("agentrl", "configs/tiny_agentrl_grpo.py")], "switches": {"alpha": {"0": []}},'
+    ('{"stages": [("agentrl", "configs/tiny_agentrl.py:grpo")], "switches": {"alpha": {"0": []}},'
      ' "cells": [{"alpha": "0", "beta": "1"}]}', r"cells\[0\]: unknown switch 'beta'"),
-    ('{"stages": [("agentrl", "configs/tiny_agentrl_grpo.py")],'
+    ('{"stages": [("agentrl", "configs/tiny_agentrl.py:grpo")],'
      ' "switches": {"alpha": {"0": [("agentr", "rl.alpha=0.0")]}}}',
      r"switch 'alpha' value '0'\[0\]: unknown stage 'agentr' \(the matrix's stages: agentrl\)"),
     ('{"stages": [("pretrain", "configs/tiny_midtrain.py")]}', r"stages\[0\]: unknown stage 'pretrain'"),
     ('{"stages": [("sft", "configs/tiny_sft.py"), ("midtrain", "configs/tiny_midtrain.py")]}',
      r"must be distinct and in the order midtrain, sft, simrl, agentrl"),
-    ('{"stages": [("agentrl", "configs/tiny_agentrl_grpo.py")], "switches": {"alpha": {"0": []}},'
+    ('{"stages": [("agentrl", "configs/tiny_agentrl.py:grpo")], "switches": {"alpha": {"0": []}},'
      ' "cells": [{"alpha": "1"}]}', r"cells\[0\]: switch 'alpha' has no value '1' \(values: 0\)"),
-    ('{"stages": [("agentrl", "configs/tiny_agentrl_grpo.py")], "switch": {}}', r"unknown key\(s\) \['switch'\]"),
-    ('{"stages": [("agentrl", "configs/tiny_agentrl_grpo.py")], "switches": {"x": {"a": [("agentrl", "off")]}}}',
+    ('{"stages": [("agentrl", "configs/tiny_agentrl.py:grpo")], "switch": {}}', r"unknown key\(s\) \['switch'\]"),
+    ('{"stages": [("agentrl", "configs/tiny_agentrl.py:grpo")], "switches": {"x": {"a": [("agentrl", "off")]}}}',
      r"cell x=a turns off every stage"),
 ])
 def test_bad_matrix_errors_name_it(tmp_path, capsys, body, message):

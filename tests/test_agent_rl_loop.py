@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s")
 
 
-def _cfg(name="tiny_agentrl_csd.py", *sets):
+def _cfg(name="tiny_agentrl.py:csd", *sets):
     base = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=4",
             "rollout.group_size=3", "rollout.mini_batch_prompts=2", "rollout.agent_max_tokens=12",
             "rollout.row_len=256", "checkpoint.async_save=false"]
@@ -54,7 +54,7 @@ def _strip(rec):
 def straight(tmp_path_factory):
     wd = tmp_path_factory.mktemp("straight")
     seen = {}
-    res = L.run(_cfg("tiny_agentrl_csd.py", "train.steps=3"), str(wd), user_side=_side(SometimesRefusingUser()),
+    res = L.run(_cfg("tiny_agentrl.py:csd", "train.steps=3"), str(wd), user_side=_side(SometimesRefusingUser()),
                 on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
                 log=lambda *a: None)
     return res, seen
@@ -91,7 +91,7 @@ def test_loop_metrics_invalid_and_skipped_groups(straight):
 
 def test_resume_reproduces_the_uninterrupted_run(straight, tmp_path):
     res, _ = straight
-    cfg = _cfg("tiny_agentrl_csd.py", "train.steps=2", "checkpoint.every=1")
+    cfg = _cfg("tiny_agentrl.py:csd", "train.steps=2", "checkpoint.every=1")
     first = L.run(cfg, str(tmp_path), user_side=_side(SometimesRefusingUser()), handle_signals=False,
                   log=lambda *a: None)
     assert first.final_step == 2
@@ -104,9 +104,9 @@ def test_resume_reproduces_the_uninterrupted_run(straight, tmp_path):
 
 
 def test_alpha_zero_runs_the_grpo_loop(tmp_path):
-    a = L.run(_cfg("tiny_agentrl_grpo.py", "train.steps=2"), str(tmp_path / "g"), user_side=_side(),
+    a = L.run(_cfg("tiny_agentrl.py:grpo", "train.steps=2"), str(tmp_path / "g"), user_side=_side(),
               handle_signals=False, log=lambda *a: None)
-    b = L.run(_cfg("tiny_agentrl_csd.py", "train.steps=2", "rl.alpha=0.0"), str(tmp_path / "c"), user_side=_side(),
+    b = L.run(_cfg("tiny_agentrl.py:csd", "train.steps=2", "rl.alpha=0.0"), str(tmp_path / "c"), user_side=_side(),
               handle_signals=False, log=lambda *a: None)
     for step in (1, 2):
         assert _strip(a.metrics[step]) == _strip(b.metrics[step])
@@ -237,7 +237,7 @@ def test_agentrl_command_sigterm_checkpoint_resume_and_validation(tmp_path):
 
     wd = tmp_path / "run"
     cmd = [sys.executable, "-m", "mimesis_jax", "agentrl", "--config", os.path.join(ROOT, "configs",
-                                                                                    "tiny_agentrl_csd.py"),
+                                                                                    "tiny_agentrl.py:csd"),
            "--workdir", str(wd), "--set", "train.steps=1000", "checkpoint.every=1000", "train.progress_bar=false",
            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=2",
            "rollout.agent_max_tokens=8", "validation.every=1", "validation.sources=('toy:3',)"]
@@ -285,7 +285,7 @@ def test_row_len_equal_to_the_context_limit_trains(tmp_path):
     """row_len == rollout.max_context_tokens (as the paper configs set it): every dialogue fits its row (the tool
     result / user turn after the last agent turn is dropped when it does not fit, and counted), the step trains."""
     seen = {}
-    res = L.run(_cfg("tiny_agentrl_csd.py", *SMALL_STEP, "rollout.mini_batch_prompts=2", "rollout.row_len=120",
+    res = L.run(_cfg("tiny_agentrl.py:csd", *SMALL_STEP, "rollout.mini_batch_prompts=2", "rollout.row_len=120",
                      "rollout.max_context_tokens=120"),
                 str(tmp_path), user_side=_side(), handle_signals=False, log=lambda *a: None,
                 on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
@@ -304,7 +304,7 @@ def test_dialogues_with_no_agent_turn_are_skipped_and_counted(tmp_path):
     """A prompt that leaves no room for a first agent turn: the dialogue ends ok with no turn; the loop counts it
     (no_agent_turn), leaves it out of its group (here every group is skipped) and of the reward means."""
     seen = {}
-    res = L.run(_cfg("tiny_agentrl_grpo.py", *SMALL_STEP, "rollout.row_len=60", "rollout.max_context_tokens=60"),
+    res = L.run(_cfg("tiny_agentrl.py:grpo", *SMALL_STEP, "rollout.row_len=60", "rollout.max_context_tokens=60"),
                 str(tmp_path), user_side=_side(), handle_signals=False, log=lambda *a: None,
                 on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
     rec, trajs = res.metrics[1], seen[1]
@@ -324,11 +324,11 @@ def test_dialogues_with_no_agent_turn_are_skipped_and_counted(tmp_path):
 def test_context_budget_errors_name_the_key(sets, match):
     from mimesis_jax.models.config import ConfigError
     with pytest.raises(ConfigError, match=match):
-        _cfg("tiny_agentrl_grpo.py", "rollout.agent_max_tokens=24", *sets).validate()
+        _cfg("tiny_agentrl.py:grpo", "rollout.agent_max_tokens=24", *sets).validate()
 
 
 def test_paper_configs_budget_a_first_turn():
-    for name in ("qwen3_8b_agentrl_grpo.py", "qwen3_8b_agentrl_csd.py"):
+    for name in ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd"):
         cfg = L.load(os.path.join(ROOT, "configs", name)).validate()
         r = cfg.rollout
         assert r.row_len == r.max_context_tokens == L.context_budget(r)

@@ -18,10 +18,10 @@ from mimesis_jax.train.synthetic import SyntheticData
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
 PAPER = {  # Table 4: steps, LR, max length, devices
-    "mimesis_4b_midtrain": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=4.2e9),
-    "mimesis_9b_midtrain": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=8.9e9),
-    "mimesis_4b_sft": dict(lr=1e-7, seq_len=32_768, devices=8, size=4.2e9, tokens=15.8e6),
-    "mimesis_9b_sft": dict(lr=1e-7, seq_len=32_768, devices=8, size=8.9e9, tokens=15.8e6),
+    "mimesis_midtrain.py:4b": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=4.2e9),
+    "mimesis_midtrain.py:9b": dict(steps=5000, lr=3e-5, seq_len=24_576, devices=32, size=8.9e9),
+    "mimesis_sft.py:4b": dict(lr=1e-7, seq_len=32_768, devices=8, size=4.2e9, tokens=15.8e6),
+    "mimesis_sft.py:9b": dict(lr=1e-7, seq_len=32_768, devices=8, size=8.9e9, tokens=15.8e6),
 }
 
 BASE = RunConfig(stage="midtrain", data=SyntheticData(),
@@ -163,7 +163,7 @@ def test_paper_config_builds_abstractly(name):
     from mimesis_jax.train.step import split_micro_batches, train_step
 
     want = PAPER[name]
-    cfg = load_config(os.path.join(CONFIGS, f"{name}.py"))
+    cfg = load_config(os.path.join(CONFIGS, name))
     assert cfg.optimizer.lr == want["lr"] and cfg.data.seq_len == want["seq_len"]
     if "steps" in want:
         assert cfg.train.steps == want["steps"]
@@ -248,11 +248,11 @@ def test_optimizer_and_train_defaults_are_valid():
 
 
 def test_agent_rl_paper_configs_follow_table_13():
-    """configs/qwen3_8b_agentrl_{grpo,csd}.py: Table 13 and UserRL's inherited settings; an ~8.2B Qwen3 agent."""
+    """configs/qwen3_8b_agentrl.py:{grpo,csd}: Table 13 and UserRL's inherited settings; an ~8.2B Qwen3 agent."""
     from mimesis_jax.train import agent_rl_loop
 
-    grpo_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl_grpo.py"))
-    csd_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl_csd.py"))
+    grpo_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl.py:grpo"))
+    csd_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl.py:csd"))
     for c in (grpo_cfg, csd_cfg):
         assert c.train.steps == 100 and c.rollout.group_size == 8 and c.rollout.max_turns == 16
         assert c.optimizer.lr == 1e-6 and c.rl.gamma == 0.8 and c.rl.beta == 5.0
@@ -266,3 +266,231 @@ def test_agent_rl_paper_configs_follow_table_13():
     assert dataclasses.replace(csd_cfg.rl, alpha=0.0) == grpo_cfg.rl
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(models.abstract_params(grpo_cfg.model)))
     assert 8.1e9 < n < 8.3e9, n
+
+
+# ---------------------------------------------------------------------------------- one config home, variants
+def _config_files():
+    return sorted(f for f in os.listdir(CONFIGS) if f.endswith(".py"))
+
+
+def _file_variants():
+    from mimesis_jax.config import config_variants
+
+    out = []
+    for f in _config_files():
+        out += [f] + [f"{f}:{v}" for v in config_variants(os.path.join(CONFIGS, f))]
+    return out
+
+
+@pytest.mark.parametrize("spec", _file_variants())
+def test_every_config_file_and_variant_loads_and_validates(spec):
+    """configs/*.py with each of its variants (and without one: the default) resolves through load_config, which
+    validates it, and serialises to JSON."""
+    import json
+
+    from mimesis_jax.config import AgentRLConfig, MixtureConfig, SimRLConfig, to_dict
+
+    cfg = load_config(os.path.join(CONFIGS, spec), kind=(RunConfig, AgentRLConfig, SimRLConfig, MixtureConfig))
+    if not isinstance(cfg, MixtureConfig):
+        assert cfg.validate() is cfg if not isinstance(cfg, RunConfig) else validate(cfg) is cfg
+        file, _, variant = spec.partition(":")
+        if variant:  # a variant's run is named after it
+            assert variant in cfg.name
+    json.dumps(to_dict(cfg))
+
+
+VARIANTS = {"mimesis_midtrain.py": ("4b", "9b"), "mimesis_sft.py": ("4b", "9b"), "mimesis_simrl.py": ("4b", "9b"),
+            "qwen3_8b_agentrl.py": ("grpo", "csd"), "tiny_agentrl.py": ("grpo", "csd", "infopo")}
+
+
+def test_the_folded_files_offer_their_variants_and_default_to_the_first():
+    from mimesis_jax.config import config_variants, to_dict
+
+    got = {f: config_variants(os.path.join(CONFIGS, f)) for f in _config_files() if config_variants(
+        os.path.join(CONFIGS, f))}
+    assert got == VARIANTS
+    for f, variants in VARIANTS.items():
+        default = to_dict(load_config(os.path.join(CONFIGS, f), kind=object))
+        assert default == to_dict(load_config(os.path.join(CONFIGS, f"{f}:{variants[0]}"), kind=object))
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+# What the deleted per-size / per-arm files gave (read from configs/mimesis_{4b,9b}_*.py, qwen3_8b_agentrl_{grpo,csd}.py
+# and tiny_agentrl_{grpo,csd,infopo}.py before they were folded): every key in which a variant differs from the
+# default variant, with the old file's value, and the old 9B files' headline numbers.
+OLD_DIFFERENCES = {
+    "mimesis_midtrain.py:9b": {"name": "mimesis_9b_midtrain", "init.from_hf": "checkpoints/Qwen3.5-9B",
+                               "model.hidden_size": 4096, "model.intermediate_size": 12288,
+                               "model.tie_word_embeddings": False},
+    "mimesis_sft.py:9b": {"name": "mimesis_9b_sft", "init.from_workdir": "runs/mimesis_9b_midtrain",
+                          "model.hidden_size": 4096, "model.intermediate_size": 12288,
+                          "model.tie_word_embeddings": False},
+    "mimesis_simrl.py:9b": {"name": "mimesis_9b_simrl", "init.from_workdir": "runs/mimesis_9b_sft",
+                            "model.hidden_size": 4096, "model.intermediate_size": 12288,
+                            "model.tie_word_embeddings": False},
+    "qwen3_8b_agentrl.py:csd": {"name": "qwen3_8b_agentrl_csd", "rl.alpha": 0.01},
+    "tiny_agentrl.py:csd": {"name": "tiny_agentrl_csd", "rl.alpha": 0.01},
+    "tiny_agentrl.py:infopo": {"name": "tiny_agentrl_infopo", "rl.credit": "infopo"},
+}
+OLD_9B = {
+    "mimesis_midtrain.py:9b": {"train.steps": 5000, "train.global_batch": 80, "train.grad_accum": 5,
+                               "data.seq_len": 24576, "optimizer.lr": 3e-05, "optimizer.warmup_steps": 100,
+                               "optimizer.weight_decay": 0.1, "mesh.data": 1, "mesh.fsdp": 16, "mesh.tensor": 2,
+                               "checkpoint.every": 250, "model.num_hidden_layers": 32, "model.vocab_size": 248_320},
+    "mimesis_sft.py:9b": {"train.steps": 60, "train.global_batch": 8, "train.grad_accum": 2, "data.seq_len": 32768,
+                          "optimizer.lr": 1e-07, "optimizer.warmup_steps": 3, "mesh.data": 1, "mesh.fsdp": 4,
+                          "mesh.tensor": 2, "checkpoint.every": 20},
+    "mimesis_simrl.py:9b": {"train.steps": 500, "rollout.prompts_per_step": 64, "rollout.group_size": 8,
+                            "rollout.mini_batch_prompts": 16, "rollout.max_tokens": 2048,
+                            "rollout.max_context_tokens": 16384, "rollout.row_len": 16384, "rollout.max_batch": 256,
+                            "rollout.env_workers": 64, "rl.num_microbatches": 4, "optimizer.lr": 8e-06,
+                            "mesh.data": 2, "mesh.fsdp": 4, "mesh.tensor": 2, "checkpoint.every": 10,
+                            "sides.judge": "http://localhost:8001/v1"},
+}
+
+
+@pytest.mark.parametrize("spec", sorted(OLD_DIFFERENCES))
+def test_a_variant_differs_from_the_default_exactly_as_the_old_files_did(spec):
+    from mimesis_jax.config import to_dict
+
+    file = spec.split(":")[0]
+    base = _flat(to_dict(load_config(os.path.join(CONFIGS, file), kind=object)))
+    var = _flat(to_dict(load_config(os.path.join(CONFIGS, spec), kind=object)))
+    changed = {k: v for k, v in var.items() if base.get(k) != v and k != "model.layer_types"}
+    assert changed == OLD_DIFFERENCES[spec]
+    for k, v in OLD_9B.get(spec, {}).items():
+        assert var[k] == v, k
+
+
+def test_tiny_sft_is_written_out_as_it_was_built_from_tiny_midtrain():
+    """tiny_sft.py no longer execs tiny_midtrain.py: same model, tokenizer, batch and mesh as that file, and the
+    SFT values the old file replaced."""
+    from mimesis_jax.config import to_dict
+
+    mid = load_config(os.path.join(CONFIGS, "tiny_midtrain.py"))
+    sft = load_config(os.path.join(CONFIGS, "tiny_sft.py"))
+    assert to_dict(sft.model) == to_dict(mid.model) and sft.tokenizer == mid.tokenizer and sft.mesh == mid.mesh
+    assert dataclasses.replace(sft.train, steps=100, log_every=10) == mid.train
+    assert (sft.train.steps, sft.train.log_every, sft.checkpoint.every, sft.checkpoint.keep) == (30, 5, 15, 2)
+    assert (sft.optimizer.lr, sft.optimizer.warmup_steps, sft.optimizer.weight_decay) == (1e-3, 3, 0.0)
+
+
+def test_a_bad_variant_is_one_line_naming_the_file_and_the_valid_variants(tmp_path):
+    path = os.path.join(CONFIGS, "mimesis_simrl.py")
+    with pytest.raises(ConfigError) as e:
+        load_config(path + ":13b", kind=object)
+    assert str(e.value) == f"{path}: unknown variant '13b' (valid: 4b, 9b)"
+    with pytest.raises(ConfigError) as e:
+        load_config(os.path.join(CONFIGS, "tiny_simrl.py:4b"), kind=object)
+    assert str(e.value) == f"{os.path.join(CONFIGS, 'tiny_simrl.py')}: has no variants, got ':4b' (give the file alone)"
+    with pytest.raises(ConfigError, match=r"--config .*nope\.py: no such file"):
+        load_config(str(tmp_path / "nope.py:4b"))
+
+
+def test_cli_reports_a_bad_variant_in_one_line_with_status_2(capsys):
+    from mimesis_jax import cli
+
+    assert cli.main(["config", "--config", "configs/tiny_agentrl.py:ppo"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: configs/tiny_agentrl.py: unknown variant 'ppo' (valid: grpo, csd, infopo)\n"
+    assert cli.main(["config", "--config", "configs/tiny_agentrl.py:csd", "--set", "rl.alpha=0.5"]) == 0
+    assert '"alpha": 0.5' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec", ["tiny_agentrl.py", "tiny_simrl.py"])
+def test_both_rl_stages_check_the_shared_rollout_section_alike(spec):
+    """The rollout section both RL stages share (config.RolloutSection) is checked once, for both, by the one
+    helper: the same key, message and value."""
+    from mimesis_jax.config import RolloutSection
+
+    cfg = load_config(os.path.join(CONFIGS, spec), kind=object)
+    assert isinstance(cfg.rollout, RolloutSection)
+    with pytest.raises(ConfigError) as e:
+        load_config(os.path.join(CONFIGS, spec), ["rollout.min_valid_per_group=1"], kind=object)
+    assert str(e.value) == "config key 'rollout.min_valid_per_group': must be in [2, rollout.group_size=4] (got 1)"
+    with pytest.raises(ConfigError) as e:
+        load_config(os.path.join(CONFIGS, spec), ["rollout.engine_pages=1"], kind=object)
+    assert str(e.value).startswith("config key 'rollout.engine_pages': must be 0 (sized from the rollout) or >= 2")
+    assert str(e.value).endswith("(got 1)") and "\n" not in str(e.value)
+
+
+def test_rl_config_errors_are_config_errors_naming_the_rl_key():
+    from mimesis_jax.config import RLConfig
+
+    with pytest.raises(ConfigError) as e:
+        RLConfig(beta=0.0)
+    assert str(e.value) == "RLConfig key 'beta': must be > 0 (got 0.0)"
+    with pytest.raises(ConfigError, match=r"--set rl.beta=-1: RLConfig key 'beta': must be > 0 \(got -1.0\)"):
+        load_config(os.path.join(CONFIGS, "tiny_agentrl.py"), ["rl.beta=-1"], kind=object)
+
+
+def _py_files(root):
+    for dirpath, _, files in os.walk(root):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                yield os.path.join(dirpath, f)
+
+
+def test_no_library_module_raises_or_calls_system_exit():
+    """Only the command line (cli.py, __main__.py) ends the process; library code raises ConfigError (or its own
+    error types), which the CLI prints as one line with status 2."""
+    import ast
+
+    offenders = []
+    for path in _py_files(os.path.join(ROOT, "mimesis_jax")):
+        rel = os.path.relpath(path, ROOT)
+        if rel in ("mimesis_jax/cli.py", "mimesis_jax/__main__.py"):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), rel)
+        for node in ast.walk(tree):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+            if name == "SystemExit" or (isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                    "sys.exit", "exit", "quit")):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_config_files_import_config_classes_not_training_loops():
+    """configs/*.py (and the ablation matrices) import nothing from mimesis_jax.train or the rollout runners, and
+    build on no other config file (no exec'd siblings)."""
+    import ast
+
+    offenders = []
+    for path in _py_files(CONFIGS):
+        with open(path) as f:
+            src = f.read()
+        for node in ast.walk(ast.parse(src, path)):
+            mods = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                    else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for m in mods:
+                if m.startswith(("mimesis_jax.train", "mimesis_jax.rollout", "mimesis_jax.cli")):
+                    offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {m}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in (
+                    "load_sibling", "exec", "exec_module", "load_config", "spec_from_file_location"):
+                offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not offenders, offenders
+
+
+def test_old_names_still_import_from_their_modules():
+    """`from mimesis_jax.config import X` keeps working for every name imported from it before the package, and
+    the RL classes moved out of train/ are the same objects where the loops re-export them."""
+    import mimesis_jax.config as C
+    from mimesis_jax.envs.userrl import mixture
+    from mimesis_jax.train import agent_rl, agent_rl_loop, simulator_rl
+
+    for name in ("CheckpointConfig", "ConfigError", "InitConfig", "MeshConfig", "OptimizerConfig", "RunConfig",
+                 "TokenizerConfig", "TrainConfig", "apply_overrides", "diff", "load_config", "model_from_dict",
+                 "parse_value", "qwen3_5_layer_types", "qwen3_5_model", "qwen3_model", "to_dict", "validate",
+                 "set_value", "STAGES"):
+        assert hasattr(C, name), name
+    assert C.ConfigError is models.ConfigError and issubclass(C.ConfigError, ValueError)
+    assert agent_rl.RLConfig is C.RLConfig and agent_rl_loop.AgentRLConfig is C.AgentRLConfig
+    assert simulator_rl.SimRLConfig is C.SimRLConfig and mixture.MixtureConfig is C.MixtureConfig
+    assert not hasattr(C, "load_sibling")

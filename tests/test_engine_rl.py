@@ -56,7 +56,7 @@ def _agent_cfg(*sets):
             "rollout.group_size=2", "rollout.mini_batch_prompts=1", "rollout.agent_max_tokens=8",
             "rollout.max_context_tokens=256", "rollout.row_len=256", "rollout.engine_slots=4",
             "checkpoint.async_save=false", "rl.old_logprobs=recompute"]
-    return L.load(os.path.join(ROOT, "configs", "tiny_agentrl_grpo.py"), base + list(sets))
+    return L.load(os.path.join(ROOT, "configs", "tiny_agentrl.py:grpo"), base + list(sets))
 
 
 def _sim_params(config, seed: int):

@@ -185,7 +185,7 @@ def test_tiny_infopo_run_logs_the_information_gain(tmp_path):
     sets = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2",
             "rollout.group_size=3", "rollout.mini_batch_prompts=1", "rollout.agent_max_tokens=8",
             "rollout.row_len=256", "checkpoint.async_save=false", "train.steps=2"]
-    cfg = L.load(os.path.join(ROOT, "configs", "tiny_agentrl_infopo.py"), sets)
+    cfg = L.load(os.path.join(ROOT, "configs", "tiny_agentrl.py:infopo"), sets)
     assert cfg.rl.credit == "infopo" and cfg.rl.alpha == 0.0
     user = ToyUser()
     seen = {}

@@ -165,8 +165,8 @@ def test_lm_train_step_matches_compiled_memory():
 
 def test_rl_step_and_sampler_match_compiled_memory():
     axes = {"data": 1, "fsdp": 8, "tensor": 1}
-    # GRPO as configs/tiny_agentrl_grpo.py runs it (no remat, dense attention), and its sampler
-    cfg = PL.load_run_config("configs/tiny_agentrl_grpo.py")
+    # GRPO as configs/tiny_agentrl.py:grpo runs it (no remat, dense attention), and its sampler
+    cfg = PL.load_run_config("configs/tiny_agentrl.py:grpo")
     w = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
     assert (w.rows, w.row_len, w.head_len, w.rollout) == (8, 256, 64, PL.Rollout(32, 256, 32))
     p = PL.plan(w, PL.DEVICES["cpu"])
@@ -175,7 +175,7 @@ def test_rl_step_and_sampler_match_compiled_memory():
     compiled = sampler_memory(w)  # the sampler alone: the plan's rollout phase less the resident optimizer state
     assert within(p.rollout_peak - p.item("optimizer state"), compiled), (p.rollout_peak, compiled)
     # rollout.max_batch=8 < the 32 sequences of a step: the plan holds one call of 8 (the calls run one by one)
-    cfg = PL.load_run_config("configs/tiny_agentrl_grpo.py", ["rollout.max_batch=8"])
+    cfg = PL.load_run_config("configs/tiny_agentrl.py:grpo", ["rollout.max_batch=8"])
     w8 = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
     assert w8.rollout == PL.Rollout(8, 256, 32)
     p8 = PL.plan(w8, PL.DEVICES["cpu"])
@@ -187,7 +187,7 @@ def test_rl_step_and_sampler_match_compiled_memory():
     # paper's full remat and blockwise attention
     paper_way = ["train.remat=full", "model.attention_impl=blockwise", "model.attention_block_q=64",
                  "model.attention_block_k=64"]
-    cfg = PL.load_run_config("configs/tiny_agentrl_csd.py", paper_way)
+    cfg = PL.load_run_config("configs/tiny_agentrl.py:csd", paper_way)
     w = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
     assert (w.branch_len, w.branch_head_len) == (640, 64)
     planned = PL.plan(w, PL.DEVICES["cpu"]).train_peak
@@ -206,14 +206,14 @@ def test_rl_step_and_sampler_match_compiled_memory():
 # ------------------------------------------------------------------------------------------ paper configs
 # Every paper-scale config (Table 4: mid-training and SFT, Table 7: simulator RL, Table 13: Stage II) on its own
 # A100-80GB mesh: 32 devices for mid-training, 8 for SFT, 16 for the RL stages.
-PAPER = ("mimesis_4b_midtrain", "mimesis_9b_midtrain", "mimesis_4b_sft", "mimesis_9b_sft", "mimesis_4b_simrl",
-         "mimesis_9b_simrl", "qwen3_8b_agentrl_grpo", "qwen3_8b_agentrl_csd")
+PAPER = ("mimesis_midtrain.py:4b", "mimesis_midtrain.py:9b", "mimesis_sft.py:4b", "mimesis_sft.py:9b",
+         "mimesis_simrl.py:4b", "mimesis_simrl.py:9b", "qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd")
 PAPER_LM = PAPER[:4]
 
 
 @pytest.mark.parametrize("name", PAPER)
 def test_every_paper_config_fits_on_its_a100_80g_mesh(name):
-    cfg = PL.load_run_config(f"configs/{name}.py")
+    cfg = PL.load_run_config(f"configs/{name}")
     mesh = dict(cfg.mesh.axes())
     assert -1 not in mesh.values()
     p = PL.plan_config(cfg, mesh, "a100-80g")
@@ -224,7 +224,7 @@ def test_every_paper_config_fits_on_its_a100_80g_mesh(name):
 
 @pytest.mark.parametrize("name", PAPER_LM)
 def test_paper_stage1_sft_and_midtrain_activations(name):
-    cfg = PL.load_run_config(f"configs/{name}.py")
+    cfg = PL.load_run_config(f"configs/{name}")
     p = PL.plan_config(cfg, dict(cfg.mesh.axes()), "a100-80g")
     assert p.rollout_peak == 0
     # full remat keeps each layer's bf16 input: 32 layers x 1 row x the row length x hidden x 2 bytes per device
@@ -236,23 +236,23 @@ def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
     """What makes the RL configs fit: Stage II's 1,024 dialogues per step sampled 256 per call (all at once, the
     KV cache alone is 90 GiB), and Stage I's update in 4 micro-batches (one: 206 GiB for 9B)."""
     mesh16 = {"data": 1, "fsdp": 8, "tensor": 2}
-    for name in ("qwen3_8b_agentrl_grpo", "qwen3_8b_agentrl_csd"):
-        cfg = PL.load_run_config(f"configs/{name}.py")
+    for name in ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd"):
+        cfg = PL.load_run_config(f"configs/{name}")
         assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
         p = PL.plan_config(cfg, mesh16, "a100-80g")
         assert p.workload.rollout == PL.Rollout(256, 8192, 2048)  # prompts up to 9,344 - 2,048 -> bucket 8,192
         # k and v: 36 layers x 256 / 8 rows x 10,240 slots x 8 / 2 KV heads x 128 x bf16, + segment ids + index
         assert p.item("KV cache") == 2 * 36 * 32 * 10_240 * 4 * 128 * 2 + 32 * 10_240 * 4 + 4
-        whole = PL.plan_config(PL.load_run_config(f"configs/{name}.py", ["rollout.max_batch=0"]), mesh16, "a100-80g")
+        whole = PL.plan_config(PL.load_run_config(f"configs/{name}", ["rollout.max_batch=0"]), mesh16, "a100-80g")
         assert whole.workload.rollout.batch == 1024 and whole.item("KV cache") > 90 * GiB and not whole.fits
         assert whole.train_peak == p.train_peak  # the cap changes the rollout phase only
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
-    for name in ("mimesis_4b_simrl", "mimesis_9b_simrl"):  # one 16,384-token row per rollout
-        cfg = PL.load_run_config(f"configs/{name}.py")
+    for name in ("mimesis_simrl.py:4b", "mimesis_simrl.py:9b"):  # one 16,384-token row per rollout
+        cfg = PL.load_run_config(f"configs/{name}")
         assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
         p = PL.plan_config(cfg, mesh, "a100-80g")
         assert (p.workload.rows // 8, p.workload.row_len) == (16, 16_384)
-        one = PL.plan_config(PL.load_run_config(f"configs/{name}.py", ["rl.num_microbatches=1"]), mesh, "a100-80g")
+        one = PL.plan_config(PL.load_run_config(f"configs/{name}", ["rl.num_microbatches=1"]), mesh, "a100-80g")
         assert one.train_peak > p.usable > p.train_peak
         # 4 rows per device per micro-batch instead of 16: the saved activations shrink 4x
         assert one.item("activations (saved)") == 4 * p.item("activations (saved)")
@@ -261,23 +261,23 @@ def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
 def test_paper_rl_configs_get_a_change_that_fits():
     """Without their memory settings the RL configs do not fit, and `suggest` finds a change that does: for
     Stage II the knob is the sequences per sampler call."""
-    for name, undo, mesh in (("qwen3_8b_agentrl_csd", ["rollout.max_batch=0"], {"data": 1, "fsdp": 8, "tensor": 2}),
-                             ("mimesis_9b_simrl", ["rollout.max_batch=0", "rl.num_microbatches=1"],
+    for name, undo, mesh in (("qwen3_8b_agentrl.py:csd", ["rollout.max_batch=0"], {"data": 1, "fsdp": 8, "tensor": 2}),
+                             ("mimesis_simrl.py:9b", ["rollout.max_batch=0", "rl.num_microbatches=1"],
                               {"data": 2, "fsdp": 4, "tensor": 2})):
-        assert not PL.plan_config(PL.load_run_config(f"configs/{name}.py", undo), mesh, "a100-80g").fits
-        s = PL.suggest(f"configs/{name}.py", undo, mesh, "a100-80g")
+        assert not PL.plan_config(PL.load_run_config(f"configs/{name}", undo), mesh, "a100-80g").fits
+        s = PL.suggest(f"configs/{name}", undo, mesh, "a100-80g")
         assert s is not None and s.plan.fits
-        again = PL.plan_config(PL.load_run_config(f"configs/{name}.py", undo + list(s.overrides)), s.mesh,
+        again = PL.plan_config(PL.load_run_config(f"configs/{name}", undo + list(s.overrides)), s.mesh,
                                "a100-80g")
         assert again.fits and again.total == s.plan.total
         # the cheapest change is the config's own setting
-        assert s.mesh == mesh and s.overrides == {"qwen3_8b_agentrl_csd": ("rollout.max_batch=256",),
-                                                   "mimesis_9b_simrl": ("rl.num_microbatches=4",
+        assert s.mesh == mesh and s.overrides == {"qwen3_8b_agentrl.py:csd": ("rollout.max_batch=256",),
+                                                   "mimesis_simrl.py:9b": ("rl.num_microbatches=4",
                                                                         "rollout.max_batch=256")}[name]
 
 
 def test_too_big_config_does_not_fit_and_the_suggestion_does(capsys):
-    argv = ["--config", "configs/mimesis_9b_sft.py", "--device", "a100-80g", "--set", "train.remat=none"]
+    argv = ["--config", "configs/mimesis_sft.py:9b", "--device", "a100-80g", "--set", "train.remat=none"]
     assert PL.run(parse(argv)) == 0
     out = capsys.readouterr().out
     assert "-> DOES NOT FIT" in out
@@ -288,11 +288,11 @@ def test_too_big_config_does_not_fit_and_the_suggestion_does(capsys):
 
 def test_cli_plans_on_devices_that_do_not_exist(capsys):
     # 32 A100s for mid-training, planned in a process that sees 8 CPU devices
-    assert PL.run(parse(["--config", "configs/mimesis_9b_midtrain.py"])) == 0
+    assert PL.run(parse(["--config", "configs/mimesis_midtrain.py:9b"])) == 0
     out = capsys.readouterr().out
     assert "on 32 x a100-80g" in out and "mesh data=1,fsdp=16,tensor=2" in out and "-> FITS" in out
     # a config mesh of fsdp=-1 takes the devices this process sees
-    assert PL.run(parse(["--config", "configs/tiny_agentrl_grpo.py", "--device", "cpu"])) == 0
+    assert PL.run(parse(["--config", "configs/tiny_agentrl.py:grpo", "--device", "cpu"])) == 0
     assert "mesh data=1,fsdp=8,tensor=1" in capsys.readouterr().out
 
 
@@ -309,7 +309,7 @@ def test_bad_input_exits_2_naming_the_value(capsys, argv, named):
     assert err.startswith("error: ") and named in err
 
 
-@pytest.mark.parametrize("config", ["configs/tiny_agentrl_grpo.py", "configs/tiny_simrl.py"])
+@pytest.mark.parametrize("config", ["configs/tiny_agentrl.py:grpo", "configs/tiny_simrl.py"])
 def test_rollout_max_batch_errors_name_the_key(capsys, config):
     assert PL.run(parse(["--config", config, "--device", "cpu", "--set", "rollout.max_batch=-4"])) == 2
     err = capsys.readouterr().err

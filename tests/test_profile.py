@@ -38,12 +38,12 @@ def _profile(tmp_path_factory, what, config):
 
 @pytest.fixture(scope="module")
 def csd(tmp_path_factory):
-    return _profile(tmp_path_factory, "csd_step", "tiny_agentrl_csd.py")
+    return _profile(tmp_path_factory, "csd_step", "tiny_agentrl.py:csd")
 
 
 @pytest.fixture(scope="module")
 def grpo(tmp_path_factory):
-    return _profile(tmp_path_factory, "grpo_step", "tiny_agentrl_grpo.py")
+    return _profile(tmp_path_factory, "grpo_step", "tiny_agentrl.py:grpo")
 
 
 STEP_SCOPES = ("trunk", "attention", "attention_core", "mlp", "logprob_head", "loss", "optimizer")
@@ -106,7 +106,7 @@ def test_grpo_summary_counts_the_trunk_only(grpo):
 
 
 def test_flops_per_token_formula_by_hand():
-    qwen3 = load_config(os.path.join(CONFIGS, "tiny_agentrl_grpo.py"), kind=object).model  # V 1024
+    qwen3 = load_config(os.path.join(CONFIGS, "tiny_agentrl.py:grpo"), kind=object).model  # V 1024
     n = 2 * (4096 + 2048 + 2048 + 4096 + 3 * 64 * 128) + 1024 * 64  # 139,264
     assert profiling.matmul_params(qwen3) == (73_728, 65_536)
     assert profiling.model_flops_per_token(qwen3, 100.0) == 6 * n + 12 * 2 * 4 * 16 * 100 == 989_184
@@ -149,7 +149,7 @@ def test_device_peaks():
 
 
 def test_bad_arguments_raise_a_config_error(tmp_path):
-    base = ["--config", os.path.join(CONFIGS, "tiny_agentrl_grpo.py"), "--out", str(tmp_path)]
+    base = ["--config", os.path.join(CONFIGS, "tiny_agentrl.py:grpo"), "--out", str(tmp_path)]
     with pytest.raises(ConfigError, match=r"--what 'train_step': expected one of grpo_step, csd_step"):
         profile_cmd.run(_args(*base, "--what", "train_step"))
     with pytest.raises(ConfigError, match=r"--device 'v100'"):

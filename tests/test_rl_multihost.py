@@ -124,7 +124,7 @@ def _two_processes(workdir, abort_after=None, timeout=900):
         env["MIMESIS_ABORT_AFTER_STEP"] = str(abort_after)
     def cmd(i):
         return [sys.executable, "-m", "mimesis_jax", "agentrl", "--config",
-                os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"), "--workdir", str(workdir), "--distributed",
+                os.path.join(ROOT, "configs", "tiny_agentrl.py:csd"), "--workdir", str(workdir), "--distributed",
                 "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i),
                 "--set", *OVERRIDES]
     procs = [subprocess.Popen(cmd(i), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -166,7 +166,7 @@ def test_two_process_agent_rl_equals_one_process_and_resumes_after_a_kill(tmp_pa
     assert rcs == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "resume:" in outs[0] and "from step 1" in outs[0], outs[0][-2000:]
 
-    cfg = agent_rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl_csd.py"), OVERRIDES)
+    cfg = agent_rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl.py:csd"), OVERRIDES)
     ref = agent_rl_loop.run(cfg, str(tmp_path / "single"), handle_signals=False, log=lambda *a, **k: None)
     assert ref.final_step == 2 and jax.device_count() == 8
     got = {r["step"]: r for r in read_metrics(str(multi))}

@@ -19,7 +19,7 @@ import pytest
 from helpers import assert_trees_equal
 from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.rollout import serve
 from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, _derive_seed, split_thought
 from mimesis_jax.rollout.engine import EngineChatModel
@@ -359,7 +359,7 @@ def test_async_client_concurrent_streams_are_batched(server):
 
 def test_missing_tokenizer_is_a_named_error(checkpoint):
     args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(["--checkpoint", checkpoint])
-    with pytest.raises(SystemExit, match="holds no tokenizer files"):
+    with pytest.raises(ConfigError, match="holds no tokenizer files"):
         serve.build_server(args)
 
 
@@ -434,11 +434,11 @@ def test_checkpoint_kind_errors_are_named(workdir, checkpoint, tmp_path):
     from mimesis_jax.train.checkpoint import CheckpointError
     from mimesis_jax.train.export import load_trained
 
-    with pytest.raises(SystemExit, match="--step 3: .* is a HF directory"):
+    with pytest.raises(ConfigError, match="--step 3: .* is a HF directory"):
         serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--step", "3"))
-    with pytest.raises(SystemExit, match="neither a HF directory .*nor a training workdir"):
+    with pytest.raises(ConfigError, match="neither a HF directory .*nor a training workdir"):
         serve.build_server(_serve_args(str(tmp_path)), trained_loader=load_trained)
-    with pytest.raises(SystemExit, match="neither a HF directory"):  # the module's own entry point: HF only
+    with pytest.raises(ConfigError, match="neither a HF directory"):  # the module's own entry point: HF only
         serve.build_server(_serve_args(workdir))
     with pytest.raises(CheckpointError, match="no checkpoint at step 7"):
         serve.build_server(_serve_args(workdir, "--step", "7"), trained_loader=load_trained)
@@ -476,7 +476,7 @@ def test_engine_backend_gives_the_default_backends_completions(checkpoint, serve
         eng.stop()
     for flag, value in (("--engine-slots", "0"), ("--engine-pages", "1"), ("--engine-max-len", "-1")):
         bad = _serve_args(checkpoint, "--tokenizer", "tiny", "--engine", flag, value)
-        with pytest.raises(SystemExit, match=flag):
+        with pytest.raises(ConfigError, match=flag):
             serve.build_server(bad)
 
 

@@ -184,16 +184,16 @@ def test_config_errors_name_the_key(tmp_path, sets, match):
 
 
 def test_paper_configs():
-    cfg = S.load(os.path.join(ROOT, "configs", "mimesis_9b_simrl.py")).validate()
+    cfg = S.load(os.path.join(ROOT, "configs", "mimesis_simrl.py:9b")).validate()
     assert (cfg.train.steps, cfg.rollout.prompts_per_step, cfg.rollout.group_size) == (500, 64, 8)
     assert cfg.optimizer.lr == 8e-6 and cfg.rl.kl_coef == 0.0 and cfg.rl.alpha == 0.0 and cfg.rollout.thinking
     assert cfg.model.hidden_size == 4096 and cfg.mesh.axes() == {"data": 2, "fsdp": 4, "tensor": 2}
     assert cfg.domains.weights == () and cfg.rollout.fold
-    four = S.load(os.path.join(ROOT, "configs", "mimesis_4b_simrl.py"))
+    four = S.load(os.path.join(ROOT, "configs", "mimesis_simrl.py:4b"))
     assert four.model.hidden_size == 2560 and four.init.from_workdir == "runs/mimesis_4b_sft"
     # ablation switches
-    off = S.load(os.path.join(ROOT, "configs", "mimesis_9b_simrl.py"), ["domains.behaviour=false"])
-    w = off.domains.weight_map()
+    off = S.load(os.path.join(ROOT, "configs", "mimesis_simrl.py:9b"), ["domains.behaviour=false"])
+    w = S.domain_weights(off.domains)
     assert w["abcd_behaviour"] == 0.0 and len(w) == 24 and sum(v > 0 for v in w.values()) == 23
 
 

@@ -268,7 +268,9 @@ def plan(matrix: Matrix, out: str, sets=()) -> list[Cell]:
 # ------------------------------------------------------------------------------------------ running
 def load_stage_config(run: StageRun):
     """The stage's config, loaded with its overrides by the stage's own loader (ConfigError names the key)."""
-    if not os.path.isfile(run.config_path):
+    from mimesis_jax.config import split_variant
+
+    if not os.path.isfile(split_variant(run.config_path)[0]):
         raise ConfigError(f"stage {run.stage}: config {run.config_path} does not exist")
     if run.stage in ("midtrain", "sft"):
         from mimesis_jax.config import load_config

@@ -530,11 +530,6 @@ def run(args, trained_loader=None) -> int:
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except SystemExit as e:  # a bad model or retriever spec, reported by rollout/specs.py or the rollout command
-        if not isinstance(e.code, str):
-            raise
-        print(f"error: {e.code}", file=sys.stderr)
-        return 2
     print(format_table(summary))
     print(f"{len(agents)} agent(s) x {len(users)} user(s) x {len(gyms)} gym(s) x {args.seeds} seed(s) in "
           f"{time.perf_counter() - t0:.1f} s -> {os.path.join(args.out, SUMMARY_FILE)}")

@@ -127,7 +127,7 @@ def _load_scores(path: str) -> dict:
 
 
 def evaluate(args, trained_loader=None, log=print) -> dict:
-    """Every requested section of evalsim.json (raises EnvError / SystemExit for bad input)."""
+    """Every requested section of evalsim.json (raises EnvError / ConfigError for bad input)."""
     from mimesis_jax.envs.base import EnvError
     from mimesis_jax.eval import sim_judges, soul_eval, usi
     from mimesis_jax.eval.conversations import load_conversations, pair_by_task
@@ -193,13 +193,14 @@ def evaluate(args, trained_loader=None, log=print) -> dict:
 def run_soul(args, tasks, records, axes, judge, partner, trained_loader, log) -> dict:
     from mimesis_jax.envs.domains import SideModels
     from mimesis_jax.eval import soul_eval
+    from mimesis_jax.models.config import ConfigError
     from mimesis_jax.rollout.specs import ModelSpec, local_model
 
     spec = ModelSpec(args.simulator, tokenizer=args.simulator_tokenizer, step=args.simulator_step,
                      dtype=args.simulator_dtype, thinking=args.thinking, max_tokens=args.simulator_max_tokens)
     if spec.remote:
-        raise SystemExit(f"--simulator {args.simulator}: the SOUL-Index runs the simulator as a token-level policy; "
-                         "give a local model (tiny, HF dir or training workdir)")
+        raise ConfigError(f"--simulator {args.simulator}: the SOUL-Index runs the simulator as a token-level policy; "
+                          "give a local model (tiny, HF dir or training workdir)")
     sides = SideModels(judge=judge, partner=partner)
     soul_eval.check_sides(tasks, sides)
     policy = local_model(spec, role="assistant", model_type="qwen3_5", trained_loader=trained_loader)
@@ -268,11 +269,6 @@ def run(args, trained_loader=None) -> int:
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(f"error: {e.code}", file=sys.stderr)
-            return 2
-        raise
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "evalsim.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:

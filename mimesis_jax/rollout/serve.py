@@ -2,7 +2,6 @@
 
     python -m mimesis_jax serve --checkpoint HF_DIR --port 8000 [--tokenizer SPEC] [--generation-role user]
     python -m mimesis_jax serve --checkpoint WORKDIR [--step N] --port 8000  # a training run's checkpoint
-    python -m mimesis_jax.rollout.serve --checkpoint HF_DIR --port 0       # HF directories only
 
 The API (chat and text completions, streaming, n, logprobs; rollout/openai_api.py) is a FastAPI app run by
 uvicorn (`ChatServer`), bound to 127.0.0.1 unless --host says otherwise. With `--api-key KEY` (repeatable) or
@@ -42,6 +41,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout.openai_api import Detokenizer, SamplingParams, TokenEvent, create_app
 
 if TYPE_CHECKING:
@@ -433,9 +433,9 @@ def engine_config_from_args(args, model_config):
                         ("--engine-max-len", args.engine_max_len, 0), ("--engine-pages", args.engine_pages, 0),
                         ("--engine-decode-steps", args.engine_decode_steps, 1)):
         if v < lo:
-            raise SystemExit(f"{flag} {v}: must be >= {lo}")
+            raise ConfigError(f"{flag} {v}: must be >= {lo}")
     if args.engine_pages == 1:
-        raise SystemExit("--engine-pages 1: must be 0 (sized from the slots) or >= 2 (page 0 is the trash page)")
+        raise ConfigError("--engine-pages 1: must be 0 (sized from the slots) or >= 2 (page 0 is the trash page)")
     max_len = args.engine_max_len or model_config.max_position_embeddings
     per_seq = -(-max_len // args.engine_page_size)
     return EngineConfig(slots=args.engine_slots, page_size=args.engine_page_size, max_pages_per_seq=per_seq,
@@ -495,11 +495,11 @@ def _load_weights(args, trained_loader):
 
     ckpt = args.checkpoint
     if not os.path.isdir(ckpt):
-        raise SystemExit(f"--checkpoint {ckpt}: not a directory")
+        raise ConfigError(f"--checkpoint {ckpt}: not a directory")
     if os.path.isfile(os.path.join(ckpt, "config.json")):
         if args.step is not None:
-            raise SystemExit(f"--step {args.step}: {ckpt} is a HF directory (one set of weights); --step selects a "
-                             "checkpoint of a training workdir")
+            raise ConfigError(f"--step {args.step}: {ckpt} is a HF directory (one set of weights); --step selects a "
+                              "checkpoint of a training workdir")
         tok = dir_tokenizer_spec(ckpt)
         config, params = models.load_hf(ckpt, dtype=args.dtype)
         return config, params, tok, f"{ckpt}/config.json"
@@ -510,7 +510,7 @@ def _load_weights(args, trained_loader):
             config = config.replace(param_dtype=args.dtype, dtype=args.dtype)
         return config, params, tok, f"{ckpt} step {step}"
     kinds = "a HF directory (no config.json)" + (" nor a training workdir (no checkpoints/)" if trained_loader else "")
-    raise SystemExit(f"--checkpoint {ckpt}: neither {kinds}")
+    raise ConfigError(f"--checkpoint {ckpt}: neither {kinds}")
 
 
 def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str | None = None,
@@ -526,8 +526,8 @@ def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str 
     config, params, default_tok, source = _load_weights(args, trained_loader)
     spec = tokenizer or default_tok
     if spec is None:
-        raise SystemExit(f"--checkpoint {checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
-                         "pass --tokenizer SPEC (e.g. tiny, qwen3, qwen3_5, hf:DIR)")
+        raise ConfigError(f"--checkpoint {checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                          "pass --tokenizer SPEC (e.g. tiny, qwen3, qwen3_5, hf:DIR)")
     tok = load_tokenizer(spec)
     check_tokenizer(checkpoint, tok, spec, default_tok, config.vocab_size, source)
     name = name or os.path.basename(os.path.normpath(checkpoint))
@@ -544,7 +544,7 @@ def api_keys_from(args) -> list[str]:
 def build_server(args, trained_loader=None) -> ChatServer:
     for flag, v in (("--max-queued", args.max_queued), ("--max-body-bytes", args.max_body_bytes)):
         if v < 0:
-            raise SystemExit(f"{flag} {v}: must be >= 0 (0 = no limit)")
+            raise ConfigError(f"{flag} {v}: must be >= 0 (0 = no limit)")
     model = load_chat_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype,
                             generation_role=args.generation_role, enable_thinking=args.enable_thinking,
                             max_tokens=args.max_tokens, seed=args.seed, name=args.model_name,
@@ -575,12 +575,3 @@ def run(args, trained_loader=None) -> int:
         server.stop()
     return 0
 
-
-def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = add_args(argparse.ArgumentParser(prog="mimesis_jax serve", description=__doc__.splitlines()[0]))
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

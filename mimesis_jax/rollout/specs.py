@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout.base import SimulatorAsResponder
 
 
@@ -80,8 +81,8 @@ def agent_from_spec(s: ModelSpec, trained_loader=None):
         from mimesis_jax.rollout.endpoints import RemoteCompletionsAgent
 
         if not s.tokenizer or not s.model_name:
-            raise SystemExit(f"--agent {s.spec}: a remote agent needs --agent-model NAME and --agent-tokenizer SPEC "
-                             "(its tokenizer, to decode prompts and encode replies)")
+            raise ConfigError(f"--agent {s.spec}: a remote agent needs --agent-model NAME and --agent-tokenizer SPEC "
+                              "(its tokenizer, to decode prompts and encode replies)")
         return RemoteCompletionsAgent(s.spec, s.model_name, load_tokenizer(s.tokenizer), api_key_env=s.api_key_env,
                                       max_tokens=s.max_tokens)
     return local_model(s, role="assistant", model_type="qwen3", trained_loader=trained_loader)
@@ -92,12 +93,12 @@ def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True, trai
     framing; wrapped in SimulatorAsResponder) or "assistant" (asked as any chat model). Local models are wrapped
     in a `BatchedChatModel` so the concurrent calls of many envs are sampled together."""
     if style not in ("simulator", "assistant"):
-        raise SystemExit(f"style must be 'simulator' or 'assistant', got {style!r}")
+        raise ConfigError(f"style must be 'simulator' or 'assistant', got {style!r}")
     if s.remote:
         from mimesis_jax.rollout.endpoints import OpenAIChatModel
 
         if not s.model_name:
-            raise SystemExit(f"{s.spec}: a remote model needs its model name (--user-model / --judge-model)")
+            raise ConfigError(f"{s.spec}: a remote model needs its model name (--user-model / --judge-model)")
         model = OpenAIChatModel(s.spec, s.model_name, api_key_env=s.api_key_env, max_tokens=s.max_tokens)
     else:
         model = local_model(s, role="user" if style == "simulator" else "assistant", model_type="qwen3_5",

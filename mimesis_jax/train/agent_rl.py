@@ -35,7 +35,6 @@ kl_ref (L_KL before kl_coef) only when kl_coef > 0.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import jax
@@ -46,57 +45,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mimesis_jax import models, profiling, sharding
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
+from mimesis_jax.config.rl import CREDITS, KL_ESTIMATORS, OLD_LOGPROBS, RLConfig  # noqa: F401 (re-exported)
 from mimesis_jax.models.config import ModelConfig
-
-OLD_LOGPROBS = ("rollout", "recompute")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-CREDITS = grpo.CREDIT_METHODS + ("infopo",)  # infopo: the §4.3 baseline (algorithms/infopo.py), needs a scoring pass
-
-
-@dataclasses.dataclass(frozen=True)
-class RLConfig:
-    """Hyper-parameters of the Stage II update (defaults: docs/reference/paper.md §4.1 Table 13 and UserRL settings)."""
-
-    eps_low: float = 0.2  # Eq 6 lower clip range
-    eps_high: float = 0.2  # Eq 6 upper clip range
-    loss_agg: str = "token-mean"  # token-mean | seq-mean (grpo.loss_token_weights)
-    alpha: float = 0.01  # Eq 11 weight of L_CSD; 0 = plain GRPO
-    beta: float = 5.0  # Eq 9 temperature of the CSD weight
-    teacher: str = "fused"  # fused (one pass) | naive (reference: separate teacher rows)
-    old_logprobs: str = "rollout"  # rollout (Segment.logprobs) | recompute (scoring pass before the update)
-    num_microbatches: int = 1
-    temperature: float = 1.0  # T of every log-prob of the update: must equal the rollout's sampling temperature
-    kl_coef: float = 0.0  # weight of the KL-to-reference term (0 in the paper: no reference); needs ref_params
-    kl_estimator: str = "k3"  # k1 | k2 | k3: Schulman's per-token estimator of KL(pi_theta || pi_ref)
-    # advantages (host side: grpo.trajectory_turn_advantages; credit "infopo": algorithms/infopo.py)
-    credit: str = "equalized"  # one of CREDITS
-    infopo_coef: float = 0.5  # credit "infopo": weight of the normalised information gain (algorithms/infopo.py)
-    infopo_gate_tau: float = 0.05  # credit "infopo": variance-gate temperature (0 = no gate)
-    score: str = "sum"
-    gamma: float = 0.8
-    adv_eps: float = 1e-6
-    divide_std: bool = True
-
-    def __post_init__(self):
-        def need(cond, key, msg):
-            if not cond:
-                raise ValueError(f"RLConfig key '{key}': {msg} (got {getattr(self, key)!r})")
-
-        need(self.eps_low >= 0 and self.eps_high >= 0, "eps_low", "clip ranges must be >= 0")
-        need(self.loss_agg in grpo.LOSS_AGGS, "loss_agg", f"must be one of {grpo.LOSS_AGGS}")
-        need(self.alpha >= 0, "alpha", "must be >= 0")
-        need(self.beta > 0, "beta", "must be > 0")
-        need(self.teacher in ("fused", "naive"), "teacher", "must be fused or naive")
-        need(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", f"must be one of {OLD_LOGPROBS}")
-        need(isinstance(self.num_microbatches, int) and self.num_microbatches >= 1, "num_microbatches", ">= 1")
-        need(0 < self.temperature < float("inf"), "temperature", "must be a finite value > 0")
-        need(0 <= self.kl_coef < float("inf"), "kl_coef", "must be a finite value >= 0")
-        need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
-        need(self.credit in CREDITS, "credit", f"must be one of {CREDITS}")
-        need(0 <= self.infopo_coef < float("inf"), "infopo_coef", "must be a finite value >= 0")
-        need(0 <= self.infopo_gate_tau < float("inf"), "infopo_gate_tau", "must be a finite value >= 0")
-        need(self.score in grpo.SCORE_METHODS, "score", f"must be one of {grpo.SCORE_METHODS}")
-
 
 def prepare_batch(trajectories: Sequence, rl: RLConfig, **pack_kw) -> PackedRL:
     """Advantages (grpo) + packing (rl_batch) of one optimizer step's trajectories, on the host."""

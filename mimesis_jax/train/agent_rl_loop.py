@@ -1,7 +1,7 @@
 """Stage II end to end (docs/reference/paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
 
     result = run(cfg, workdir)        # cfg: AgentRLConfig; resumes when workdir holds a checkpoint
-    python -m mimesis_jax agentrl --config configs/tiny_agentrl_csd.py --workdir runs/agent [--set ...]
+    python -m mimesis_jax agentrl --config configs/tiny_agentrl.py:csd --workdir runs/agent [--set ...]
 
 One RL step:
 1. draw `rollout.prompts_per_step` tasks from the gym mixture (envs/userrl/mixture.py, d by weight);
@@ -48,184 +48,19 @@ import jax
 import numpy as np
 
 from mimesis_jax import config as config_lib
-from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
-                                TrainConfig)
+# the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the loop's callers
+from mimesis_jax.config.rl import (HEADER_TOKENS, AgentRLConfig, RLConfig, RolloutConfig,  # noqa: F401
+                                   UserSideConfig, ValidationConfig, context_budget)
 from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train import rl_run
-from mimesis_jax.train.agent_rl import RLConfig
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
 
 
 # ------------------------------------------------------------------------------------------ config
-@dataclasses.dataclass(frozen=True)
-class UserSideConfig:
-    """The frozen sides: the user simulator, the gyms' judge, the CSD coach (spec syntax: rollout/specs.py)."""
-
-    simulator: str = "tiny"  # tiny | HF dir | training workdir | http(s)://host:port/v1 | toy-user (envs/toy.py)
-    simulator_model: str = ""  # remote: the served model name
-    simulator_style: str = ""  # how gyms ask it: simulator | assistant ("" = simulator if local, else assistant)
-    simulator_thinking: bool = True  # a local simulator writes <think> thought first (the coach reads it)
-    simulator_max_tokens: int = 512
-    key_env: str = ""  # remote: env var holding the API key ("" = no auth)
-    judge: str = ""  # "" = the simulator's weights (or endpoint) asked as an assistant
-    judge_model: str = ""
-    # "" = the simulator's weights (or endpoint) as an assistant + the coach prompt; toy-coach(-shuffled) with toy-user
-    coach: str = ""
-    coach_model: str = ""
-    coach_max_tokens: int = 256
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    prompts_per_step: int = 128  # tasks per RL step (UserRL batch 128)
-    group_size: int = 8  # dialogues per task (paper Table 13)
-    mini_batch_prompts: int = 16  # tasks (whole groups) per optimizer update (UserRL mini-batch 16)
-    max_turns: int = 16  # agent turns per dialogue (Table 13)
-    agent_max_tokens: int = 8192  # per agent turn
-    # a dialogue ends (status ok) before an agent turn would pass this, and what follows a turn is recorded only
-    # while it fits (episode.py): the recorded dialogue never passes it. 0 = rollout.row_len; both 0 = no limit
-    max_context_tokens: int = 0
-    temperature: float = 1.0  # agent sampling temperature in training (Table 13)
-    row_len: int = 0  # packed row length; 0 = bucketed from the batch
-    min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
-    env_workers: int = 16  # env steps run concurrently (gyms wait on their user / judge)
-    travel_reward_variant: str = "train"  # TravelGym's reward table in training (UserRL: train)
-    max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
-    # The agent samples through the rollout engine (rollout/engine.py: persistent per-dialogue caches, paged KV
-    # pool, continuous batching) instead of the static sampler; so does an in-process model simulator (its own
-    # frozen engine, sized by simulator_context_tokens; a remote simulator is unchanged). Off by default: the
-    # engine runs on one device and compiles its prefill/decode programs for every page-table width (~40
-    # programs), which tiny CPU runs do not earn back; the paper configs turn it on. Same seeds -> the same tokens
-    # as the static sampler.
-    engine: bool = False
-    engine_slots: int = 16  # decode slots (EngineConfig.slots): requests decoded together
-    engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
-    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = dialogues in flight x max context / page
-
-
-@dataclasses.dataclass(frozen=True)
-class ValidationConfig:
-    every: int = 0  # steps between validations (0 = never)
-    sources: tuple[str, ...] = ("shipped:test",)
-    gyms: tuple[str, ...] = ()
-    max_tasks: int = 0  # 0 = every task once
-    temperature: float = 0.0  # Table 13: validation at temperature 0
-    travel_reward_variant: str = "eval"
-
-
-@dataclasses.dataclass(frozen=True)
-class AgentRLConfig:
-    model: ModelConfig  # the agent's architecture (checked against init.from_hf / from_workdir weights)
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    init: InitConfig = InitConfig()
-    users: UserSideConfig = UserSideConfig()
-    gyms: MixtureConfig = MixtureConfig()
-    rl: RLConfig = RLConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    optimizer: OptimizerConfig = OptimizerConfig(lr=1e-6, schedule="constant", clip_norm=1.0)
-    train: TrainConfig = TrainConfig(steps=100)
-    mesh: MeshConfig = MeshConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(every=10)
-    validation: ValidationConfig = ValidationConfig()
-    name: str = ""
-    stage: str = "agentrl"
-
-    def replace(self, **kw) -> "AgentRLConfig":
-        return dataclasses.replace(self, **kw)
-
-    def to_dict(self) -> dict:
-        return config_lib.to_dict(self)
-
-    def runtime_model(self) -> ModelConfig:
-        return self.model.replace(dtype=self.train.dtype, param_dtype="float32", remat=self.train.remat)
-
-    def updates_per_step(self) -> int:
-        return -(-self.rollout.prompts_per_step // self.rollout.mini_batch_prompts)
-
-    def validate(self) -> "AgentRLConfig":
-        def need(ok, key, msg):
-            if not ok:
-                raise ConfigError(f"config key '{key}': {msg}")
-
-        r = self.rollout
-        need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
-        need(r.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO normalises within a group)")
-        need(1 <= r.mini_batch_prompts <= r.prompts_per_step, "rollout.mini_batch_prompts",
-             f"must be in [1, rollout.prompts_per_step={r.prompts_per_step}]")
-        need(r.max_turns >= 1, "rollout.max_turns", "must be >= 1")
-        need(r.agent_max_tokens >= 1, "rollout.agent_max_tokens", "must be >= 1")
-        need(isinstance(r.max_batch, int) and not isinstance(r.max_batch, bool) and r.max_batch >= 0,
-             "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
-        need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
-        validate_engine_keys(r, need)
-        validate_context_budget(r, r.agent_max_tokens, "rollout.agent_max_tokens", need,
-                                prompt_tokens=self.gyms.max_prompt_tokens, prompt_key="gyms.max_prompt_tokens")
-        need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
-        need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
-             f"must be in [2, rollout.group_size={r.group_size}]")
-        need(r.travel_reward_variant in ("train", "eval", "gym"), "rollout.travel_reward_variant",
-             "must be train, eval or gym")
-        need(self.validation.every >= 0, "validation.every", "must be >= 0")
-        sampling_t = r.temperature if r.temperature > 0 else 1.0  # greedy rollouts are scored at T = 1
-        need(getattr(self.rl, "temperature", 1.0) == sampling_t, "rl.temperature",
-             f"must equal the rollout's sampling temperature {sampling_t} (the update scores the sampled tokens "
-             "at the temperature that sampled them)")
-        need(self.train.steps >= 1, "train.steps", "must be >= 1")
-        need(self.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
-        need(self.optimizer.lr > 0, "optimizer.lr", "must be > 0")
-        need(self.optimizer.warmup_steps <= self.train.steps * self.updates_per_step(), "optimizer.warmup_steps",
-             "counts optimizer updates and must be <= train.steps x updates per step")
-        need(not (self.init.from_workdir and self.init.from_hf), "init.from_hf",
-             "set at most one of init.from_workdir and init.from_hf")
-        self.gyms.validate()
-        return self
-
-
-# <|im_start|>assistant\n (+ <think>\n\n</think>\n\n): a generous bound on the generation header in any tokenizer
-HEADER_TOKENS = 16
-
-
-def context_budget(r) -> int:
-    """The tokens a recorded dialogue (agentrl) or policy-turn segment (simrl) may hold: rollout.max_context_tokens,
-    else rollout.row_len (a dialogue must fit its row), else 0 = unbounded. The runners never record more."""
-    return int(r.max_context_tokens or r.row_len or 0)
-
-
-def validate_context_budget(r, turn_tokens: int, turn_key: str, need, *, prompt_tokens: int = 0,
-                            prompt_key: str = "") -> None:
-    """row_len against the budget a dialogue really needs. The runners bound every recorded dialogue by
-    `context_budget(r)` (the agent turn is sampled only when prompt + its max tokens fit; what follows it is recorded
-    only while it fits), so rows of row_len >= that budget always hold it. The budget must leave room for one turn
-    of `turn_tokens` (+ the generation header) after the longest prompt (`prompt_tokens`, 0 = unknown), else
-    dialogues end with no turn to train on."""
-    need(not (r.row_len and r.max_context_tokens and r.row_len < r.max_context_tokens), "rollout.row_len",
-         f"must be >= rollout.max_context_tokens={r.max_context_tokens} (a whole dialogue fits one row)")
-    budget = context_budget(r)
-    if budget:
-        key = "rollout.max_context_tokens" if r.max_context_tokens else "rollout.row_len"
-        first = prompt_tokens + turn_tokens + HEADER_TOKENS
-        longest = f"a prompt of {prompt_key}={prompt_tokens} + " if prompt_tokens else ""
-        need(budget >= first, key, f"= {budget} leaves no room for a first turn: {longest}{turn_key}={turn_tokens} "
-             f"+ {HEADER_TOKENS} header tokens need {first}; raise {key} (or lower {turn_key})")
-
-
-def validate_engine_keys(r, need) -> None:
-    """The `rollout.engine*` keys of an RL stage's rollout config (AgentRLConfig's and SimRLConfig's)."""
-    need(isinstance(r.engine, bool), "rollout.engine", f"must be true or false, got {r.engine!r}")
-    for key, lo in (("engine_slots", 1), ("engine_page_size", 1), ("engine_pages", 0)):
-        v = getattr(r, key)
-        need(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"rollout.{key}",
-             f"must be an int >= {lo}, got {v!r}")
-    need(r.engine_pages != 1, "rollout.engine_pages", "must be 0 (sized from the rollout) or >= 2 (page 0 is the "
-         "engine's trash page)")
-    need(not (r.engine and r.max_batch), "rollout.max_batch", "must be 0 with rollout.engine=true (the engine's "
-         "rollout.engine_slots bound the batch; rollout.engine_pages the KV memory)")
-
-
 def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
     """The EngineConfig of `r` (an RL stage's rollout config) for `dialogues` dialogues in flight at once.
 
@@ -251,7 +86,7 @@ def engine_params(params):
 def load(path: str, overrides=()) -> AgentRLConfig:
     try:
         return config_lib.load_config(path, overrides, kind=AgentRLConfig)
-    except ValueError as e:  # RLConfig's own checks
+    except ValueError as e:  # a config class's own checks (not ConfigError)
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{path}: {e}") from None

@@ -46,158 +46,18 @@ import jax
 import numpy as np
 
 from mimesis_jax import config as config_lib
-from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
-                                TrainConfig)
+# the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the loop's callers
+from mimesis_jax.config.rl import (BEHAVIOUR, DomainMixConfig, RLConfig, SidesConfig, SimRLConfig,  # noqa: F401
+                                   SimRolloutConfig, SimValidationConfig, context_budget)
 from mimesis_jax.envs.base import EnvError
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.models.config import ConfigError
 from mimesis_jax.train import agent_rl_loop, rl_run
-from mimesis_jax.train.agent_rl import RLConfig
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
-BEHAVIOUR = "abcd_behaviour"
 
 
 # ------------------------------------------------------------------------------------------ config
-@dataclasses.dataclass(frozen=True)
-class SidesConfig:
-    """The fixed sides (spec syntax: rollout/specs.py; remote endpoints are asked as assistants)."""
-
-    judge: str = "toy-judge"  # toy-judge (rule-based ABCD judge, envs/toy.py) | tiny | HF dir | workdir | http URL
-    judge_model: str = ""
-    support_agent: str = "toy-agent"  # toy-agent (rule-based, envs/toy.py) | spec; "" = the judge's model
-    support_agent_model: str = ""
-    partner: str = ""  # multi-turn SOUL interlocutor; "" = the support agent's model
-    partner_model: str = ""
-    key_env: str = ""  # remote: env var holding the API key
-    max_tokens: int = 512
-
-
-@dataclasses.dataclass(frozen=True)
-class DomainMixConfig:
-    weights: tuple = ()  # ((domain, weight), ...): p(d) unnormalised; () = uniform over the 24 domains
-    sources: tuple = ()  # ((domain, record file), ...); a domain without one uses its shipped samples
-    behaviour: bool = True  # ablation: False never draws abcd_behaviour
-    neutral_share: float = 1.0 / 3.0  # ABCD: share of neutral customers (docs/reference/paper.md 3.4)
-    max_user_turns: int = 8  # ABCD: customer turns per dialogue
-    soul_max_turns: int = 0  # multi-turn SOUL tasks' policy turns; 0 = each task's own limit
-
-    def weight_map(self) -> dict[str, float]:
-        from mimesis_jax.envs.domains import default_weights
-
-        w = dict(default_weights()) if not self.weights else {str(k): float(v) for k, v in self.weights}
-        if not self.behaviour and BEHAVIOUR in w:
-            w[BEHAVIOUR] = 0.0
-        return w
-
-
-@dataclasses.dataclass(frozen=True)
-class SimRolloutConfig:
-    prompts_per_step: int = 64  # Table 7
-    group_size: int = 8  # Table 7: 64 x 8 = 512 rollouts per step
-    mini_batch_prompts: int = 16
-    max_tokens: int = 2048  # per simulator turn (thought + utterance)
-    # finish a rollout (env.finish) before a turn's prompt + max_tokens would pass this; 0 = rollout.row_len (a
-    # policy turn's segment must fit its row), both 0 = none
-    max_context_tokens: int = 0
-    temperature: float = 1.0
-    thinking: bool = True  # ablation: the simulator reasons before each turn (Table 7: on)
-    fold: bool = True  # FoldGRPO statistics over unique rollout ids; False = the naive per-segment ablation
-    row_len: int = 0  # packed row length; 0 = bucketed
-    min_valid_per_group: int = 2
-    env_workers: int = 16
-    max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
-    # The simulator samples through the rollout engine (rollout/engine.py) instead of the static sampler. Off by
-    # default: the engine runs on one device and compiles ~40 programs, which tiny CPU runs do not earn back; the
-    # paper configs turn it on. Same seeds -> the same tokens. Knobs as AgentRLConfig's rollout.engine_*.
-    engine: bool = False
-    engine_slots: int = 16  # decode slots (EngineConfig.slots)
-    engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
-    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = rollouts in flight x max context / page
-
-
-@dataclasses.dataclass(frozen=True)
-class SimValidationConfig:
-    every: int = 0  # steps between validations (0 = never)
-    sources: tuple = ()  # ((domain, held-out record file), ...); () = the weighted domains' shipped samples
-    max_records: int = 0  # per domain; 0 = all
-    temperature: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class SimRLConfig:
-    model: ModelConfig  # the simulator's architecture (Qwen3.5)
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    init: InitConfig = InitConfig()
-    sides: SidesConfig = SidesConfig()
-    domains: DomainMixConfig = DomainMixConfig()
-    rl: RLConfig = RLConfig(alpha=0.0)
-    rollout: SimRolloutConfig = SimRolloutConfig()
-    optimizer: OptimizerConfig = OptimizerConfig(lr=8e-6, schedule="constant", clip_norm=1.0)
-    train: TrainConfig = TrainConfig(steps=500)
-    mesh: MeshConfig = MeshConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig(every=10)
-    validation: SimValidationConfig = SimValidationConfig()
-    name: str = ""
-    stage: str = "simrl"
-
-    def replace(self, **kw) -> "SimRLConfig":
-        return dataclasses.replace(self, **kw)
-
-    def to_dict(self) -> dict:
-        return config_lib.to_dict(self)
-
-    def runtime_model(self) -> ModelConfig:
-        return self.model.replace(dtype=self.train.dtype, param_dtype="float32", remat=self.train.remat)
-
-    def updates_per_step(self) -> int:
-        return -(-self.rollout.prompts_per_step // self.rollout.mini_batch_prompts)
-
-    def validate(self) -> "SimRLConfig":
-        def need(ok, key, msg):
-            if not ok:
-                raise ConfigError(f"config key '{key}': {msg}")
-
-        r = self.rollout
-        need(r.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
-        need(r.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO normalises within a group)")
-        need(1 <= r.mini_batch_prompts <= r.prompts_per_step, "rollout.mini_batch_prompts",
-             f"must be in [1, rollout.prompts_per_step={r.prompts_per_step}]")
-        need(r.max_tokens >= 1, "rollout.max_tokens", "must be >= 1")
-        need(isinstance(r.max_batch, int) and not isinstance(r.max_batch, bool) and r.max_batch >= 0,
-             "rollout.max_batch", f"must be an int >= 0 (0 = all sequences in one sampler call), got {r.max_batch!r}")
-        need(r.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
-        agent_rl_loop.validate_context_budget(r, r.max_tokens, "rollout.max_tokens", need)
-        agent_rl_loop.validate_engine_keys(r, need)
-        need(r.temperature >= 0, "rollout.temperature", "must be >= 0")
-        need(2 <= r.min_valid_per_group <= r.group_size, "rollout.min_valid_per_group",
-             f"must be in [2, rollout.group_size={r.group_size}]")
-        sampling_t = r.temperature if r.temperature > 0 else 1.0
-        need(self.rl.temperature == sampling_t, "rl.temperature",
-             f"must equal the rollout's sampling temperature {sampling_t}")
-        need(self.rl.alpha == 0, "rl.alpha", "must be 0: the simulator stage has no coach (CSD is Stage II's)")
-        need(self.rl.credit == "equalized", "rl.credit", "must be equalized: every segment of a rollout gets the "
-             "rollout's FoldGRPO advantage (turn-level credits are Stage II options)")
-        d = self.domains
-        need(0.0 <= d.neutral_share <= 1.0, "domains.neutral_share", "must be in [0, 1]")
-        need(d.max_user_turns >= 1, "domains.max_user_turns", "must be >= 1")
-        need(d.soul_max_turns >= 0, "domains.soul_max_turns", "must be >= 0")
-        for key, pairs in (("domains.weights", d.weights), ("domains.sources", d.sources),
-                           ("validation.sources", self.validation.sources)):
-            for p in pairs:
-                need(isinstance(p, (tuple, list)) and len(p) == 2, key, f"entries must be (domain, value) pairs, "
-                     f"got {p!r}")
-        need(self.validation.every >= 0, "validation.every", "must be >= 0")
-        need(self.train.steps >= 1, "train.steps", "must be >= 1")
-        need(self.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
-        need(self.optimizer.lr > 0, "optimizer.lr", "must be > 0")
-        need(self.optimizer.warmup_steps <= self.train.steps * self.updates_per_step(), "optimizer.warmup_steps",
-             "counts optimizer updates and must be <= train.steps x updates per step")
-        need(not (self.init.from_workdir and self.init.from_hf), "init.from_hf",
-             "set at most one of init.from_workdir (mid-trained) and init.from_hf (pretrained)")
-        return self
-
-
 def load(path: str, overrides=()) -> SimRLConfig:
     try:
         return config_lib.load_config(path, overrides, kind=SimRLConfig)
@@ -208,6 +68,17 @@ def load(path: str, overrides=()) -> SimRLConfig:
 
 
 # ------------------------------------------------------------------------------------------ sides and records
+def domain_weights(d: DomainMixConfig) -> dict[str, float]:
+    """p(d), unnormalised: domains.weights, or uniform over the 24 domains when it is (); abcd_behaviour gets 0
+    with domains.behaviour=false (the ablation)."""
+    from mimesis_jax.envs.domains import default_weights
+
+    w = dict(default_weights()) if not d.weights else {str(k): float(v) for k, v in d.weights}
+    if not d.behaviour and BEHAVIOUR in w:
+        w[BEHAVIOUR] = 0.0
+    return w
+
+
 def build_sides(s: SidesConfig, trained_loader=None):
     """(SideModels, closers) from the config: toy-judge / toy-agent are the rule-based CPU sides (envs/toy.py)."""
     from mimesis_jax.envs.domains import SideModels
@@ -311,7 +182,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     log = rl_run.primary_log(log)
     tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
     cfg = cfg.validate()
-    weights = cfg.domains.weight_map()
+    weights = domain_weights(cfg.domains)
     records = _records(cfg.domains.sources, weights, "domains.sources")
     try:
         sampler = DomainSampler(weights, {d: len(v) for d, v in records.items()}, seed=cfg.train.seed)
@@ -384,7 +255,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
                 tasks.append(SimEpisodeTask(env, group_id=first_group + p, rollout_id=first_rid + p * group_size + k,
                                             domain=d, task={"domain": d, "record": i}))
         ec = SimEpisodeConfig(max_tokens=r.max_tokens, temperature=temperature, seed=seed,
-                              max_context_tokens=agent_rl_loop.context_budget(r) or None,
+                              max_context_tokens=context_budget(r) or None,
                               env_workers=r.env_workers)
         progress = TurnReporter(label) if cfg.train.progress_bar and jax.process_index() == 0 else None
         return run_sim_episodes(policy, tasks, ec, tokenizer=tok, progress=progress)

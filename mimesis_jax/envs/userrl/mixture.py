@@ -14,49 +14,16 @@ files' accidental sizes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from mimesis_jax.config.mixture import MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, MixtureConfig  # noqa: F401 (re-exported)
 from mimesis_jax.envs.base import INTERACT_TOOL, EnvError
 from mimesis_jax.envs.userrl.tasks import GYM_MODULES, Task, load_tasks, shipped_tasks
 
 log = logging.getLogger(__name__)
-
-USERRL_TRAIN_ROWS = {"TravelGym": 925, "TauGym": 500, "TurtleGym": 423, "PersuadeGym": 378, "FunctionGym": 200}
-MAX_PROMPT_TOKENS = 1152  # UserRL drops prompts of this many tokens or more
-
-
-@dataclasses.dataclass(frozen=True)
-class MixtureConfig:
-    sources: tuple[str, ...] = ("shipped:train",)  # task files/folders, shipped:train / shipped:test, or toy:N
-    weights: tuple[tuple[str, float], ...] = tuple(USERRL_TRAIN_ROWS.items())  # gym -> weight; () = by row count
-    gyms: tuple[str, ...] = ()  # keep only these gyms (() = every gym with weight > 0, or all when weights=())
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # drop prompts with at least this many tokens (0 = keep all)
-    max_turns: int = 16  # agent turns per episode (paper Table 13)
-
-    def weight_map(self) -> dict[str, float]:
-        return {g: float(w) for g, w in self.weights}
-
-    def validate(self) -> "MixtureConfig":
-        """Checks every key a `--set` can reach; errors name the key (config.load_config calls this)."""
-        from mimesis_jax.models.config import ConfigError
-
-        known = set(GYM_MODULES) | {"ToyKeyword"}
-        bad = sorted({g for g, _ in self.weights} - known) + sorted(set(self.gyms) - known)
-        if bad:
-            raise ConfigError(f"config key 'weights'/'gyms': unknown gyms {bad}; known: {sorted(known)}")
-        if any(float(w) < 0 for _, w in self.weights):
-            raise ConfigError(f"config key 'weights': weights must be >= 0, got {self.weights}")
-        if not self.sources:
-            raise ConfigError("config key 'sources': at least one task source is needed")
-        if self.max_prompt_tokens < 0:
-            raise ConfigError(f"config key 'max_prompt_tokens': must be >= 0, got {self.max_prompt_tokens}")
-        if self.max_turns < 1:
-            raise ConfigError(f"config key 'max_turns': must be >= 1, got {self.max_turns}")
-        return self
 
 
 def resolve_sources(sources: Sequence[str], gyms: Sequence[str] | None = None) -> list[Task]:

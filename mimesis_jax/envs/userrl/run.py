@@ -80,7 +80,9 @@ def retriever_from_args(args):
         return r.HTTPRetriever(args.retriever, api_key_env=args.retriever_key_env)
     if args.retriever.startswith("bm25:"):
         return r.BM25Retriever(args.retriever[len("bm25:"):])
-    raise SystemExit(f"--retriever {args.retriever!r}: expected bm25:CORPUS.jsonl or http(s)://URL")
+    from mimesis_jax.models.config import ConfigError
+
+    raise ConfigError(f"--retriever {args.retriever!r}: expected bm25:CORPUS.jsonl or http(s)://URL")
 
 
 def run(args, trained_loader=None) -> int:

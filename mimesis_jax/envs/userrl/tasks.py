@@ -16,20 +16,12 @@ import os
 import pathlib
 from typing import Any, Iterable
 
+from mimesis_jax.config.mixture import USERRL_GYMS
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.base import EnvError, register
 
 # UserRL env name -> module under mimesis_jax.envs.userrl (imported when a task of that gym is built)
-GYM_MODULES = {
-    "TravelGym": "travel",
-    "TurtleGym": "turtle",
-    "FunctionGym": "function",
-    "TauGym": "tau",
-    "PersuadeGym": "persuade",
-    "IntentionGym": "intention",
-    "TelepathyGym": "telepathy",
-    "SearchGym": "search",
-}
+GYM_MODULES = {name: name.removesuffix("Gym").lower() for name in USERRL_GYMS}  # TravelGym -> travel.py
 TRAIN_GYMS = ("TravelGym", "TurtleGym", "FunctionGym", "TauGym", "PersuadeGym")
 EVAL_ONLY_GYMS = ("IntentionGym", "TelepathyGym", "SearchGym")
 

@@ -1,6 +1,9 @@
-"""MIMESIS-9B joint multi-domain RL (paper §3.3, Eq 4, Table 7), starting from the ThoughtTrace-SFT simulator.
+"""MIMESIS joint multi-domain RL (paper §3.3, Eq 4, Table 7), starting from the ThoughtTrace-SFT simulator of the
+same size; variants 4b (default) and 9b, the backbone size (same recipe, same mesh, same memory settings).
 
-    python -m mimesis_jax simrl --config configs/mimesis_9b_simrl.py --workdir runs/mimesis_9b_simrl \
+    python -m mimesis_jax simrl --config configs/mimesis_simrl.py:4b --workdir runs/mimesis_4b_simrl \
+        --set sides.judge=https://judge.example/v1 sides.judge_model=<name> sides.key_env=JUDGE_API_KEY
+    python -m mimesis_jax simrl --config configs/mimesis_simrl.py:9b --workdir runs/mimesis_9b_simrl \
         --set sides.judge=https://judge.example/v1 sides.judge_model=<name> sides.key_env=JUDGE_API_KEY \
               domains.sources='(("abcd_behaviour","data/abcd/abcd_v1.1.json.gz"),
                                 ("hitom","data/soul/hitom_rl_train.parquet"))'
@@ -26,13 +29,13 @@ Ablations (Appendix C): --set init.from_workdir=... (mid-trained / SFT) vs init.
 rollout.thinking=false; domains.behaviour=false; domains.weights=...; rollout.fold=false (naive statistics).
 """
 
-from mimesis_jax.config import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
-                                TrainConfig, qwen3_5_model)
-from mimesis_jax.train.agent_rl import RLConfig
-from mimesis_jax.train.simulator_rl import DomainMixConfig, SidesConfig, SimRLConfig, SimRolloutConfig
+from mimesis_jax.config import (CheckpointConfig, DomainMixConfig, InitConfig, MeshConfig, OptimizerConfig, RLConfig,
+                                SidesConfig, SimRLConfig, SimRolloutConfig, TokenizerConfig, TrainConfig, qwen3_5_model)
+
+VARIANTS = ("4b", "9b")
 
 
-def paper_simrl(size: str) -> SimRLConfig:
+def get_config(size: str = "4b") -> SimRLConfig:
     return SimRLConfig(
         name=f"mimesis_{size}_simrl",
         model=qwen3_5_model(size).replace(attention_impl="blockwise"),
@@ -52,6 +55,3 @@ def paper_simrl(size: str) -> SimRLConfig:
         checkpoint=CheckpointConfig(every=10, keep=3, async_save=True),
     )
 
-
-def get_config() -> SimRLConfig:
-    return paper_simrl("9b")

@@ -1,7 +1,11 @@
-"""Stage II at paper scale, GRPO only (paper §4.1, Table 13): the Qwen3-8B agent trained against the frozen
-MIMESIS-9B simulator on UserRL's training mixture -- the UserRL+ baseline of Table 2.
+"""Stage II at paper scale (paper §4, Table 13): the Qwen3-8B agent trained against the frozen MIMESIS-9B simulator
+on UserRL's training mixture. Variants:
+* grpo (default): GRPO only (§4.1) -- the UserRL+ baseline of Table 2;
+* csd: GRPO + coached on-policy self-distillation (§4.2) -- alpha 0.01, beta 5.0 -- with the frozen simulator as
+  the coach (the documented coach prompt, algorithms/csd.py) and the fused teacher/student pass: the "CSD" row of
+  Table 2.
 
-    python -m mimesis_jax agentrl --config configs/qwen3_8b_agentrl_grpo.py --workdir runs/agent_grpo \\
+    python -m mimesis_jax agentrl --config configs/qwen3_8b_agentrl.py:grpo --workdir runs/agent_grpo \\
         --set init.from_hf=/models/Qwen3-8B users.simulator=http://sim-host:8000/v1 users.simulator_model=mimesis-9b \\
         --set gyms.sources='("/data/userrl/alltrain_multiturn/train.parquet",)'
 
@@ -23,27 +27,31 @@ Choices where the paper is silent (this project's):
   update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
 * the simulator is served (e.g. `serve --generation-role user` on the exported MIMESIS-9B, or vLLM) and also
   plays the gyms' judge and classifier; validation every 10 steps on the shipped evaluation tasks.
+The csd variant differs in rl.alpha (0.01) only:
+
+    python -m mimesis_jax agentrl --config configs/qwen3_8b_agentrl.py:csd --workdir runs/agent_csd \\
+        --set init.from_hf=/models/Qwen3-8B users.simulator=http://sim-host:8000/v1
 """
 
-from mimesis_jax.config import (CheckpointConfig, MeshConfig, OptimizerConfig, TokenizerConfig, TrainConfig,
-                                qwen3_model)
-from mimesis_jax.envs.userrl.mixture import MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, MixtureConfig
-from mimesis_jax.train.agent_rl import RLConfig
-from mimesis_jax.train.agent_rl_loop import AgentRLConfig, RolloutConfig, UserSideConfig, ValidationConfig
+from mimesis_jax.config import (MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, AgentRLConfig, CheckpointConfig, MeshConfig,
+                                MixtureConfig, OptimizerConfig, RLConfig, RolloutConfig, TokenizerConfig, TrainConfig,
+                                UserSideConfig, ValidationConfig, qwen3_model)
 
 PROMPT, RESPONSE = MAX_PROMPT_TOKENS, 8192
+VARIANTS = ("grpo", "csd")
+ALPHA = {"grpo": 0.0, "csd": 0.01}  # Eq 11's CSD weight: the only difference between the variants
 
 
-def get_config() -> AgentRLConfig:
+def get_config(variant: str = "grpo") -> AgentRLConfig:
     return AgentRLConfig(
-        name="qwen3_8b_agentrl_grpo",
+        name=f"qwen3_8b_agentrl_{variant}",
         model=qwen3_model("8b").replace(attention_impl="blockwise"),
         tokenizer=TokenizerConfig(name="qwen3"),
         users=UserSideConfig(simulator="http://127.0.0.1:8000/v1", simulator_model="mimesis-9b",
                              simulator_style="simulator", simulator_thinking=True, simulator_max_tokens=1024),
         gyms=MixtureConfig(sources=("shipped:train",), weights=tuple(USERRL_TRAIN_ROWS.items()),
                            max_prompt_tokens=PROMPT, max_turns=16),
-        rl=RLConfig(alpha=0.0, beta=5.0, gamma=0.8, eps_low=0.2, eps_high=0.2, loss_agg="token-mean",
+        rl=RLConfig(alpha=ALPHA[variant], beta=5.0, gamma=0.8, eps_low=0.2, eps_high=0.2, loss_agg="token-mean",
                     credit="equalized", score="sum", old_logprobs="recompute", num_microbatches=4),
         rollout=RolloutConfig(prompts_per_step=128, group_size=8, mini_batch_prompts=16, max_turns=16,
                               agent_max_tokens=2048, max_context_tokens=PROMPT + RESPONSE,
