@@ -176,7 +176,7 @@ def test_cli_agentrl_names_a_bad_task_file_before_any_model_work(files, tmp_path
 
     files["tasks"] = _write(tmp_path / "tasks.jsonl", ["", '{"prompt": [oops'])
     wd = tmp_path / "wd"
-    rc = main(["agentrl", "--config", os.path.join(REPO, "configs", "tiny_agentrl_grpo.py"), "--workdir", str(wd),
+    rc = main(["agentrl", "--config", os.path.join(REPO, "configs", "tiny_agentrl.py") + ":grpo", "--workdir", str(wd),
                "--set", f"gyms.sources=['{files[name]}']"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["error: config key 'gyms': " + reason.format(files[name])]
