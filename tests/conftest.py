@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 import gc  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -37,3 +38,25 @@ def _release_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+def _rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+_RSS_LOG = os.environ.get("MIMESIS_TEST_RSS_LOG")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """With MIMESIS_TEST_RSS_LOG=DIR, append each test's resident memory after teardown to DIR/<worker>.tsv."""
+    if not _RSS_LOG:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.makedirs(_RSS_LOG, exist_ok=True)
+    with open(os.path.join(_RSS_LOG, f"{worker}.tsv"), "a") as f:
+        f.write(f"{item.nodeid}\t{_rss_kib()}\t{time.time():.1f}\n")
