@@ -15,8 +15,9 @@ warmed up with one untimed pass of every mode, and hit by `openai` clients from 
 
 Every mode stops starting requests after --duration seconds (those not started are reported as `capped`); each
 request has a client timeout. Reported per backend and mode: requests sent / full answers / errors, req/s over the
-mode's wall time, p50 / p95 / p99 latency (drop: time to the first chunk), and the server's RSS (VmRSS, from
-/proc) before the load and after it. --json writes the same numbers for other tools (tests/test_bench_serve.py).
+mode's wall time, p50 / p95 / p99 latency (drop: time to the first chunk), the server's RSS (VmRSS, from
+/proc) before the load and after it, what /health says the server still holds once the load is over (active
+choices; the engine's KV pages), and the status an oversized prompt gets (plain and streamed; 400 expected). --json writes the same numbers for other tools (tests/test_bench_serve.py).
 Only 127.0.0.1 is used; the servers are stopped (SIGINT, then SIGKILL after 30 s) whatever happens.
 """
 
@@ -191,6 +192,44 @@ def timed_plain(url: str, max_tokens: int, seed: int) -> float:
         return one_request(client, "plain", seed, max_tokens)["latency_s"]
 
 
+def held_after_load(url: str, timeout_s: float = 30.0) -> dict:
+    """Poll /health until the server holds nothing (no active choice, no KV page) or `timeout_s` passes; its last
+    answer and how long it took (a cancelled generation is released when its decode burst returns)."""
+    import urllib.request
+
+    base = url[: -len("/v1")] if url.endswith("/v1") else url
+    t0 = time.perf_counter()
+    while True:
+        with urllib.request.urlopen(base + "/health", timeout=30) as r:
+            held = json.loads(r.read())
+        idle = held.get("active_choices", 0) == 0 and held.get("pages_in_use", 0) == 0
+        if idle or time.perf_counter() - t0 > timeout_s:
+            return {**held, "idle_after_s": time.perf_counter() - t0}
+        time.sleep(0.05)
+
+
+def oversized(url: str, max_tokens: int) -> dict:
+    """A plain and a streamed request whose prompt alone is longer than any tiny model's context: each must be
+    refused with 400 before any work (a stream before its first byte). {mode: status code or error text}."""
+    import openai
+
+    big = [{"role": "user", "content": "hello " * 20000}]
+    out = {}
+    with openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120.0) as client:
+        for mode in ("plain", "stream"):
+            try:
+                r = client.chat.completions.create(model="tiny", messages=big, max_tokens=max_tokens,
+                                                   stream=mode == "stream")
+                if mode == "stream":
+                    list(r)
+                out[mode] = "answered"
+            except openai.APIStatusError as e:
+                out[mode] = e.status_code
+            except Exception as e:  # noqa: BLE001 -- reported
+                out[mode] = f"{type(e).__name__}: {e}"
+    return out
+
+
 BACKENDS = {"default": [], "engine": ["--engine", "--engine-slots", "16", "--engine-page-size", "16",
                                       "--engine-max-len", "512", "--engine-warmup"]}
 
@@ -224,11 +263,14 @@ def bench_backend(name: str, checkpoint: str, args) -> dict:
             mt = args.drop_max_tokens if mode == "drop" else args.max_tokens
             modes[mode] = run_mode(server.url, mode, args.n, args.concurrency, args.duration, mt, (i + 1) * 10**4)
         after_drop = timed_plain(server.url, args.max_tokens, 99)
+        held = held_after_load(server.url)
+        big = oversized(server.url, args.max_tokens)
         rss_after = rss_mb(server.pid)
     finally:
         server.stop()
     return {"backend": name, "modes": modes, "warmup_s": warmup_s, "baseline_s": baseline, "after_drop_s": after_drop,
-            "after_drop_ratio": after_drop / baseline, "rss_before_mb": rss_before, "rss_after_mb": rss_after}
+            "after_drop_ratio": after_drop / baseline, "rss_before_mb": rss_before, "rss_after_mb": rss_after,
+            "held_after": held, "oversized": big}
 
 
 def report(results: list[dict]) -> str:
@@ -245,6 +287,11 @@ def report(results: list[dict]) -> str:
                     f"{b['rss_after_mb']:.0f} MiB after; a plain request {1e3 * b['baseline_s']:.1f} ms before, "
                     f"{1e3 * b['after_drop_s']:.1f} ms right after the dropped streams "
                     f"(ratio {b['after_drop_ratio']:.2f})")
+        h = b["held_after"]
+        rows.append(f"{b['backend']}: after the load it holds {h.get('active_choices')} choices"
+                    + (f", {h['pages_in_use']} KV pages" if "pages_in_use" in h else "")
+                    + f" ({h['idle_after_s']:.2f} s after the last request); an oversized prompt gets "
+                    f"{b['oversized']['plain']} (plain), {b['oversized']['stream']} (stream)")
         for m in b["modes"].values():
             for e in m["error_samples"]:
                 rows.append(f"{b['backend']} {m['mode']} error: {e}")

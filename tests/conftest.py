@@ -40,12 +40,15 @@ def _release_compiled_programs():
     gc.collect()
 
 
-def _rss_kib():
+def _status_kib(*keys):
+    """VmRSS (resident now) and VmHWM (the process's peak so far: a test that raises it spiked inside) in KiB."""
+    out = dict.fromkeys(keys, 0)
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+            key = line.split(":")[0]
+            if key in out:
+                out[key] = int(line.split()[1])
+    return [out[k] for k in keys]
 
 
 _RSS_LOG = os.environ.get("MIMESIS_TEST_RSS_LOG")
@@ -53,10 +56,11 @@ _RSS_LOG = os.environ.get("MIMESIS_TEST_RSS_LOG")
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """With MIMESIS_TEST_RSS_LOG=DIR, append each test's resident memory after teardown to DIR/<worker>.tsv."""
+    """With MIMESIS_TEST_RSS_LOG=DIR, append each test's RSS, end time and peak RSS so far to DIR/<worker>.tsv."""
     if not _RSS_LOG:
         return
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     os.makedirs(_RSS_LOG, exist_ok=True)
     with open(os.path.join(_RSS_LOG, f"{worker}.tsv"), "a") as f:
-        f.write(f"{item.nodeid}\t{_rss_kib()}\t{time.time():.1f}\n")
+        rss, hwm = _status_kib("VmRSS", "VmHWM")
+        f.write(f"{item.nodeid}\t{rss}\t{time.time():.1f}\t{hwm}\n")

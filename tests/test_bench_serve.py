@@ -1,7 +1,8 @@
 """benchmarks/bench_serve.py at a small size: both backends of `serve` (a subprocess on 127.0.0.1) take 20
 concurrent plain, streamed and dropped requests with no error, every request that was not dropped gets a full
 answer, and 20 clients that close their streams mid-way do not hold up the next request: its latency stays within
-a bound of a plain request's, timed on the same server before the load (a ratio, not an absolute time)."""
+a bound of a plain request's, timed on the same server before the load (a ratio, not an absolute time). After the
+load the server holds no choice and no KV page, its RSS stays within a bound, and an oversized prompt gets 400."""
 
 import importlib.util
 import json
@@ -15,6 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # busy for 128 decode steps before the next request's 16, i.e. several times a lone request's latency; a server
 # that cancels them lets the next request start within a burst or two.
 MAX_AFTER_DROP_RATIO = 5.0
+# allocator noise on a ~0.5 GB server: a leak of a request's worth per request (60 requests) would exceed it
+RSS_GROWTH, RSS_SLACK_MB = 1.2, 64.0
 
 
 def _bench():
@@ -45,5 +48,12 @@ def test_bounded_load_on_both_backends(tmp_path, capsys):
                 assert m["full"] == 20, (name, mode, m)
             assert m["p50_s"] <= m["p95_s"] <= m["p99_s"]
         assert b["after_drop_ratio"] <= MAX_AFTER_DROP_RATIO, (name, b["baseline_s"], b["after_drop_s"])
-        assert b["rss_before_mb"] > 0 and b["rss_after_mb"] > 0
+        # no leak: the server holds nothing once the load is over, and its memory stays within a bound of what it
+        # had after the warm-up pass (which already ran every mode once: the timed pass allocates nothing new)
+        assert b["held_after"]["active_choices"] == 0, (name, b["held_after"])
+        if name == "engine":
+            assert b["held_after"]["pages_in_use"] == 0, b["held_after"]
+        assert b["rss_after_mb"] <= RSS_GROWTH * b["rss_before_mb"] + RSS_SLACK_MB, (name, b["rss_before_mb"],
+                                                                                     b["rss_after_mb"])
+        assert b["oversized"] == {"plain": 400, "stream": 400}, (name, b["oversized"])
         assert f"{name}: warm-up" in printed

@@ -61,7 +61,7 @@ def test_models_and_health(server):
     with urllib.request.urlopen(server.url + "/models", timeout=10) as r:
         assert json.loads(r.read())["data"][0]["id"] == "tiny-sim"
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=10) as r:
-        assert json.loads(r.read()) == {"status": "ok"}
+        assert json.loads(r.read()) == {"status": "ok", "active_choices": 0}
 
 
 def test_completion_equals_the_local_model(server):
@@ -591,7 +591,7 @@ def test_api_keys_are_required_and_any_configured_key_works(guarded):
     status, _, err = _raw(guarded.url, json.dumps({"messages": short}).encode())  # no Authorization header
     assert status == 401 and err["error"]["type"] == "invalid_request_error" and err["error"]["param"] is None
     with urllib.request.urlopen(f"http://127.0.0.1:{guarded.port}/health", timeout=10) as r:  # open
-        assert json.loads(r.read()) == {"status": "ok"}
+        assert json.loads(r.read()) == {"status": "ok", "active_choices": 0}
 
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_400_before_any_work(guarded):
@@ -758,8 +758,8 @@ def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(che
             client.chat.completions.create(**kw)
         assert e.value.status_code == 503
         monkeypatch.setattr(eng, "_new_pools", new_pools)
-        with urllib.request.urlopen(health, timeout=10) as r:  # looking rebuilds it
-            assert json.loads(r.read()) == {"status": "ok"}
+        with urllib.request.urlopen(health, timeout=10) as r:  # looking rebuilds it; the failed call's pages are back
+            assert json.loads(r.read()) == {"status": "ok", "active_choices": 0, "pages_in_use": 0}
         assert client.chat.completions.create(**kw).choices[0].token_ids == want
     finally:
         srv.stop()

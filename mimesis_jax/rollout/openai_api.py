@@ -463,7 +463,9 @@ def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 327
         why = backend.health() if hasattr(backend, "health") else None
         if why:
             return JSONResponse({"status": "unhealthy", "error": why}, status_code=503)
-        return {"status": "ok"}
+        # what is held right now: choices queued or generating, and the backend's own (the engine's KV pages)
+        held = backend.held() if hasattr(backend, "held") else {}
+        return {"status": "ok", "active_choices": active["choices"], **held}
 
     @app.get("/v1/models")
     @app.get("/models")

@@ -221,6 +221,10 @@ class StreamingEngineBackend:
                   (int(self.model.config.max_position_embeddings), "the model's max_position_embeddings")]
         return min(limits, key=lambda x: x[0])
 
+    def held(self) -> dict:
+        """What the engine holds now (/health reports it): KV pages out of the pool, 0 when no request is live."""
+        return {"pages_in_use": self.loop.engine.pages_in_use()}
+
     def health(self):
         """None, or why the engine cannot serve (each look tries to rebuild its pool first)."""
         from mimesis_jax.rollout.engine import EngineError
