@@ -44,7 +44,7 @@ import optax  # noqa: E402
 from mimesis_jax import models  # noqa: E402
 from mimesis_jax.algorithms.rl_batch import bucket, pack_trajectories  # noqa: E402
 from mimesis_jax.models.config import ModelConfig  # noqa: E402
-from mimesis_jax.rollout.trajectory import Segment, Trajectory  # noqa: E402
+from mimesis_jax.data.trajectory import Segment, Trajectory  # noqa: E402
 from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch  # noqa: E402
 
 

@@ -27,7 +27,7 @@ if ROOT not in sys.path:
 
 from mimesis_jax.envs import abcd, abcd_env  # noqa: E402
 from mimesis_jax.envs.behaviour import BEHAVIOURS  # noqa: E402
-from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes  # noqa: E402
+from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes  # noqa: E402
 
 SCRIPTED_B4 = (  # a customer who keeps asking for what the agent has said policy does not allow
     "<think>\nI want a full cash refund, not store credit. Push for it.\n</think>\n\nThe jacket is the wrong colour. "
@@ -64,7 +64,7 @@ def _side(spec: str, model_name: str, role: str):
 def _policy(spec: str, max_tokens: int):
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.episode import ScriptedAgent
+    from mimesis_jax.episodes.agent import ScriptedAgent
 
     if spec == "scripted":
         return ScriptedAgent(load_tokenizer("tiny"), list(SCRIPTED_B4))

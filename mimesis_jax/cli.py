@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     from mimesis_jax.rollout import serve
 
     serve.add_args(sub.add_parser("serve", help="serve a local model on an OpenAI-compatible /v1/chat/completions"))
-    from mimesis_jax.envs.userrl import run as gym_run
+    from mimesis_jax.episodes import rollout_cmd as gym_run
 
     gym_run.add_args(sub.add_parser("rollout", help="run episodes of the UserRL gyms; trajectories to JSONL"))
     import importlib
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
 
             return serve.run(args, trained_loader=load_trained)
         if args.command == "rollout":
-            from mimesis_jax.envs.userrl import run as gym_run
+            from mimesis_jax.episodes import rollout_cmd as gym_run
             from mimesis_jax.train.export import load_trained
 
             return gym_run.run(args, trained_loader=load_trained)

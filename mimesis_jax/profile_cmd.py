@@ -153,7 +153,7 @@ def _key_sum(positions: np.ndarray, real: np.ndarray) -> float:
 def synthetic_dialogues(rng: np.random.RandomState, vocab: int, n: int, group_size: int, turns: int, *, prompt: int,
                         user: int, note: int, reply: int, coached: bool) -> list:
     """n dialogues (groups of group_size) of fixed lengths, random ids and rewards, rollout log-probs in [-3, 0]."""
-    from mimesis_jax.rollout.trajectory import Segment, Trajectory
+    from mimesis_jax.data.trajectory import Segment, Trajectory
 
     def toks(k):
         return rng.randint(1, vocab, size=k).tolist()

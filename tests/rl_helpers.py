@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.data.trajectory import Segment, Trajectory
 
 
 def tiny_config(**kw) -> ModelConfig:

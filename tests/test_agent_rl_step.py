@@ -162,7 +162,7 @@ def test_episode_runner_to_coached_update():
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.envs import SecretWordEnv, tool_call_text
     from mimesis_jax.rollout.base import ScriptedChatModel
-    from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+    from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
     tok = load_tokenizer("tiny")
     cfg = tiny_config(vocab_size=1024)

@@ -14,7 +14,7 @@ from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
 from mimesis_jax.models import hidden_states
 from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch, rl_loss
 
 CFG = tiny_config()

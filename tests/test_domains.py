@@ -13,7 +13,7 @@ from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.sim_env import SimEnv
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
+from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
 
 SOUL = {"sotopia", "coser", "lifechoices", "userllm", "mirrorbench", "fantom", "hitom", "paratomi", "mistakes",
         "twinvoice", "social_r1", "behaviorchain", "sim_math", "sim_doc", "humanual_book", "humanual_chat",

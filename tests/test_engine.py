@@ -333,7 +333,7 @@ def test_episode_runner_with_engine_agent_and_simulator_matches_local_models():
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.rollout.endpoints import LocalChatModel
     from mimesis_jax.rollout.engine import EngineChatModel
-    from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
+    from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
     from test_episode import ChattyEnv, _task
 
     tok = load_tokenizer("tiny")

@@ -11,7 +11,7 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import INTERACT_TOOL, SecretWordEnv, parse_tool_call, tool_call_text
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 MARKER = "Zebrafinch"  # appears only in the simulator's private thoughts
 THOUGHT = f"The secret is banana but I will only hint. {MARKER} {MARKER}."

@@ -18,7 +18,7 @@ from mimesis_jax.envs.base import EnvError
 from mimesis_jax.envs.userrl import DATA_DIR
 from mimesis_jax.eval import agent as ev
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.episode import ScriptedAgent
+from mimesis_jax.episodes.agent import ScriptedAgent
 
 GYMS = ["FunctionGym", "TurtleGym"]
 BASE_ARGS = ["--agent", "A=tiny", "--agent", "B=tiny", "--user", "U1=tiny", "--user", "U2=tiny",

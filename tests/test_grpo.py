@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mimesis_jax.algorithms import grpo
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.data.trajectory import Segment, Trajectory
 
 
 # ------------------------------------------------------------------ references, written from the formulas

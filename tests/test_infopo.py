@@ -17,7 +17,7 @@ from mimesis_jax.algorithms import infopo
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.rollout.base import SimulatorAsResponder
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train import agent_rl_loop as L
 from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
 

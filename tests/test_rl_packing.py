@@ -207,7 +207,7 @@ def test_temperature_is_log_softmax_of_the_scaled_logits():
 def test_trailing_loss_free_tokens_past_row_len_are_dropped():
     """A trajectory longer than row_len keeps its first row_len tokens when its last agent token ends within them
     (what follows carries no loss: causal attention); an agent token past row_len is still an error."""
-    from mimesis_jax.rollout.trajectory import Segment, Trajectory
+    from mimesis_jax.data.trajectory import Segment, Trajectory
     tr = Trajectory([Segment("public", [11, 12, 13, 14, 15]), Segment("agent", [21, 22, 23], [-0.5, -0.25, -1.0]),
                      Segment("public", [31, 32, 33, 34, 35, 36])], [1.0])
     short = Trajectory([Segment("public", [41, 42]), Segment("agent", [51], [-2.0])], [0.0])

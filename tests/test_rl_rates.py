@@ -10,9 +10,9 @@ from mimesis_jax.algorithms import grpo
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import SecretWordEnv, tool_call_text
 from mimesis_jax.envs.userrl import scoring
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
-from mimesis_jax.rollout.sim_episode import SimRollout
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.simulator import SimRollout
+from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train import agent_rl_loop, rl_run, simulator_rl
 from mimesis_jax.train.metrics import MetricsLogger
 

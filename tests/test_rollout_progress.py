@@ -8,9 +8,9 @@ import pytest
 from mimesis_jax.data.chat import generation_prompt
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import SecretWordEnv, tool_call_text
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
-from mimesis_jax.rollout.progress import TurnProgress, TurnReporter
-from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.progress import TurnProgress, TurnReporter
+from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
 from test_sim_episode import EchoEnv
 
 

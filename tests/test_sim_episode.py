@@ -12,8 +12,8 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs.base import InvalidEpisode
 from mimesis_jax.envs.sim_env import SimEnv, SimTurn
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout.episode import ScriptedAgent
-from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
+from mimesis_jax.episodes.agent import ScriptedAgent
+from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
 
 
 @pytest.fixture(scope="module")

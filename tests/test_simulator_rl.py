@@ -17,8 +17,8 @@ from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout.base import ChatResponse
-from mimesis_jax.rollout.sim_episode import SimRollout
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.episodes.simulator import SimRollout
+from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train import simulator_rl as S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

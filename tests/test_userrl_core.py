@@ -19,8 +19,8 @@ from mimesis_jax.envs.model_io import fill, parse_json_object
 from mimesis_jax.envs.userrl.common import UserRLEnv
 from mimesis_jax.envs.userrl.tasks import GYM_MODULES, Task, load_tasks, task_from_row
 from mimesis_jax.rollout.base import ScriptedChatModel, SimulatorAsResponder
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
-from mimesis_jax.rollout.trajectory import Trajectory
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.data.trajectory import Trajectory
 
 SYSTEM = "You interact with an environment through interact_with_env."
 

@@ -16,7 +16,7 @@ from mimesis_jax.envs.userrl.common import load_prompts
 from mimesis_jax.envs.userrl import function as fn
 from mimesis_jax.envs.userrl.function import FunctionGym, load_functions
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 RESET, INVALID, NO_NUMBERS, NOT_FOUR = fn.FB_RESET, fn.FB_INVALID, fn.FB_NO_NUMBERS, fn.FB_NOT_FOUR
 TEST_CASE, CALC_ERROR, SEARCH_ONLY = fn.FB_TEST_CASE, fn.FB_CALC_ERROR, fn.FB_SEARCH_ONLY_TEST

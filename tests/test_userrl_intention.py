@@ -12,7 +12,7 @@ from mimesis_jax.envs.userrl import make_env, shipped_tasks
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.intention import IntentionEnv
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 BASE = {3: 1.0, 2: 0.7, 1: 0.4}
 

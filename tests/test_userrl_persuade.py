@@ -12,7 +12,7 @@ from mimesis_jax.envs.userrl import load_tasks, make_env, shipped_tasks
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.persuade import PersuadeEnv
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 SCALE = ["Strongly Agree", "Agree", "Partly Agree", "Neutral", "Partly Disagree", "Disagree", "Strongly Disagree"]
 STATEMENT = {"id": "T1", "claim": "Cats are better than dogs", "argument": "Cats are quiet and independent."}

@@ -11,10 +11,10 @@ import pytest
 
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.envs.userrl import GYM_MODULES, shipped_tasks
-from mimesis_jax.envs.userrl.episodes import episode_tasks, trajectory_record
+from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
 from mimesis_jax.rollout.base import ScriptedChatModel
 from mimesis_jax.rollout.endpoints import LocalChatModel
-from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.rollout.specs import _tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ from mimesis_jax.envs.base import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import travel as tv
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 DATA = pathlib.Path(userrl.DATA_DIR)
 TRAIN = userrl.shipped_tasks("train", ["TravelGym"])

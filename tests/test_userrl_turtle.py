@@ -12,7 +12,7 @@ from mimesis_jax.envs.userrl import DATA_DIR, make_env, shipped_tasks, turtle
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.envs.userrl.turtle import TurtleGym, load_stories
 from mimesis_jax.rollout.base import ScriptedChatModel
-from mimesis_jax.rollout.episode import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
+from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 STORIES = json.loads((DATA_DIR / "all_stories_refined.json").read_text())
 REFUSAL = "As an AI language model, I cannot pretend to be a riddle host."

@@ -5,7 +5,7 @@ Pieces, each named after what it computes:
 * Eq 7, the coach: `build_coach_prompt` (the documented template below) and `coach_notes` /
   `coach_notes_batch`, which ask any `ChatModel` for one hindsight note per agent turn; `coach_note_message` +
   `add_coach_notes` turn a note into a coach segment placed before the turn's assistant header
-  (rollout/trajectory.py placement rule).
+  (data/trajectory.py placement rule).
 * Eq 8 `csd_delta`, Eq 9 `csd_weights`, Eq 10 `csd_loss`, Eq 11 `combined_loss`.
 * The scoring passes over a packed batch (algorithms/rl_batch.py):
   `fused_logprobs` -- ONE pass through the layers: the trunk (student sequences, with gradient) and one
@@ -44,7 +44,7 @@ from mimesis_jax.models.config import ModelConfig
 
 if TYPE_CHECKING:  # annotations only; rollout.endpoints is imported where the coach is called
     from mimesis_jax.rollout.base import ChatModel, Message
-    from mimesis_jax.rollout.trajectory import Trajectory
+    from mimesis_jax.data.trajectory import Trajectory
 
 # ------------------------------------------------------------------------------------- Eq 7: the coach
 COACH_SYSTEM = (

@@ -187,7 +187,7 @@ def turn_advantages(turn_rewards: Sequence[Sequence[float]], group_ids, rollout_
 def trajectory_turn_advantages(trajectories, *, credit: str = "equalized", score: str = "sum",
                                gamma: float = 0.8, eps: float = 1e-6, divide_std: bool = True,
                                fold: bool = False) -> list[np.ndarray]:
-    """`turn_advantages` from `rollout.trajectory.Trajectory` objects (their turn_rewards, group_id, rollout_id).
+    """`turn_advantages` from `data.trajectory.Trajectory` objects (their turn_rewards, group_id, rollout_id).
 
     An invalid trajectory (simulator refusal, endpoint failure) is an error here: the caller must drop it
     and report it apart (docs/reference/metrics.md) -- it is not a zero score.

@@ -7,7 +7,7 @@ The paper gives that one sentence and no formula. This module fixes the definiti
 **Feedback.** Take the student view of a trajectory (every non-coach segment; a CSD coach note never enters the
 IG) with agent turns y_0 .. y_{n-1}. For t < n - 1 the feedback f_t of turn t is every token after y_t and before
 the assistant header of turn t + 1 (the public segment right before y_{t+1}). For trajectories of the episode runner
-(rollout/episode.py) that is the closing of turn t (``\\n``, or ``<|im_end|>\\n`` after a truncated reply), the tool
+(episodes/agent.py) that is the closing of turn t (``\\n``, or ``<|im_end|>\\n`` after a truncated reply), the tool
 response (environment feedback + reward) and, when the user was addressed, the user's utterance turn.
 
 **Information gain of turn t** (per-token mean; InfoPO's choice, so turns of different lengths are comparable):
@@ -57,7 +57,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mimesis_jax.algorithms import grpo
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.data.trajectory import Segment, Trajectory
 
 PLACEHOLDER_TEXT = "(the feedback to this turn is hidden)"
 

@@ -1,6 +1,6 @@
 """Host-side (NumPy) packing of sampled dialogues into the fixed-shape arrays of the GRPO(+CSD) step.
 
-A list of `rollout.trajectory.Trajectory` becomes one `PackedRL`:
+A list of `data.trajectory.Trajectory` becomes one `PackedRL`:
 
 * **trunk rows** [B, T]: the student sequences (every non-coach segment), one or more trajectories per row,
   each its own segment id (1, 2, ...; 0 = padding) with positions restarting at 0;

@@ -79,7 +79,7 @@ class RolloutSection:
     group_size: int = 8  # dialogues per task (paper Tables 7 and 13)
     mini_batch_prompts: int = 16  # tasks (whole groups) per optimizer update (UserRL mini-batch 16)
     # a dialogue ends (status ok) before a policy turn would pass this, and what follows a turn is recorded only
-    # while it fits (episode.py, sim_episode.py): the recorded dialogue never passes it. 0 = rollout.row_len; both
+    # while it fits (episodes/agent.py, episodes/simulator.py): the recorded dialogue never passes it. 0 = rollout.row_len; both
     # 0 = no limit
     max_context_tokens: int = 0
     temperature: float = 1.0  # policy sampling temperature in training (Tables 7 and 13)

@@ -9,7 +9,7 @@ The agent acts through ONE tool, `interact_with_env(choice, content)` with choic
 the environment receives `format_action(choice, content)` = "[choice] content" and the tool returns
 `tool_feedback(feedback, reward)` = feedback + "\\nReward: {reward}" to the agent.
 
-Hooks the episode runner (rollout/episode.py) uses, with defaults in `Env`:
+Hooks the episode runner (episodes/agent.py) uses, with defaults in `Env`:
 * `invalid_action(reason)` -- the answer to a malformed tool call (no call, bad JSON, unknown choice): the
   env's invalid-action feedback, reward 0, the episode continues. Gyms that answer invalid input themselves can
   override it to route through `step`.

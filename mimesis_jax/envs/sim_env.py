@@ -20,7 +20,7 @@ the judges -- are fixed `ChatModel`s the environment calls itself. One protocol 
 * ``utterance=None`` means the policy produced no public reply (e.g. it never closed its thought): that is the
   policy's own failure, so the env scores it like any other bad reply (most return reward 0 and finish).
 
-Each policy turn becomes one training segment with its own context (rollout/sim_episode.py); all segments of a
+Each policy turn becomes one training segment with its own context (episodes/simulator.py); all segments of a
 rollout share its rollout id, so FoldGRPO (`grpo.group_advantages(..., fold=True)`) counts the rollout once.
 """
 

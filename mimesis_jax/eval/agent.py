@@ -5,8 +5,8 @@
         --user-key-env gpt=OPENAI_API_KEY --seeds 3 --out runs/evalagent
 
 Every cell (agent, user, gym, seed) runs each task of the gym once, agent at temperature 0 (pass@1), as Eq 2
-episodes (agent <-> gym <-> user) through the runner of the `rollout` command (envs/userrl/episodes.episode_tasks
-+ rollout/episode.run_episodes). A user spec is wrapped as `rollout` and agent RL wrap it
+episodes (agent <-> gym <-> user) through the runner of the `rollout` command (episodes/userrl.episode_tasks
++ episodes/agent.run_episodes). A user spec is wrapped as `rollout` and agent RL wrap it
 (rollout/specs.user_and_judge): a local MIMESIS simulator writes `user` turns in its own framing
 (SimulatorAsResponder), a remote model is asked as an assistant. The gym's judge is `--judge` when given (one judge
 for every user), else each user's model asked as an assistant.
@@ -197,8 +197,8 @@ def _run_pair(agent, user, judge, a: str, u: str, pending: Sequence[tuple[str, i
               retriever, out_dir: str, cells: dict, log) -> None:
     """Runs the pending (gym, seed) cells of one agent and one user, seed by seed, `config.batch` episodes per
     runner call; each cell is written (and added to `cells`) as soon as its last episode ends."""
-    from mimesis_jax.envs.userrl.episodes import episode_tasks
-    from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
+    from mimesis_jax.episodes.userrl import episode_tasks
+    from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 
     for seed, group in itertools.groupby(pending, key=lambda c: c[1]):
         gyms = [g for g, _ in group]
@@ -513,7 +513,7 @@ def load_gym_tasks(gyms: Sequence[str], sources: Sequence[str] | None, split: st
 
 
 def run(args, trained_loader=None) -> int:
-    from mimesis_jax.envs.userrl.run import retriever_from_args
+    from mimesis_jax.episodes.rollout_cmd import retriever_from_args
     from mimesis_jax.models.config import ConfigError
 
     t0 = time.perf_counter()

@@ -4,7 +4,7 @@ mean +/- standard error over evaluation seeds.
 `evaluate` runs the simulator the way Stage I's joint RL does (train/simulator_rl.py): the simulator is the
 token-level policy (a `LocalChatModel`), each task record becomes an environment through
 `envs.domains.make_domain_env` (judge / partner sides from `SideModels`), and all of a seed's episodes go through
-`rollout.sim_episode.run_sim_episodes`, at temperature 0. A seed k sets the sampler seed (``SimEpisodeConfig.seed
+`episodes.simulator.run_sim_episodes`, at temperature 0. A seed k sets the sampler seed (``SimEpisodeConfig.seed
 = k``) and every environment's seed (``SeedSequence([k, task index, record index])``). Per task and seed the score
 is 100 x the mean reward r_d (Eq 4) over the VALID rollouts; invalid rollouts (a judge or partner that failed or
 answered unreadably twice) are counted apart (``n_invalid``), never scored 0. A task with no valid rollout at a
@@ -120,7 +120,7 @@ def evaluate(policy, records: Mapping[str, Sequence[dict]], sides, seeds: Sequen
     (`domains.domain(task).load` / `.samples`); sides: `envs.domains.SideModels`; max_turns caps multi-turn
     tasks' policy turns (None: each task's own)."""
     from mimesis_jax.envs.domains import domain, make_domain_env
-    from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
+    from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
 
     names = list(records)
     check_sides(names, sides)

@@ -271,10 +271,10 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     from mimesis_jax.algorithms import csd, grpo, infopo
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.envs.userrl import scoring
-    from mimesis_jax.envs.userrl.episodes import episode_tasks
+    from mimesis_jax.episodes.userrl import episode_tasks
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
-    from mimesis_jax.rollout.progress import TurnReporter
+    from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
+    from mimesis_jax.episodes.progress import TurnReporter
     from mimesis_jax.train.loop import _StopFlag
     from mimesis_jax.train.metrics import MetricsLogger
 

@@ -156,7 +156,7 @@ def _mean(xs) -> float:
 def fold_advantages(rollouts, *, fold: bool = True, eps: float = 1e-6, divide_std: bool = True):
     """(segments, per-segment advantage lists) of the valid rollouts (FoldGRPO, docs/reference/paper.md 3.3)."""
     from mimesis_jax.algorithms import grpo
-    from mimesis_jax.rollout.sim_episode import fold_inputs
+    from mimesis_jax.episodes.simulator import fold_inputs
 
     segs, scores, gids, rids = fold_inputs(rollouts)
     if not segs:
@@ -173,8 +173,8 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.envs.domains import DomainSampler, make_domain_env
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.progress import TurnReporter
-    from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
+    from mimesis_jax.episodes.progress import TurnReporter
+    from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
     from mimesis_jax.train.loop import _StopFlag
     from mimesis_jax.train.metrics import MetricsLogger
 

@@ -1,4 +1,4 @@
-"""Per-round progress of an episode batch (rollout/episode.py, rollout/sim_episode.py), on stderr.
+"""Per-round progress of an episode batch (episodes/agent.py, episodes/simulator.py), on stderr.
 
 A batch of dialogues can run for minutes with no other output (every round is one sampler call over all live
 dialogues), so the runners accept ``progress=``: a callable given a `TurnProgress` after each round.

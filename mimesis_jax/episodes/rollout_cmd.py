@@ -9,7 +9,7 @@ JSONL, a per-gym summary to stdout.
 Tasks come from `--tasks` files/folders (UserRL's parquet or this project's JSONL) or the shipped split; `--n`
 episodes are drawn from them by the mixture sampler (gym weights: UserRL's training row counts for the training
 split, task counts otherwise), each repeated `--group` times. The judge defaults to the user's model asked as an
-assistant. One JSON record per episode (envs/userrl/episodes.py: token-exact segments, rewards, step info,
+assistant. One JSON record per episode (episodes/userrl.py: token-exact segments, rewards, step info,
 invalid reasons, both UserRL scores). Invalid episodes are counted apart, never averaged as zeros.
 """
 
@@ -91,9 +91,9 @@ def run(args, trained_loader=None) -> int:
     from mimesis_jax.envs.base import EnvError
     from mimesis_jax.models.config import ConfigError
     from mimesis_jax.envs.userrl import mixture, scoring
-    from mimesis_jax.envs.userrl.episodes import episode_tasks, trajectory_record
-    from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
-    from mimesis_jax.rollout.progress import TurnReporter
+    from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
+    from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
+    from mimesis_jax.episodes.progress import TurnReporter
     from mimesis_jax.rollout.specs import agent_from_spec, close_models, user_and_judge
 
     gyms = tuple(g.strip() for g in args.gyms.split(",")) if args.gyms else ()

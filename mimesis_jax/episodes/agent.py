@@ -20,7 +20,7 @@ Episodes end when the env terminates/truncates, the user ends it (`env.observe_u
 result or user turn that does not fit is dropped from the record and ends the episode). A simulator that refuses its role (rollout/refusal.py), fails, or never closes
 its thought makes the episode INVALID with the reason -- never a reward of 0.
 
-Recorded segments (rollout/trajectory.py): the agent's initial context (public); then per agent turn the
+Recorded segments (data/trajectory.py): the agent's initial context (public); then per agent turn the
 assistant header (its own public segment, where a CSD coach note is later inserted before it), the agent segment
 (sampled tokens through `<|im_end|>`, with log-probs), and public segments for the turn's closing newline, the
 tool response and the user's utterance turn. Per-episode extras go to `trajectory.meta`:
@@ -40,10 +40,10 @@ from mimesis_jax.envs.base import (INTERACT_TOOL, Env, InvalidEpisode, ToolCall,
                                    tool_feedback, visible_reply)
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import chat_many, response_thought
-from mimesis_jax.rollout.progress import TurnProgress
+from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.rollout.refusal import RefusalDetector
 from mimesis_jax.rollout.sampler import Sample
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.data.trajectory import Segment, Trajectory
 
 
 @dataclasses.dataclass
@@ -222,9 +222,9 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
     ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.
     tokenizer: the agent's tokenizer (default `agent.tok`); all public segments are rendered with data/chat.py.
-    progress: called after every round with a `rollout.progress.TurnProgress` (rounds so far, dialogues still
+    progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, dialogues still
     active, agent tokens sampled so far), and once more with 0 active if the batch ends before a round (context
-    limit); `rollout.progress.TurnReporter` prints it.
+    limit); `episodes.progress.TurnReporter` prints it.
     """
     from mimesis_jax.data.chat import generation_prompt, render_messages, render_turn
 

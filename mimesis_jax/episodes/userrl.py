@@ -19,7 +19,7 @@ import numpy as np
 
 from mimesis_jax.envs.userrl.scoring import score_trajectory
 from mimesis_jax.envs.userrl.tasks import Task, make_env
-from mimesis_jax.rollout.episode import EpisodeTask
+from mimesis_jax.episodes.agent import EpisodeTask
 
 
 def env_seed(seed: int, group: int, member: int) -> int:

@@ -1,6 +1,6 @@
 """The role-flipped episode runner: the *simulator* is the sampled, log-probbed policy (Stage I joint RL, Eq 4).
 
-Stage II's runner (rollout/episode.py) samples the agent and asks a frozen simulator for user turns. Here the
+Stage II's runner (episodes/agent.py) samples the agent and asks a frozen simulator for user turns. Here the
 simulator is the policy and every other side -- the ABCD support agent, a SOUL task's interlocutor, the judges --
 sits inside the environment (envs/sim_env.py). One round for every live episode:
 
@@ -35,9 +35,9 @@ from typing import Any, Callable, Sequence
 from mimesis_jax.envs.base import InvalidEpisode
 from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
 from mimesis_jax.rollout.endpoints import split_thought
-from mimesis_jax.rollout.episode import _ROLLOUT_IDS, _seed
-from mimesis_jax.rollout.progress import TurnProgress
-from mimesis_jax.rollout.trajectory import Segment, Trajectory
+from mimesis_jax.episodes.agent import _ROLLOUT_IDS, _seed
+from mimesis_jax.episodes.progress import TurnProgress
+from mimesis_jax.data.trajectory import Segment, Trajectory
 
 
 @dataclasses.dataclass
@@ -152,9 +152,9 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
     (`endpoints.LocalChatModel` over the simulator's weights, or `episode.ScriptedAgent` in tests). A policy with
     `release` (`engine.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
     tokenizer: the policy's tokenizer (default `policy.tok`).
-    progress: called after every round with a `rollout.progress.TurnProgress` (rounds so far, of at most the
+    progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, of at most the
     largest turn limit of the batch; rollouts still active; policy tokens sampled so far), and once more with 0
-    active if the batch ends before a round (context limit); `rollout.progress.TurnReporter` prints it.
+    active if the batch ends before a round (context limit); `episodes.progress.TurnReporter` prints it.
     """
     from mimesis_jax.data.chat import render_messages
 
