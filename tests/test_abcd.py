@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mimesis_jax.envs import abcd, behaviour
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 
 
 def _sample_raw():

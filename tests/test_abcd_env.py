@@ -8,7 +8,7 @@ from mimesis_jax.envs import abcd
 from mimesis_jax.envs.abcd_env import (
     BehaviourEnv, BehaviourEnvConfig, behaviour_report, make_behaviour_env, policy_text, replay_messages,
 )
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.behaviour import ALL_IDS, BEHAVIOURS, CARD_FIELDS
 from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
 

@@ -14,7 +14,7 @@ import pytest
 
 from mimesis_jax.envs import abcd
 from mimesis_jax.envs.abcd_env import BehaviourEnv, scenario_facts
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.rollout.base import ScriptedChatModel
 
 # the release's ten flows (its ontology's intents.flows), each with one of its subflows

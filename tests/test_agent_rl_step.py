@@ -160,7 +160,8 @@ def test_episode_runner_to_coached_update():
     """Episodes from the runner (scripted agent / env / user), notes from a scripted coach rendered with the chat
     template, then one GRPO + CSD update with recomputed old log-probs: the contract between the pieces."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.envs import SecretWordEnv, tool_call_text
+    from env_helpers import SecretWordEnv
+    from mimesis_jax.envs import tool_call_text
     from mimesis_jax.rollout.base import ScriptedChatModel
     from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 

@@ -9,7 +9,7 @@ import pytest
 
 from mimesis_jax.algorithms import grpo
 from mimesis_jax.envs import domains as D
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimEnv
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
 from mimesis_jax.rollout.base import ScriptedChatModel

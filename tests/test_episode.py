@@ -8,7 +8,8 @@ import pytest
 from mimesis_jax import envs, models
 from mimesis_jax.data.chat import generation_prompt, render_messages, render_turn
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.envs import INTERACT_TOOL, SecretWordEnv, parse_tool_call, tool_call_text
+from env_helpers import SecretWordEnv
+from mimesis_jax.envs import INTERACT_TOOL, parse_tool_call, tool_call_text
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes

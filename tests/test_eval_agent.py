@@ -14,7 +14,7 @@ import pytest
 
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import DATA_DIR
 from mimesis_jax.eval import agent as ev
 from mimesis_jax.rollout.base import ScriptedChatModel

@@ -9,7 +9,7 @@ import os
 import matplotlib.image
 import pytest
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.eval import report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

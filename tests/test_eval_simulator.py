@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.eval import sim_judges, simulator, soul_eval, usi
 from mimesis_jax.eval.conversations import load_conversations, pair_by_task, parse_conversation
 from mimesis_jax.rollout.base import ScriptedChatModel

@@ -8,7 +8,8 @@ import pytest
 
 from mimesis_jax.algorithms import grpo
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.envs import SecretWordEnv, tool_call_text
+from env_helpers import SecretWordEnv
+from mimesis_jax.envs import tool_call_text
 from mimesis_jax.envs.userrl import scoring
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 from mimesis_jax.episodes.simulator import SimRollout

@@ -7,7 +7,8 @@ import pytest
 
 from mimesis_jax.data.chat import generation_prompt
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.envs import SecretWordEnv, tool_call_text
+from env_helpers import SecretWordEnv
+from mimesis_jax.envs import tool_call_text
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 from mimesis_jax.episodes.progress import TurnProgress, TurnReporter
 from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes

@@ -9,7 +9,7 @@ from mimesis_jax import models
 from mimesis_jax.algorithms import grpo
 from mimesis_jax.data.chat import render_messages
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.envs.base import InvalidEpisode
+from mimesis_jax.envs.agent_env import InvalidEpisode
 from mimesis_jax.envs.sim_env import SimEnv, SimTurn
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.episodes.agent import ScriptedAgent

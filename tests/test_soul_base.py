@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul import base, hitom  # noqa: F401 -- registers hitom
 from mimesis_jax.envs.soul.base import JudgeEnv, parse_choice, parse_exact, parse_score

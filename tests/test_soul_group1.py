@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul import base, fantom, lifechoices, mistakes, paratomi, twinvoice  # noqa: F401
 
 TASKS = {"fantom": 6, "paratomi": 4, "lifechoices": 3, "mistakes": 4, "twinvoice": 3}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul import alignx, behaviorchain, humanllm, social_r1, socsci210  # noqa: F401 (register)
 from mimesis_jax.envs.soul.base import load_records, make_env, sample_records, task_info
 

@@ -9,7 +9,7 @@ import mimesis_jax.envs.soul.coser  # noqa: F401 -- registers the tasks
 import mimesis_jax.envs.soul.mirrorbench  # noqa: F401
 import mimesis_jax.envs.soul.sotopia  # noqa: F401
 import mimesis_jax.envs.soul.userllm  # noqa: F401
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.soul import load_records, make_env, sample_records, task_info
 from mimesis_jax.rollout.base import ScriptedChatModel
 

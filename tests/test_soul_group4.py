@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.soul import base, humanual, sim_arena  # noqa: F401 -- registers the tasks
 from mimesis_jax.rollout.base import ScriptedChatModel
 

@@ -7,7 +7,7 @@ import pytest
 
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import load_tasks, make_env, shipped_tasks
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.persuade import PersuadeEnv

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import retriever as rmod
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.retriever import BM25Retriever, HTTPRetriever, Passage, Retriever, RetrieverError

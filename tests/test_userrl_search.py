@@ -8,7 +8,7 @@ import pytest
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text
 from mimesis_jax.envs import userrl
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import search as sg
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.retriever import Passage, RetrieverError

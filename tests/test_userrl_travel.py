@@ -9,7 +9,7 @@ import pytest
 
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text, userrl
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import travel as tv
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.rollout.base import ScriptedChatModel

@@ -7,7 +7,7 @@ import pytest
 
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import DATA_DIR, make_env, shipped_tasks, turtle
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.envs.userrl.turtle import TurtleGym, load_stories

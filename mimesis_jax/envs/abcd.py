@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 
 SPEAKERS = ("agent", "customer", "action")
 SPLITS = ("train", "dev", "test")

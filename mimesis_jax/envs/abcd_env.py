@@ -66,7 +66,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from mimesis_jax.envs import abcd
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.behaviour import (
     ALL_IDS, BEHAVIOUR_IDS, BEHAVIOURS, CARD_FIELDS, NEUTRAL, SCORE_KEYS, BehaviourCard, assign_behaviour,
     behaviour_reward, meta_narration_candidates, meta_narration_rule, resolve_weights,

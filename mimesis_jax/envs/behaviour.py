@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mimesis_jax.data import jsonio
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 
 BEHAVIOURS_PATH = os.path.join(os.path.dirname(__file__), "abcd_data", "behaviours.json")
 CARD_FIELDS = ("id", "name", "definition", "looks_like", "when", "must_not")

@@ -17,7 +17,7 @@ import threading
 import tomllib
 from typing import Any, Sequence
 
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.rollout.base import ChatResponse, Message
 from mimesis_jax.rollout.endpoints import split_thought
 

@@ -1,6 +1,6 @@
 """Environments in which the *simulator* is the policy (Stage I joint RL, docs/reference/paper.md Eq 4).
 
-In Stage II the agent is sampled and the simulator is a fixed side (envs/base.py). Stage I flips that: the
+In Stage II the agent is sampled and the simulator is a fixed side (envs/agent_env.py). Stage I flips that: the
 simulator is sampled and log-probbed, and the other sides -- the ABCD support agent, a SOUL task's interlocutor,
 the judges -- are fixed `ChatModel`s the environment calls itself. One protocol covers all 24 domains:
 
@@ -16,7 +16,7 @@ the judges -- are fixed `ChatModel`s the environment calls itself. One protocol 
 * ``SimTurn.messages`` are appended to the view before the policy's next turn (the other side's reply, or a
   next question); ``SimTurn.done`` ends the episode and then ``reward`` (in [0, 1], r_d of Eq 4) must be set.
 * A fixed side that refuses, fails, or whose answer cannot be parsed after one retry raises
-  `envs.base.InvalidEpisode(reason)`: the episode is INVALID (dropped from the group), never a reward of 0.
+  `envs.agent_env.InvalidEpisode(reason)`: the episode is INVALID (dropped from the group), never a reward of 0.
 * ``utterance=None`` means the policy produced no public reply (e.g. it never closed its thought): that is the
   policy's own failure, so the env scores it like any other bad reply (most return reward 0 and finish).
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 
-from mimesis_jax.envs.base import Env, EnvError, register
+from mimesis_jax.envs.agent_env import Env, EnvError, register
 
 TOPICS = ("a trip to the sea", "a good book", "a quiet morning", "a new recipe", "a small garden", "a city walk",
           "a rainy weekend", "a music lesson", "a lost key", "a family visit", "a bike ride", "a late train")

@@ -5,10 +5,10 @@ One round t for every live dialogue (docs/reference/paper.md Eq 2: y_t ~ pi_thet
 1. **agent turn** -- all live dialogues' prompts (their token context + the assistant header) go through ONE
    sampler call; the agent's tokens and temperature-1 log-probs are recorded exactly as sampled (never decoded
    and re-tokenised);
-2. **environment step** -- the reply's `interact_with_env` call (Qwen's `<tool_call>` format, envs/base.py) is
+2. **environment step** -- the reply's `interact_with_env` call (Qwen's `<tool_call>` format, envs/agent_env.py) is
    sent to the env as "[choice] content"; a malformed call gets the env's invalid-action answer (reward 0, the
    episode goes on); the tool result `feedback + "\\nReward: r"` is appended as Qwen's tool-response turn;
-3. **user-simulator turn** -- when the env addressed the user (`info["to_user"]`, see envs/base.py) and the
+3. **user-simulator turn** -- when the env addressed the user (`info["to_user"]`, see envs/agent_env.py) and the
    episode goes on, all such dialogues' simulator views go through one `chat_many` call. The simulator sees the
    conversation with its true roles (system = persona/goal, its own turns as `user`, the agent's messages to it as
    `assistant`). Its output is split into the private thought (inside `<think>`...`</think>`, kept in
@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from mimesis_jax.envs.base import (INTERACT_TOOL, Env, InvalidEpisode, ToolCall, format_action, parse_tool_call,
+from mimesis_jax.envs.agent_env import (INTERACT_TOOL, Env, InvalidEpisode, ToolCall, format_action, parse_tool_call,
                                    tool_feedback, visible_reply)
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import chat_many, response_thought

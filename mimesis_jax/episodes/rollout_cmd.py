@@ -88,7 +88,7 @@ def retriever_from_args(args):
 def run(args, trained_loader=None) -> int:
     from tqdm import tqdm
 
-    from mimesis_jax.envs.base import EnvError
+    from mimesis_jax.envs.agent_env import EnvError
     from mimesis_jax.models.config import ConfigError
     from mimesis_jax.envs.userrl import mixture, scoring
     from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record

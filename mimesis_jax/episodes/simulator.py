@@ -32,7 +32,7 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from mimesis_jax.envs.base import InvalidEpisode
+from mimesis_jax.envs.agent_env import InvalidEpisode
 from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
 from mimesis_jax.rollout.endpoints import split_thought
 from mimesis_jax.episodes.agent import _ROLLOUT_IDS, _seed

@@ -42,7 +42,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from mimesis_jax.data import jsonio
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.eval import metrics
 
 CELLS_DIR = "cells"

@@ -30,7 +30,7 @@ import os
 from typing import Any, Sequence
 
 from mimesis_jax.data import jsonio
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 
 SOURCES = ("simulator", "human")
 ROLES = ("user", "assistant")

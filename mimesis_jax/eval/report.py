@@ -36,7 +36,7 @@ import re
 import sys
 from typing import Any
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 
 STAGES = ("midtrain", "sft", "simrl", "agentrl")
 BEHAVIOUR_PREFIX = "reward/behaviour/"

@@ -25,7 +25,7 @@ import random
 import re
 from typing import Any, Callable, Sequence
 
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import call_model, fill, load_templates, parse_json_object
 from mimesis_jax.eval import metrics
 from mimesis_jax.eval.conversations import Pair, render_transcript

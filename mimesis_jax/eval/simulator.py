@@ -81,7 +81,7 @@ def _spec(args, who: str):
 
 
 def _soul_records(args, tasks: list[str]) -> dict[str, list]:
-    from mimesis_jax.envs.base import EnvError
+    from mimesis_jax.envs.agent_env import EnvError
     from mimesis_jax.envs.domains import domain
 
     given: dict[str, str] = {}
@@ -100,7 +100,7 @@ def _soul_records(args, tasks: list[str]) -> dict[str, list]:
 
 
 def _soul_tasks(args, axes: dict[str, str]) -> list[str]:
-    from mimesis_jax.envs.base import EnvError
+    from mimesis_jax.envs.agent_env import EnvError
 
     if args.soul_tasks.strip() == "all":
         return sorted(axes)
@@ -112,7 +112,7 @@ def _soul_tasks(args, axes: dict[str, str]) -> list[str]:
 
 
 def _load_scores(path: str) -> dict:
-    from mimesis_jax.envs.base import EnvError
+    from mimesis_jax.envs.agent_env import EnvError
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -128,7 +128,7 @@ def _load_scores(path: str) -> dict:
 
 def evaluate(args, trained_loader=None, log=print) -> dict:
     """Every requested section of evalsim.json (raises EnvError / ConfigError for bad input)."""
-    from mimesis_jax.envs.base import EnvError
+    from mimesis_jax.envs.agent_env import EnvError
     from mimesis_jax.eval import sim_judges, soul_eval, usi
     from mimesis_jax.eval.conversations import load_conversations, pair_by_task
     from mimesis_jax.rollout.specs import chat_model_from_spec, close_models
@@ -261,7 +261,7 @@ def format_report(result: dict) -> str:
 
 
 def run(args, trained_loader=None) -> int:
-    from mimesis_jax.envs.base import EnvError
+    from mimesis_jax.envs.agent_env import EnvError
     from mimesis_jax.models.config import ConfigError
 
     try:

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import read_toml
 from mimesis_jax.eval import metrics
 from mimesis_jax.eval.usi import DATA_DIR

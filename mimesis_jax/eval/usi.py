@@ -26,7 +26,7 @@ import re
 import statistics
 from typing import Any, Sequence
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import read_toml
 from mimesis_jax.eval import metrics
 from mimesis_jax.eval.conversations import Conversation

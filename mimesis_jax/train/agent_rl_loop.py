@@ -51,7 +51,7 @@ from mimesis_jax import config as config_lib
 # the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the loop's callers
 from mimesis_jax.config.rl import (HEADER_TOKENS, AgentRLConfig, RLConfig, RolloutConfig,  # noqa: F401
                                    UserSideConfig, ValidationConfig, context_budget)
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train import rl_run

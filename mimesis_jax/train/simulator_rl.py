@@ -49,7 +49,7 @@ from mimesis_jax import config as config_lib
 # the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the loop's callers
 from mimesis_jax.config.rl import (BEHAVIOUR, DomainMixConfig, RLConfig, SidesConfig, SimRLConfig,  # noqa: F401
                                    SimRolloutConfig, SimValidationConfig, context_budget)
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.train import agent_rl_loop, rl_run
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import field
 from mimesis_jax.envs.soul.base import ChoiceEnv, register
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from mimesis_jax.data import jsonio
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import call_model, field, fill, load_templates, parse_json_object
 from mimesis_jax.envs.sim_env import Message, SimEnv, SimTurn
 from mimesis_jax.rollout.endpoints import split_thought

@@ -31,7 +31,7 @@ import re
 import string
 from collections import Counter
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul.base import ChoiceEnv, extract_tag, first_tag, parse_choice, register
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul.base import ChoiceEnv, register
 
 _CHOICE_RE = re.compile(r"([A-Z])\.\s*(.+?)(?=,\s*[A-Z]\.\s|$)", re.DOTALL)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import string
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul.base import SoulEnv, extract_tag, register, stored_prompt
 

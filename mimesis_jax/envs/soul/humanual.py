@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul.base import JudgeEnv, extract_tag, parse_dimensions, register
 

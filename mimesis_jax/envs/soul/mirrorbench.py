@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import field
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul.base import JudgeEnv, register

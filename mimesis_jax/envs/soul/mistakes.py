@@ -15,7 +15,7 @@ letter of a present option); optional ``TargetAnswer``, ``MisconceptionId``, ``i
 
 from __future__ import annotations
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul.base import ChoiceEnv, aliased_field, register
 
 LETTERS = "ABCD"

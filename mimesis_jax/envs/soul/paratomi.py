@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import re
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul.base import ChoiceEnv, first_tag, register
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import parse_json_object
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul.base import JudgeEnv, parse_score, register

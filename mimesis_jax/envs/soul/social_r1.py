@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import string
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul.base import ChoiceEnv, register, stored_prompt
 
 _OPTION_LINE_RE = re.compile(r"^\s*([A-Z])[\.\)]\s+", re.MULTILINE)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul.base import SoulEnv, extract_tag, first_tag, register, stored_prompt
 

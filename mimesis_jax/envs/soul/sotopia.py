@@ -29,7 +29,7 @@ RelationshipType 0-5: strangers ... family members), ``eval_position`` "agent1" 
 
 from __future__ import annotations
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import parse_json_object
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul.base import JudgeEnv, parse_dimensions, register

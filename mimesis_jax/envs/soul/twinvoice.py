@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul.base import ChoiceEnv, aliased_field, register
 
 LETTERS = "ABCD"

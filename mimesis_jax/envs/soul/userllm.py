@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import field
 from mimesis_jax.envs.soul.base import JudgeEnv, register
 from mimesis_jax.rollout.endpoints import split_thought

@@ -5,7 +5,7 @@
     obs, info = env.reset()
     obs, reward, terminated, truncated, info = env.step("[action] 1 2 3 4")
 
-Each gym is an `Env` (envs/base.py) registered under its UserRL name; its other side (user, judge, classifier)
+Each gym is an `Env` (envs/agent_env.py) registered under its UserRL name; its other side (user, judge, classifier)
 is any `ChatModel`. Shared machinery: common.py; task files and `make_env`: tasks.py; scores: scoring.py.
 """
 

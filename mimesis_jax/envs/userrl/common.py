@@ -30,7 +30,7 @@ import random
 from typing import Any, Callable, Sequence
 
 from mimesis_jax.data import jsonio
-from mimesis_jax.envs.base import Env, EnvError, InvalidEpisode, StepResult, parse_action
+from mimesis_jax.envs.agent_env import Env, EnvError, InvalidEpisode, StepResult, parse_action
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import response_thought, split_thought
 from mimesis_jax.rollout.refusal import RefusalDetector

@@ -57,7 +57,7 @@ import pathlib
 import re
 from typing import Callable, Sequence
 
-from mimesis_jax.envs.base import EnvError, StepResult
+from mimesis_jax.envs.agent_env import EnvError, StepResult
 from mimesis_jax.envs.model_io import field
 from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym

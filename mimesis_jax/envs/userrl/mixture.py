@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mimesis_jax.config.mixture import MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, MixtureConfig  # noqa: F401 (re-exported)
-from mimesis_jax.envs.base import INTERACT_TOOL, EnvError
+from mimesis_jax.envs.agent_env import INTERACT_TOOL, EnvError
 from mimesis_jax.envs.userrl.tasks import GYM_MODULES, Task, load_tasks, shipped_tasks
 
 log = logging.getLogger(__name__)

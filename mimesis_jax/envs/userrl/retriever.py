@@ -29,7 +29,7 @@ import urllib.request
 from typing import Any, Protocol, runtime_checkable
 
 from mimesis_jax.data import jsonio
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 
 
 class RetrieverError(RuntimeError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping, Sequence
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 
 
 def training_reward(step_rewards: Sequence[float]) -> float:

@@ -18,7 +18,8 @@ from typing import Any, Iterable
 
 from mimesis_jax.config.mixture import USERRL_GYMS
 from mimesis_jax.data import jsonio
-from mimesis_jax.envs.base import EnvError, register
+from mimesis_jax.envs import agent_env
+from mimesis_jax.envs.agent_env import EnvError, register
 
 # UserRL env name -> module under mimesis_jax.envs.userrl (imported when a task of that gym is built)
 GYM_MODULES = {name: name.removesuffix("Gym").lower() for name in USERRL_GYMS}  # TravelGym -> travel.py
@@ -47,9 +48,7 @@ def gym_class(name: str) -> type:
         if name not in _CLASSES:
             importlib.import_module(f"mimesis_jax.envs.userrl.{GYM_MODULES[name]}")
         return _CLASSES[name]
-    from mimesis_jax.envs import base
-
-    cls = base._REGISTRY.get(name)  # e.g. ToyKeyword, registered when envs/toy.py is imported
+    cls = agent_env._REGISTRY.get(name)  # e.g. ToyKeyword, registered when envs/toy.py is imported
     if cls is None or not hasattr(cls, "from_task"):
         raise EnvError(f"unknown gym {name!r}; known: {sorted(GYM_MODULES)} and registered envs with from_task "
                        f"(ToyKeyword: import mimesis_jax.envs.toy)")

@@ -65,7 +65,7 @@ import pathlib
 import re
 from typing import Any
 
-from mimesis_jax.envs.base import EnvError
+from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import field, parse_json_object
 from mimesis_jax.envs.userrl.common import DATA_DIR, USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym

@@ -50,7 +50,7 @@ import functools
 import math
 import pathlib
 
-from mimesis_jax.envs.base import EnvError, InvalidEpisode
+from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field, parse_json_object
 from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
