@@ -13,10 +13,14 @@ letter across a run so the preference is learnable without being told.
 
 from __future__ import annotations
 
+import json
+import math
 import random
 import re
 
 from mimesis_jax.envs.agent_env import Env, EnvError, register
+from mimesis_jax.envs.userrl.tasks import Task
+from mimesis_jax.rollout.base import ChatResponse
 
 TOPICS = ("a trip to the sea", "a good book", "a quiet morning", "a new recipe", "a small garden", "a city walk",
           "a rainy weekend", "a music lesson", "a lost key", "a family visit", "a bike ride", "a late train")
@@ -79,8 +83,6 @@ class KeywordToyEnv(Env):
 
 def toy_tasks(n: int, seed: int = 0, letter: str = "s", max_steps: int = 2):
     """`n` ToyKeyword tasks (userrl Task records): a system prompt, a user opening about a random topic."""
-    from mimesis_jax.envs.userrl.tasks import Task
-
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -104,8 +106,6 @@ class ToyUser:
     -- exactly the hindsight a CSD coach should turn into a note; its utterance never reveals the letter."""
 
     def chat(self, messages, **_):
-        from mimesis_jax.rollout.base import ChatResponse
-
         m = _LETTER.search(messages[0].get("content", "")) if messages else None
         letter = m.group(1) if m else "s"
         last = next((x.get("content", "") for x in reversed(messages) if x.get("role") == "assistant"), "")
@@ -146,8 +146,6 @@ class ToyCoach:
         self.rng = None if shuffle_seed is None else random.Random(shuffle_seed)
 
     def chat(self, messages, **_):
-        from mimesis_jax.rollout.base import ChatResponse
-
         text = "\n".join(x.get("content", "") for x in messages)
         m = re.search(r"words starting with '([a-z])'", text)
         if m is None:
@@ -165,8 +163,6 @@ class ToySupportAgent:
     acknowledges the customer's last message, quoting its first words, and asks for the next detail."""
 
     def chat(self, messages, **_):
-        from mimesis_jax.rollout.base import ChatResponse
-
         last = next((x.get("content", "") for x in reversed(messages) if x.get("role") == "user"), "")
         head = " ".join(_WORD.findall(last)[:6]) or "that"
         return ChatResponse(text=f"Thanks for explaining ({head}). Could you tell me one more detail so I can "
@@ -187,11 +183,6 @@ class ToyBehaviourJudge:
         self.target_words = target_words
 
     def chat(self, messages, **_):
-        import json
-        import math
-
-        from mimesis_jax.rollout.base import ChatResponse
-
         request = messages[-1].get("content", "") if messages else ""
         simulated = request.split("# Simulated part", 1)[-1]
         turns = [line[len("Customer:"):].strip() for line in simulated.splitlines() if line.startswith("Customer:")]

@@ -36,14 +36,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from mimesis_jax.data.chat import generation_prompt, render_messages, render_turn
+from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.agent_env import (INTERACT_TOOL, Env, InvalidEpisode, ToolCall, format_action, parse_tool_call,
-                                   tool_feedback, visible_reply)
+                                        tool_feedback, visible_reply)
+from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.rollout.base import Message
 from mimesis_jax.rollout.endpoints import chat_many, response_thought
-from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.rollout.refusal import RefusalDetector
 from mimesis_jax.rollout.sampler import Sample
-from mimesis_jax.data.trajectory import Segment, Trajectory
 
 
 @dataclasses.dataclass
@@ -123,10 +124,11 @@ class _Live:
     cut: bool = False  # a trailing public segment did not fit max_context_tokens: nothing more is recorded
 
 
-_ROLLOUT_IDS = itertools.count(1 << 40)  # default ids: far above the ids training drivers assign from 0
+ROLLOUT_IDS = itertools.count(1 << 40)  # default ids of both runners: far above the ids training drivers assign from 0
 
 
-def _seed(*parts: int) -> int:
+def derive_seed(*parts: int) -> int:
+    """A 32-bit sampler seed from integers (the run seed, a rollout key, a turn): same parts, same seed."""
     return int(np.random.SeedSequence([int(p) % (1 << 63) for p in parts]).generate_state(1)[0])
 
 
@@ -226,8 +228,6 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     active, agent tokens sampled so far), and once more with 0 active if the batch ends before a round (context
     limit); `episodes.progress.TurnReporter` prints it.
     """
-    from mimesis_jax.data.chat import generation_prompt, render_messages, render_turn
-
     cfg = config or EpisodeConfig()
     if cfg.max_turns < 1:
         raise ValueError(f"EpisodeConfig.max_turns must be >= 1, got {cfg.max_turns}")
@@ -245,7 +245,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     for i, task in enumerate(tasks):
         if not task.agent_messages:
             raise ValueError(f"task {i}: agent_messages is empty (it needs at least the system prompt)")
-        rid = next(_ROLLOUT_IDS) if task.rollout_id is None else task.rollout_id
+        rid = next(ROLLOUT_IDS) if task.rollout_id is None else task.rollout_id
         if rid in seen_ids:
             raise ValueError(f"task {i}: rollout id {rid} is already used by task {seen_ids[rid]} of this call")
         seen_ids[rid] = i
@@ -296,7 +296,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
             samples = agent.generate_tokens(
                 [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens,
                 temperature=cfg.agent_temperature, top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
-                seed=[_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live], **keyed)
+                seed=[derive_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live], **keyed)
             rounds += 1
             sampled += sum(len(s.tokens) for s in samples)
             calls = []

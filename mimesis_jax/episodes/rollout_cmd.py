@@ -21,6 +21,18 @@ import os
 import sys
 import time
 
+from tqdm import tqdm
+
+from mimesis_jax.config import load_config
+from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.userrl import mixture, scoring
+from mimesis_jax.envs.userrl import retriever as r
+from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
+from mimesis_jax.episodes.progress import TurnReporter
+from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
+from mimesis_jax.models.config import ConfigError
+from mimesis_jax.rollout.specs import ModelSpec, agent_from_spec, close_models, user_and_judge
+
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="trajectories JSONL (one record per episode)")
@@ -63,8 +75,6 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _spec(args, who: str, thinking: bool = False):
-    from mimesis_jax.rollout.specs import ModelSpec
-
     return ModelSpec(getattr(args, who), model_name=getattr(args, f"{who}_model"),
                      tokenizer=getattr(args, f"{who}_tokenizer"), api_key_env=getattr(args, f"{who}_key_env"),
                      max_tokens=getattr(args, f"{who}_max_tokens"), seed=args.seed, thinking=thinking)
@@ -74,28 +84,14 @@ def retriever_from_args(args):
     """The --retriever option as a retriever (an http(s) URL, bm25:<corpus>, ...), or None when not given."""
     if args.retriever is None:
         return None
-    from mimesis_jax.envs.userrl import retriever as r
-
     if args.retriever.startswith(("http://", "https://")):
         return r.HTTPRetriever(args.retriever, api_key_env=args.retriever_key_env)
     if args.retriever.startswith("bm25:"):
         return r.BM25Retriever(args.retriever[len("bm25:"):])
-    from mimesis_jax.models.config import ConfigError
-
     raise ConfigError(f"--retriever {args.retriever!r}: expected bm25:CORPUS.jsonl or http(s)://URL")
 
 
 def run(args, trained_loader=None) -> int:
-    from tqdm import tqdm
-
-    from mimesis_jax.envs.agent_env import EnvError
-    from mimesis_jax.models.config import ConfigError
-    from mimesis_jax.envs.userrl import mixture, scoring
-    from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
-    from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
-    from mimesis_jax.episodes.progress import TurnReporter
-    from mimesis_jax.rollout.specs import agent_from_spec, close_models, user_and_judge
-
     gyms = tuple(g.strip() for g in args.gyms.split(",")) if args.gyms else ()
     try:
         agent = agent_from_spec(_spec(args, "agent"), trained_loader)
@@ -103,8 +99,6 @@ def run(args, trained_loader=None) -> int:
         user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
                                      user_style=args.user_style, trained_loader=trained_loader)
         if args.mixture:
-            from mimesis_jax.config import load_config
-
             cfg = load_config(args.mixture, args.overrides, kind=mixture.MixtureConfig)
             args.max_prompt_tokens, args.max_turns = cfg.max_prompt_tokens, cfg.max_turns
         else:
@@ -152,14 +146,12 @@ def run(args, trained_loader=None) -> int:
 
 
 def format_summary(summary) -> str:
-    from mimesis_jax.envs.userrl.scoring import overall_score
-
     def f(x):
         return "-" if x is None else f"{x:.4f}"
     rows = [f"{'gym':<14}{'episodes':>9}{'valid':>7}{'invalid':>8}{'tasks':>7}{'train_reward':>14}{'eval_score':>12}"]
     for s in summary.values():
         rows.append(f"{s.gym:<14}{s.episodes:>9}{s.valid:>7}{s.invalid:>8}{s.unique_tasks:>7}"
                     f"{f(s.mean_train_reward):>14}{f(s.mean_eval_score):>12}")
-    rows.append(f"{'overall':<14}{'':>45}{f(overall_score(summary, 'mean_train_reward')):>14}"
-                f"{f(overall_score(summary)):>12}")
+    rows.append(f"{'overall':<14}{'':>45}{f(scoring.overall_score(summary, 'mean_train_reward')):>14}"
+                f"{f(scoring.overall_score(summary)):>12}")
     return "\n".join(rows)

@@ -32,12 +32,13 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Sequence
 
+from mimesis_jax.data.chat import render_messages
+from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.agent_env import InvalidEpisode
 from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
-from mimesis_jax.rollout.endpoints import split_thought
-from mimesis_jax.episodes.agent import _ROLLOUT_IDS, _seed
+from mimesis_jax.episodes.agent import ROLLOUT_IDS, derive_seed
 from mimesis_jax.episodes.progress import TurnProgress
-from mimesis_jax.data.trajectory import Segment, Trajectory
+from mimesis_jax.rollout.endpoints import split_thought
 
 
 @dataclasses.dataclass
@@ -149,15 +150,13 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
     """Runs every task to its end; one SimRollout per task, in order.
 
     policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel` over the simulator's weights, or `episode.ScriptedAgent` in tests). A policy with
+    (`endpoints.LocalChatModel` over the simulator's weights, or `episodes.agent.ScriptedAgent` in tests). A policy with
     `release` (`engine.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
     tokenizer: the policy's tokenizer (default `policy.tok`).
     progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, of at most the
     largest turn limit of the batch; rollouts still active; policy tokens sampled so far), and once more with 0
     active if the batch ends before a round (context limit); `episodes.progress.TurnReporter` prints it.
     """
-    from mimesis_jax.data.chat import render_messages
-
     cfg = config or SimEpisodeConfig()
     tok = tokenizer if tokenizer is not None else policy.tok
     eps: list[_Live] = []
@@ -167,7 +166,7 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
         if env.policy_role not in POLICY_ROLES:
             raise ValueError(f"task {i}: env {type(env).__name__}.policy_role must be one of {POLICY_ROLES}, got "
                              f"{env.policy_role!r}")
-        rid = next(_ROLLOUT_IDS) if task.rollout_id is None else int(task.rollout_id)
+        rid = next(ROLLOUT_IDS) if task.rollout_id is None else int(task.rollout_id)
         if rid in seen:
             raise ValueError(f"task {i}: rollout id {rid} is already used by task {seen[rid]} of this call")
         seen[rid] = i
@@ -224,7 +223,7 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
             keyed = {"keys": [ep.out.rollout_id for ep in live]} if keyed_policy else {}
             samples = policy.generate_tokens(prompts, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
                                              top_p=cfg.top_p, top_k=cfg.top_k,
-                                             seed=[_seed(cfg.seed, ep.seed_key, turn) for ep in live], **keyed)
+                                             seed=[derive_seed(cfg.seed, ep.seed_key, turn) for ep in live], **keyed)
             sampled += sum(len(s.tokens) for s in samples)
             steps = []
             for ep, prompt, s in zip(live, prompts, samples):

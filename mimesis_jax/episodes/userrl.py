@@ -15,15 +15,9 @@ import dataclasses
 import json
 from typing import Sequence
 
-import numpy as np
-
 from mimesis_jax.envs.userrl.scoring import score_trajectory
 from mimesis_jax.envs.userrl.tasks import Task, make_env
-from mimesis_jax.episodes.agent import EpisodeTask
-
-
-def env_seed(seed: int, group: int, member: int) -> int:
-    return int(np.random.SeedSequence([int(seed) % (1 << 63), group, member]).generate_state(1)[0])
+from mimesis_jax.episodes.agent import EpisodeTask, derive_seed
 
 
 def episode_tasks(tasks: Sequence[Task], *, group_size: int = 1, first_group: int = 0, first_rollout_id: int = 0,
@@ -40,13 +34,13 @@ def episode_tasks(tasks: Sequence[Task], *, group_size: int = 1, first_group: in
         for m in range(group_size):
             options = (gym_options or {}).get(task.gym, {})
             env = make_env(task, data_dir=data_dir, user=user, judge=judge, retriever=retriever,
-                           seed=env_seed(seed, gid, m), max_steps=max_steps, **options)
+                           seed=derive_seed(seed, gid, m), max_steps=max_steps, **options)
             persona = getattr(env, "user_messages", None)  # free-text envs whose user is the runner's simulator
             out.append(EpisodeTask(env=env, agent_messages=[dict(x) for x in task.prompt],
                                    user_messages=persona() if callable(persona) else None,
                                    group_id=gid, rollout_id=rid,
                                    task={"gym": task.gym, "id": task.id, "source": task.source, "split": task.split},
-                                   reset_seed=env_seed(seed, gid, m)))
+                                   reset_seed=derive_seed(seed, gid, m)))
             rid += 1
     return out
 

@@ -20,7 +20,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mimesis_jax.config.mixture import MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, MixtureConfig  # noqa: F401 (re-exported)
+from mimesis_jax.data.chat import render_messages
 from mimesis_jax.envs.agent_env import INTERACT_TOOL, EnvError
+from mimesis_jax.envs.toy import toy_tasks
 from mimesis_jax.envs.userrl.tasks import GYM_MODULES, Task, load_tasks, shipped_tasks
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,6 @@ def resolve_sources(sources: Sequence[str], gyms: Sequence[str] | None = None) -
         if src.startswith("shipped:"):
             tasks.extend(shipped_tasks(src.split(":", 1)[1], gyms))
         elif src.startswith("toy:"):  # toy:N[:letter] -- N ToyKeyword tasks (envs/toy.py), for CPU runs
-            from mimesis_jax.envs.toy import toy_tasks
             parts = src.split(":")
             try:
                 n = int(parts[1])
@@ -46,7 +47,6 @@ def resolve_sources(sources: Sequence[str], gyms: Sequence[str] | None = None) -
 
 def prompt_tokens(task: Task, tokenizer) -> int:
     """The agent's prompt length in tokens: the task's messages with the tool schema and the assistant header."""
-    from mimesis_jax.data.chat import render_messages
     return len(render_messages(tokenizer, task.prompt, add_generation_prompt=True, tools=[INTERACT_TOOL]).ids)
 
 
