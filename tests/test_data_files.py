@@ -70,6 +70,28 @@ def test_read_json(tmp_path):
         jsonio.read_json(tmp_path / "nope.json")
 
 
+class _CallerError(ValueError):
+    pass
+
+
+def test_readers_raise_the_callers_error_type(files, tmp_path):
+    """`error=` swaps DataFileError for the caller's type, the location written as `located` writes it."""
+    for read in (jsonio.read_jsonl, jsonio.read_jsonl_numbered, lambda p, **kw: list(jsonio.iter_jsonl(p, **kw))):
+        with pytest.raises(_CallerError) as e:
+            read(files["bad"], error=_CallerError)
+        assert str(e.value) == f"{files['bad']}, line 3: not valid JSON (Expecting value, column 15)"
+        assert not isinstance(e.value, jsonio.DataFileError)
+    assert jsonio.read_jsonl_numbered(files["good"], error=_CallerError) == [(1, GOOD), (3, GOOD)]
+    p = tmp_path / "x.json"
+    p.write_text('{"a": [1,\n 2,,]}')
+    with pytest.raises(_CallerError) as e:
+        jsonio.read_json(p, error=_CallerError)
+    assert str(e.value) == f"{p}, line 2: not valid JSON (Expecting value, column 4)"
+    with pytest.raises(_CallerError) as e:
+        jsonio.read_json(tmp_path / "nope.json", error=_CallerError)
+    assert str(e.value) == f"{tmp_path}/nope.json: does not exist"
+
+
 @pytest.mark.parametrize("name, message", [
     ("bad", "{}:3: not valid JSON (Expecting value, column 15)"),
     ("field", "{}:2: no 'messages' (or 'conversations') field; keys are ['msgs']"),

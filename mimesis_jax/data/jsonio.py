@@ -9,11 +9,14 @@
 A problem raises `DataFileError` (a `ConfigError`: the CLI reports it in one line with exit status 2) with the
 message ``PATH:LINE: reason`` for a line (``not valid JSON (...)``, ``not valid UTF-8``, ``expected a JSON
 object``, ``missing field 'x'``) or ``PATH: reason`` for the file (``does not exist``, ``is empty``, ``is a
-binary file``). Its `path`, `line` (None for the file) and `reason` attributes let a caller re-word it.
+binary file``). Its `path`, `line` (None for the file) and `reason` attributes let a caller re-word it; a caller with its own
+error type passes it as `error=` (``read_json(p, error=EnvError)``) and gets that type with the message
+``PATH, line LINE: reason`` (`located`) instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Callable, Iterator
@@ -67,10 +70,28 @@ def _looks_binary(head: bytes) -> bool:
     return len(head) >= 16 and bad > len(head) / 3
 
 
-def iter_jsonl(path, *, keep_errors: bool = False) -> Iterator[tuple[int, Any]]:
+@contextlib.contextmanager
+def _reworded(error: type[Exception] | None):
+    """A `DataFileError` raised inside becomes `error(located(e))` (the caller's own error type), when given."""
+    if error is None:
+        yield
+        return
+    try:
+        yield
+    except DataFileError as e:
+        raise error(located(e)) from None
+
+
+def iter_jsonl(path, *, keep_errors: bool = False, error: type[Exception] | None = None
+               ) -> Iterator[tuple[int, Any]]:
     """(line number from 1, decoded value) for every non-blank line of a JSON-lines file (an empty file has
-    none; `check_jsonl` refuses it). A line that is not UTF-8 JSON raises `DataFileError`, or with `keep_errors`
-    is yielded as (line, that DataFileError) and reading goes on."""
+    none; `check_jsonl` refuses it). A line that is not UTF-8 JSON raises `DataFileError` (or `error`, see the
+    module docstring), or with `keep_errors` is yielded as (line, that DataFileError) and reading goes on."""
+    with _reworded(error):
+        yield from _iter_jsonl(path, keep_errors)
+
+
+def _iter_jsonl(path, keep_errors: bool) -> Iterator[tuple[int, Any]]:
     check_text_file(path, allow_empty=True)
     p = os.fspath(path)
     with open(p, "rb") as f:
@@ -94,19 +115,24 @@ def iter_jsonl(path, *, keep_errors: bool = False) -> Iterator[tuple[int, Any]]:
             yield n, err
 
 
-def read_jsonl(path) -> list[Any]:
+def read_jsonl(path, *, error: type[Exception] | None = None) -> list[Any]:
     """The decoded values of every non-blank line of a JSON-lines file."""
-    return [rec for _, rec in iter_jsonl(path)]
+    return [rec for _, rec in iter_jsonl(path, error=error)]
 
 
-def read_jsonl_numbered(path) -> list[tuple[int, Any]]:
+def read_jsonl_numbered(path, *, error: type[Exception] | None = None) -> list[tuple[int, Any]]:
     """[(line number, decoded value), ...] of a JSON-lines file, read whole first (so a caller's own record
     errors never mix with the reader's)."""
-    return list(iter_jsonl(path))
+    return list(iter_jsonl(path, error=error))
 
 
-def read_json(path) -> Any:
+def read_json(path, *, error: type[Exception] | None = None) -> Any:
     """The decoded JSON document of a file (errors name the line of a syntax error)."""
+    with _reworded(error):
+        return _read_json(path)
+
+
+def _read_json(path) -> Any:
     check_text_file(path)
     p = os.fspath(path)
     try:

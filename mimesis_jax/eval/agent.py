@@ -105,13 +105,6 @@ def write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: str):
-    try:
-        return jsonio.read_json(path)
-    except jsonio.DataFileError as e:
-        raise EnvError(jsonio.located(e)) from None
-
-
 def _check_names(kind: str, entries: Sequence[Entry]) -> None:
     seen = set()
     for e in entries:
@@ -132,7 +125,7 @@ def check_matrix(out_dir: str, agents: Sequence[Entry], users: Sequence[Entry], 
     now = json.loads(json.dumps({"agents": {e.name: e.spec for e in agents}, "users": {e.name: e.spec for e in users},
                                  "settings": config.settings()}))
     if os.path.exists(path):
-        old = _read_json(path)
+        old = jsonio.read_json(path, error=EnvError)
         for key in ("agents", "users", "settings"):
             if not isinstance(old, dict) or not isinstance(old.get(key), dict):
                 raise EnvError(f"{path}: missing field {key!r}")
@@ -151,7 +144,7 @@ def check_matrix(out_dir: str, agents: Sequence[Entry], users: Sequence[Entry], 
 
 def read_cell(path: str, agent: str, user: str, gym: str, seed: int, task_ids: Sequence[str]) -> dict:
     """A finished cell file, checked against the cell it should be and this run's tasks of its gym."""
-    cell = _read_json(path)
+    cell = jsonio.read_json(path, error=EnvError)
     if not isinstance(cell, dict):
         raise EnvError(f"{path}: a cell file must hold an object")
     for key in _CELL_KEYS:

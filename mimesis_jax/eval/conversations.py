@@ -107,11 +107,7 @@ def load_conversations(path: str | os.PathLike, source: str | None = None) -> li
         raise EnvError(f"conversation file {path} does not exist")
     out: list[Conversation] = []
     seen: dict[str, int] = {}
-    try:
-        rows = jsonio.read_jsonl_numbered(path)
-    except jsonio.DataFileError as e:
-        raise EnvError(jsonio.located(e)) from None
-    for n, obj in rows:
+    for n, obj in jsonio.read_jsonl_numbered(path, error=EnvError):
         where = f"{path}, line {n}"
         conv = parse_conversation(obj, where, source)
         if conv.id in seen:

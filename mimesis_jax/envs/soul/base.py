@@ -120,12 +120,9 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
         raise EnvError(f"SOUL record file {p} does not exist")
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        try:
-            if suffix == ".jsonl":
-                return jsonio.read_jsonl(p)
-            data = jsonio.read_json(p)
-        except jsonio.DataFileError as e:
-            raise EnvError(jsonio.located(e)) from None
+        if suffix == ".jsonl":
+            return jsonio.read_jsonl(p, error=EnvError)
+        data = jsonio.read_json(p, error=EnvError)
         if not isinstance(data, list):
             raise EnvError(f"{p}: a .json record file must hold a list of records")
         return data

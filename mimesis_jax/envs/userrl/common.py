@@ -67,10 +67,7 @@ def data_file(name: str, data_dir: str | os.PathLike | None = None) -> pathlib.P
 
 @functools.lru_cache(maxsize=64)
 def _read_json(path: str, mtime: float) -> Any:
-    try:
-        return jsonio.read_json(path)
-    except jsonio.DataFileError as e:
-        raise EnvError(jsonio.located(e)) from None
+    return jsonio.read_json(path, error=EnvError)
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -66,11 +66,7 @@ def read_corpus(path: str | os.PathLike) -> list[Passage]:
         raise EnvError(f"search corpus {p} does not exist")
     out: list[Passage] = []
     seen: dict[str, int] = {}
-    try:
-        rows = jsonio.read_jsonl_numbered(p)
-    except jsonio.DataFileError as e:
-        raise EnvError(jsonio.located(e)) from None
-    for lineno, row in rows:
+    for lineno, row in jsonio.read_jsonl_numbered(p, error=EnvError):
         where = f"{p}, line {lineno}"
         if not isinstance(row, dict):
             raise EnvError(f"{where}: expected an object with 'id', 'title', 'text', got {type(row).__name__}")

@@ -144,10 +144,7 @@ def _rows(path: pathlib.Path) -> Iterable[tuple[int, Any]]:
         except jsonio.DataFileError as e:
             raise EnvError(f"{e.path}, row {e.line - 1}: {e.reason}" if e.line else jsonio.located(e)) from None
     elif suffix == ".json":
-        try:
-            data = jsonio.read_json(path)
-        except jsonio.DataFileError as e:
-            raise EnvError(jsonio.located(e)) from None
+        data = jsonio.read_json(path, error=EnvError)
         if not isinstance(data, list):
             raise EnvError(f"{path}: a .json task file must hold a list of rows")
         yield from enumerate(data)
