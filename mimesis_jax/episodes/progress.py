@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from tqdm import tqdm
+
 
 @dataclasses.dataclass(frozen=True)
 class TurnProgress:
@@ -64,6 +66,4 @@ class TurnReporter:
         self._last = now
         line = format_progress(p, self.label, now - self._t0)
         self.lines.append(line)
-        from tqdm import tqdm
-
         tqdm.write(line, file=self.stream)
