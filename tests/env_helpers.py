@@ -7,7 +7,7 @@ from mimesis_jax.envs.agent_env import Env, EnvError, parse_action, register
 
 @register("secret_word")
 class SecretWordEnv(Env):
-    """A tiny scripted game for tests and demos: find the secret word the user knows.
+    """A tiny scripted game: find the secret word the user knows.
 
     `[action] text` talks to the user (the user simulator answers); `[search] hint` returns the hint;
     `[answer] word` scores 1.0 and ends the episode when right (case-insensitive), 0.0 otherwise. The episode is
