@@ -42,7 +42,7 @@ MODULE_COMMANDS = {
     "report": ("mimesis_jax.eval.report", "report.md + plots from training, evaluation and ablation dirs"),
     "ablate": ("mimesis_jax.eval.ablate", "run a grid of runs differing in named switches and tabulate them"),
     "theory": ("mimesis_jax.theory.cli", "check the CSD theory (paper Appendix E) on small finite problems"),
-    "plan": ("mimesis_jax.plan", "per-device memory plan of a config on a mesh and device: fits or not"),
+    "plan": ("mimesis_jax.plan.cli", "per-device memory plan of a config on a mesh and device: fits or not"),
     "profile": ("mimesis_jax.profile_cmd", "profile a step: trace with named scopes, HLO, cost analysis, MFU"),
 }
 
