@@ -18,7 +18,7 @@ done, so a stream carries well-formed OpenAI chunks that arrive together; with `
 they are sampled.
 `BatchedChatModel` is the same batching in-process (no HTTP), for the envs of a rollout.
 
-`--engine` samples through the rollout engine instead (rollout/engine.py `EngineChatModel`: paged KV pool,
+`--engine` samples through the rollout engine instead (rollout/engine_chat.py `EngineChatModel`: paged KV pool,
 `--engine-slots` decode slots, one device) with `StreamingEngineBackend`: the engine's scheduler runs on its own
 thread and every choice of every HTTP call is one engine request that takes a decode slot as soon as one frees
 (continuous batching across calls: a short completion leaves early, a new request does not wait for a batch to
@@ -554,7 +554,7 @@ def build_server(args, trained_loader=None) -> ChatServer:
                             max_tokens=args.max_tokens, seed=args.seed, name=args.model_name,
                             trained_loader=trained_loader)
     if args.engine:
-        from mimesis_jax.rollout.engine import EngineChatModel
+        from mimesis_jax.rollout.engine_chat import EngineChatModel
 
         model = EngineChatModel(model.config, model.params, model.tok,
                                 engine_config=engine_config_from_args(args, model.config),

@@ -182,7 +182,7 @@ def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=Non
         base = local_model(sim_spec, role="user", model_type="qwen3_5", trained_loader=trained_loader)
         sim = base
         if engine_config is not None:  # frozen: built once, never set_params
-            from mimesis_jax.rollout.engine import EngineChatModel
+            from mimesis_jax.rollout.engine_chat import EngineChatModel
 
             sim = EngineChatModel(base.config, jax.device_put(base.params, jax.local_devices()[0]), base.tok,
                                   engine_config=engine_config(base.config), generation_role="user",
@@ -341,7 +341,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
 
     engine_agent = None
     if r.engine:  # one engine for the run; its weights follow the updates (set_params below)
-        from mimesis_jax.rollout.engine import EngineChatModel
+        from mimesis_jax.rollout.engine_chat import EngineChatModel
 
         engine_agent = EngineChatModel(model_config, engine_params(state["params"]), tok,
                                        engine_config=rollout_engine_config(r, model_config, in_flight),

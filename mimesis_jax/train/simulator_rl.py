@@ -226,7 +226,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
 
     engine_policy = None
     if r.engine:  # one engine for the run; its weights follow the updates (set_params below)
-        from mimesis_jax.rollout.engine import EngineChatModel
+        from mimesis_jax.rollout.engine_chat import EngineChatModel
 
         P = jax.process_count()
         n_val = sum(len(v) for v in val_records.values())
