@@ -152,7 +152,7 @@ def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=Non
     Remote simulators and the toy user ignore it."""
     from mimesis_jax.rollout.base import SimulatorAsResponder
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.serve import BatchedChatModel
+    from mimesis_jax.rollout.batching import BatchedChatModel
     from mimesis_jax.rollout.specs import ModelSpec, chat_model_from_spec, local_model
 
     from mimesis_jax.envs.toy import ToyCoach, ToyUser
@@ -268,7 +268,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     """Runs (or resumes) the agent RL stage in `workdir` (module docstring). `user_side` replaces the configured
     simulator / judge / coach (tests: scripted models); `on_rollouts(step, trajectories)` sees each step's
     dialogues after the coach (debugging, tests, custom logging)."""
-    from mimesis_jax.algorithms import csd, grpo, infopo
+    from mimesis_jax.algorithms import coach as csd, grpo, infopo  # the coach (Eq 7): notes for the CSD teacher
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.envs.userrl import scoring
     from mimesis_jax.envs.userrl.episodes import episode_tasks
