@@ -153,7 +153,7 @@ class RolloutEngine:
         self.config, self.params = config, params
         self.ec = engine_config or EngineConfig()
         self.ec.validate()
-        fam = models.family(config)
+        fam = models.family(config, "paged")
         if not hasattr(fam, "forward_paged"):
             raise EngineError(f"config key 'model_type': {config.model_type!r} has no paged forward")
         self.stop_ids = [int(t) for t in stop_ids]

@@ -33,7 +33,7 @@ def prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, to
                      page_tables, state_slots, samp):
     """One prefill chunk [R, C]; returns (cache, first token [R], its log-prob [R]) sampled after each row's
     last real token (used only for rows whose prompt ends in this chunk)."""
-    fam = models.family(config)
+    fam = models.family(config, "paged")
     h, cache = fam.forward_paged(config, params, cache, tokens, starts, n_valid, page_tables, state_slots,
                                  decode_fn)
     last = jnp.take_along_axis(h, jnp.maximum(n_valid - 1, 0)[:, None, None], axis=1)[:, 0]
@@ -83,7 +83,7 @@ def decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, para
     gather: on a CPU the gather cost as much as the attention itself), and writes the touched pages back at
     the end. Rows that are not active write their token to their own scratch page of the copy (position
     W * page_size) and to state slot 0."""
-    fam = models.family(config)
+    fam = models.family(config, "paged")
     S = tok.shape[0]
     burst = decode_fn is None and "k" in cache
     if burst:

@@ -51,7 +51,7 @@ class PagePool:
     def reset(self) -> None:
         """A fresh KV pool (and Qwen3.5 state slots), every page and slot free, no dialogue cached."""
         self.cache = None  # the old buffers go first: a rebuild after an OOM needs their memory
-        self.cache = models.family(self.config).init_paged_cache(self.config, self.ec.num_pages, self.ec.page_size,
+        self.cache = models.family(self.config, "paged").init_paged_cache(self.config, self.ec.num_pages, self.ec.page_size,
                                                                  self.ec.states)
         self.free_pages = list(range(self.ec.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
         self.free_states = list(range(self.ec.states - 1, 0, -1))
