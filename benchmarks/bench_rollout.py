@@ -34,7 +34,7 @@ import numpy as np
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout import engine as engine_module
+from mimesis_jax.rollout import engine_programs
 from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
 
 HEADER, END = [1, 2, 3], [4]
@@ -148,7 +148,7 @@ def run_engine(agent, user, plan: Plan, turns: int, ec: EngineConfig) -> Result:
                                        seed=seeds, stop_ids=())
         return f
 
-    programs = (engine_module._prefill_program, engine_module._decode_program)  # noqa: SLF001
+    programs = (engine_programs.prefill_program, engine_programs.decode_program)
     compiled = sum(p._cache_size() for p in programs)  # noqa: SLF001
     t0 = time.perf_counter()
     res.tokens = rollout(plan, turns, call(engines[0]), call(engines[1]))

@@ -49,7 +49,7 @@ def word_lists() -> dict[str, list[str]]:
 
 def warm_start_examples(tok, n: int, rng: random.Random, words: dict[str, list[str]], max_len: int):
     """Synthetic SFT rows (ids, loss mask on the assistant replies): follow a note's letter; random otherwise."""
-    from mimesis_jax.algorithms.csd import coach_note_message
+    from mimesis_jax.algorithms.coach import coach_note_message
     from mimesis_jax.data.chat import render_messages
     from mimesis_jax.envs.toy import TOPICS, ToyCoach
 
@@ -124,7 +124,7 @@ def warm_start(cfg, tok, out_dir: str, steps: int, seed: int, log=print):
 
 def note_following(config, params, tok, words, seed: int, n: int = 32) -> dict:
     """Mean ToyKeyword reward for the user's letter: without a note, with the right note, with another note."""
-    from mimesis_jax.algorithms.csd import coach_note_message
+    from mimesis_jax.algorithms.coach import coach_note_message
     from mimesis_jax.envs.toy import keyword_reward
     from mimesis_jax.rollout.endpoints import LocalChatModel
 
@@ -152,7 +152,7 @@ def note_covariance(config, params, tok, arm: str, seed: int, groups: int = 8, g
     import jax
     import jax.numpy as jnp
 
-    from mimesis_jax.algorithms.csd import coach_note_message
+    from mimesis_jax.algorithms.coach import coach_note_message
     from mimesis_jax.algorithms.logprobs import token_logprobs
     from mimesis_jax.data.chat import render_messages
     from mimesis_jax.envs.toy import TOPICS, ToyCoach, keyword_reward

@@ -9,6 +9,7 @@ import pytest
 
 from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models, sharding
+from mimesis_jax.algorithms import coach as coach_lib
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
 
@@ -177,14 +178,14 @@ def test_episode_runner_to_coached_update():
     user = ScriptedChatModel(["<think>\nIt keeps asking.\n</think>\n\nIt is a fruit."])
     trajs = run_episodes(ScriptedAgent(tok, by_turn), user, tasks, EpisodeConfig(max_turns=3))
     coach = ScriptedChatModel(["Ask for a hint about the category first."])
-    render = csd.chat_note_renderer(tok)
+    render = coach_lib.chat_note_renderer(tok)
     for tr in trajs:
-        notes = csd.coach_notes(coach, tr, decode=tok.decode)
+        notes = coach_lib.coach_notes(coach, tr, decode=tok.decode)
         assert notes[:2] == ["Ask for a hint about the category first."] * 2 and notes[2] is None
-        assert csd.add_coach_notes(tr, notes, render) == 2
+        assert coach_lib.add_coach_notes(tr, notes, render) == 2
         tr.validate()
-    note_ids = render(csd.coach_note_message(notes[0]))
-    assert tok.decode(note_ids).count(csd.COACH_NOTE_PREFIX) == 1
+    note_ids = render(coach_lib.coach_note_message(notes[0]))
+    assert tok.decode(note_ids).count(coach_lib.COACH_NOTE_PREFIX) == 1
     params = scaled_params(cfg)
     rl = RLConfig(alpha=0.5, old_logprobs="recompute")
     step = make_rl_step(cfg, optax.adamw(1e-2), None, rl)

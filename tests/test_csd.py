@@ -9,6 +9,7 @@ import pytest
 
 from rl_helpers import jaxpr_dims, random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models, sharding
+from mimesis_jax.algorithms import coach as coach_lib
 from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
@@ -36,33 +37,33 @@ def _dialogue() -> Trajectory:
 
 
 def test_coach_prompt_template_carries_every_field():
-    msgs = csd.build_coach_prompt("CTX", "HIST", "REPLY", "THOUGHT", "NEXT")
+    msgs = coach_lib.build_coach_prompt("CTX", "HIST", "REPLY", "THOUGHT", "NEXT")
     assert [m["role"] for m in msgs] == ["system", "user"]
-    assert msgs[0]["content"] == csd.COACH_SYSTEM
+    assert msgs[0]["content"] == coach_lib.COACH_SYSTEM
     body = msgs[1]["content"]
     assert [body.index(x) for x in ("CTX", "HIST", "REPLY", "THOUGHT", "NEXT")] == sorted(
         body.index(x) for x in ("CTX", "HIST", "REPLY", "THOUGHT", "NEXT"))
-    assert "(not available)" in csd.build_coach_prompt("c", "h", "r", None, "n")[1]["content"]
+    assert "(not available)" in coach_lib.build_coach_prompt("c", "h", "r", None, "n")[1]["content"]
 
 
 def test_coach_notes_use_hindsight_of_each_turn_and_skip_turns_without_a_next_utterance():
     tr = _dialogue()
     coach = ScriptedChatModel(["Ask less, use what the user already told you."])
-    notes = csd.coach_notes(coach, tr)
+    notes = coach_lib.coach_notes(coach, tr)
     assert notes == ["Ask less, use what the user already told you.", None]  # turn 1: no x_{t+1}
     assert len(coach.calls) == 1
     body = coach.calls[0][1]["content"]
     assert "goal: flight to Paris" in body and "It ignored my message." in body and "Which city?" in body
     assert "<user>I need a flight.</user><assistant>" in body  # public history H_t up to the header
     assert "Booked." not in body  # nothing after the turn
-    assert csd.coach_notes(ScriptedChatModel(["NONE"]), tr) == [None, None]
+    assert coach_lib.coach_notes(ScriptedChatModel(["NONE"]), tr) == [None, None]
     with pytest.raises(RuntimeError, match="turn 0"):
-        csd.coach_notes(ScriptedChatModel([ChatResponse("", finish_reason="error")]), tr)
+        coach_lib.coach_notes(ScriptedChatModel([ChatResponse("", finish_reason="error")]), tr)
     tr.segments[1].text = None
     with pytest.raises(ValueError, match="segment 1"):
-        csd.coach_notes(coach, tr)
+        coach_lib.coach_notes(coach, tr)
     echo = ScriptedChatModel(lambda m: m[1]["content"])
-    assert "</sys>3<assistant>" in csd.coach_notes(echo, tr, decode=lambda ids: "|".join(map(str, ids)))[0]
+    assert "</sys>3<assistant>" in coach_lib.coach_notes(echo, tr, decode=lambda ids: "|".join(map(str, ids)))[0]
 
 
 def test_coach_notes_batch_is_one_call_over_all_trajectories():
@@ -75,7 +76,7 @@ def test_coach_notes_batch_is_one_call_over_all_trajectories():
             calls.append(len(conversations))
             return [ChatResponse(f"note {k}") for k in range(len(conversations))]
 
-    assert csd.coach_notes_batch(Batched(), trs) == [["note 0", None], ["note 1", "note 2"]]
+    assert coach_lib.coach_notes_batch(Batched(), trs) == [["note 0", None], ["note 1", "note 2"]]
     assert calls == [3]
 
     class Failing:
@@ -83,7 +84,7 @@ def test_coach_notes_batch_is_one_call_over_all_trajectories():
             raise ConnectionError("coach endpoint down")
 
     with pytest.raises(RuntimeError, match="trajectory 0: coach failed on agent turn 0"):
-        csd.coach_notes_batch(Failing(), trs)
+        coach_lib.coach_notes_batch(Failing(), trs)
 
 
 def test_add_coach_notes_places_the_note_before_the_assistant_header():
@@ -94,15 +95,15 @@ def test_add_coach_notes_places_the_note_before_the_assistant_header():
         rendered.append(msg)
         return [90, 91, 92]
 
-    assert csd.add_coach_notes(tr, ["Use the city.", None], render) == 1
+    assert coach_lib.add_coach_notes(tr, ["Use the city.", None], render) == 1
     kinds = [s.kind for s in tr.segments]
     assert kinds == ["public", "public", "coach", "public", "agent", "public", "public", "agent"]
-    assert rendered[0]["content"].startswith(csd.COACH_NOTE_PREFIX) and rendered[0]["role"] == "system"
+    assert rendered[0]["content"].startswith(coach_lib.COACH_NOTE_PREFIX) and rendered[0]["role"] == "system"
     tr.validate()
     seq, off = tr.teacher_sequence(0)
     assert seq == [1, 2, 3, 90, 91, 92, 4, 5, 6] and off == 7
     with pytest.raises(ValueError, match="already has a coach note"):
-        csd.add_coach_notes(tr, ["again", None], render)
+        coach_lib.add_coach_notes(tr, ["again", None], render)
 
 
 # ------------------------------------------------------------------------------------------ packing

@@ -312,7 +312,7 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
 def test_batched_chat_model_samples_concurrent_calls_together(local):
     """Concurrent calls from many threads (envs asking their user) go through one sampler call, each getting
     what an unbatched call with the same seed gives."""
-    from mimesis_jax.rollout.serve import BatchedChatModel
+    from mimesis_jax.rollout.batching import BatchedChatModel
 
     config, params, tok = local
     base = LocalChatModel(config, params, tok, max_tokens=6, temperature=1.0)

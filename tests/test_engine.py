@@ -91,8 +91,8 @@ def test_multi_turn_greedy_and_logprobs_equal_full_forward(family):
     assert eng.stats["recomputed"] == 0 and eng.stats["evictions"] == 0
     for key in "abc":
         eng.release(key)
-    assert eng.pages_in_use() == 0 and not eng.dialogues
-    assert len(eng.free_states) == EC.states - 1
+    assert eng.pages_in_use() == 0 and not eng.pool.dialogues
+    assert len(eng.pool.free_states) == EC.states - 1
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -161,7 +161,7 @@ def test_stop_ids_diverged_history_and_stateless_calls():
     eng.release("never-seen")  # no-op
     assert eng.pages_in_use() == 0
     eng.generate_tokens(p + p, max_tokens=3, temperature=0.0)
-    assert eng.pages_in_use() == 0 and not eng.dialogues
+    assert eng.pages_in_use() == 0 and not eng.pool.dialogues
 
 
 def test_pool_eviction_recompute_and_errors():
@@ -176,7 +176,7 @@ def test_pool_eviction_recompute_and_errors():
     a, b = list(rng.randint(0, 97, size=10)), list(rng.randint(0, 97, size=9))
     sa = eng.generate_tokens([a], keys=["a"], max_tokens=6, temperature=0.0)[0]
     eng.generate_tokens([b], keys=["b"], max_tokens=6, temperature=0.0)
-    assert eng.stats["evictions"] == 1 and "a" not in eng.dialogues
+    assert eng.stats["evictions"] == 1 and "a" not in eng.pool.dialogues
     a2 = a + sa.tokens + [1]
     sa2 = eng.generate_tokens([a2], keys=["a"], max_tokens=3, temperature=0.0)[0]
     ref = sampler.generate(config, params, [a2], max_new_tokens=3, temperature=0.0, buckets=BK)[0]
@@ -230,7 +230,7 @@ def test_submit_step_streams_tokens_joins_mid_flight_and_cancels():
         ref = sampler.generate(config, params, [p], max_new_tokens=r.max_new, temperature=1.0, seed=[s], buckets=BK)[0]
         assert r.out == ref.tokens
         np.testing.assert_allclose(r.lps, ref.logprobs, atol=3e-5)
-    assert eng.pages_in_use() == 0 and not eng.dialogues and not eng.has_work()
+    assert eng.pages_in_use() == 0 and not eng.pool.dialogues and not eng.has_work()
 
 
 def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(monkeypatch):
@@ -238,7 +238,7 @@ def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(m
     The requests it held end with "error", the engine rebuilds a fresh pool (every page free, no dialogue
     cached), and the next requests sample exactly what `sampler.generate` does. If the rebuild fails too, the
     engine is `broken` and refuses work with EngineError until a later submit rebuilds it."""
-    from mimesis_jax.rollout import engine as engine_mod
+    from mimesis_jax.rollout import engine_programs
 
     config, params = _model("qwen3")
     ec = EngineConfig(slots=2, page_size=4, num_pages=16, max_pages_per_seq=16, prefill_chunk=8, prefill_rows=2,
@@ -247,7 +247,7 @@ def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(m
     rng = np.random.RandomState(7)
     pa, pb, pc = ([int(t) for t in rng.randint(0, 97, size=n)] for n in (7, 5, 6))
     eng.generate_tokens([pa], keys=["idle"], max_tokens=3, temperature=0.0)  # a cached dialogue in the pool
-    real, faults = engine_mod._decode_program, {"left": 1}
+    real, faults = engine_programs.decode_program, {"left": 1}
 
     def faulty(*args, **kwargs):
         if faults["left"]:
@@ -256,7 +256,7 @@ def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(m
                 x.delete()
             raise RuntimeError("injected: RESOURCE_EXHAUSTED while decoding")
         return real(*args, **kwargs)
-    monkeypatch.setattr(engine_mod, "_decode_program", faulty)
+    monkeypatch.setattr(engine_programs, "decode_program", faulty)
     told = []
     a = eng.submit(pa + [3], max_tokens=8, temperature=1.0, seed=1,
                    on_token=lambda r, t, lp: told.append((t, r.finish)))
@@ -265,7 +265,7 @@ def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(m
         eng.run_until_idle()
     assert a.finish == b.finish == "error" and "injected" in a.error and told[-1] == (None, "error")
     assert eng.stats["rebuilds"] == 1 and eng.broken is None and not eng._cache_lost()  # noqa: SLF001
-    assert eng.pages_in_use() == 0 and not eng.dialogues and not eng.has_work()
+    assert eng.pages_in_use() == 0 and not eng.pool.dialogues and not eng.has_work()
     c = eng.submit(pc, max_tokens=6, temperature=1.0, seed=13)
     eng.run_until_idle()
     out = eng.generate_tokens([pa, pb], keys=["idle", "b"], max_tokens=5, temperature=1.0, seed=[21, 22])
@@ -332,7 +332,7 @@ def test_episode_runner_with_engine_agent_and_simulator_matches_local_models():
     trajectories as with LocalChatModel (per-turn sampler.generate), and frees every dialogue at the end."""
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.engine import EngineChatModel
+    from mimesis_jax.rollout.engine_chat import EngineChatModel
     from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
     from test_episode import ChattyEnv, _task
 

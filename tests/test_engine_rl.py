@@ -19,7 +19,7 @@ import pytest
 from rl_helpers import tree_rel_err
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.models.config import ConfigError
-from mimesis_jax.rollout import engine as engine_lib
+from mimesis_jax.rollout import engine_chat as engine_lib
 from mimesis_jax.rollout.base import SimulatorAsResponder
 from mimesis_jax.train import agent_rl_loop as L
 from mimesis_jax.train import simulator_rl as S

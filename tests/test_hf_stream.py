@@ -147,7 +147,7 @@ def test_layer_coverage_is_checked_before_reading(tmp_path):
     """A family table that leaves a layer of a stacked parameter unprovided is an error naming the parameter."""
     path = str(tmp_path / "ck")
     models.save_hf(path, CFG, models.init_params(CFG, jax.random.key(0)))
-    entries = [e for e in models.family(CFG).hf_tensors(CFG) if e.name != "model.layers.1.mlp.up_proj.weight"]
+    entries = [e for e in models.family(CFG, "hf").hf_tensors(CFG) if e.name != "model.layers.1.mlp.up_proj.weight"]
     os.remove(os.path.join(path, "model.safetensors"))
     save_file({e.name: np.zeros(e.hf_shape, np.float32) for e in entries}, os.path.join(path, "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"parameter layers/mlp/up needs one tensor per layer 0\.\.2, "

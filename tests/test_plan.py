@@ -1,4 +1,4 @@
-"""The memory planner (mimesis_jax/plan.py): exact state bytes, its formulas against XLA's compiled memory analysis
+"""The memory planner (mimesis_jax/plan/): exact state bytes, its formulas against XLA's compiled memory analysis
 on the 8 fake CPU devices, the paper configs on A100-80GB, suggestions and CLI errors."""
 
 import argparse
@@ -8,9 +8,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from mimesis_jax import models, plan as PL, sharding
+from mimesis_jax import models, sharding
 from mimesis_jax.config import OptimizerConfig
 from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.plan import budget, devices, memory, suggestions, workload
+from mimesis_jax.plan import cli as plan_cli
 from mimesis_jax.profiling import memory_bytes
 
 GiB = 2 ** 30
@@ -20,7 +22,7 @@ FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes"
 
 
 def parse(argv):
-    return PL.add_args(argparse.ArgumentParser()).parse_args(argv)
+    return plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)
 
 
 def compiled_total(compiled) -> int:
@@ -47,8 +49,8 @@ def test_param_and_optimizer_bytes_are_the_sharded_arrays_bytes():
              + 2 * L * Dh + 3 * L * D * I / 4)
     params_expected = int(4 * elems)
     opt_cfg = OptimizerConfig(lr=1e-3, weight_decay=0.1)
-    assert PL.param_bytes(mc, axes) == params_expected == 203_264
-    assert PL.optimizer_bytes(mc, axes, opt_cfg, 10) == 2 * params_expected + 2 * 4  # mu, nu + 2 int32 counts
+    assert memory.param_bytes(mc, axes) == params_expected == 203_264
+    assert memory.optimizer_bytes(mc, axes, opt_cfg, 10) == 2 * params_expected + 2 * 4  # mu, nu + 2 int32 counts
 
     mesh = sharding.make_mesh(axes)
     _, _, _, _, init, _ = compiled_functions(mc, opt_cfg, 10, mesh, 1, False)
@@ -66,18 +68,18 @@ def test_activation_formulas_by_hand():
     mc = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, dtype="bfloat16", remat="full")
     axes = {"data": 1, "fsdp": 4, "tensor": 2}
-    w = PL.widths(mc, axes)
+    w = memory.widths(mc, axes)
     assert (w.D, w.I, w.H, w.KVH, w.V) == (64, 64, 2, 1, 256)
     b, T = 2, 128
-    ts = PL.layer_residuals(mc, w, "full_attention", b, T)
+    ts = memory.layer_residuals(mc, w, "full_attention", b, T)
     # remat full keeps the bf16 layer input; none keeps the whole table: 6 [b,T,D] (4 fp32, 2 bf16),
     # 6 bf16 [b,T,I], 4 + 4 bf16 q / kv-shaped, 3 fp32 [b,H,T,T] dense scores
-    assert PL.saved_bytes(mc, ts, b, T, w) == b * T * 64 * 2
+    assert memory.saved_bytes(mc, ts, b, T, w) == b * T * 64 * 2
     table = b * T * (64 * (4 * 4 + 2 * 2) + 6 * 64 * 2 + 4 * 2 * 16 * 2 + 4 * 1 * 16 * 2) + 3 * b * 2 * T * T * 4
     assert sum(t.bytes for t in ts) == table
-    assert PL.saved_bytes(mc.replace(remat="none"), ts, b, T, w) == table
+    assert memory.saved_bytes(mc.replace(remat="none"), ts, b, T, w) == table
     # the sampler's cache: k, v [L, B, S, KVH, Dh] bf16 with rows over fsdp (4) and KV heads over tensor (2)
-    cache = PL.cache_bytes(mc, axes, 16, 96)
+    cache = memory.cache_bytes(mc, axes, 16, 96)
     assert cache["k"] == cache["v"] == 3 * (16 // 4) * 96 * 1 * 16 * 2
     assert cache["segment_ids"] == (16 // 4) * 96 * 4
 
@@ -95,7 +97,7 @@ def lm_step_memory(mc: ModelConfig, rows: int, T: int, axes: dict, grad_accum: i
         return compiled_total(step.jitted.lower(abstract(abs_state, shard), batch).compile(FAST))
 
 
-def rl_step_memory(w: PL.Workload, rl) -> int:
+def rl_step_memory(w: workload.Workload, rl) -> int:
     from mimesis_jax.train.agent_rl import make_rl_step
     from mimesis_jax.train.optim import make_optimizer
 
@@ -117,7 +119,7 @@ def rl_step_memory(w: PL.Workload, rl) -> int:
     return compiled_total(step.lower(params, opt, batch).compile(FAST))
 
 
-def sampler_memory(w: PL.Workload) -> int:
+def sampler_memory(w: workload.Workload) -> int:
     from mimesis_jax.rollout import sampler
 
     mesh = sharding.make_mesh(w.mesh)
@@ -143,10 +145,10 @@ def within(planned: int, compiled: int, tol: float = 0.15) -> bool:
 
 def test_lm_train_step_matches_compiled_memory():
     # tiny_midtrain's Qwen3.5 (3 DeltaNet + 1 attention layer, no remat, dense attention) on fsdp 8
-    cfg = PL.load_run_config("configs/tiny_midtrain.py", ["data.seq_len=256"])
+    cfg = workload.load_run_config("configs/tiny_midtrain.py", ["data.seq_len=256"])
     axes = {"data": 1, "fsdp": 8, "tensor": 1}
-    w = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
-    planned = PL.plan(w, PL.DEVICES["cpu"]).train_peak
+    w = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
+    planned = budget.plan(w, devices.DEVICES["cpu"]).train_peak
     compiled = lm_step_memory(w.model, w.rows, w.row_len, axes, 1, cfg.optimizer)
     assert within(planned, compiled), (planned, compiled)
 
@@ -157,8 +159,8 @@ def test_lm_train_step_matches_compiled_memory():
                      logits_seq_chunk=128, logits_vocab_chunk=512)
     axes = {"data": 2, "fsdp": 2, "tensor": 2}
     opt = OptimizerConfig(lr=1e-3, weight_decay=0.1)
-    w = PL.Workload("lm", "small", mc, axes, opt, 10, 16, 2, 512, 511, True)
-    planned = PL.plan(w, PL.DEVICES["cpu"]).train_peak
+    w = workload.Workload("lm", "small", mc, axes, opt, 10, 16, 2, 512, 511, True)
+    planned = budget.plan(w, devices.DEVICES["cpu"]).train_peak
     compiled = lm_step_memory(mc, 16, 512, axes, 2, opt)
     assert within(planned, compiled), (planned, compiled)
 
@@ -166,19 +168,19 @@ def test_lm_train_step_matches_compiled_memory():
 def test_rl_step_and_sampler_match_compiled_memory():
     axes = {"data": 1, "fsdp": 8, "tensor": 1}
     # GRPO as configs/tiny_agentrl.py:grpo runs it (no remat, dense attention), and its sampler
-    cfg = PL.load_run_config("configs/tiny_agentrl.py:grpo")
-    w = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
-    assert (w.rows, w.row_len, w.head_len, w.rollout) == (8, 256, 64, PL.Rollout(32, 256, 32))
-    p = PL.plan(w, PL.DEVICES["cpu"])
+    cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo")
+    w = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
+    assert (w.rows, w.row_len, w.head_len, w.rollout) == (8, 256, 64, workload.Rollout(32, 256, 32))
+    p = budget.plan(w, devices.DEVICES["cpu"])
     compiled = rl_step_memory(w, cfg.rl)
     assert within(p.train_peak, compiled), (p.train_peak, compiled)
     compiled = sampler_memory(w)  # the sampler alone: the plan's rollout phase less the resident optimizer state
     assert within(p.rollout_peak - p.item("optimizer state"), compiled), (p.rollout_peak, compiled)
     # rollout.max_batch=8 < the 32 sequences of a step: the plan holds one call of 8 (the calls run one by one)
-    cfg = PL.load_run_config("configs/tiny_agentrl.py:grpo", ["rollout.max_batch=8"])
-    w8 = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
-    assert w8.rollout == PL.Rollout(8, 256, 32)
-    p8 = PL.plan(w8, PL.DEVICES["cpu"])
+    cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo", ["rollout.max_batch=8"])
+    w8 = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
+    assert w8.rollout == workload.Rollout(8, 256, 32)
+    p8 = budget.plan(w8, devices.DEVICES["cpu"])
     assert p8.item("KV cache") < p.item("KV cache") and p8.train_peak == p.train_peak
     compiled = sampler_memory(w8)
     assert within(p8.rollout_peak - p8.item("optimizer state"), compiled), (p8.rollout_peak, compiled)
@@ -187,18 +189,18 @@ def test_rl_step_and_sampler_match_compiled_memory():
     # paper's full remat and blockwise attention
     paper_way = ["train.remat=full", "model.attention_impl=blockwise", "model.attention_block_q=64",
                  "model.attention_block_k=64"]
-    cfg = PL.load_run_config("configs/tiny_agentrl.py:csd", paper_way)
-    w = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
+    cfg = workload.load_run_config("configs/tiny_agentrl.py:csd", paper_way)
+    w = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
     assert (w.branch_len, w.branch_head_len) == (640, 64)
-    planned = PL.plan(w, PL.DEVICES["cpu"]).train_peak
+    planned = budget.plan(w, devices.DEVICES["cpu"]).train_peak
     compiled = rl_step_memory(w, cfg.rl)
     assert within(planned, compiled), (planned, compiled)
 
     # the Qwen3.5 simulator's sampler (tiny_simrl: 16 rollouts, 2,024-token prompts -> bucket 2,048, 24 -> 32 new)
-    cfg = PL.load_run_config("configs/tiny_simrl.py")
-    w = PL.workload_from_config(cfg, axes, PL.runtime_model(cfg))
-    assert w.rollout == PL.Rollout(16, 2048, 32)
-    p = PL.plan(w, PL.DEVICES["cpu"])
+    cfg = workload.load_run_config("configs/tiny_simrl.py")
+    w = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
+    assert w.rollout == workload.Rollout(16, 2048, 32)
+    p = budget.plan(w, devices.DEVICES["cpu"])
     compiled = sampler_memory(w)
     assert within(p.rollout_peak - p.item("optimizer state"), compiled), (p.rollout_peak, compiled)
 
@@ -213,10 +215,10 @@ PAPER_LM = PAPER[:4]
 
 @pytest.mark.parametrize("name", PAPER)
 def test_every_paper_config_fits_on_its_a100_80g_mesh(name):
-    cfg = PL.load_run_config(f"configs/{name}")
+    cfg = workload.load_run_config(f"configs/{name}")
     mesh = dict(cfg.mesh.axes())
     assert -1 not in mesh.values()
-    p = PL.plan_config(cfg, mesh, "a100-80g")
+    p = budget.plan_config(cfg, mesh, "a100-80g")
     print(f"{name}: {math.prod(mesh.values())} x a100-80g, train {p.train_peak / GiB:.2f} GiB, rollout "
           f"{p.rollout_peak / GiB:.2f} GiB, margin {p.margin / GiB:+.2f} GiB of {p.usable / GiB:.2f} usable")
     assert p.fits and p.margin > 0 and p.total <= p.usable
@@ -224,8 +226,8 @@ def test_every_paper_config_fits_on_its_a100_80g_mesh(name):
 
 @pytest.mark.parametrize("name", PAPER_LM)
 def test_paper_stage1_sft_and_midtrain_activations(name):
-    cfg = PL.load_run_config(f"configs/{name}")
-    p = PL.plan_config(cfg, dict(cfg.mesh.axes()), "a100-80g")
+    cfg = workload.load_run_config(f"configs/{name}")
+    p = budget.plan_config(cfg, dict(cfg.mesh.axes()), "a100-80g")
     assert p.rollout_peak == 0
     # full remat keeps each layer's bf16 input: 32 layers x 1 row x the row length x hidden x 2 bytes per device
     D = 2560 if "4b" in name else 4096
@@ -237,22 +239,22 @@ def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
     KV cache alone is 90 GiB), and Stage I's update in 4 micro-batches (one: 206 GiB for 9B)."""
     mesh16 = {"data": 1, "fsdp": 8, "tensor": 2}
     for name in ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd"):
-        cfg = PL.load_run_config(f"configs/{name}")
+        cfg = workload.load_run_config(f"configs/{name}")
         assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
-        p = PL.plan_config(cfg, mesh16, "a100-80g")
-        assert p.workload.rollout == PL.Rollout(256, 8192, 2048)  # prompts up to 9,344 - 2,048 -> bucket 8,192
+        p = budget.plan_config(cfg, mesh16, "a100-80g")
+        assert p.workload.rollout == workload.Rollout(256, 8192, 2048)  # prompts up to 9,344 - 2,048 -> bucket 8,192
         # k and v: 36 layers x 256 / 8 rows x 10,240 slots x 8 / 2 KV heads x 128 x bf16, + segment ids + index
         assert p.item("KV cache") == 2 * 36 * 32 * 10_240 * 4 * 128 * 2 + 32 * 10_240 * 4 + 4
-        whole = PL.plan_config(PL.load_run_config(f"configs/{name}", ["rollout.max_batch=0"]), mesh16, "a100-80g")
+        whole = budget.plan_config(workload.load_run_config(f"configs/{name}", ["rollout.max_batch=0"]), mesh16, "a100-80g")
         assert whole.workload.rollout.batch == 1024 and whole.item("KV cache") > 90 * GiB and not whole.fits
         assert whole.train_peak == p.train_peak  # the cap changes the rollout phase only
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
     for name in ("mimesis_simrl.py:4b", "mimesis_simrl.py:9b"):  # one 16,384-token row per rollout
-        cfg = PL.load_run_config(f"configs/{name}")
+        cfg = workload.load_run_config(f"configs/{name}")
         assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
-        p = PL.plan_config(cfg, mesh, "a100-80g")
+        p = budget.plan_config(cfg, mesh, "a100-80g")
         assert (p.workload.rows // 8, p.workload.row_len) == (16, 16_384)
-        one = PL.plan_config(PL.load_run_config(f"configs/{name}", ["rl.num_microbatches=1"]), mesh, "a100-80g")
+        one = budget.plan_config(workload.load_run_config(f"configs/{name}", ["rl.num_microbatches=1"]), mesh, "a100-80g")
         assert one.train_peak > p.usable > p.train_peak
         # 4 rows per device per micro-batch instead of 16: the saved activations shrink 4x
         assert one.item("activations (saved)") == 4 * p.item("activations (saved)")
@@ -264,10 +266,10 @@ def test_paper_rl_configs_get_a_change_that_fits():
     for name, undo, mesh in (("qwen3_8b_agentrl.py:csd", ["rollout.max_batch=0"], {"data": 1, "fsdp": 8, "tensor": 2}),
                              ("mimesis_simrl.py:9b", ["rollout.max_batch=0", "rl.num_microbatches=1"],
                               {"data": 2, "fsdp": 4, "tensor": 2})):
-        assert not PL.plan_config(PL.load_run_config(f"configs/{name}", undo), mesh, "a100-80g").fits
-        s = PL.suggest(f"configs/{name}", undo, mesh, "a100-80g")
+        assert not budget.plan_config(workload.load_run_config(f"configs/{name}", undo), mesh, "a100-80g").fits
+        s = suggestions.suggest(f"configs/{name}", undo, mesh, "a100-80g")
         assert s is not None and s.plan.fits
-        again = PL.plan_config(PL.load_run_config(f"configs/{name}", undo + list(s.overrides)), s.mesh,
+        again = budget.plan_config(workload.load_run_config(f"configs/{name}", undo + list(s.overrides)), s.mesh,
                                "a100-80g")
         assert again.fits and again.total == s.plan.total
         # the cheapest change is the config's own setting
@@ -278,21 +280,21 @@ def test_paper_rl_configs_get_a_change_that_fits():
 
 def test_too_big_config_does_not_fit_and_the_suggestion_does(capsys):
     argv = ["--config", "configs/mimesis_sft.py:9b", "--device", "a100-80g", "--set", "train.remat=none"]
-    assert PL.run(parse(argv)) == 0
+    assert plan_cli.run(parse(argv)) == 0
     out = capsys.readouterr().out
     assert "-> DOES NOT FIT" in out
     assert "suggestion: --set train.remat=full -> total" in out
-    assert PL.run(parse(argv + ["train.remat=full"])) == 0
+    assert plan_cli.run(parse(argv + ["train.remat=full"])) == 0
     assert "-> FITS" in capsys.readouterr().out
 
 
 def test_cli_plans_on_devices_that_do_not_exist(capsys):
     # 32 A100s for mid-training, planned in a process that sees 8 CPU devices
-    assert PL.run(parse(["--config", "configs/mimesis_midtrain.py:9b"])) == 0
+    assert plan_cli.run(parse(["--config", "configs/mimesis_midtrain.py:9b"])) == 0
     out = capsys.readouterr().out
     assert "on 32 x a100-80g" in out and "mesh data=1,fsdp=16,tensor=2" in out and "-> FITS" in out
     # a config mesh of fsdp=-1 takes the devices this process sees
-    assert PL.run(parse(["--config", "configs/tiny_agentrl.py:grpo", "--device", "cpu"])) == 0
+    assert plan_cli.run(parse(["--config", "configs/tiny_agentrl.py:grpo", "--device", "cpu"])) == 0
     assert "mesh data=1,fsdp=8,tensor=1" in capsys.readouterr().out
 
 
@@ -304,22 +306,22 @@ def test_cli_plans_on_devices_that_do_not_exist(capsys):
     (["--set", "train.remats=full"], "train.remats"),
 ])
 def test_bad_input_exits_2_naming_the_value(capsys, argv, named):
-    assert PL.run(parse(["--config", "configs/tiny_sft.py"] + argv)) == 2
+    assert plan_cli.run(parse(["--config", "configs/tiny_sft.py"] + argv)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and named in err
 
 
 @pytest.mark.parametrize("config", ["configs/tiny_agentrl.py:grpo", "configs/tiny_simrl.py"])
 def test_rollout_max_batch_errors_name_the_key(capsys, config):
-    assert PL.run(parse(["--config", config, "--device", "cpu", "--set", "rollout.max_batch=-4"])) == 2
+    assert plan_cli.run(parse(["--config", config, "--device", "cpu", "--set", "rollout.max_batch=-4"])) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "rollout.max_batch" in err and "-4" in err
 
 
 def test_parse_mesh_and_device_errors():
-    assert PL.parse_mesh("fsdp=4,tensor=2") == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert devices.parse_mesh("fsdp=4,tensor=2") == {"data": 1, "fsdp": 4, "tensor": 2}
     with pytest.raises(ConfigError, match="'tensor' given twice"):
-        PL.parse_mesh("tensor=2,tensor=4")
+        devices.parse_mesh("tensor=2,tensor=4")
     with pytest.raises(ConfigError, match="--device 'h300'"):
-        PL.device_for("h300", 8)
-    assert PL.DEVICES["a100-80g"].bytes == 80 * GiB and PL.DEVICES["h100-80g"].peak_bf16_flops == 989e12
+        devices.device_for("h300", 8)
+    assert devices.DEVICES["a100-80g"].bytes == 80 * GiB and devices.DEVICES["h100-80g"].peak_bf16_flops == 989e12

@@ -22,7 +22,7 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.rollout import serve
 from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, _derive_seed, split_thought
-from mimesis_jax.rollout.engine import EngineChatModel
+from mimesis_jax.rollout.engine_chat import EngineChatModel
 
 CONV = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hello, how can I help?"}]
 
@@ -713,7 +713,7 @@ def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(che
     its first byte). An injected fault (the decode program loses its donated pool and raises) ends the request
     in flight with a 500, and the next request is served as before; while the pool cannot be rebuilt /health
     answers 503 and so do requests."""
-    from mimesis_jax.rollout import engine as engine_mod
+    from mimesis_jax.rollout import engine_programs
 
     srv = serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--engine", "--engine-slots", "2",
                                          "--engine-page-size", "8", "--engine-max-len", "64")).start()
@@ -726,7 +726,7 @@ def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(che
             assert e.value.param == "max_tokens" and "--engine-max-len" in e.value.message
         assert eng.stats["prefill_calls"] == 0  # refused before any work
         want = _local(srv).chat(CONV, max_tokens=6, temperature=0.0).token_ids
-        real, faults = engine_mod._decode_program, {"left": 1}
+        real, faults = engine_programs.decode_program, {"left": 1}
 
         def faulty(*args, **kwargs):
             if faults["left"]:
@@ -735,7 +735,7 @@ def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(che
                     x.delete()
                 raise RuntimeError("injected: RESOURCE_EXHAUSTED while decoding")
             return real(*args, **kwargs)
-        monkeypatch.setattr(engine_mod, "_decode_program", faulty)
+        monkeypatch.setattr(engine_programs, "decode_program", faulty)
         kw = dict(model="tiny-sim", messages=CONV, max_tokens=6, temperature=0.0,
                   extra_body={"return_token_ids": True})
         with pytest.raises(openai.InternalServerError, match="injected"):

@@ -7,8 +7,10 @@
     logits = forward(config, params, input_ids)     # [B, T, V] fp32, inference / tests only
     ids = greedy_generate(config, params, prompt_ids, max_new_tokens)
 
-A family module (qwen3.py, qwen3_5.py) provides: param_specs, hidden_states, init_cache, cache_axes, extend,
-and the HF name mapping in hf.py. Dispatch is by `config.model_type`.
+A family has three modules, dispatched by `config.model_type` (`family(config, part)`): the model (qwen3.py,
+qwen3_5.py: param_specs, hidden_states, init_cache, cache_axes, extend), its paged decode for the rollout engine
+(qwen3_paged.py, qwen3_5_paged.py: init_paged_cache, forward_paged) and its HF tensor table (qwen3_hf.py,
+qwen3_5_hf.py: hf_tensors, optionally hf_name), which hf.py converts with.
 
 Imports run one way: this package uses `sharding` (rules, meshes, constraints) and `hf` (conversion), and
 hands them the specs and tensor tables of the family; neither imports the models package back.
@@ -30,13 +32,17 @@ from mimesis_jax.models.layers import init_from_specs, is_spec, spec_axes, spec_
 _FAMILY_MODULES = {"qwen3": "mimesis_jax.models.qwen3", "qwen3_5_text": "mimesis_jax.models.qwen3_5"}
 
 
-def family(config: ModelConfig):
-    """The module implementing `config.model_type`."""
+FAMILY_PARTS = {"model": "", "paged": "_paged", "hf": "_hf"}
+
+
+def family(config: ModelConfig, part: str = "model"):
+    """The module implementing `part` of `config.model_type`: "model", "paged" (the rollout engine's paged
+    cache) or "hf" (the HF tensor table)."""
     try:
         name = _FAMILY_MODULES[config.model_type]
     except KeyError:
         raise ConfigError(f"config key 'model_type': no implementation for {config.model_type!r}") from None
-    return importlib.import_module(name)
+    return importlib.import_module(name + FAMILY_PARTS[part])
 
 
 def param_specs(config: ModelConfig):
@@ -161,7 +167,7 @@ def load_hf(path: str, dtype: str = "float32", mesh=None, rules=None, **runtime)
     its sharded layout), so the host never holds the model (see hf.read_checkpoint).
     """
     config = hf.read_config(path, dtype, **runtime)
-    fam = family(config)
+    fam = family(config, "hf")
     shapes = abstract_params(config)
     if mesh is not None:
         shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
@@ -173,7 +179,7 @@ def load_hf(path: str, dtype: str = "float32", mesh=None, rules=None, **runtime)
 def save_hf(path: str, config: ModelConfig, params, max_shard_bytes: int = 4 << 30) -> None:
     """Writes config.json + safetensors in `config.param_dtype` that transformers loads (sharded with an index
     above `max_shard_bytes`); one tensor at a time is fetched from `params` (see hf.write_checkpoint)."""
-    hf.write_checkpoint(path, config, family(config).hf_tensors(config), params, max_shard_bytes)
+    hf.write_checkpoint(path, config, family(config, "hf").hf_tensors(config), params, max_shard_bytes)
 
 
 __all__ = [

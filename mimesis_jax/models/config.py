@@ -157,10 +157,6 @@ class ModelConfig:
     def weight_dtype(self):
         return DTYPES[self.param_dtype]
 
-    @property
-    def num_kv_groups(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
 

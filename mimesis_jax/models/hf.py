@@ -10,7 +10,7 @@ Host memory peaks at about one stacked parameter (load) or one shard (save) on t
 This module only converts: the caller (`models.load_hf` / `models.save_hf`) hands it the family's table of
 tensors and the target shapes and shardings, so it depends on neither the model registry nor sharding rules.
 
-Each family module provides ``hf_tensors(config)``: a list of `HFTensor` entries, one per HF tensor name,
+Each family's HF module (qwen3_hf.py, qwen3_5_hf.py) provides ``hf_tensors(config)``: a list of `HFTensor` entries, one per HF tensor name,
 saying where it lives in our pytree (a path and, for stacked layers, the index on the leading axis), its HF
 shape, and how to convert in each direction. Optionally ``hf_name(name) -> name | None`` normalises names
 of a checkpoint (e.g. strips a multimodal prefix; None = a tensor this project deliberately ignores, such as

@@ -71,7 +71,7 @@ def param_specs(config: ModelConfig) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ layers
-def _qkv(config: ModelConfig, p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array):
+def qkv(config: ModelConfig, p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array):
     dt = h.dtype
     q = jnp.einsum("btd,dhk->bthk", h, p["q"].astype(dt))
     k = jnp.einsum("btd,dhk->bthk", h, p["k"].astype(dt))
@@ -87,14 +87,14 @@ def _qkv(config: ModelConfig, p: dict, h: jax.Array, cos: jax.Array, sin: jax.Ar
     return q, k, v
 
 
-def _attn_out(config: ModelConfig, p: dict, o: jax.Array) -> jax.Array:
+def attn_out(config: ModelConfig, p: dict, o: jax.Array) -> jax.Array:
     out = jnp.einsum("bthk,hkd->btd", o, p["o"].astype(o.dtype))
     if config.attention_bias:
         out = out + p["o_bias"].astype(o.dtype)
     return out
 
 
-def _mlp(config: ModelConfig, lp: dict, x: jax.Array) -> jax.Array:
+def mlp(config: ModelConfig, lp: dict, x: jax.Array) -> jax.Array:
     h = rms_norm(x, lp["post_norm"], config.rms_norm_eps)
     m = lp["mlp"]
     return swiglu(h, m["gate"], m["up"], m["down"], lambda a, ax: constrain(a, ax, config))
@@ -117,9 +117,9 @@ def _layer(config: ModelConfig, lp: dict, x: jax.Array, rope, spec, branch_in=No
     with jax.named_scope("trunk"):
         h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
         with jax.named_scope("attention"):
-            q, k, v = _qkv(config, lp["attn"], h, cos, sin)
-            x = _residual(config, x + _attn_out(config, lp["attn"], attend(q, k, v, spec, **kw)))
-        x = _residual(config, x + _mlp(config, lp, x))
+            q, k, v = qkv(config, lp["attn"], h, cos, sin)
+            x = _residual(config, x + attn_out(config, lp["attn"], attend(q, k, v, spec, **kw)))
+        x = _residual(config, x + mlp(config, lp, x))
     if branch_in is None:
         return x, None
     xb, (cos_b, sin_b), (to_trunk, to_self) = branch_in
@@ -127,10 +127,10 @@ def _layer(config: ModelConfig, lp: dict, x: jax.Array, rope, spec, branch_in=No
         pb = jax.lax.stop_gradient(lp)
         hb = rms_norm(xb, pb["input_norm"], config.rms_norm_eps)
         with jax.named_scope("attention"):
-            qb, kb, vb = _qkv(config, pb["attn"], hb, cos_b, sin_b)
+            qb, kb, vb = qkv(config, pb["attn"], hb, cos_b, sin_b)
             groups = [(jax.lax.stop_gradient(k), jax.lax.stop_gradient(v), to_trunk), (kb, vb, to_self)]
-            xb = _residual(config, xb + _attn_out(config, pb["attn"], attend_groups(qb, groups, **kw)))
-        xb = _residual(config, xb + _mlp(config, pb, xb))
+            xb = _residual(config, xb + attn_out(config, pb["attn"], attend_groups(qb, groups, **kw)))
+        xb = _residual(config, xb + mlp(config, pb, xb))
     return x, xb
 
 
@@ -212,10 +212,10 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
         with jax.named_scope("trunk"):
             h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
             with jax.named_scope("attention"):
-                q, k, v = _qkv(config, lp["attn"], h, cos, sin)
+                q, k, v = qkv(config, lp["attn"], h, cos, sin)
                 kc, vc = kv_cache.write_layer(kc, vc, k, v, index)
-                x = x + _attn_out(config, lp["attn"], attend(q, kc, vc, spec, **kw))
-            x = x + _mlp(config, lp, x)
+                x = x + attn_out(config, lp["attn"], attend(q, kc, vc, spec, **kw))
+            x = x + mlp(config, lp, x)
         return x, (kc, vc)
 
     if config.scan_layers:
@@ -230,84 +230,3 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     new_cache = {"k": ks, "v": vs, "segment_ids": seg_all, "index": index + tokens.shape[1]}
     return x, new_cache
-
-
-def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int, num_states: int = 0) -> dict:
-    """Page pools of the rollout engine (models/paged_cache.py); Qwen3 keeps no per-dialogue state."""
-    from mimesis_jax.models import paged_cache
-
-    return paged_cache.init_pages(config.num_hidden_layers, config.num_key_value_heads, num_pages, page_size,
-                                  config.head_dim, config.compute_dtype)
-
-
-def forward_paged(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, starts: jax.Array,
-                  n_valid: jax.Array, page_tables: jax.Array, state_slots: jax.Array | None = None,
-                  decode_fn=None):
-    """Runs new tokens on top of a paged cache (the rollout engine's prefill chunks and decode steps).
-
-    tokens [B, T] right-padded: row b holds n_valid[b] real tokens at positions starts[b] .. starts[b] +
-    n_valid[b] - 1 of its dialogue, whose earlier keys/values are in the pages `page_tables[b]`. The new
-    keys/values are written to those pages (padding to the trash page) and each query attends causally over
-    its dialogue (paged_cache.attend_paged). Returns (hidden [B, T, D], new cache); rows with n_valid = 0 are
-    idle and change nothing but the trash page. `state_slots` is unused (Qwen3 has no recurrent state).
-    """
-    from mimesis_jax.models import paged_cache
-
-    dt = config.compute_dtype
-    T = tokens.shape[1]
-    page_size = cache["k"].shape[3]
-    positions = starts[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
-    slots = paged_cache.token_slots(page_tables, starts, n_valid, T, page_size)
-    cos, sin = rope_tables(positions, config.rotary_dim, config.rope_theta)
-    x = embed_lookup(params["embed"], tokens, dt, config)
-
-    kp, vp = cache["k"], cache["v"]
-    for i in range(config.num_hidden_layers):  # unrolled: each layer updates the stacked pools in place
-        lp = jax.tree.map(lambda a: a[i], params["layers"])
-        h = rms_norm(x, lp["input_norm"], config.rms_norm_eps)
-        q, k, v = _qkv(config, lp["attn"], h, cos, sin)
-        kp, vp = paged_cache.write_pages(kp, vp, i, k, v, slots)
-        o = paged_cache.attend_paged(q, kp, vp, i, page_tables, starts, decode_fn)
-        x = x + _attn_out(config, lp["attn"], o)
-        x = x + _mlp(config, lp, x)
-    return rms_norm(x, params["final_norm"], config.rms_norm_eps), {"k": kp, "v": vp}
-
-
-# ------------------------------------------------------------------------------------------ HF names
-def hf_tensors(config: ModelConfig):
-    """HF `Qwen3ForCausalLM` tensor names and their place in our params (see models/hf.py)."""
-    from mimesis_jax.models.hf import HFTensor, linear_in, linear_out
-
-    D, H, KVH, Dh, I, V = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                           config.head_dim, config.intermediate_size, config.vocab_size)
-    out = [HFTensor("model.embed_tokens.weight", ("embed",), None, (V, D)),
-           HFTensor("model.norm.weight", ("final_norm",), None, (D,))]
-    if not config.tie_word_embeddings:
-        out.append(HFTensor("lm_head.weight", ("lm_head",), None, (V, D)))
-    ident = (lambda w: w, lambda w: w)
-    for i in range(config.num_hidden_layers):
-        pre = f"model.layers.{i}."
-        rows = [
-            ("input_layernorm.weight", ("input_norm",), (D,), ident),
-            ("post_attention_layernorm.weight", ("post_norm",), (D,), ident),
-            ("self_attn.q_proj.weight", ("attn", "q"), (H * Dh, D), linear_in((H, Dh))),
-            ("self_attn.k_proj.weight", ("attn", "k"), (KVH * Dh, D), linear_in((KVH, Dh))),
-            ("self_attn.v_proj.weight", ("attn", "v"), (KVH * Dh, D), linear_in((KVH, Dh))),
-            ("self_attn.o_proj.weight", ("attn", "o"), (D, H * Dh), linear_out((H, Dh))),
-            ("self_attn.q_norm.weight", ("attn", "q_norm"), (Dh,), ident),
-            ("self_attn.k_norm.weight", ("attn", "k_norm"), (Dh,), ident),
-            ("mlp.gate_proj.weight", ("mlp", "gate"), (I, D), linear_in((I,))),
-            ("mlp.up_proj.weight", ("mlp", "up"), (I, D), linear_in((I,))),
-            ("mlp.down_proj.weight", ("mlp", "down"), (D, I), linear_out((I,))),
-        ]
-        if config.attention_bias:
-            flat = lambda w: w.reshape(-1)  # noqa: E731
-            rows += [
-                ("self_attn.q_proj.bias", ("attn", "q_bias"), (H * Dh,), (lambda w: w.reshape(H, Dh), flat)),
-                ("self_attn.k_proj.bias", ("attn", "k_bias"), (KVH * Dh,), (lambda w: w.reshape(KVH, Dh), flat)),
-                ("self_attn.v_proj.bias", ("attn", "v_bias"), (KVH * Dh,), (lambda w: w.reshape(KVH, Dh), flat)),
-                ("self_attn.o_proj.bias", ("attn", "o_bias"), (D,), ident),
-            ]
-        for name, path, shape, (to_ours, to_hf) in rows:
-            out.append(HFTensor(pre + name, ("layers",) + path, i, shape, to_ours, to_hf))
-    return out

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mimesis_jax.models import kv_cache
 from mimesis_jax.models.attention import attend, cache_spec, causal_spec, config_kwargs
@@ -74,18 +73,18 @@ def layer_block(config: ModelConfig) -> tuple[tuple[str, ...], int]:
     raise AssertionError("unreachable")
 
 
-def _counts(config: ModelConfig) -> tuple[int, int]:
+def layer_counts(config: ModelConfig) -> tuple[int, int]:
     n_lin = sum(t == LINEAR for t in config.layer_types)
     return n_lin, len(config.layer_types) - n_lin
 
 
-def _dims(config: ModelConfig):
+def linear_dims(config: ModelConfig):
     Hk, Hv = config.linear_num_key_heads, config.linear_num_value_heads
     Dk, Dv = config.linear_key_head_dim, config.linear_value_head_dim
     return Hk, Hv, Dk, Dv, Hv // Hk, 2 * Dk + (Hv // Hk) * Dv
 
 
-def _check_supported(config: ModelConfig) -> None:
+def check_supported(config: ModelConfig) -> None:
     if config.model_type != "qwen3_5_text":
         raise ConfigError(f"config key 'model_type': qwen3_5.py implements 'qwen3_5_text', got {config.model_type!r}")
     if not config.attn_output_gate:
@@ -110,12 +109,12 @@ def _common_specs(config: ModelConfig, n: int) -> dict:
 
 
 def param_specs(config: ModelConfig) -> dict:
-    _check_supported(config)
+    check_supported(config)
     D, V, H, KVH, Dh = (config.hidden_size, config.vocab_size, config.num_attention_heads,
                         config.num_key_value_heads, config.head_dim)
-    Hk, Hv, Dk, Dv, _, Cg = _dims(config)
+    Hk, Hv, Dk, Dv, _, Cg = linear_dims(config)
     K = config.linear_conv_kernel_dim
-    n_lin, n_full = _counts(config)
+    n_lin, n_full = layer_counts(config)
     specs: dict = {
         "embed": ParamSpec((V, D), ("vocab", "embed")),
         "final_norm": ParamSpec((D,), ("norm",), "zeros"),
@@ -149,7 +148,7 @@ def param_specs(config: ModelConfig) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ pieces
-def _norm(config: ModelConfig, x: jax.Array, w: jax.Array) -> jax.Array:
+def norm(config: ModelConfig, x: jax.Array, w: jax.Array) -> jax.Array:
     """The family's zero-centred RMSNorm: x_hat * (1 + w)."""
     return rms_norm(x, w, config.rms_norm_eps, offset=1.0)
 
@@ -158,13 +157,13 @@ def _residual(config: ModelConfig, x: jax.Array) -> jax.Array:
     return constrain(x, ("act_batch", "act_length", "act_embed"), config)
 
 
-def _mlp(config: ModelConfig, lp: dict, x: jax.Array) -> jax.Array:
-    h = _norm(config, x, lp["post_norm"])
+def mlp(config: ModelConfig, lp: dict, x: jax.Array) -> jax.Array:
+    h = norm(config, x, lp["post_norm"])
     m = lp["mlp"]
     return swiglu(h, m["gate"], m["up"], m["down"], lambda a, ax: constrain(a, ax, config))
 
 
-def _gated_rms_norm(config: ModelConfig, o: jax.Array, z: jax.Array, w: jax.Array) -> jax.Array:
+def gated_rms_norm(config: ModelConfig, o: jax.Array, z: jax.Array, w: jax.Array) -> jax.Array:
     """Gated RMSNorm of the DeltaNet output (plain weight, norm before gate): rmsnorm(o) * w * silu(z)."""
     n = rms_norm(o, w, config.rms_norm_eps)
     return (n.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).astype(o.dtype)
@@ -177,8 +176,8 @@ def _full_attention(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
     q, gate = qg[..., :Dh], qg[..., Dh:]
     k = jnp.einsum("btd,dhk->bthk", h, p["k"].astype(dt))
     v = jnp.einsum("btd,dhk->bthk", h, p["v"].astype(dt))
-    q = apply_rope(_norm(config, q, p["q_norm"]), *ctx["rope"])
-    k = apply_rope(_norm(config, k, p["k_norm"]), *ctx["rope"])
+    q = apply_rope(norm(config, q, p["q_norm"]), *ctx["rope"])
+    k = apply_rope(norm(config, k, p["k_norm"]), *ctx["rope"])
     q = constrain(q, ("act_batch", "act_length", "act_heads", None), config)
     k = constrain(k, ("act_batch", "act_length", "act_kv_heads", None), config)
     v = constrain(v, ("act_batch", "act_length", "act_kv_heads", None), config)
@@ -229,7 +228,7 @@ def deltanet_gates(a: jax.Array, b: jax.Array, A_log: jax.Array, dt_bias: jax.Ar
     return jnp.where(m, g, 0.0), jnp.where(m, jax.nn.sigmoid(f32(b)), 0.0)
 
 
-def _causal_conv(x: jax.Array, w: jax.Array, window: jax.Array, taps: jax.Array):
+def causal_conv(x: jax.Array, w: jax.Array, window: jax.Array, taps: jax.Array):
     """Depthwise causal conv: y_t = sum_j w[j] * x_{t-(K-1)+j} over live taps; returns (y, new window).
 
     x [B, T, Hk, Cg] new inputs, w [K, Hk, Cg], window [B, K-1, Hk, Cg] the previous inputs.
@@ -245,12 +244,12 @@ def _gated_deltanet(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
     """The linear-attention mixer; returns (out [B, T, D], new layer cache or None)."""
     dt = h.dtype
     B, T, _ = h.shape
-    Hk, Hv, Dk, Dv, r, Cg = _dims(config)
+    Hk, Hv, Dk, Dv, r, Cg = linear_dims(config)
     K = config.linear_conv_kernel_dim
     mixed = jnp.einsum("btd,dgc->btgc", h, p["qkv"].astype(dt))
     mixed = constrain(mixed, ("act_batch", "act_length", "act_kv_heads", None), config)
     window = jnp.zeros((B, K - 1, Hk, Cg), dt) if cache is None else cache["conv"]
-    y, new_window = _causal_conv(mixed, p["conv"], window, ctx["taps"])
+    y, new_window = causal_conv(mixed, p["conv"], window, ctx["taps"])
     y = jax.nn.silu(y)
     q = l2_normalize(y[..., :Dk]) * Dk ** -0.5
     k = l2_normalize(y[..., Dk:2 * Dk])
@@ -270,7 +269,7 @@ def _gated_deltanet(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
     else:
         o, new_state = chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK_SIZE, initial_state=state,
                                               reset=ctx["reset"])
-    o = _gated_rms_norm(config, o, z, p["norm"])
+    o = gated_rms_norm(config, o, z, p["norm"])
     out = jnp.einsum("bthv,hvd->btd", o, p["out"].astype(dt))
     if cache is None:
         return out, None
@@ -280,16 +279,16 @@ def _gated_deltanet(config: ModelConfig, p: dict, h: jax.Array, ctx: dict, cache
 
 def _linear_layer(config, lp, x, ctx, cache):
     with jax.named_scope("deltanet"):
-        out, new = _gated_deltanet(config, lp["mixer"], _norm(config, x, lp["input_norm"]), ctx, cache)
+        out, new = _gated_deltanet(config, lp["mixer"], norm(config, x, lp["input_norm"]), ctx, cache)
     x = _residual(config, x + out)
-    return _residual(config, x + _mlp(config, lp, x)), new
+    return _residual(config, x + mlp(config, lp, x)), new
 
 
 def _full_layer(config, lp, x, ctx, cache):
     with jax.named_scope("attention"):
-        out, new = _full_attention(config, lp["attn"], _norm(config, x, lp["input_norm"]), ctx, cache)
+        out, new = _full_attention(config, lp["attn"], norm(config, x, lp["input_norm"]), ctx, cache)
     x = _residual(config, x + out)
-    return _residual(config, x + _mlp(config, lp, x)), new
+    return _residual(config, x + mlp(config, lp, x)), new
 
 
 # ------------------------------------------------------------------------------------------ runner
@@ -387,18 +386,18 @@ def hidden_states(config: ModelConfig, params: dict, tokens: jax.Array, position
                 "spec": causal_spec(segment_ids)}
     with jax.named_scope("trunk"):
         x, _, _ = _run_layers(config, params, x, lin_ctx, full_ctx, remat=True)
-    return _norm(config, x, params["final_norm"]), None
+    return norm(config, x, params["final_norm"]), None
 
 
 # ------------------------------------------------------------------------------------------ decoding
 def init_cache(config: ModelConfig, batch: int, max_len: int) -> dict:
-    n_lin, n_full = _counts(config)
+    n_lin, n_full = layer_counts(config)
     cache = kv_cache.init_kv(n_full, batch, max_len, config.num_key_value_heads, config.head_dim,
                              config.compute_dtype)
     if n_full == 0:
         del cache["k"], cache["v"]
     if n_lin:
-        Hk, Hv, Dk, Dv, _, Cg = _dims(config)
+        Hk, Hv, Dk, Dv, _, Cg = linear_dims(config)
         Km1 = config.linear_conv_kernel_dim - 1
         cache.update(conv=jnp.zeros((n_lin, batch, Km1, Hk, Cg), config.compute_dtype),
                      conv_seg=jnp.zeros((batch, Km1), jnp.int32),
@@ -408,7 +407,7 @@ def init_cache(config: ModelConfig, batch: int, max_len: int) -> dict:
 
 
 def cache_axes(config: ModelConfig) -> dict:
-    n_lin, n_full = _counts(config)
+    n_lin, n_full = layer_counts(config)
     axes = kv_cache.kv_axes()
     if n_full == 0:
         del axes["k"], axes["v"]
@@ -427,7 +426,7 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
     """
     if segment_ids is None:
         segment_ids = jnp.ones(tokens.shape, jnp.int32)
-    n_lin, n_full = _counts(config)
+    n_lin, n_full = layer_counts(config)
     T = tokens.shape[1]
     x = embed_lookup(params["embed"], tokens, config.compute_dtype, config)
     seg_all, q_slots = kv_cache.write_segments(cache, segment_ids)
@@ -447,203 +446,4 @@ def extend(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, po
         new_cache.update(lin_new)
     if n_full:
         new_cache.update(full_new)
-    return _norm(config, x, params["final_norm"]), new_cache
-
-
-# ------------------------------------------------------------------------------------------ paged decoding
-def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int, num_states: int) -> dict:
-    """The rollout engine's cache (rollout/engine.py): page pools of the full layers (models/paged_cache.py)
-    and, per linear layer, a pool of `num_states` per-dialogue state slots (conv window [K-1, Hk, Cg] in the
-    compute dtype, recurrent state [Hv, Dk, Dv] in float32); slot 0 is the trash slot of idle rows."""
-    from mimesis_jax.models import paged_cache
-
-    n_lin, n_full = _counts(config)
-    cache = {}
-    if n_full:
-        cache.update(paged_cache.init_pages(n_full, config.num_key_value_heads, num_pages, page_size,
-                                            config.head_dim, config.compute_dtype))
-    if n_lin:
-        Hk, Hv, Dk, Dv, _, Cg = _dims(config)
-        Km1 = config.linear_conv_kernel_dim - 1
-        cache.update(conv=jnp.zeros((n_lin, num_states, Km1, Hk, Cg), config.compute_dtype),
-                     state=jnp.zeros((n_lin, num_states, Hv, Dk, Dv), jnp.float32))
-    return cache
-
-
-def _gated_deltanet_paged(config: ModelConfig, p: dict, h: jax.Array, window: jax.Array, state: jax.Array,
-                          n_valid: jax.Array):
-    """The linear-attention mixer on right-padded rows continuing a dialogue's conv window and state.
-
-    Row b's first n_valid[b] tokens are real; padding has g = beta = 0 (state untouched, see `deltanet_gates`)
-    and the new conv window is the K-1 inputs ending at the last real token (not at the padded end).
-    Returns (out [B, T, D], new window, new state).
-    """
-    dt = h.dtype
-    B, T, _ = h.shape
-    Hk, Hv, Dk, Dv, r, Cg = _dims(config)
-    K = config.linear_conv_kernel_dim
-    valid = jnp.arange(T, dtype=jnp.int32)[None] < n_valid[:, None]
-    mixed = jnp.einsum("btd,dgc->btgc", h, p["qkv"].astype(dt))
-    y, _ = _causal_conv(mixed, p["conv"], window, jnp.broadcast_to(valid, (K, B, T)))
-    xx = jnp.concatenate([window.astype(dt), mixed], axis=1)  # [B, K-1+T, Hk, Cg]
-    idx = n_valid[:, None] + jnp.arange(K - 1, dtype=jnp.int32)[None]
-    new_window = jnp.take_along_axis(xx, idx[:, :, None, None], axis=1)
-    y = jax.nn.silu(y)
-    q = l2_normalize(y[..., :Dk]) * Dk ** -0.5
-    k = l2_normalize(y[..., Dk:2 * Dk])
-    v = y[..., 2 * Dk:].reshape(B, T, Hv, Dv)
-    if r > 1:
-        q, k = jnp.repeat(q, r, axis=2), jnp.repeat(k, r, axis=2)
-    z = jnp.einsum("btd,dhv->bthv", h, p["z"].astype(dt))
-    b = jnp.einsum("btd,dh->bth", h, p["b"].astype(dt))
-    a = jnp.einsum("btd,dh->bth", h, p["a"].astype(dt))
-    g, beta = deltanet_gates(a, b, p["A_log"], p["dt_bias"], valid)
-    if T == 1:
-        o, new_state = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state)
-    else:
-        o, new_state = chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK_SIZE, initial_state=state)
-    o = _gated_rms_norm(config, o, z, p["norm"])
-    return jnp.einsum("bthv,hvd->btd", o, p["out"].astype(dt)), new_window, new_state
-
-
-def forward_paged(config: ModelConfig, params: dict, cache: dict, tokens: jax.Array, starts: jax.Array,
-                  n_valid: jax.Array, page_tables: jax.Array, state_slots: jax.Array, decode_fn=None):
-    """Runs new tokens on top of the engine's cache (see `init_paged_cache`); returns (hidden, new cache).
-
-    tokens [B, T] right-padded, n_valid[b] real tokens at positions starts[b] + i; full layers write to and
-    attend over the pages `page_tables[b]` (as qwen3.forward_paged); linear layers continue the conv window and
-    recurrent state of state slot `state_slots[b]`; a row starting at position 0 starts from zero state and
-    window (no history), whatever its slot held before.
-    Rows with n_valid = 0 are idle: they should use state slot 0 and leave every real slot untouched.
-    Layers run unrolled in `layer_types` order.
-    """
-    from mimesis_jax.models import paged_cache
-
-    T = tokens.shape[1]
-    positions = starts[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
-    x = embed_lookup(params["embed"], tokens, config.compute_dtype, config)
-    new = dict(cache)  # every layer updates the stacked pools in place
-    if "k" in cache:
-        page_size = cache["k"].shape[3]
-        slots = paged_cache.token_slots(page_tables, starts, n_valid, T, page_size)
-        rope = rope_tables(positions, config.rotary_dim, config.rope_theta)
-    seen = {LINEAR: 0, FULL: 0}
-    for t in config.layer_types:
-        j = seen[t]
-        seen[t] += 1
-        if t == LINEAR:
-            lp = jax.tree.map(lambda a: a[j], params["linear_layers"])
-            fresh = (starts == 0)[:, None, None, None]  # position 0: no history, whatever the slot held
-            window = jnp.where(fresh, 0, new["conv"][j, state_slots])
-            state = jnp.where(fresh, 0.0, new["state"][j, state_slots])
-            out, window, state = _gated_deltanet_paged(config, lp["mixer"], _norm(config, x, lp["input_norm"]),
-                                                       window, state, n_valid)
-            new["conv"] = new["conv"].at[j, state_slots].set(window.astype(new["conv"].dtype))
-            new["state"] = new["state"].at[j, state_slots].set(state)
-        else:
-            lp = jax.tree.map(lambda a: a[j], params["full_layers"])
-            p = lp["attn"]
-            h = _norm(config, x, lp["input_norm"])
-            dt, Dh = h.dtype, config.head_dim
-            qg = jnp.einsum("btd,dhk->bthk", h, p["q_gate"].astype(dt))
-            q, gate = qg[..., :Dh], qg[..., Dh:]
-            k = jnp.einsum("btd,dhk->bthk", h, p["k"].astype(dt))
-            v = jnp.einsum("btd,dhk->bthk", h, p["v"].astype(dt))
-            q = apply_rope(_norm(config, q, p["q_norm"]), *rope)
-            k = apply_rope(_norm(config, k, p["k_norm"]), *rope)
-            new["k"], new["v"] = paged_cache.write_pages(new["k"], new["v"], j, k, v, slots)
-            o = paged_cache.attend_paged(q, new["k"], new["v"], j, page_tables, starts, decode_fn)
-            o = o * jax.nn.sigmoid(gate)
-            out = jnp.einsum("bthk,hkd->btd", o, p["o"].astype(dt))
-        x = x + out
-        x = x + _mlp(config, lp, x)
-    return _norm(config, x, params["final_norm"]), new
-
-
-# ------------------------------------------------------------------------------------------ HF names
-def hf_name(name: str) -> str | None:
-    """Normalises a checkpoint tensor name: the text part of a full `qwen3_5` checkpoint loses its
-    ``model.language_model.`` prefix; vision (``model.visual.*``) and multi-token-prediction (``mtp.*``)
-    tensors are ignored (None)."""
-    if name.startswith(("mtp.", "model.visual.", "visual.")):
-        return None
-    if name.startswith("model.language_model."):
-        return "model." + name[len("model.language_model."):]
-    return name
-
-
-def _grouped_qkv(config: ModelConfig):
-    """HF rows [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv), ...] <-> ours [Hk, 2 Dk + r Dv, ...] (grouped by key head)."""
-    Hk, Hv, Dk, Dv, r, Cg = _dims(config)
-
-    def to_groups(w):
-        rest = w.shape[1:]
-        q = w[:Hk * Dk].reshape((Hk, Dk) + rest)
-        k = w[Hk * Dk:2 * Hk * Dk].reshape((Hk, Dk) + rest)
-        v = w[2 * Hk * Dk:].reshape((Hk, r * Dv) + rest)
-        return np.concatenate([q, k, v], axis=1)
-
-    def from_groups(w):
-        rest = w.shape[2:]
-        parts = (w[:, :Dk], w[:, Dk:2 * Dk], w[:, 2 * Dk:])
-        return np.concatenate([p.reshape((-1,) + rest) for p in parts], axis=0)
-
-    qkv = (lambda w: np.ascontiguousarray(to_groups(w).transpose(2, 0, 1)),  # [C, D] -> [D, Hk, Cg]
-           lambda w: np.ascontiguousarray(from_groups(w.transpose(1, 2, 0))))
-    conv = (lambda w: np.ascontiguousarray(to_groups(w[:, 0, :]).transpose(2, 0, 1)),  # [C, 1, K] -> [K, Hk, Cg]
-            lambda w: np.ascontiguousarray(from_groups(w.transpose(1, 2, 0))[:, None, :]))
-    return qkv, conv
-
-
-def hf_tensors(config: ModelConfig):
-    """HF `Qwen3_5ForCausalLM` tensor names and their place in our params (see models/hf.py)."""
-    from mimesis_jax.models.hf import HFTensor, linear_in, linear_out
-
-    _check_supported(config)
-    D, H, KVH, Dh, I, V = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                           config.head_dim, config.intermediate_size, config.vocab_size)
-    Hk, Hv, Dk, Dv, _, _ = _dims(config)
-    C, K = 2 * Hk * Dk + Hv * Dv, config.linear_conv_kernel_dim
-    ident = (lambda w: w, lambda w: w)
-    qkv, conv = _grouped_qkv(config)
-    out = [HFTensor("model.embed_tokens.weight", ("embed",), None, (V, D)),
-           HFTensor("model.norm.weight", ("final_norm",), None, (D,))]
-    if not config.tie_word_embeddings:
-        out.append(HFTensor("lm_head.weight", ("lm_head",), None, (V, D)))
-    seen = {LINEAR: 0, FULL: 0}
-    for i, t in enumerate(config.layer_types):
-        j = seen[t]
-        seen[t] += 1
-        rows = [
-            ("input_layernorm.weight", ("input_norm",), (D,), ident),
-            ("post_attention_layernorm.weight", ("post_norm",), (D,), ident),
-            ("mlp.gate_proj.weight", ("mlp", "gate"), (I, D), linear_in((I,))),
-            ("mlp.up_proj.weight", ("mlp", "up"), (I, D), linear_in((I,))),
-            ("mlp.down_proj.weight", ("mlp", "down"), (D, I), linear_out((I,))),
-        ]
-        if t == LINEAR:
-            group, m = "linear_layers", "linear_attn."
-            rows += [
-                (m + "in_proj_qkv.weight", ("mixer", "qkv"), (C, D), qkv),
-                (m + "conv1d.weight", ("mixer", "conv"), (C, 1, K), conv),
-                (m + "in_proj_z.weight", ("mixer", "z"), (Hv * Dv, D), linear_in((Hv, Dv))),
-                (m + "in_proj_b.weight", ("mixer", "b"), (Hv, D), linear_in((Hv,))),
-                (m + "in_proj_a.weight", ("mixer", "a"), (Hv, D), linear_in((Hv,))),
-                (m + "A_log", ("mixer", "A_log"), (Hv,), ident),
-                (m + "dt_bias", ("mixer", "dt_bias"), (Hv,), ident),
-                (m + "norm.weight", ("mixer", "norm"), (Dv,), ident),
-                (m + "out_proj.weight", ("mixer", "out"), (D, Hv * Dv), linear_out((Hv, Dv))),
-            ]
-        else:
-            group, m = "full_layers", "self_attn."
-            rows += [
-                (m + "q_proj.weight", ("attn", "q_gate"), (H * 2 * Dh, D), linear_in((H, 2 * Dh))),
-                (m + "k_proj.weight", ("attn", "k"), (KVH * Dh, D), linear_in((KVH, Dh))),
-                (m + "v_proj.weight", ("attn", "v"), (KVH * Dh, D), linear_in((KVH, Dh))),
-                (m + "o_proj.weight", ("attn", "o"), (D, H * Dh), linear_out((H, Dh))),
-                (m + "q_norm.weight", ("attn", "q_norm"), (Dh,), ident),
-                (m + "k_norm.weight", ("attn", "k_norm"), (Dh,), ident),
-            ]
-        for name, path, shape, (to_ours, to_hf) in rows:
-            out.append(HFTensor(f"model.layers.{i}.{name}", (group,) + path, j, shape, to_ours, to_hf))
-    return out
+    return norm(config, x, params["final_norm"]), new_cache

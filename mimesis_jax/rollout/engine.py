@@ -1,5 +1,8 @@
 """Multi-turn rollout engine: persistent per-dialogue caches, a paged KV pool and continuous batching.
 
+This module is the scheduler (requests, admission, rounds); the jitted programs are in rollout/engine_programs.py,
+the pages and cached dialogues in rollout/page_pool.py, the chat-model adapter in rollout/engine_chat.py.
+
     engine = RolloutEngine(config, params, EngineConfig(slots=16), stop_ids=(im_end,))
     samples = engine.generate_tokens(prompts, keys=episode_ids, max_tokens=256, temperature=1.0, seed=seeds)
     ...                                   # next turn: prompts extend the previous ones -> only the suffix is run
@@ -37,7 +40,7 @@ returns early when a slot finishes and a request is waiting). The compiled shape
 prefill programs [r, prefill_chunk] for r = 1, 2, 4 .. prefill_rows (a lone joining request does not pay for
 prefill_rows rows) and one decode program [slots], each per page-table width (`table_widths`) and per
 sampling-filter candidate count. A decode burst works on a slot-major copy of its rows' pages (no page gather
-per step; see `_decode_program`).
+per step; see `engine_programs.decode_program`).
 
 **Driving the scheduler.** `generate_tokens` queues a call's requests and runs scheduler rounds until they are
 done (the RL runners' path). `submit(prompt, ..., on_token=f)` queues one request from any thread and returns its
@@ -51,33 +54,26 @@ Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / off
 evictions, recomputed dialogues.
 """
 
+
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import math
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.models.paged_attention import slot_major_decode_attention
-from mimesis_jax.models.paged_cache import TRASH_PAGE
-from mimesis_jax.rollout import sampler
+from mimesis_jax.rollout import engine_programs, sampler
 from mimesis_jax.rollout.endpoints import _derive_seed
-from mimesis_jax.rollout.sampler import Sample, choose_tokens
+from mimesis_jax.rollout.page_pool import Dialogue, EngineError, PagePool
+from mimesis_jax.rollout.sampler import Sample
 
 log = logging.getLogger(__name__)
-
-
-class EngineError(RuntimeError):
-    """A request the engine's configured pools cannot hold (the message names the EngineConfig key)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,16 +104,6 @@ class EngineConfig:
 
 
 @dataclasses.dataclass(eq=False)
-class _Dialogue:
-    key: object
-    tokens: list[int] = dataclasses.field(default_factory=list)  # consumed by the model (in the cache)
-    pages: list[int] = dataclasses.field(default_factory=list)
-    state: int = 0  # Qwen3.5 state slot (0 = none)
-    busy: bool = False
-    last_used: int = 0
-
-
-@dataclasses.dataclass(eq=False)
 class EngineRequest:
     """One sampling request: the handle `RolloutEngine.submit` returns. Its fields fill in as the scheduler runs:
     `out` / `lps` (sampled ids and their log-probs), `finish` ("stop" | "length" | "cancelled" | "error") with
@@ -138,7 +124,7 @@ class EngineRequest:
     stops: list[int]
     on_token: object = None
     serial: int = 0
-    dialogue: _Dialogue | None = None
+    dialogue: Dialogue | None = None
     slot: int = -1
     pending: list[int] = dataclasses.field(default_factory=list)  # prompt tokens still to prefill
     pos: int = 0  # position of the next token fed to the model
@@ -157,112 +143,6 @@ class EngineRequest:
         return Sample(self.out, self.lps, self.finish, len(self.prompt))
 
 
-_Request = EngineRequest
-
-
-def _row_keys(seeds, salts):
-    return jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(seeds, salts)
-
-
-def _pick(config, params, h, samp, steps, filtering):
-    seeds, salts, temp, lp_temp, top_k, top_p = samp
-    keys = jax.vmap(jax.random.fold_in)(_row_keys(seeds, salts), steps)
-    logits = models.logits_from_hidden(config, params, h)
-    return choose_tokens(logits, keys, temp, top_k, top_p, filtering, lp_temp)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
-def _prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, tokens, starts, n_valid,
-                     page_tables, state_slots, samp):
-    """One prefill chunk [R, C]; returns (cache, first token [R], its log-prob [R]) sampled after each row's
-    last real token (used only for rows whose prompt ends in this chunk)."""
-    fam = models.family(config)
-    h, cache = fam.forward_paged(config, params, cache, tokens, starts, n_valid, page_tables, state_slots,
-                                 decode_fn)
-    last = jnp.take_along_axis(h, jnp.maximum(n_valid - 1, 0)[:, None, None], axis=1)[:, 0]
-    tok, lp = _pick(config, params, last, samp, jnp.zeros_like(n_valid), filtering)
-    return cache, tok, lp
-
-
-def _burst_copy(cache, page_tables):
-    """The rows' pages of every full-attention layer, copied into row-major blocks of W + 1 pages per row
-    ([L, KVH, S * (W + 1), page, Dh]; row b's extra last page is a scratch page), and the page tables that
-    address the copy ([S, W + 1])."""
-    S, W = page_tables.shape
-    scratch = jnp.full((S, 1), TRASH_PAGE, jnp.int32)
-    flat = jnp.concatenate([page_tables, scratch], axis=1).reshape(-1)
-    work = dict(cache, k=cache["k"][:, :, flat], v=cache["v"][:, :, flat])
-    return work, jnp.arange(S * (W + 1), dtype=jnp.int32).reshape(S, W + 1)
-
-
-def _burst_write_back(cache, work, page_tables, pos, count, n_steps: int):
-    """Copies the pages a burst wrote (row b's positions pos[b] .. pos[b] + count[b] - 1) from the working copy
-    back to the pool; every other page of the copy is unchanged and dropped."""
-    S, W = page_tables.shape
-    P = cache["k"].shape[3]
-    span = (P - 1 + n_steps - 1) // P + 1  # pages n_steps consecutive positions can touch
-    first = pos // P
-    j = first[:, None] + jnp.arange(span, dtype=jnp.int32)[None]  # [S, span] logical pages
-    last = (pos + count - 1) // P
-    used = (count[:, None] > 0) & (j <= last[:, None]) & (j < W)
-    jc = jnp.minimum(j, W - 1)
-    dst = jnp.where(used, jnp.take_along_axis(page_tables, jc, axis=1), TRASH_PAGE).reshape(-1)
-    src = (jnp.arange(S, dtype=jnp.int32)[:, None] * (W + 1) + jc).reshape(-1)
-    out = dict(work)
-    for name in ("k", "v"):
-        out[name] = cache[name].at[:, :, dst].set(work[name][:, :, src])
-    return out
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
-def _decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, params, cache, tok, pos, live,
-                    page_tables, state_slots, samp, steps, remaining, stops, stop_early):
-    """Up to n_steps one-token steps of every live slot. tok [S]: the last sampled token (fed at position
-    pos); steps [S]: index of the next sample; remaining [S]: samples left. Returns (cache, tokens [S, n],
-    log-probs [S, n], count [S] new tokens per slot, done [S], steps run).
-
-    Without a `decode_fn` (the jnp path), the burst first copies the rows' pages into a slot-major working
-    copy (`_burst_copy`), steps on it with paged_attention.slot_major_decode_attention (no per-step page
-    gather: on a CPU the gather cost as much as the attention itself), and writes the touched pages back at
-    the end. Rows that are not active write their token to their own scratch page of the copy (position
-    W * page_size) and to state slot 0."""
-    fam = models.family(config)
-    S = tok.shape[0]
-    burst = decode_fn is None and "k" in cache
-    if burst:
-        W = page_tables.shape[1]
-        work, tables = _burst_copy(cache, page_tables)
-        fn, idle_pos = slot_major_decode_attention, W * cache["k"].shape[3]
-    else:
-        work, tables, fn, idle_pos = cache, page_tables, decode_fn, None
-
-    def cond(c):
-        i, _, _, _, _, done, _, freed = c
-        return (i < n_steps) & ~jnp.all(done) & ~(stop_early & freed)
-
-    def body(c):
-        i, tok, work, out_tok, out_lp, done, count, _ = c
-        act = ~done
-        if burst:  # every row writes: inactive ones to their scratch page (and state slot 0)
-            at, n_valid = jnp.where(act, pos + i, idle_pos), jnp.ones_like(pos)
-        else:
-            at, n_valid = pos + i, act.astype(jnp.int32)
-        h, work = fam.forward_paged(config, params, work, tok[:, None], at, n_valid, tables,
-                                    jnp.where(act, state_slots, 0), fn)
-        new, lp = _pick(config, params, h[:, 0], samp, steps + i, filtering)
-        out_tok = out_tok.at[:, i].set(jnp.where(act, new, 0))
-        out_lp = out_lp.at[:, i].set(jnp.where(act, lp, 0.0))
-        count = count + act.astype(jnp.int32)
-        fin = act & (jnp.any(new[:, None] == stops, axis=-1) | (i + 1 >= remaining))
-        return i + 1, jnp.where(act, new, tok), work, out_tok, out_lp, done | fin, count, jnp.any(fin)
-
-    done0 = ~live
-    c = (jnp.int32(0), tok, work, jnp.zeros((S, n_steps), jnp.int32), jnp.zeros((S, n_steps), jnp.float32),
-         done0, jnp.zeros((S,), jnp.int32), jnp.bool_(False))
-    i, _, work, out_tok, out_lp, done, count, _ = jax.lax.while_loop(cond, body, c)
-    cache = _burst_write_back(cache, work, page_tables, pos, count, n_steps) if burst else work
-    return cache, out_tok, out_lp, count, done, i
-
 
 class RolloutEngine:
     """Token-level sampler with persistent dialogue state; `generate_tokens` has LocalChatModel's contract
@@ -273,16 +153,16 @@ class RolloutEngine:
         self.config, self.params = config, params
         self.ec = engine_config or EngineConfig()
         self.ec.validate()
-        fam = models.family(config)
+        fam = models.family(config, "paged")
         if not hasattr(fam, "forward_paged"):
             raise EngineError(f"config key 'model_type': {config.model_type!r} has no paged forward")
-        self.has_state = config.model_type == "qwen3_5_text"
         self.stop_ids = [int(t) for t in stop_ids]
         self.seed = seed
         self.decode_fn = decode_attention
         self.broken: str | None = None  # why the engine cannot serve (its pool was lost and not rebuilt)
-        self._new_pools()
-        self._clock = 0
+        self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
+                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0)
+        self.pool = PagePool(config, self.ec, self.stats)
         self._calls = 0
         self._lock = threading.RLock()  # envs on worker threads may share one engine (calls are serialised)
         self._submit_lock, self._serial_lock = threading.Lock(), threading.Lock()
@@ -292,21 +172,13 @@ class RolloutEngine:
         self._wake = threading.Event()  # set by submit / cancel: an EngineLoop waiting for work wakes up
         self._submitted = 0
         self._serial = 0
-        self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
-                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0)
 
     def _new_pools(self) -> None:
         """A fresh KV pool (and Qwen3.5 state slots), every page and slot free, no dialogue cached."""
-        self.cache = None  # the old buffers go first: a rebuild after an OOM needs their memory
-        self.cache = models.family(self.config).init_paged_cache(self.config, self.ec.num_pages, self.ec.page_size,
-                                                                 self.ec.states)
-        self.free_pages = list(range(self.ec.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
-        self.free_states = list(range(self.ec.states - 1, 0, -1))
-        self.dialogues: OrderedDict = OrderedDict()  # key -> _Dialogue, least recently used first
+        self.pool.reset()
 
     def _cache_lost(self) -> bool:
-        """Whether the pool's buffers are gone: a program that failed after taking its donated cache."""
-        return self.cache is None or any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(self.cache))
+        return self.pool.lost()
 
     def _recover(self) -> None:
         """After a failed program call: when its donated pool was lost, a new pool and state slots (every cached
@@ -339,124 +211,59 @@ class RolloutEngine:
         return self.ec.max_pages_per_seq * self.ec.page_size
 
     def pages_in_use(self) -> int:
-        return self.ec.num_pages - 1 - len(self.free_pages)
-
-    def _free(self, d: _Dialogue) -> None:
-        self.free_pages.extend(reversed(d.pages))
-        d.pages, d.tokens = [], []
-        if d.state:
-            self.free_states.append(d.state)
-            d.state = 0
+        return self.pool.pages_in_use()
 
     def release(self, key) -> None:
         """Forgets dialogue `key` (the episode ended or was cancelled): its pages and state slot are freed."""
         with self._lock:
-            self._release(key)
-
-    def _release(self, key) -> None:
-        d = self.dialogues.get(key)
-        if d is None:
-            return
-        if d.busy:
-            raise EngineError(f"release({key!r}): the dialogue has a request in flight")
-        self._free(d)
-        del self.dialogues[key]
+            self.pool.release(key)
 
     def release_all(self) -> None:
-        for key in list(self.dialogues):
+        for key in list(self.pool.dialogues):
             self.release(key)
 
-    def _evict_one(self, protect: _Dialogue) -> bool:
-        for key, d in self.dialogues.items():  # least recently used first
-            if not d.busy and d is not protect and (d.pages or d.state):
-                self._free(d)
-                del self.dialogues[key]
-                self.stats["evictions"] += 1
-                return True
-        return False
-
-    def _reserve(self, r: _Request, anything_running: bool) -> bool:
-        """Gives r's dialogue the pages (and state slot) for prompt + max_new; False = wait for a free slot."""
-        d = r.dialogue
-        ps = self.ec.page_size
-        need = math.ceil((len(r.prompt) + r.max_new - 1) / ps) - len(d.pages)
-        while len(self.free_pages) < need or (self.has_state and not d.state and not self.free_states):
-            if self._evict_one(d):
-                continue
-            if anything_running:
-                return False
-            if len(self.free_pages) < need:
-                raise EngineError(f"request {r.index}: needs {need} more cache pages of {ps} tokens but the pool has "
-                                  f"{len(self.free_pages)} free with nothing left to evict; raise "
-                                  f"EngineConfig.num_pages (now {self.ec.num_pages})")
-            raise EngineError(f"request {r.index}: no free state slot and nothing to evict; raise "
-                              f"EngineConfig.num_states (now {self.ec.states})")
-        for _ in range(max(need, 0)):
-            d.pages.append(self.free_pages.pop())
-        if self.has_state and not d.state:
-            d.state = self.free_states.pop()
-        return True
-
-    def _admit(self, r: _Request, slot: int, anything_running: bool) -> bool:
+    def _admit(self, r: EngineRequest, slot: int, anything_running: bool) -> bool:
+        """Gives r its dialogue's pages (and state slot) for prompt + max_new and the slot; False = wait for a
+        running request to free pages."""
         key = r.key if r.key is not None else ("__anon__", r.serial)
-        d = self.dialogues.get(key)
-        if d is None:
-            d = _Dialogue(key)
-            self.dialogues[key] = d
-        elif d.busy:
-            raise ValueError(f"request {r.index}: dialogue {r.key!r} already has a request in flight")
-        r.dialogue = d
-        n = len(d.tokens)
-        if n and n < len(r.prompt) and r.prompt[:n] == d.tokens:
-            self.stats["reused_tokens"] += n
-        else:
-            if n:
-                self.stats["recomputed"] += 1
-            d.tokens = []
+        d = r.dialogue = self.pool.open(key, r.prompt, r.index)
         try:
-            ok = self._reserve(r, anything_running)
+            ok = self.pool.reserve(d, len(r.prompt) + r.max_new - 1, r.index, anything_running)
         except EngineError:
             ok = False
             raise
         finally:
-            if not ok and not d.tokens and not d.pages and not d.state:
-                del self.dialogues[key]
+            if not ok:
+                self.pool.drop_if_empty(key)
         if not ok:
             return False
-        d.busy = True
-        self._clock += 1
-        d.last_used = self._clock
-        self.dialogues.move_to_end(key)
+        self.pool.touch(key)
         r.pos = len(d.tokens)
         r.pending = r.prompt[r.pos:]
         r.slot = slot
         return True
 
-    def _finish(self, r: _Request, reason: str) -> None:
+    def _finish(self, r: EngineRequest, reason: str) -> None:
         r.finish = reason
         d = r.dialogue
-        d.tokens = r.prompt + r.out[:-1]  # the last sampled token was never fed to the model
-        keep = math.ceil(len(d.tokens) / self.ec.page_size)
-        self.free_pages.extend(reversed(d.pages[keep:]))
-        d.pages = d.pages[:keep]
-        d.busy = False
+        self.pool.keep(d, r.prompt + r.out[:-1])  # the last sampled token was never fed to the model
         if r.key is None:
-            self._release(d.key)
+            self.pool.release(d.key)
 
-    def _drop(self, r: _Request, reason: str, error: str | None = None) -> None:
+    def _drop(self, r: EngineRequest, reason: str, error: str | None = None) -> None:
         """Ends r without a (further) token: cancelled or failed. Its dialogue is forgotten (its cache may hold
         a half-written turn), its slot freed, and its callback told (token None)."""
         d = r.dialogue
         if d is not None:
             d.busy = False
-            self._release(d.key)
+            self.pool.release(d.key)
         if 0 <= r.slot < len(self._slots) and self._slots[r.slot] is r:
             self._slots[r.slot] = None
         r.finish, r.error = reason, error
         self._notify(r, None, None)
 
     @staticmethod
-    def _notify(r: _Request, tok, lp) -> None:
+    def _notify(r: EngineRequest, tok, lp) -> None:
         if r.on_token is not None:
             r.on_token(r, tok, lp)
 
@@ -611,15 +418,16 @@ class RolloutEngine:
                                       tks[i], tps[i], seeds[i] % (1 << 32), salts[i], stops[i], serial=serial))
         return reqs
 
+
     # ------------------------------------------------------------------------------------ scheduling
-    def _samp(self, rows: list[_Request | None]):
+    def _samp(self, rows: list[EngineRequest | None]):
         def col(f, fill, dtype):
             return np.asarray([f(r) if r is not None else fill for r in rows], dtype)
         return (col(lambda r: r.seed, 0, np.uint32), col(lambda r: r.salt, 0, np.uint32),
                 col(lambda r: r.temperature, 0.0, np.float32), col(lambda r: r.lp_temperature, 1.0, np.float32),
                 col(lambda r: r.top_k, 0, np.int32), col(lambda r: r.top_p, 1.0, np.float32))
 
-    def _filtering(self, rows: list[_Request | None]):
+    def _filtering(self, rows: list[EngineRequest | None]):
         """The static sampling-filter setting of a program call over `rows`: the top-k candidate count the rows
         need (`sampler.candidate_count`). It is exact for every row (a row's filtered logits do not depend on a
         larger count), so a request draws the same tokens whatever shares its batch."""
@@ -645,18 +453,10 @@ class RolloutEngine:
             r *= 2
         return out + [self.ec.prefill_rows]
 
-    def _table(self, rows: list[_Request | None]) -> np.ndarray:
-        """Page tables of a batch, as wide as the smallest compiled width holding its longest row (attention
-        gathers the whole width, so short dialogues do not pay for the longest one the pool allows)."""
-        most = max([len(r.dialogue.pages) for r in rows if r is not None] + [1])
-        width = next(w for w in self.table_widths() if w >= most)
-        t = np.full((len(rows), width), TRASH_PAGE, np.int32)
-        for i, r in enumerate(rows):
-            if r is not None:
-                t[i, :len(r.dialogue.pages)] = r.dialogue.pages
-        return t
+    def _table(self, rows: list[EngineRequest | None]) -> np.ndarray:
+        return self.pool.table([r.dialogue.pages if r is not None else None for r in rows], self.table_widths())
 
-    def _record(self, r: _Request, tok: int, lp: float) -> None:
+    def _record(self, r: EngineRequest, tok: int, lp: float) -> None:
         r.out.append(int(tok))
         r.lps.append(float(lp))
         if int(tok) in r.stops:
@@ -668,7 +468,13 @@ class RolloutEngine:
     def _step(self) -> None:
         """One round: new and cancelled requests, FIFO admission into free slots, one prefill chunk, one decode
         burst (see the module docstring)."""
-        ec = self.ec
+        self._take_new_and_cancelled()
+        self._admit_waiting()
+        self._prefill_round()
+        self._decode_round()
+
+    def _take_new_and_cancelled(self) -> None:
+        """Moves submitted requests to the waiting queue and ends the cancelled ones."""
         slots, waiting = self._slots, self._waiting
         while self._inbox:
             waiting.append(self._inbox.popleft())
@@ -676,8 +482,11 @@ class RolloutEngine:
             if r.finish is None:
                 self._drop(r, "cancelled")
         waiting[:] = [w for w in waiting if w.finish is None]
-        # admission: FIFO into free slots; a request that can never be admitted ends alone with finish "error"
-        for si in range(ec.slots):
+
+    def _admit_waiting(self) -> None:
+        """FIFO admission into free slots; a request that can never be admitted ends alone with finish "error"."""
+        slots, waiting = self._slots, self._waiting
+        for si in range(self.ec.slots):
             while slots[si] is None and waiting:
                 w = waiting[0]
                 try:
@@ -691,68 +500,77 @@ class RolloutEngine:
                 slots[si] = waiting.pop(0)
             if slots[si] is None and waiting:
                 break  # the head of the queue waits for running requests to free pages
-        # one prefill chunk
-        pre = [r for r in slots if r is not None and r.pending][:ec.prefill_rows]
-        if pre:
-            R, C = next(n for n in self.prefill_row_counts() if n >= len(pre)), ec.prefill_chunk
-            rows = pre + [None] * (R - len(pre))
-            tokens = np.zeros((R, C), np.int32)
-            starts = np.zeros((R,), np.int32)
-            nval = np.zeros((R,), np.int32)
-            sslots = np.zeros((R,), np.int32)
-            for i, r in enumerate(pre):
-                chunk = r.pending[:C]
-                tokens[i, :len(chunk)] = chunk
-                starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
-            self.cache, tok, lp = _prefill_program(self.config, self._filtering(rows), self.decode_fn, self.params,
-                                                   self.cache, tokens, starts, nval, self._table(rows), sslots,
-                                                   self._samp(rows))
-            tok, lp = jax.device_get((tok, lp))
-            self.stats["prefill_calls"] += 1
-            self.stats["prefill_tokens"] += int(nval.sum())
-            for i, r in enumerate(pre):
-                r.pos += int(nval[i])
-                r.pending = r.pending[int(nval[i]):]
-                if not r.pending:
-                    self._record(r, tok[i], lp[i])
-                    if r.finish:
-                        slots[r.slot] = None
-        # a burst of decode steps
+
+    def _prefill_round(self) -> None:
+        """One prefill chunk of up to prefill_rows requests with prompt tokens pending; a request whose prompt
+        ends in it records its first sampled token."""
+        slots, C = self._slots, self.ec.prefill_chunk
+        pre = [r for r in slots if r is not None and r.pending][:self.ec.prefill_rows]
+        if not pre:
+            return
+        R = next(n for n in self.prefill_row_counts() if n >= len(pre))
+        rows = pre + [None] * (R - len(pre))
+        tokens = np.zeros((R, C), np.int32)
+        starts = np.zeros((R,), np.int32)
+        nval = np.zeros((R,), np.int32)
+        sslots = np.zeros((R,), np.int32)
+        for i, r in enumerate(pre):
+            chunk = r.pending[:C]
+            tokens[i, :len(chunk)] = chunk
+            starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
+        pool = self.pool
+        pool.cache, tok, lp = engine_programs.prefill_program(
+            self.config, self._filtering(rows), self.decode_fn, self.params, pool.cache, tokens, starts, nval,
+            self._table(rows), sslots, self._samp(rows))
+        tok, lp = jax.device_get((tok, lp))
+        self.stats["prefill_calls"] += 1
+        self.stats["prefill_tokens"] += int(nval.sum())
+        for i, r in enumerate(pre):
+            r.pos += int(nval[i])
+            r.pending = r.pending[int(nval[i]):]
+            if not r.pending:
+                self._record(r, tok[i], lp[i])
+                if r.finish:
+                    slots[r.slot] = None
+
+    def _decode_round(self) -> None:
+        """A burst of decode steps of every decoding slot. Prefill goes first: while prompts are pending, decode
+        runs only when at least half the slots can use it."""
+        slots, S = self._slots, self.ec.slots
         dec = [r if (r is not None and not r.pending and r.finish is None) else None for r in slots]
         n_dec = sum(r is not None for r in dec)
-        # prefill first: while prompts are pending, decode only when at least half the slots can use it
         prefilling = any(r is not None and r.pending for r in slots)
-        if n_dec and (not prefilling or 2 * n_dec >= ec.slots):
-            S = ec.slots
-            tok = np.asarray([r.out[-1] if r else 0 for r in dec], np.int32)
-            pos = np.asarray([r.pos if r else 0 for r in dec], np.int32)
-            live = np.asarray([r is not None for r in dec])
-            sslots = np.asarray([r.dialogue.state if r else 0 for r in dec], np.int32)
-            steps = np.asarray([len(r.out) if r else 0 for r in dec], np.int32)
-            remaining = np.asarray([r.max_new - len(r.out) if r else 1 for r in dec], np.int32)
-            ns = sampler.Buckets().stops(max(len(r.stops) for r in dec if r))
-            stop_arr = np.full((S, ns), -1, np.int32)
-            for i, r in enumerate(dec):
-                if r is not None and r.stops:
-                    stop_arr[i, :len(r.stops)] = r.stops
-            stop_early = bool(waiting) or bool(self._inbox) or any(r is not None and r.pending for r in slots)
-            self.cache, out_tok, out_lp, count, _, n_run = _decode_program(
-                self.config, self._filtering(dec), self.decode_fn, ec.decode_steps, self.params, self.cache, tok,
-                pos, live, self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr,
-                np.bool_(stop_early))
-            out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
-            self.stats["decode_calls"] += 1
-            self.stats["decode_steps"] += int(n_run)
-            self.stats["slot_steps_offered"] += int(n_run) * S
-            self.stats["slot_steps_used"] += int(count.sum())
-            for i, r in enumerate(dec):
-                if r is None:
-                    continue
-                for j in range(int(count[i])):
-                    r.pos += 1
-                    self._record(r, out_tok[i, j], out_lp[i, j])
-                if r.finish:
-                    slots[i] = None
+        if not n_dec or (prefilling and 2 * n_dec < S):
+            return
+        tok = np.asarray([r.out[-1] if r else 0 for r in dec], np.int32)
+        pos = np.asarray([r.pos if r else 0 for r in dec], np.int32)
+        live = np.asarray([r is not None for r in dec])
+        sslots = np.asarray([r.dialogue.state if r else 0 for r in dec], np.int32)
+        steps = np.asarray([len(r.out) if r else 0 for r in dec], np.int32)
+        remaining = np.asarray([r.max_new - len(r.out) if r else 1 for r in dec], np.int32)
+        ns = sampler.Buckets().stops(max(len(r.stops) for r in dec if r))
+        stop_arr = np.full((S, ns), -1, np.int32)
+        for i, r in enumerate(dec):
+            if r is not None and r.stops:
+                stop_arr[i, :len(r.stops)] = r.stops
+        stop_early = bool(self._waiting) or bool(self._inbox) or prefilling
+        pool = self.pool
+        pool.cache, out_tok, out_lp, count, _, n_run = engine_programs.decode_program(
+            self.config, self._filtering(dec), self.decode_fn, self.ec.decode_steps, self.params, pool.cache, tok,
+            pos, live, self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr, np.bool_(stop_early))
+        out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
+        self.stats["decode_calls"] += 1
+        self.stats["decode_steps"] += int(n_run)
+        self.stats["slot_steps_offered"] += int(n_run) * S
+        self.stats["slot_steps_used"] += int(count.sum())
+        for i, r in enumerate(dec):
+            if r is None:
+                continue
+            for j in range(int(count[i])):
+                r.pos += 1
+                self._record(r, out_tok[i, j], out_lp[i, j])
+            if r.finish:
+                slots[i] = None
 
     def warmup(self, filtering: int = 0) -> None:
         """Compiles the prefill and decode programs for every page-table width and prefill row count with
@@ -761,24 +579,20 @@ class RolloutEngine:
         static argument matched by type as well as value, so it is normalised to the int `_filtering` passes
         (a bool False would compile programs no call uses)."""
         filtering = int(filtering)
-        ec = self.ec
+        ec, pool = self.ec, self.pool
         S = ec.slots
         for w in self.table_widths():
             for R in self.prefill_row_counts():
-                self.cache, tok, _ = _prefill_program(
-                    self.config, filtering, self.decode_fn, self.params, self.cache,
+                pool.cache, tok, _ = engine_programs.prefill_program(
+                    self.config, filtering, self.decode_fn, self.params, pool.cache,
                     np.zeros((R, ec.prefill_chunk), np.int32), np.zeros((R,), np.int32), np.zeros((R,), np.int32),
                     np.zeros((R, w), np.int32), np.zeros((R,), np.int32), self._samp([None] * R))
             zs = np.zeros((S,), np.int32)
-            self.cache, *_ = _decode_program(
-                self.config, filtering, self.decode_fn, ec.decode_steps, self.params, self.cache, zs, zs,
+            pool.cache, *_ = engine_programs.decode_program(
+                self.config, filtering, self.decode_fn, ec.decode_steps, self.params, pool.cache, zs, zs,
                 np.zeros((S,), bool), np.zeros((S, w), np.int32), zs, self._samp([None] * S), zs, zs + 1,
                 np.full((S, sampler.Buckets().stops(0)), -1, np.int32), np.bool_(False))
-        jax.block_until_ready(self.cache)
-
-    def slot_utilisation(self) -> float:
-        off = self.stats["slot_steps_offered"]
-        return self.stats["slot_steps_used"] / off if off else 0.0
+        jax.block_until_ready(pool.cache)
 
 
 class EngineLoop:
@@ -819,65 +633,3 @@ class EngineLoop:
         self.engine._wake.set()  # noqa: SLF001
         self._thread.join(timeout=60)
         self.engine.cancel_all()
-
-
-class EngineChatModel:
-    """`endpoints.LocalChatModel` whose sampling goes through a RolloutEngine: a drop-in agent for
-    `episode.run_episodes` / policy for `sim_episode.run_sim_episodes`, and an in-process simulator (ChatModel)
-    whose `chat_batch` takes `keys` (one dialogue key per conversation).
-
-    Built like LocalChatModel plus `engine_config`; `set_params` swaps in new weights (after an RL step) and
-    drops every cached dialogue, whose keys/values were computed with the old ones.
-    """
-
-    def __init__(self, config, params, tokenizer, *, engine_config: EngineConfig | None = None, decode_attention=None,
-                 **local_kwargs):
-        from mimesis_jax.rollout.endpoints import LocalChatModel
-
-        if local_kwargs.get("mesh") is not None:
-            raise ValueError("EngineChatModel: the rollout engine runs on one device (mesh must be None)")
-        self.local = LocalChatModel(config, params, tokenizer, **local_kwargs)
-        self.tok = tokenizer
-        self.engine = RolloutEngine(config, params, engine_config, stop_ids=self.local.stop_ids,
-                                    seed=self.local.seed, decode_attention=decode_attention)
-        self._call = threading.local()  # the keys of the chat_batch running on this thread
-        self.local.generate_tokens = self.generate_tokens  # chat_batch samples through the engine
-
-    def __getattr__(self, name):
-        return getattr(self.local, name)
-
-    def set_params(self, params) -> None:
-        self.engine.release_all()
-        self.engine.params = self.local.params = params
-
-    def release(self, key) -> None:
-        self.engine.release(key)
-
-    def generate_tokens(self, prompts, *, keys=None, max_tokens=None, temperature=None, top_p=None, top_k=None,
-                        seed=None):
-        with self.engine._lock:  # noqa: SLF001 -- the call counter and the engine move together
-            return self._generate_tokens(prompts, keys, max_tokens, temperature, top_p, top_k, seed)
-
-    def _generate_tokens(self, prompts, keys, max_tokens, temperature, top_p, top_k, seed):
-        lm = self.local
-        keys = keys if keys is not None else getattr(self._call, "keys", None)
-        if seed is None:
-            seed = [_derive_seed(lm.seed, lm._calls, i) for i in range(len(prompts))]  # noqa: SLF001
-        lm._calls += 1  # noqa: SLF001
-        return self.engine.generate_tokens(
-            prompts, keys=keys, max_tokens=lm.max_tokens if max_tokens is None else max_tokens,
-            temperature=lm.temperature if temperature is None else temperature,
-            top_p=lm.top_p if top_p is None else top_p, top_k=lm.top_k if top_k is None else top_k, seed=seed)
-
-    def chat_batch(self, conversations, *, keys=None, **kwargs):
-        # keys travel to generate_tokens in a thread-local slot: another thread's direct generate_tokens call
-        # never sees them
-        with self.engine._lock:  # noqa: SLF001 -- one call at a time: the per-call seeds count calls
-            self._call.keys = keys
-            try:
-                return self.local.chat_batch(conversations, **kwargs)
-            finally:
-                self._call.keys = None
-
-    def chat(self, messages, **kwargs):
-        return self.chat_batch([messages], **kwargs)[0]

@@ -104,7 +104,7 @@ def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True, trai
         model = local_model(s, role="user" if style == "simulator" else "assistant", model_type="qwen3_5",
                             trained_loader=trained_loader)
         if batched:
-            from mimesis_jax.rollout.serve import BatchedChatModel
+            from mimesis_jax.rollout.batching import BatchedChatModel
 
             model = BatchedChatModel(model)
     return SimulatorAsResponder(model) if style == "simulator" else model
@@ -123,7 +123,7 @@ def user_and_judge(user: ModelSpec, judge: ModelSpec | None, *, user_style: str 
         model = chat_model_from_spec(user, style="assistant")
         return (SimulatorAsResponder(model) if style == "simulator" else model), model
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.serve import BatchedChatModel
+    from mimesis_jax.rollout.batching import BatchedChatModel
 
     base = local_model(user, role="user" if style == "simulator" else "assistant", model_type="qwen3_5",
                        trained_loader=trained_loader)

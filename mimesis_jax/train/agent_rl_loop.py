@@ -152,7 +152,7 @@ def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=Non
     Remote simulators and the toy user ignore it."""
     from mimesis_jax.rollout.base import SimulatorAsResponder
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.serve import BatchedChatModel
+    from mimesis_jax.rollout.batching import BatchedChatModel
     from mimesis_jax.rollout.specs import ModelSpec, chat_model_from_spec, local_model
 
     from mimesis_jax.envs.toy import ToyCoach, ToyUser
@@ -182,7 +182,7 @@ def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=Non
         base = local_model(sim_spec, role="user", model_type="qwen3_5", trained_loader=trained_loader)
         sim = base
         if engine_config is not None:  # frozen: built once, never set_params
-            from mimesis_jax.rollout.engine import EngineChatModel
+            from mimesis_jax.rollout.engine_chat import EngineChatModel
 
             sim = EngineChatModel(base.config, jax.device_put(base.params, jax.local_devices()[0]), base.tok,
                                   engine_config=engine_config(base.config), generation_role="user",
@@ -268,7 +268,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     """Runs (or resumes) the agent RL stage in `workdir` (module docstring). `user_side` replaces the configured
     simulator / judge / coach (tests: scripted models); `on_rollouts(step, trajectories)` sees each step's
     dialogues after the coach (debugging, tests, custom logging)."""
-    from mimesis_jax.algorithms import csd, grpo, infopo
+    from mimesis_jax.algorithms import coach as csd, grpo, infopo  # the coach (Eq 7): notes for the CSD teacher
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.envs.userrl import scoring
     from mimesis_jax.episodes.userrl import episode_tasks
@@ -341,7 +341,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
 
     engine_agent = None
     if r.engine:  # one engine for the run; its weights follow the updates (set_params below)
-        from mimesis_jax.rollout.engine import EngineChatModel
+        from mimesis_jax.rollout.engine_chat import EngineChatModel
 
         engine_agent = EngineChatModel(model_config, engine_params(state["params"]), tok,
                                        engine_config=rollout_engine_config(r, model_config, in_flight),

@@ -5,7 +5,7 @@
 
 One RL step:
 1. draw `rollout.prompts_per_step` (domain, record) prompts with d ~ p(d) (envs/domains.py `DomainSampler`);
-2. run `rollout.group_size` rollouts per prompt with the simulator as the sampled policy (rollout/sim_episode.py):
+2. run `rollout.group_size` rollouts per prompt with the simulator as the sampled policy (episodes/simulator.py):
    single-turn domains give one response, multi-turn domains (ABCD behaviour, multi-turn SOUL tasks) run against
    their fixed side; each simulator turn is its own training segment, sharing the rollout's id. The members of a
    group share their environment seed (the ABCD behaviour assigned to a scenario is the same across the group);
@@ -226,7 +226,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
 
     engine_policy = None
     if r.engine:  # one engine for the run; its weights follow the updates (set_params below)
-        from mimesis_jax.rollout.engine import EngineChatModel
+        from mimesis_jax.rollout.engine_chat import EngineChatModel
 
         P = jax.process_count()
         n_val = sum(len(v) for v in val_records.values())

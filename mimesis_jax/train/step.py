@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mimesis_jax.algorithms.logprobs import next_token_mask, token_logprobs
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models import param_shardings
-from mimesis_jax.sharding import batch_sharding, constrain, use_mesh
+from mimesis_jax.sharding import constrain, use_mesh
 
 
 def target_weights(batch) -> jax.Array:
@@ -194,8 +194,3 @@ def make_train_step(config: ModelConfig, tx: optax.GradientTransformation, mesh,
             return jitted(state, batch)
     step.jitted = jitted
     return step
-
-
-def global_batch_shardings(mesh, batch_shapes: dict) -> dict:
-    """NamedSharding of each [B, T] batch array: rows over the batch mesh axes."""
-    return {k: batch_sharding(mesh, shape) for k, shape in batch_shapes.items()}

@@ -1,0 +1,48 @@
+"""Memory planner: does a run config fit its mesh, per device, before any device is touched?
+
+    python -m mimesis_jax plan --config configs/mimesis_sft.py:9b --device a100-80g
+    python -m mimesis_jax plan --config configs/qwen3_8b_agentrl.py:csd --mesh data=1,fsdp=16,tensor=1 --device h200
+
+The mesh defaults to the config's own (`mesh.*`; an axis of -1 absorbs the devices this process sees). The
+number of devices is the mesh product and they need not exist: the plan is shapes and arithmetic.
+
+Per device, for RunConfig (mid-training / SFT), AgentRLConfig (Stage II GRPO + CSD) and SimRLConfig (Stage I
+joint RL):
+
+* **exact, by abstract evaluation**: parameters (fp32 master weights), gradients (fp32, split like the parameters;
+  two buffers where micro-batch gradients are summed into an accumulator: train.grad_accum > 1 and every RL
+  update) and the optimizer state (`jax.eval_shape` of the run's optax chain: AdamW's two moments split like
+  their parameter, step counts replicated). A leaf's bytes per device = global bytes / the product of the mesh
+  axes its dims are split over (`sharding.logical_to_spec`: the trainer's rules and divisibility fall-back).
+* **activations, by formula** (`layer_residuals`, per layer type, b = micro-batch rows on one device, T = row
+  length, head / MLP / vocabulary widths after the tensor split). The remat policy picks what a layer keeps for
+  the backward: none = its whole tensor table, dots = the matmul outputs, dots_no_batch = those without batch
+  dims (not the attention scores), full = its input only (b T D in the compute dtype). The backward of a layer
+  then holds that table again (recomputed under remat, sliced copies without), the fp32 cotangents, the
+  attention backward (dense: fp32 [b,H,T,T] scores; blockwise: [b,H,bq,bk] blocks) and its fp32 weight
+  gradient (plus its weights gathered over fsdp). `layer_backward_phase` says which saved stacks are live then.
+* the chunked log-prob head (algorithms/logprobs.py) and the [V, D] embedding / head tables gathered over fsdp,
+  with their fp32 gradients;
+* the CSD teacher branches (Stage II with rl.alpha > 0): Tb branch tokens per trunk row, one no-gradient layer
+  forward at a time (nothing saved), attending the trunk and branch keys;
+* the rollout phase (RL configs): the sampler's KV cache and, for Qwen3.5, the DeltaNet state and conv window
+  (`init_cache` shapes placed by `cache_axes`) for one sampler call -- rollout.max_batch sequences (0: the whole
+  rollout batch, prompts_per_step x group_size), bucketed, at the longest context -- one prefill layer's working
+  set and the logits, next to the parameters and optimizer state (resident while the policy samples). Chunked
+  calls run one after another, so only one chunk's cache is live.
+
+RL row counts depend on the data; the default is the worst case Stage II allows (every dialogue fills a row of
+rollout.row_len tokens) and one row per rollout for Stage I's joint RL (a rollout's segments pack into one row);
+`--rows` overrides it.
+
+The peak is the larger of the train step and the rollout phase; a config FITS when the peak is at most the
+device's memory less `HEADROOM`. When it does not, `suggest` re-plans single changes and pairs of them (remat
+full, data or tensor folded into fsdp, more micro-batches, fewer sequences per sampler call (rollout.max_batch),
+shorter rows, more fsdp devices) and reports the cheapest that fits (costs in `_knobs`).
+
+The formulas were checked against XLA's compiled memory analysis (`profiling.memory_bytes`: arguments + results -
+aliased + scratch) of the LM train step, the RL step and the sampler on fake-device CPU meshes
+(tests/test_plan.py): within 15% for no remat, full remat and dots, dense and blockwise attention, Qwen3 and
+Qwen3.5, with and without CSD branches. CPU XLA keeps some bf16 intermediates in fp32, so bf16 programs compile
+larger there than this (GPU-minded) count; on GPU/TPU the fusions differ in detail: read the margin accordingly.
+"""

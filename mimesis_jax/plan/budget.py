@@ -1,0 +1,219 @@
+"""The plan: per-device bytes of each phase of one update (resident state, the train step's phases, the rollout
+phase), its peak and whether it fits the device less the headroom."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from mimesis_jax.models.config import DTYPES, ModelConfig
+from mimesis_jax.models.qwen3_5 import layer_block
+from mimesis_jax.plan.devices import GiB, HEADROOM, Device, device_for
+from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, head_bytes, layer_residuals,
+                                     layer_weight_bytes, optimizer_bytes, param_bytes, prefill_bytes, saved_bytes,
+                                     table_bytes, widths)
+from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    phase: str  # resident | train | rollout
+    name: str
+    bytes: int
+    formula: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    workload: Workload
+    device: Device
+    items: tuple[Item, ...]
+    train_peak: int
+    rollout_peak: int
+    train_phase: str  # the train-step phase that peaks
+
+    @property
+    def total(self) -> int:
+        return max(self.train_peak, self.rollout_peak)
+
+    @property
+    def usable(self) -> int:
+        return int(self.device.bytes * (1 - HEADROOM))
+
+    @property
+    def margin(self) -> int:
+        return self.usable - self.total
+
+    @property
+    def fits(self) -> bool:
+        return self.margin >= 0
+
+    def item(self, name: str) -> int:
+        return sum(i.bytes for i in self.items if i.name == name)
+
+
+def _layer_types(model: ModelConfig) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in model.layer_types:
+        out[t] = out.get(t, 0) + 1
+    return out
+
+
+def layer_backward_phase(model: ModelConfig, saved: dict[str, int], table: dict[str, int],
+                         extras: dict[str, int], carry_bytes: int) -> tuple[int, int]:
+    """(peak of the layer backward loop beyond the gradients, largest one-layer working set).
+
+    saved[t] / table[t] / extras[t]: per layer of type t, the bytes kept under the remat policy, its whole
+    tensor table (recomputed under remat) and the backward extras (attention backward, cotangents, gathered
+    weights); carry_bytes: the layer input kept under remat. Without remat, the backward of a scanned stack
+    reads its iteration's saved tensors as copies sliced from the stack: a Qwen3 layer, or a whole Qwen3.5
+    block (its runs of same-type layers). Every stack stays live until the loop ends. A Qwen3.5 model of a single
+    block is unrolled by XLA: its runs free their tensors as the backward passes them (last run first), and only
+    runs of more than one layer are sliced.
+    """
+    counts = _layer_types(model)
+    total = sum(saved[t] * n for t, n in counts.items())
+    # without remat the saved tensors are read as sliced copies; under remat the layer recomputes what it did
+    # not save (its whole table under full remat)
+    none = model.remat == "none"
+    recompute = {t: 0 if none else table[t] - saved[t] + carry_bytes for t in counts}
+    copied = {t: saved[t] if none else 0 for t in counts}
+    if model.model_type != "qwen3_5_text":
+        work = {t: copied[t] + recompute[t] + extras[t] for t in counts}
+        return total + max(work.values()), max(work.values())
+    block, repeats = layer_block(model)
+    if repeats > 1:
+        block_saved = sum(copied[t] for t in block)
+        work = {t: block_saved + recompute[t] + extras[t] for t in counts}
+        return total + max(work.values()), max(work.values())
+    alive, peak, one = 0, 0, 0
+    runs = [(t, len(list(g))) for t, g in itertools.groupby(block)]  # runs of same-type layers, in forward order
+    for t, n in runs:  # a run's backward still sees its own and the earlier runs' saved tensors
+        alive += saved[t] * n
+        work = (copied[t] if n > 1 else 0) + recompute[t] + extras[t]
+        peak, one = max(peak, alive + work), max(one, work)
+    return peak, one
+
+
+def plan(w: Workload, device: Device) -> Plan:
+    """Per-device memory of one optimizer update (and, for RL, of the rollout phase) of workload `w`.
+
+    Train-step peak = resident (parameters, optimizer state, the update's batch) + the largest of its phases:
+    forward (saved activations + the gathered [V, D] tables + CSD branches + the last layer's attention: 2 fp32
+    dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the fp32 gradient of
+    the hidden states), embedding backward and the optimizer update; the backward phases with the gradient
+    buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill.
+    """
+    m, mesh = w.model, w.mesh
+    c = DTYPES[m.dtype].dtype.itemsize
+    W = widths(m, mesh)
+    items: list[Item] = []
+
+    def add(phase, name, nbytes, formula):
+        items.append(Item(phase, name, int(nbytes), formula))
+        return int(nbytes)
+
+    P = add("resident", "parameters", param_bytes(m, mesh),
+            "fp32 master weights: global bytes / product of the mesh axes each leaf is split over (exact)")
+    O = add("resident", "optimizer state", optimizer_bytes(m, mesh, w.optimizer, w.total_updates),
+            "AdamW mu + nu (+ step counts), split like their parameters (exact, jax.eval_shape)")
+    rows_mb = w.rows // w.microbatches
+    shards = batch_shards(m, mesh, rows_mb)
+    b, T = rows_mb // shards, w.row_len
+    rows_dev = w.rows // shards
+    if w.kind == "lm":
+        batch = rows_dev * T * 4 * 4
+        what = "4 [rows, T] int32/fp32 arrays"
+    else:
+        batch = rows_dev * 4 * (10 * T + w.head_len + 5 * w.branch_len + w.branch_head_len)
+        what = "10 [rows, T] arrays + head / branch index arrays"
+    batch = add("resident", "batch", batch, f"{what}; {w.rows} rows per update split {shards} ways")
+    n_grads = 2 if w.accumulate else 1
+    G = add("train", "gradients", n_grads * P, f"{n_grads} x fp32 parameter-shaped"
+            + (" (accumulator + micro-batch gradient)" if w.accumulate else " (no accumulation)"))
+
+    per_type = []
+    dense = m.attention_impl == "dense"
+    scores = b * W.H * T * T  # elements of one dense [b,H,T,T] score tensor
+    attn_fwd = 0  # the attention being computed when the last layer's forward peaks: 2 fp32 scores, or blocks
+    if "full_attention" in m.layer_types:
+        attn_fwd = 8 * scores if dense else attention_blocks(m, W, b, T, T)
+    saved_of, table_of, extras_of = {}, {}, {}
+    for lt, count in _layer_types(m).items():
+        ts = layer_residuals(m, W, lt, b, T)
+        saved_of[lt] = saved_bytes(m, ts, b, T, W)
+        table_of[lt] = sum(t.bytes for t in ts)
+        attn = 0
+        if lt == "full_attention":
+            attn = 4 * scores if dense else attention_blocks(m, W, b, T, T)  # one more fp32 score, or blocks
+        weights = layer_weight_bytes(m, mesh, lt)
+        gather = weights + (weights * c // 4 if layer_weight_bytes(m, mesh, lt, split=True) < weights else 0)
+        extras_of[lt] = attn + 3 * b * T * W.D * 4 + 2 * b * T * W.I * 4 + gather
+        per_type.append(f"{count} x {lt} ({saved_of[lt] / GiB:.3f} GiB each)")
+    saved = add("train", "activations (saved)", sum(saved_of[t] * n for t, n in _layer_types(m).items()),
+                f"remat={m.remat}, attention={m.attention_impl}, b={b} rows x T={T} per device: " + ", ".join(per_type))
+    layer_phase, one_layer = layer_backward_phase(m, saved_of, table_of, extras_of, b * T * W.D * c)
+    add("train", "layer backward (one layer)", one_layer,
+        "saved tensors sliced from the stack (a Qwen3.5 block at a time) + the layer's tensors recomputed (remat) "
+        "+ attention backward (dense: one more fp32 [b,H,T,T]; blockwise: its blocks) + fp32 cotangents 3 [b,T,D] "
+        "+ 2 [b,T,I] + its fp32 weight gradient (and its weights gathered over fsdp, compute dtype)")
+    kept, head_work = head_bytes(m, W, b, w.head_len)
+    kept = add("train", "LM head (kept)", kept, f"hidden states + fp32 log-sum-exp of {w.head_len} positions per row")
+    table = table_bytes(m, mesh)
+    tc = table * c // 4  # one [V, D] table in the compute dtype
+    n_tables = 2 if m.tie_word_embeddings else 4
+    which = "embedding" if m.tie_word_embeddings else "embedding and head"
+    tables = add("train", "embedding / head tables", n_tables * tc,
+                 f"{n_tables} [V, D] tables in the compute dtype ({which} gathered over fsdp, and re-laid-out copies)")
+    head_peak = add("train", "LM head (backward)", head_work + table + 2 * tc,
+                    "3 fp32 logit blocks [b, seq-chunk, vocab-chunk] + fp32 d(hidden) + fp32 d(head) [V, D] "
+                    "+ the head gathered (compute dtype, twice)")
+    branch = 0
+    if w.branch_len:
+        Tb = w.branch_len
+        bkept, _ = head_bytes(m, W, b, w.branch_head_len)
+        branch = add("train", "CSD branches (forward)",
+                     prefill_bytes(m, W, "full_attention", b, Tb, T + Tb, attention_blocks(m, W, b, Tb, T)
+                                   + attention_blocks(m, W, b, Tb, Tb) + (4 * b * W.H * Tb * (T + Tb) if dense else 0))
+                     + b * Tb * W.D * c + bkept,
+                     f"one layer's no-gradient forward (as `prefill_bytes`) over b={b} branch rows of Tb={Tb} "
+                     "tokens, attending the trunk keys and the branch keys as two groups (dense: 4 fp32 [b,H,Tb,keys] "
+                     "and the mask per group), + the branch stream and its head inputs; stop-gradient: nothing "
+                     "saved per layer")
+    embed = add("train", "embedding (backward)", table + tc,
+                "the dense fp32 gradient of the [V, D] table + the gathered table")
+    opt_tmp = add("train", "optimizer update", P, "one fp32 parameter-shaped update tree (clip + AdamW)")
+    phases = {
+        "forward": saved + kept + tables + branch + attn_fwd,
+        "head backward": G + saved + kept + head_peak,
+        "layer backward": G + b * T * W.D * 4 + layer_phase,
+        "embedding backward": G + embed,
+        "optimizer": G + opt_tmp,
+    }
+    train_peak = P + O + batch + max(phases.values())
+    rollout_peak = 0
+    if w.rollout is not None:
+        r = w.rollout
+        S = r.prompt_len + r.new_tokens
+        caches = cache_bytes(m, mesh, r.batch, S)
+        kv = add("rollout", "KV cache", sum(v for k, v in caches.items() if k not in ("state", "conv")),
+                 f"{r.batch} sequences x {S} slots (prompt {r.prompt_len} + {r.new_tokens} new), "
+                 "full-attention layers, compute dtype; the peak adds a copy of its K or V stack (the update)")
+        rec = 0
+        if "state" in caches:
+            rec = add("rollout", "recurrent state", caches["state"] + caches["conv"],
+                      "DeltaNet fp32 state [B,Hv,Dk,Dv] + conv window, per linear layer")
+        bp = r.batch // batch_shards(m, mesh, r.batch)
+        pf = max(prefill_bytes(m, W, lt, bp, r.prompt_len, S) for lt in _layer_types(m))
+        pf = add("rollout", "prefill + logits", pf + 2 * bp * W.V * 4 + bp * r.prompt_len * W.D * c,
+                 f"one layer's forward over {bp} prompts x {r.prompt_len} tokens per device (attending {S} cache "
+                 "slots) + the final hidden states + 2 fp32 [B, V] logit buffers")
+        rollout_peak = P + O + kv + kv // 2 + rec + pf
+    return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
+
+
+
+def plan_config(cfg, mesh: dict, device: str, rows: int | None = None) -> Plan:
+    model = runtime_model(cfg)
+    w = workload_from_config(cfg, mesh, model, rows)
+    return plan(w, device_for(device, w.num_devices))

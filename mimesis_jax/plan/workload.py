@@ -1,0 +1,141 @@
+"""What one optimizer update of a run config asks of a mesh (rows, row length, micro-batches, CSD branches, the
+sampler's shapes), and the config and model the planner reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+from mimesis_jax.algorithms.rl_batch import ROW_STEPS, bucket
+from mimesis_jax.config import AgentRLConfig, RunConfig, SimRLConfig, load_config
+from mimesis_jax.data.tokenizer import load_tokenizer
+from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.plan.memory import divisor
+from mimesis_jax.rollout.sampler import Buckets
+from mimesis_jax.sharding import rules_of
+from mimesis_jax.train.loop import model_config_for
+
+NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    batch: int  # sequences per sampler call: min(rollout batch, rollout.max_batch), after the batch bucket
+    prompt_len: int  # longest prompt (after the prompt bucket)
+    new_tokens: int  # per call (after the new-token bucket)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one optimizer update of a run config moves through the model (global sizes)."""
+
+    kind: str  # lm | agentrl | simrl
+    name: str
+    model: ModelConfig  # runtime model: compute dtype, remat, fp32 master weights
+    mesh: dict
+    optimizer: object  # config.OptimizerConfig
+    total_updates: int
+    rows: int  # rows per optimizer update, summed over micro-batches
+    microbatches: int
+    row_len: int
+    head_len: int  # positions per row through the LM head
+    accumulate: bool  # micro-batch gradients are summed into an accumulator (2 gradient buffers)
+    branch_len: int = 0  # CSD teacher-branch row length (0: no CSD)
+    branch_head_len: int = 0
+    rollout: Rollout | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+
+def _sampler_shapes(batch: int, longest_prompt: int, new_tokens: int, batch_multiple: int) -> Rollout:
+    b = Buckets()
+    return Rollout(b.batch(batch, batch_multiple), b.prompt(max(1, longest_prompt)), b.new_tokens(new_tokens))
+
+
+def batch_multiple(model: ModelConfig, mesh: dict) -> int:
+    """The product of the batch mesh axes (sharding.batch_shard_count without a Mesh): row counts of the packer
+    and the sampler's batch are padded to a multiple of it."""
+    target = rules_of(model)["act_batch"]
+    target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    return math.prod(mesh.get(a, 1) for a in target)
+
+
+def batch_shards(model: ModelConfig, mesh: dict, rows: int) -> int:
+    """How many ways `rows` rows are split over the batch mesh axes (the act_batch rule, with its
+    divisibility fall-back)."""
+    return divisor(("act_batch",), (rows,), mesh, model)
+
+
+def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None = None) -> Workload:
+    """The per-update workload of a RunConfig, AgentRLConfig or SimRLConfig on `mesh`.
+
+    RL row counts are data-dependent; the default assumes the worst case the config allows for Stage II (every
+    dialogue fills a row of rollout.row_len tokens) and one row per rollout for Stage I's joint RL (each rollout's
+    segments pack into one row). `rows` overrides it (and train.global_batch for a RunConfig).
+    """
+    name = getattr(cfg, "name", "") or "config"
+    if isinstance(cfg, RunConfig):
+        t = cfg.train
+        n = t.global_batch if rows is None else rows
+        if n % t.grad_accum:
+            raise ConfigError(f"--rows {n}: must be a multiple of train.grad_accum={t.grad_accum}")
+        return Workload("lm", name, model, mesh, cfg.optimizer, t.steps, n, t.grad_accum, cfg.data.seq_len,
+                        cfg.data.seq_len - 1, t.grad_accum > 1)
+    r, rl = cfg.rollout, cfg.rl
+    kind = "agentrl" if hasattr(cfg, "users") else "simrl"
+    max_new = r.agent_max_tokens if kind == "agentrl" else r.max_tokens
+    context = r.max_context_tokens or r.row_len
+    if not context:
+        raise ConfigError(f"{name}: rollout.row_len and rollout.max_context_tokens are both 0 (bucketed from the "
+                          "batch): set one of them to plan the row length")
+    T = r.row_len or bucket(context, 64)
+    per_update = r.mini_batch_prompts * r.group_size
+    M = rl.num_microbatches
+    multiple = M * batch_multiple(model, mesh)
+    n = bucket(per_update, multiple, ROW_STEPS) if rows is None else rows
+    if n % M:
+        raise ConfigError(f"--rows {n}: must be a multiple of rl.num_microbatches={M}")
+    turns = r.max_turns if kind == "agentrl" else cfg.domains.max_user_turns
+    notes = []
+    agent_tokens = min(T - 1, turns * max_new)
+    if kind == "agentrl" and r.max_context_tokens and cfg.gyms.max_prompt_tokens:
+        agent_tokens = min(agent_tokens, r.max_context_tokens - cfg.gyms.max_prompt_tokens)
+    head = min(bucket(agent_tokens, 64, 8), T)
+    branch = branch_head = 0
+    if kind == "agentrl" and rl.alpha > 0:
+        if rl.teacher != "fused":
+            raise ConfigError(f"{name}: rl.teacher={rl.teacher!r}: the planner covers the fused CSD teacher only")
+        branch = bucket(agent_tokens + turns * (cfg.users.coach_max_tokens + NOTE_TOKENS), 64, 16)
+        branch_head = head
+        notes.append(f"CSD branches: every agent turn coached, notes of users.coach_max_tokens="
+                     f"{cfg.users.coach_max_tokens} + {NOTE_TOKENS} template tokens")
+    rollout_batch = r.prompts_per_step * r.group_size
+    per_call = min(rollout_batch, r.max_batch) if r.max_batch else rollout_batch
+    longest = max(1, context - max_new)
+    roll = _sampler_shapes(per_call, longest, max_new, batch_multiple(model, mesh))
+    notes.append(f"rollout: {rollout_batch} sequences in {-(-rollout_batch // per_call)} sampler call(s) of <= "
+                 f"{per_call} (rollout.max_batch={r.max_batch})")
+    per = "given by --rows" if rows is not None else "one per " + ("dialogue" if kind == "agentrl" else "rollout")
+    notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
+    return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
+                    head, True, branch, branch_head, roll, tuple(notes))
+
+
+
+
+def load_run_config(path: str, overrides: Sequence[str] = ()):
+    """A RunConfig, AgentRLConfig or SimRLConfig from a config file (+ --set overrides)."""
+    return load_config(path, overrides, kind=(RunConfig, AgentRLConfig, SimRLConfig))
+
+
+def runtime_model(cfg) -> ModelConfig:
+    """The model the trainer runs (compute dtype, remat; the vocabulary of a tokenizer-built tiny model)."""
+    tok = None
+    if cfg.tokenizer.set_model_vocab:
+        tok = load_tokenizer(cfg.tokenizer.name)
+    return model_config_for(cfg, tok)
+

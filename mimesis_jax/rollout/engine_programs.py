@@ -1,0 +1,121 @@
+"""The rollout engine's two jitted programs: one prefill chunk and one burst of decode steps over the paged cache
+(models/paged_cache.py), sampling with the sampler's rule and keys (`sampler.choose_tokens`; row key
+fold_in(key(seed), salt), step key fold_in(row key, step)). Shapes are fixed by EngineConfig; the scheduler
+(rollout/engine.py) pads every call to them."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from mimesis_jax import models
+from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.paged_attention import slot_major_decode_attention
+from mimesis_jax.models.paged_cache import TRASH_PAGE
+from mimesis_jax.rollout.sampler import choose_tokens
+
+
+def _row_keys(seeds, salts):
+    return jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(seeds, salts)
+
+
+def _pick(config, params, h, samp, steps, filtering):
+    seeds, salts, temp, lp_temp, top_k, top_p = samp
+    keys = jax.vmap(jax.random.fold_in)(_row_keys(seeds, salts), steps)
+    logits = models.logits_from_hidden(config, params, h)
+    return choose_tokens(logits, keys, temp, top_k, top_p, filtering, lp_temp)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4,))
+def prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, tokens, starts, n_valid,
+                     page_tables, state_slots, samp):
+    """One prefill chunk [R, C]; returns (cache, first token [R], its log-prob [R]) sampled after each row's
+    last real token (used only for rows whose prompt ends in this chunk)."""
+    fam = models.family(config, "paged")
+    h, cache = fam.forward_paged(config, params, cache, tokens, starts, n_valid, page_tables, state_slots,
+                                 decode_fn)
+    last = jnp.take_along_axis(h, jnp.maximum(n_valid - 1, 0)[:, None, None], axis=1)[:, 0]
+    tok, lp = _pick(config, params, last, samp, jnp.zeros_like(n_valid), filtering)
+    return cache, tok, lp
+
+
+def _burst_copy(cache, page_tables):
+    """The rows' pages of every full-attention layer, copied into row-major blocks of W + 1 pages per row
+    ([L, KVH, S * (W + 1), page, Dh]; row b's extra last page is a scratch page), and the page tables that
+    address the copy ([S, W + 1])."""
+    S, W = page_tables.shape
+    scratch = jnp.full((S, 1), TRASH_PAGE, jnp.int32)
+    flat = jnp.concatenate([page_tables, scratch], axis=1).reshape(-1)
+    work = dict(cache, k=cache["k"][:, :, flat], v=cache["v"][:, :, flat])
+    return work, jnp.arange(S * (W + 1), dtype=jnp.int32).reshape(S, W + 1)
+
+
+def _burst_write_back(cache, work, page_tables, pos, count, n_steps: int):
+    """Copies the pages a burst wrote (row b's positions pos[b] .. pos[b] + count[b] - 1) from the working copy
+    back to the pool; every other page of the copy is unchanged and dropped."""
+    S, W = page_tables.shape
+    P = cache["k"].shape[3]
+    span = (P - 1 + n_steps - 1) // P + 1  # pages n_steps consecutive positions can touch
+    first = pos // P
+    j = first[:, None] + jnp.arange(span, dtype=jnp.int32)[None]  # [S, span] logical pages
+    last = (pos + count - 1) // P
+    used = (count[:, None] > 0) & (j <= last[:, None]) & (j < W)
+    jc = jnp.minimum(j, W - 1)
+    dst = jnp.where(used, jnp.take_along_axis(page_tables, jc, axis=1), TRASH_PAGE).reshape(-1)
+    src = (jnp.arange(S, dtype=jnp.int32)[:, None] * (W + 1) + jc).reshape(-1)
+    out = dict(work)
+    for name in ("k", "v"):
+        out[name] = cache[name].at[:, :, dst].set(work[name][:, :, src])
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+def decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, params, cache, tok, pos, live,
+                    page_tables, state_slots, samp, steps, remaining, stops, stop_early):
+    """Up to n_steps one-token steps of every live slot. tok [S]: the last sampled token (fed at position
+    pos); steps [S]: index of the next sample; remaining [S]: samples left. Returns (cache, tokens [S, n],
+    log-probs [S, n], count [S] new tokens per slot, done [S], steps run).
+
+    Without a `decode_fn` (the jnp path), the burst first copies the rows' pages into a slot-major working
+    copy (`_burst_copy`), steps on it with paged_attention.slot_major_decode_attention (no per-step page
+    gather: on a CPU the gather cost as much as the attention itself), and writes the touched pages back at
+    the end. Rows that are not active write their token to their own scratch page of the copy (position
+    W * page_size) and to state slot 0."""
+    fam = models.family(config, "paged")
+    S = tok.shape[0]
+    burst = decode_fn is None and "k" in cache
+    if burst:
+        W = page_tables.shape[1]
+        work, tables = _burst_copy(cache, page_tables)
+        fn, idle_pos = slot_major_decode_attention, W * cache["k"].shape[3]
+    else:
+        work, tables, fn, idle_pos = cache, page_tables, decode_fn, None
+
+    def cond(c):
+        i, _, _, _, _, done, _, freed = c
+        return (i < n_steps) & ~jnp.all(done) & ~(stop_early & freed)
+
+    def body(c):
+        i, tok, work, out_tok, out_lp, done, count, _ = c
+        act = ~done
+        if burst:  # every row writes: inactive ones to their scratch page (and state slot 0)
+            at, n_valid = jnp.where(act, pos + i, idle_pos), jnp.ones_like(pos)
+        else:
+            at, n_valid = pos + i, act.astype(jnp.int32)
+        h, work = fam.forward_paged(config, params, work, tok[:, None], at, n_valid, tables,
+                                    jnp.where(act, state_slots, 0), fn)
+        new, lp = _pick(config, params, h[:, 0], samp, steps + i, filtering)
+        out_tok = out_tok.at[:, i].set(jnp.where(act, new, 0))
+        out_lp = out_lp.at[:, i].set(jnp.where(act, lp, 0.0))
+        count = count + act.astype(jnp.int32)
+        fin = act & (jnp.any(new[:, None] == stops, axis=-1) | (i + 1 >= remaining))
+        return i + 1, jnp.where(act, new, tok), work, out_tok, out_lp, done | fin, count, jnp.any(fin)
+
+    done0 = ~live
+    c = (jnp.int32(0), tok, work, jnp.zeros((S, n_steps), jnp.int32), jnp.zeros((S, n_steps), jnp.float32),
+         done0, jnp.zeros((S,), jnp.int32), jnp.bool_(False))
+    i, _, work, out_tok, out_lp, done, count, _ = jax.lax.while_loop(cond, body, c)
+    cache = _burst_write_back(cache, work, page_tables, pos, count, n_steps) if burst else work
+    return cache, out_tok, out_lp, count, done, i
