@@ -35,7 +35,7 @@ import time
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
-# Commands implemented by a module with add_args(parser) and run(args[, trained_loader]) -> exit code.
+# Commands implemented by a module with add_args(parser) and run(args) -> exit code.
 MODULE_COMMANDS = {
     "evalagent": ("mimesis_jax.eval.agent", "evaluate agents x users x gyms: pass@1, per-gym means, Avg, MR"),
     "evalsim": ("mimesis_jax.eval.simulator", "evaluate a simulator: USI / USI5, fidelity index, Turing, SOUL-Index"),
@@ -188,7 +188,6 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
     """Stage II of the demo: the frozen tiny simulator (after simrl, else the SFT run) coaches; a tiny agent is
     trained on the toy gym with GRPO and with GRPO + CSD; a table and a PNG of the reward curves go to the workdir."""
     from mimesis_jax.train import agent_rl_loop
-    from mimesis_jax.train.export import load_trained
 
     arms = {}
     for arm in ("grpo", "csd"):
@@ -197,7 +196,7 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
         cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
                                  [f"train.steps={steps}", f"users.coach={simulator_dir}"])
         t = time.perf_counter()
-        res = agent_rl_loop.run(cfg, wd, trained_loader=load_trained)
+        res = agent_rl_loop.run(cfg, wd)
         if res.preempted:
             print(f"agent RL interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
             return None
@@ -278,7 +277,7 @@ def main(argv=None) -> int:
 
             initialize_distributed(args.coordinator, args.num_processes, args.process_id)
         from mimesis_jax.data.tokenizer import TokenizerError
-        from mimesis_jax.train.checkpoint import CheckpointError
+        from mimesis_jax.checkpoints import CheckpointError
         from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -296,19 +295,15 @@ def main(argv=None) -> int:
             return 0
         if args.command == "simrl":
             from mimesis_jax.train import simulator_rl
-            from mimesis_jax.train.export import load_trained
 
-            res = simulator_rl.run(simulator_rl.load(args.config, args.overrides), args.workdir,
-                                   trained_loader=load_trained)
+            res = simulator_rl.run(simulator_rl.load(args.config, args.overrides), args.workdir)
             print(f"simrl: step {res.final_step}, checkpoint step {res.checkpoint_step}"
                   f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
             return 0
         if args.command == "agentrl":
             from mimesis_jax.train import agent_rl_loop
-            from mimesis_jax.train.export import load_trained
 
-            res = agent_rl_loop.run(agent_rl_loop.load(args.config, args.overrides), args.workdir,
-                                    trained_loader=load_trained)
+            res = agent_rl_loop.run(agent_rl_loop.load(args.config, args.overrides), args.workdir)
             print(f"agentrl: step {res.final_step}, checkpoint step {res.checkpoint_step}"
                   f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
             return 0
@@ -326,23 +321,16 @@ def main(argv=None) -> int:
             return _demo(args)
         if args.command == "serve":
             from mimesis_jax.rollout import serve
-            from mimesis_jax.train.export import load_trained
 
-            return serve.run(args, trained_loader=load_trained)
+            return serve.run(args)
         if args.command == "rollout":
             from mimesis_jax.envs.userrl import run as gym_run
-            from mimesis_jax.train.export import load_trained
 
-            return gym_run.run(args, trained_loader=load_trained)
+            return gym_run.run(args)
         if args.command in MODULE_COMMANDS:
             import importlib
-            import inspect
-
-            from mimesis_jax.train.export import load_trained
 
             mod = importlib.import_module(MODULE_COMMANDS[args.command][0])
-            if "trained_loader" in inspect.signature(mod.run).parameters:
-                return mod.run(args, trained_loader=load_trained)
             return mod.run(args)
     except (ConfigError, CheckpointError, TokenizerError, FileNotFoundError, NotADirectoryError,
             IsADirectoryError, PermissionError) as e:

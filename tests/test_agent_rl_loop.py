@@ -264,7 +264,7 @@ def test_agentrl_command_sigterm_checkpoint_resume_and_validation(tmp_path):
     stopped = recs[-1]["step"]
     assert 0 <= recs[0]["val/ToyKeyword"] <= 1 and recs[0]["val/invalid"] == 0
     assert recs[0]["val/overall"] == recs[0]["val/ToyKeyword"]  # one validation gym
-    from mimesis_jax.train.checkpoint import Checkpointer
+    from mimesis_jax.checkpoints import Checkpointer
     assert Checkpointer(str(wd), read_only=True).latest_step() == stopped
     again = subprocess.run(cmd[:-9] + ["train.steps=%d" % (stopped + 1), "train.progress_bar=false",
                                       "rollout.prompts_per_step=2", "rollout.group_size=2",

@@ -11,19 +11,21 @@ pool sizing (the agent's and the simulator's)."""
 
 import dataclasses
 import os
+from unittest import mock
 
 import jax
 import numpy as np
 import pytest
 
 from rl_helpers import tree_rel_err
+from mimesis_jax import checkpoints
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout import engine as engine_lib
 from mimesis_jax.rollout.base import SimulatorAsResponder
 from mimesis_jax.train import agent_rl_loop as L
 from mimesis_jax.train import simulator_rl as S
-from mimesis_jax.train.export import load_trained
+from mimesis_jax.checkpoints import load_trained
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s")
@@ -73,8 +75,8 @@ def _sim_params(config, seed: int):
 
 
 def _tiny_simulator(tmp_path):
-    """(users.* overrides, trained_loader) for an in-process tiny random simulator, loaded the way a trained one is
-    (a workdir through `trained_loader`). It has the agent's architecture, so the two share compiled programs
+    """(users.* overrides, loader) for an in-process tiny random simulator, loaded the way a trained one is
+    (a workdir through checkpoints.load_trained, which `loader` stands in for). It has the agent's architecture, so the two share compiled programs
     (test_engine.py runs a Qwen3.5 simulator on the engine), and large weights: at init scale a tied random model
     greedily repeats the prompt's last token (the newline after the user header), which leaves no utterance. It
     writes the runner's user turns greedily and without a thought block; the judge / coach are unused (alpha = 0)."""
@@ -94,15 +96,16 @@ def _tiny_simulator(tmp_path):
     return sets, loader
 
 
-def _agent_run(wd, *sets, trained_loader=None):
-    """Two tiny agentrl steps; the toy user unless `sets` name a model simulator (then `trained_loader`)."""
+def _agent_run(wd, *sets, loader=None):
+    """Two tiny agentrl steps; the toy user unless `sets` name a model simulator (then read through `loader`)."""
     seen = {}
     side = None
-    if trained_loader is None:
+    if loader is None:
         user = ToyUser()
         side = L.UserSide(user, SimulatorAsResponder(user), user, ToyCoach())
-    res = L.run(_agent_cfg(*sets), str(wd), user_side=side, trained_loader=trained_loader, handle_signals=False,
-                log=lambda *a: None, on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
+    with mock.patch.object(checkpoints, "load_trained", loader or checkpoints.load_trained):
+        res = L.run(_agent_cfg(*sets), str(wd), user_side=side, handle_signals=False, log=lambda *a: None,
+                    on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
     return res, seen, load_trained(str(wd))[1]
 
 
@@ -120,11 +123,11 @@ def _metrics_close(a: dict, b: dict):
 def test_agentrl_engine_equals_the_static_sampler(tmp_path, recording):
     """Agent AND in-process simulator on their engines vs both on the static sampler (issue #16)."""
     sim_sets, loader = _tiny_simulator(tmp_path)
-    off, seen_off, p_off = _agent_run(tmp_path / "off", *sim_sets, trained_loader=loader)
+    off, seen_off, p_off = _agent_run(tmp_path / "off", *sim_sets, loader=loader)
     assert recording == []  # the default keeps the static sampler
     # one pool size for both engines: their programs (same architecture, same shapes) compile once
     on, seen_on, p_on = _agent_run(tmp_path / "on", "rollout.engine=true", "rollout.engine_pages=70", *sim_sets,
-                                   trained_loader=loader)
+                                   loader=loader)
     sim, eng = recording  # the simulator's engine is built with the user side, before the agent's
     assert (eng.name, sim.name) == ("agent", "sim") and sim.generation_role == "user"
     assert eng.swaps == 2 and sim.swaps == 0  # the agent follows each step's updates; the simulator is frozen

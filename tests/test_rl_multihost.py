@@ -142,7 +142,7 @@ def _two_processes(workdir, abort_after=None, timeout=900):
 
 def _params_at(workdir, step):
     from mimesis_jax import config as config_lib, models
-    from mimesis_jax.train.checkpoint import Checkpointer
+    from mimesis_jax.checkpoints import Checkpointer
 
     ck = Checkpointer(str(workdir), read_only=True)
     mc = config_lib.model_from_dict(ck.run_config()["model"])

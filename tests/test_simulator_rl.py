@@ -110,7 +110,8 @@ def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
     import jax
 
     from mimesis_jax import models
-    from mimesis_jax.train.export import export_hf, load_trained
+    from mimesis_jax.checkpoints import load_trained
+    from mimesis_jax.train.export import export_hf
 
     res, _ = straight
     assert export_hf(res.workdir, str(tmp_path / "hf"), log=lambda *a: None) == 3

@@ -14,7 +14,7 @@ import pytest
 from mimesis_jax import models
 from mimesis_jax.config import CheckpointConfig, MeshConfig, OptimizerConfig, RunConfig, TrainConfig
 from mimesis_jax.models import ModelConfig
-from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+from mimesis_jax.checkpoints import Checkpointer, abstract_like
 from mimesis_jax.train.loop import NonFiniteLossError, train
 from mimesis_jax.train.metrics import read_metrics
 from mimesis_jax.train.optim import decay_mask, make_optimizer, make_schedule

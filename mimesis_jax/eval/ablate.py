@@ -290,7 +290,7 @@ def load_stage_config(run: StageRun):
 
 def finished(workdir: str, steps: int) -> bool:
     """Whether `workdir` holds a checkpoint at (or past) `steps`."""
-    from mimesis_jax.train.checkpoint import Checkpointer, checkpoint_dir
+    from mimesis_jax.checkpoints import Checkpointer, checkpoint_dir
 
     if not os.path.isdir(checkpoint_dir(workdir)):
         return False
@@ -315,10 +315,9 @@ def run_stage(run: StageRun, log=print) -> str | None:
         res = {"midtrain": midtrain, "sft": sft}[run.stage].run(cfg, run.workdir)
     else:
         from mimesis_jax.train import agent_rl_loop, simulator_rl
-        from mimesis_jax.train.export import load_trained
 
         module = simulator_rl if run.stage == "simrl" else agent_rl_loop
-        res = module.run(cfg, run.workdir, trained_loader=load_trained)
+        res = module.run(cfg, run.workdir)
     return "preempted" if res.preempted else None
 
 
@@ -395,7 +394,7 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args, log=print) -> int:
-    from mimesis_jax.train.checkpoint import CheckpointError
+    from mimesis_jax.checkpoints import CheckpointError
 
     try:
         matrix = load_matrix(args.matrix)

@@ -24,7 +24,7 @@ One RL step:
 7. one optimizer update per mini-batch (train/agent_rl.py: Eq 6 + alpha Eq 10, global-norm clipping and the LR
    schedule of `optimizer`); metrics.
 
-Checkpoints (train/checkpoint.py) hold params, optimizer state, step, RNG and the task sampler's state plus the
+Checkpoints (checkpoints.py) hold params, optimizer state, step, RNG and the task sampler's state plus the
 next rollout id, so a resumed run reproduces the uninterrupted run's per-step metrics (the simulator, judge and
 coach run at temperature 0 and every sampling seed derives from (train.seed, step, rollout id)). SIGTERM finishes
 the current step, saves, and returns. Validation every `validation.every` steps runs the evaluation tasks at
@@ -145,7 +145,7 @@ class _ReleaseEngine:
         self.model.engine.release_all()
 
 
-def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=None) -> UserSide:
+def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
     """The simulator, gym user, judge and coach of `u`. engine_config (`rollout.engine=true`): a function from the
     simulator's ModelConfig to its EngineConfig; an in-process model simulator then samples through its own
     rollout engine (rollout/engine.py), so each of the runner's user turns prefills only the dialogue's new tokens.
@@ -167,7 +167,7 @@ def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=Non
         else:  # a model as the coach (e.g. the trained tiny simulator, asked as an assistant)
             coach = chat_model_from_spec(ModelSpec(u.coach, model_name=u.coach_model or None, api_key_env=key,
                                                    max_tokens=u.coach_max_tokens),
-                                         style="assistant", trained_loader=trained_loader)
+                                         style="assistant")
             closers = [coach] if hasattr(coach, "close") else []
         return UserSide(toy, SimulatorAsResponder(toy), toy, coach, closers)
     sim_spec = ModelSpec(u.simulator, model_name=u.simulator_model or None, api_key_env=key,
@@ -179,7 +179,7 @@ def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=Non
         as_assistant = sim
         gym_user = SimulatorAsResponder(sim) if style == "simulator" else sim
     else:
-        base = local_model(sim_spec, role="user", model_type="qwen3_5", trained_loader=trained_loader)
+        base = local_model(sim_spec, role="user", model_type="qwen3_5")
         sim = base
         if engine_config is not None:  # frozen: built once, never set_params
             from mimesis_jax.rollout.engine import EngineChatModel
@@ -204,7 +204,7 @@ def build_user_side(u: UserSideConfig, trained_loader=None, *, engine_config=Non
         if not spec:
             return as_assistant
         m = chat_model_from_spec(ModelSpec(spec, model_name=model_name or None, api_key_env=key),
-                                 style="assistant", trained_loader=trained_loader)
+                                 style="assistant")
         if hasattr(m, "close"):
             closers.append(m)
         return m
@@ -263,8 +263,7 @@ def _global_minibatch_order(kept: list[list]) -> list[list]:
     return [mine.get(gid, []) for gid in rl_run.global_groups(list(mine))]
 
 
-def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, tokenizer=None,
-        trained_loader=None, handle_signals: bool = True, on_rollouts=None, log=print) -> AgentRLResult:
+def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, tokenizer=None, handle_signals: bool = True, on_rollouts=None, log=print) -> AgentRLResult:
     """Runs (or resumes) the agent RL stage in `workdir` (module docstring). `user_side` replaces the configured
     simulator / judge / coach (tests: scripted models); `on_rollouts(step, trajectories)` sees each step's
     dialogues after the coach (debugging, tests, custom logging)."""
@@ -320,7 +319,7 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
     sim_engine = None
     if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view
         sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight)
-    side = build_user_side(cfg.users, trained_loader, engine_config=sim_engine) if own_side else user_side
+    side = build_user_side(cfg.users, engine_config=sim_engine) if own_side else user_side
     ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
                          agent_temperature=r.temperature, user_temperature=0.0,
                          max_context_tokens=context_budget(r) or None,

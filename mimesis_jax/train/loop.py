@@ -34,7 +34,7 @@ from mimesis_jax import config as config_lib
 from mimesis_jax import models, sharding
 from mimesis_jax.config import RunConfig
 from mimesis_jax.models.config import RUNTIME_FIELDS, ConfigError, ModelConfig
-from mimesis_jax.train.checkpoint import CheckpointError, Checkpointer, abstract_like
+from mimesis_jax.checkpoints import CheckpointError, Checkpointer, abstract_like
 from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule, opt_state_shardings
 from mimesis_jax.train.step import init_train_state, make_train_step

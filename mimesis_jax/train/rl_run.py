@@ -12,7 +12,7 @@ mini-batches everywhere (`global_groups`). In `ppo_updates` each process packs i
 the processes agree on shapes and on the loss normalisers (rl_batch.layout_info / common_layout / conform) and
 the global batch is assembled from the process-local rows (RLStep.place(process_local=True)); no process holds
 the whole batch. Step metrics are computed from per-episode summaries gathered from every process (identical on
-all); process 0 logs and writes metrics; checkpoints are written by all (orbax, train/checkpoint.py). Episode
+all); process 0 logs and writes metrics; checkpoints are written by all (orbax, checkpoints.py). Episode
 seeds depend on global task indices and rollout ids only (`step_seed`), so a P-process run samples the episodes of
 the one-process run and its updates equal it up to fp32 summation order; resuming needs the same P.
 """
@@ -29,7 +29,7 @@ import numpy as np
 
 from mimesis_jax import sharding
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.train.checkpoint import Checkpointer, gather_json
+from mimesis_jax.checkpoints import Checkpointer, gather_json
 
 UPDATE_METRICS = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "clip_frac", "entropy", "approx_kl",
                   "grad_norm")

@@ -79,7 +79,7 @@ def domain_weights(d: DomainMixConfig) -> dict[str, float]:
     return w
 
 
-def build_sides(s: SidesConfig, trained_loader=None):
+def build_sides(s: SidesConfig):
     """(SideModels, closers) from the config: toy-judge / toy-agent are the rule-based CPU sides (envs/toy.py)."""
     from mimesis_jax.envs.domains import SideModels
     from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
@@ -95,8 +95,7 @@ def build_sides(s: SidesConfig, trained_loader=None):
             return ToySupportAgent()
         if (spec, name) not in built:
             m = chat_model_from_spec(ModelSpec(spec, model_name=name or None, api_key_env=s.key_env or None,
-                                               max_tokens=s.max_tokens), style="assistant",
-                                     trained_loader=trained_loader)
+                                               max_tokens=s.max_tokens), style="assistant")
             if hasattr(m, "close"):
                 closers.append(m)
             built[(spec, name)] = m
@@ -165,7 +164,7 @@ def fold_advantages(rollouts, *, fold: bool = True, eps: float = 1e-6, divide_st
     return segs, [[float(a)] for a in adv]
 
 
-def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_loader=None,
+def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None,
         handle_signals: bool = True, on_rollouts=None, log=print) -> SimRLResult:
     """Runs (or resumes) the simulator RL stage in `workdir` (module docstring). `sides` (envs.domains.SideModels)
     replaces the configured fixed sides (tests: scripted models); `on_rollouts(step, rollouts)` sees each step's
@@ -212,7 +211,7 @@ def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, trained_l
     own_sides = sides is None
     closers: list = []
     if own_sides:
-        sides, closers = build_sides(cfg.sides, trained_loader)
+        sides, closers = build_sides(cfg.sides)
     r = cfg.rollout
     log(f"simrl: {model_config.model_type} | mesh {dict(run_.mesh.shape)} | {r.prompts_per_step} prompts x "
         f"{r.group_size} rollouts per step over {len(sampler.names)} domains | fold {r.fold} | thinking "
