@@ -134,7 +134,7 @@ def _demo(args) -> int:
         results[stage] = res
     sim_dir = sft_dir
     if args.simrl_steps > 0:
-        from mimesis_jax.train import simulator_rl
+        from mimesis_jax.train.rl import simulator as simulator_stage
 
         sim_dir = os.path.join(root, "simrl")
         path = os.path.join(REPO_CONFIGS, "tiny_simrl.py")
@@ -143,7 +143,7 @@ def _demo(args) -> int:
         # 4 micro-batches per update: the same update (the mini-batch's global normalisers are folded into the
         # token weights) in quarters. In one micro-batch, the backward pass of its 2048-token rows through dense
         # attention took this stage to a 7.7 GB peak RSS on a CPU (3.0 GB in four)
-        res = simulator_rl.run(simulator_rl.load(path, [f"init.from_workdir={sft_dir}",
+        res = simulator_stage.run(simulator_stage.load(path, [f"init.from_workdir={sft_dir}",
                                                         f"train.steps={args.simrl_steps}",
                                                         "rl.num_microbatches=4"]), sim_dir)
         if res.preempted:
@@ -187,16 +187,16 @@ def _release_stage_memory() -> None:
 def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
     """Stage II of the demo: the frozen tiny simulator (after simrl, else the SFT run) coaches; a tiny agent is
     trained on the toy gym with GRPO and with GRPO + CSD; a table and a PNG of the reward curves go to the workdir."""
-    from mimesis_jax.train import agent_rl_loop
+    from mimesis_jax.train.rl import agent as agent_stage
 
     arms = {}
     for arm in ("grpo", "csd"):
         wd = os.path.join(root, f"agent_{arm}")
         print(f"=== agent RL ({arm}): configs/tiny_agentrl.py:{arm} -> {wd}", flush=True)
-        cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
+        cfg = agent_stage.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
                                  [f"train.steps={steps}", f"users.coach={simulator_dir}"])
         t = time.perf_counter()
-        res = agent_rl_loop.run(cfg, wd)
+        res = agent_stage.run(cfg, wd)
         if res.preempted:
             print(f"agent RL interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
             return None
@@ -294,16 +294,16 @@ def main(argv=None) -> int:
                   f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
             return 0
         if args.command == "simrl":
-            from mimesis_jax.train import simulator_rl
+            from mimesis_jax.train.rl import simulator as simulator_stage
 
-            res = simulator_rl.run(simulator_rl.load(args.config, args.overrides), args.workdir)
+            res = simulator_stage.run(simulator_stage.load(args.config, args.overrides), args.workdir)
             print(f"simrl: step {res.final_step}, checkpoint step {res.checkpoint_step}"
                   f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
             return 0
         if args.command == "agentrl":
-            from mimesis_jax.train import agent_rl_loop
+            from mimesis_jax.train.rl import agent as agent_stage
 
-            res = agent_rl_loop.run(agent_rl_loop.load(args.config, args.overrides), args.workdir)
+            res = agent_stage.run(agent_stage.load(args.config, args.overrides), args.workdir)
             print(f"agentrl: step {res.final_step}, checkpoint step {res.checkpoint_step}"
                   f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
             return 0

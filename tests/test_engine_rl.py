@@ -1,4 +1,4 @@
-"""rollout.engine=true in the RL stages (train/agent_rl_loop.py, train/simulator_rl.py): the rollout engine
+"""rollout.engine=true in the RL stages (train/rl/agent.py, train/rl/simulator.py): the rollout engine
 (rollout/engine.py) replaces the static sampler -- in agentrl for the agent and the in-process user simulator --
 and must not change the run. Two steps of the tiny configs with the engine on and off, same seed: the same sampled
 tokens, user turns and rewards per episode (log-probs within fp32 rounding), the same step metrics and the same
@@ -23,8 +23,9 @@ from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout import engine as engine_lib
 from mimesis_jax.rollout.base import SimulatorAsResponder
-from mimesis_jax.train import agent_rl_loop as L
-from mimesis_jax.train import simulator_rl as S
+from mimesis_jax.train.rl import agent as L
+from mimesis_jax.train.rl import chat_models as C
+from mimesis_jax.train.rl import simulator as S
 from mimesis_jax.checkpoints import load_trained
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -203,13 +204,13 @@ def test_engine_with_max_batch_is_an_error_naming_the_key():
 def test_engine_config_sized_from_the_rollout():
     r = _agent_cfg().rollout
     mc = _agent_cfg().model
-    ec = L.rollout_engine_config(dataclasses.replace(r, engine_page_size=16), mc, dialogues=6)
+    ec = C.rollout_engine_config(dataclasses.replace(r, engine_page_size=16), mc, dialogues=6)
     assert ec.max_pages_per_seq == 16  # 256-token dialogues in 16-token pages
     assert ec.num_pages == 6 * 16 + 1  # + the trash page
-    ec = L.rollout_engine_config(dataclasses.replace(r, max_context_tokens=0, engine_pages=40), mc, dialogues=6)
+    ec = C.rollout_engine_config(dataclasses.replace(r, max_context_tokens=0, engine_pages=40), mc, dialogues=6)
     assert ec.max_pages_per_seq == -(-mc.max_position_embeddings // 16) and ec.num_pages == 40
     ec.validate()
-    assert jax.local_devices()[0] in L.engine_params({"w": np.ones(2, np.float32)})["w"].devices()
+    assert jax.local_devices()[0] in C.engine_params({"w": np.ones(2, np.float32)})["w"].devices()
 
 
 def test_simulator_engine_sized_for_its_longer_view():
@@ -218,12 +219,12 @@ def test_simulator_engine_sized_for_its_longer_view():
     turn; capped by the simulator's positions, which alone bound it without rollout.max_context_tokens."""
     cfg = _agent_cfg("gyms.max_prompt_tokens=64", "users.simulator_max_tokens=10")  # 256-token dialogues, 2 turns
     sim_mc = cfg.model.replace(max_position_embeddings=8192)  # the simulator's own positions
-    assert L.simulator_context_tokens(cfg, sim_mc) == 64 + 256 + 2 * 10
-    ec = L.simulator_engine_config(cfg, sim_mc, dialogues=3)
+    assert C.simulator_context_tokens(cfg, sim_mc) == 64 + 256 + 2 * 10
+    ec = C.simulator_engine_config(cfg, sim_mc, dialogues=3)
     assert ec.max_pages_per_seq == 22 and ec.num_pages == 3 * 22 + 1  # ceil(340 / 16) pages, + the trash page
     assert ec.slots == cfg.rollout.engine_slots
-    assert L.simulator_context_tokens(cfg, sim_mc.replace(max_position_embeddings=300)) == 300
+    assert C.simulator_context_tokens(cfg, sim_mc.replace(max_position_embeddings=300)) == 300
     unbounded = _agent_cfg("rollout.max_context_tokens=0", "rollout.row_len=0")
-    assert L.simulator_context_tokens(unbounded, sim_mc) == 8192
-    explicit = L.simulator_engine_config(_agent_cfg("rollout.engine_pages=50"), sim_mc, dialogues=3)
+    assert C.simulator_context_tokens(unbounded, sim_mc) == 8192
+    explicit = C.simulator_engine_config(_agent_cfg("rollout.engine_pages=50"), sim_mc, dialogues=3)
     assert explicit.num_pages == 50 and explicit.max_pages_per_seq == -(-(256 + 2 * 512) // 16)
