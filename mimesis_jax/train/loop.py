@@ -35,7 +35,8 @@ from mimesis_jax.config import RunConfig
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule
-from mimesis_jax.train.state import StopFlag, initial_params, model_config_for, restore_latest, state_shardings
+from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
+                                     state_shardings)
 from mimesis_jax.train.step import init_train_state, make_train_step
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "loss_mask")
@@ -201,10 +202,7 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
                           f"{jax.process_count()} processes")
     local_batch = t.global_batch // jax.process_count()
 
-    try:
-        mesh = sharding.make_mesh(cfg.mesh.axes())
-    except ValueError as e:
-        raise ConfigError(f"config section 'mesh': {e}") from None
+    mesh = make_mesh(cfg)
     tx, schedule, abs_state, shardings, init, step_fn = compiled_functions(
         model_config, cfg.optimizer, t.steps, mesh, t.grad_accum, t.nonfinite == "skip")
     ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)

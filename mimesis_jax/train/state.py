@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mimesis_jax import config as config_lib
-from mimesis_jax import models
+from mimesis_jax import models, sharding
 from mimesis_jax.checkpoints import Checkpointer, abstract_like
 from mimesis_jax.models.config import RUNTIME_FIELDS, ConfigError, ModelConfig
 from mimesis_jax.train.optim import opt_state_shardings
@@ -64,6 +64,14 @@ def model_config_for(cfg, tok=None) -> ModelConfig:
             raise ConfigError(f"config key 'model.vocab_size': {mc.vocab_size} is smaller than tokenizer "
                               f"{cfg.tokenizer.name!r}'s {n} tokens")
     return mc
+
+
+def make_mesh(cfg):
+    """The device mesh of `cfg.mesh`; a bad layout is a ConfigError naming the section."""
+    try:
+        return sharding.make_mesh(cfg.mesh.axes())
+    except ValueError as e:
+        raise ConfigError(f"config section 'mesh': {e}") from None
 
 
 def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:

@@ -48,7 +48,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from mimesis_jax import config as config_lib
 from mimesis_jax.algorithms import csd, grpo, infopo
 # the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the stage's callers
 from mimesis_jax.config.rl import (HEADER_TOKENS, AgentRLConfig, RLConfig, RolloutConfig,  # noqa: F401
@@ -61,7 +60,8 @@ from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout.episode import EpisodeConfig, run_episodes
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import UserSide, build_user_side, simulator_engine_config
-from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, update_record
+from mimesis_jax.train.rl.learner import (VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero,
+                                         update_record)
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
@@ -69,17 +69,7 @@ STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "ro
 
 # ------------------------------------------------------------------------------------------ config
 def load(path: str, overrides=()) -> AgentRLConfig:
-    try:
-        return config_lib.load_config(path, overrides, kind=AgentRLConfig)
-    except ValueError as e:  # a config class's own checks (not ConfigError)
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"{path}: {e}") from None
-
-
-def _mean(xs):
-    xs = [float(x) for x in xs]
-    return float(np.mean(xs)) if xs else 0.0
+    return load_stage_config(path, overrides, AgentRLConfig)
 
 
 def _group_filter(trajs, min_valid: int):
@@ -224,7 +214,7 @@ class AgentLearner(RLLearner):
                            coach_s=times["prepared"] - times["rollouts"],
                            train_s=times["trained"] - times["advantages"], lr=lr)
         if self.cfg.rl.credit == "infopo":
-            rec.update(infopo_ig_mean=_mean(c["gains"]), infopo_turns=len(c["gains"]),
+            rec.update(infopo_ig_mean=mean_or_zero(c["gains"]), infopo_turns=len(c["gains"]),
                        infopo_s=times["advantages"] - times["prepared"])
         return rec
 
@@ -270,17 +260,17 @@ def _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, ms, scorin
             int(x) for x in np.sum(distributed.gather_list([[n_invalid, skipped, n_no_turn, n_notes]]), axis=0))
     valid = [e for e in eps if e["ok"]]
     rec: dict[str, Any] = {
-        "reward_mean": _mean(e["score"] for e in valid),
-        "train_reward_mean": _mean(e["train"] for e in valid),
+        "reward_mean": mean_or_zero(e["score"] for e in valid),
+        "train_reward_mean": mean_or_zero(e["train"] for e in valid),
         "episodes": len(eps), "invalid": n_invalid, "invalid_frac": n_invalid / max(1, len(eps)),
         "skipped_groups": skipped, "trained_groups": len(kept), "updates": len(ms), "coach_notes": n_notes,
         "no_agent_turn": n_no_turn,  # ok dialogues whose prompt left no room for an agent turn (not trained)
         "context_cut": sum(e["cut"] > 0 for e in eps),  # dialogues whose trailing tool/user turn passed the limit
         "context_cut_tokens": sum(e["cut"] for e in eps),
-        "turns_mean": _mean(e["turns"] for e in eps),
+        "turns_mean": mean_or_zero(e["turns"] for e in eps),
     }
     for gym in sorted({e["gym"] for e in eps}):
-        rec[f"reward/{gym}"] = _mean(e["score"] for e in valid if e["gym"] == gym)
+        rec[f"reward/{gym}"] = mean_or_zero(e["score"] for e in valid if e["gym"] == gym)
     agent_tokens = sum(e["agent_tokens"] for e in eps)
     rec.update(timing)
     rec["rollout_tokens_per_s"] = agent_tokens / max(timing["rollout_s"], 1e-9)

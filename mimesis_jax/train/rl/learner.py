@@ -44,7 +44,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from mimesis_jax import sharding
+from mimesis_jax import config as config_lib
 from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.checkpoints import Checkpointer, gather_json
 from mimesis_jax.data.tokenizer import load_tokenizer
@@ -55,10 +55,28 @@ from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import PolicySampler
 from mimesis_jax.train.rl.step import make_rl_step
-from mimesis_jax.train.state import StopFlag, initial_params, model_config_for, restore_latest, state_shardings
+from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
+                                     state_shardings)
 from mimesis_jax.train.step import init_train_state
 
 VALIDATION_SEED = 12345  # the sampling seed of every validation pass (temperature `validation.temperature`)
+
+
+def load_stage_config(path: str, overrides, kind):
+    """The run config of an RL stage (`kind`: AgentRLConfig / SimRLConfig) from `path` + --set overrides; a config
+    class's own ValueError becomes a ConfigError naming the file."""
+    try:
+        return config_lib.load_config(path, overrides, kind=kind)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def mean_or_zero(xs) -> float:
+    """The mean of `xs` as a float, 0.0 for none (a step's metric over possibly no episodes)."""
+    xs = [float(x) for x in xs]
+    return float(np.mean(xs)) if xs else 0.0
 
 UPDATE_METRICS = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "clip_frac", "entropy", "approx_kl",
                   "grad_norm")
@@ -92,10 +110,7 @@ def setup(cfg, workdir: str, tok, log=print) -> RLRun:
     model_config = model_config_for(cfg, tok)
     cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
     run_dict = cfg.to_dict()
-    try:
-        mesh = sharding.make_mesh(cfg.mesh.axes())
-    except ValueError as e:
-        raise ConfigError(f"config section 'mesh': {e}") from None
+    mesh = make_mesh(cfg)
     total_updates = cfg.train.steps * cfg.updates_per_step()
     tx = make_optimizer(cfg.optimizer, total_updates, model_config)
     schedule = make_schedule(cfg.optimizer, total_updates)

@@ -47,7 +47,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from mimesis_jax import config as config_lib
 from mimesis_jax.algorithms import grpo
 # the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the stage's callers
 from mimesis_jax.config.rl import (BEHAVIOUR, DomainMixConfig, RLConfig, SidesConfig, SimRLConfig,  # noqa: F401
@@ -59,7 +58,8 @@ from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout.sim_episode import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import build_sides
-from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, update_record
+from mimesis_jax.train.rl.learner import (VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero,
+                                         update_record)
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
@@ -67,12 +67,7 @@ STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "
 
 # ------------------------------------------------------------------------------------------ config
 def load(path: str, overrides=()) -> SimRLConfig:
-    try:
-        return config_lib.load_config(path, overrides, kind=SimRLConfig)
-    except ValueError as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"{path}: {e}") from None
+    return load_stage_config(path, overrides, SimRLConfig)
 
 
 # ------------------------------------------------------------------------------------------ domains and records
@@ -108,11 +103,6 @@ def _env_options(cfg: SimRLConfig, d: str) -> dict:
     if cfg.domains.soul_max_turns and domain(d).multi_turn:
         return {"max_turns": cfg.domains.soul_max_turns}
     return {}
-
-
-def _mean(xs) -> float:
-    xs = [float(x) for x in xs]
-    return float(np.mean(xs)) if xs else 0.0
 
 
 def fold_advantages(rollouts, *, fold: bool = True, eps: float = 1e-6, divide_std: bool = True):
@@ -229,7 +219,7 @@ class SimulatorLearner(RLLearner):
         outs = gathered_outcomes(self.rollouts(model, prompts, group_size=1,
                                                temperature=self.cfg.validation.temperature, seed=VALIDATION_SEED,
                                                first_group=0, first_rid=1 << 40, label=label, records=vr))
-        rec = {f"val/{d}": _mean(o.reward for o in outs if o.domain == d and o.status == "ok") for d in sorted(vr)}
+        rec = {f"val/{d}": mean_or_zero(o.reward for o in outs if o.domain == d and o.status == "ok") for d in sorted(vr)}
         rec["val/invalid"] = sum(o.status != "ok" for o in outs)
         return rec
 
@@ -273,18 +263,18 @@ def step_record(outs, skipped: int, running: dict[str, list[float]], **timing) -
     valid = [o for o in outs if o.status == "ok"]
     n_invalid = len(outs) - len(valid)
     rec: dict[str, Any] = {
-        "reward_mean": _mean(o.reward for o in valid), "rollouts": len(outs),
+        "reward_mean": mean_or_zero(o.reward for o in valid), "rollouts": len(outs),
         "segments": sum(len(o.segments) for o in outs), "invalid": n_invalid,
         "invalid_frac": n_invalid / max(1, len(outs)), "skipped_groups": skipped,
         "no_policy_turn": sum(not o.segments for o in valid),
-        "thought_words_mean": _mean(len(t.split()) for o in outs for t in o.thoughts if t is not None),
+        "thought_words_mean": mean_or_zero(len(t.split()) for o in outs for t in o.thoughts if t is not None),
     }
     rec["segments_per_rollout"] = rec["segments"] / max(1, len(outs))
     if "rollout_s" in timing:  # tokens the policy sampled (every process's rollouts) per second of rollout time
         rec["rollout_tokens_per_s"] = sum(map(_policy_tokens, outs)) / max(timing["rollout_s"], 1e-9)
     for d in sorted({o.domain for o in outs}):
         rs = [o.reward for o in valid if o.domain == d]
-        rec[f"reward/{d}"] = _mean(rs)
+        rec[f"reward/{d}"] = mean_or_zero(rs)
         tot = running.setdefault(d, [0.0, 0.0])
         tot[0] += float(sum(rs))
         tot[1] += len(rs)
