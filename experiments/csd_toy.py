@@ -85,7 +85,7 @@ def warm_start(cfg, tok, out_dir: str, steps: int, seed: int, log=print):
 
     from mimesis_jax import models
     from mimesis_jax.algorithms.logprobs import token_logprobs
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     config = model_config_for(cfg, tok).replace(dtype="float32", remat="none")
     rng = random.Random(seed)

@@ -127,7 +127,7 @@ def _load(path: str, overrides, what: str):
 
 def _model_config(cfg):
     """The runtime model config the run would train (vocabulary from the tokenizer where the config says so)."""
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     tok = None
     if cfg.tokenizer.set_model_vocab:

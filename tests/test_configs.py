@@ -158,7 +158,7 @@ def _bytes_per_device(abstract, shardings, mesh_shape) -> float:
 @pytest.mark.parametrize("name", sorted(PAPER))
 def test_paper_config_builds_abstractly(name):
     """Table 4 settings; params, optimizer state and shardings on an abstract mesh of the config's size."""
-    from mimesis_jax.train.loop import state_shardings
+    from mimesis_jax.train.state import state_shardings
     from mimesis_jax.train.optim import make_optimizer
     from mimesis_jax.train.step import split_micro_batches, train_step
 
@@ -230,7 +230,7 @@ def test_paper_config_builds_abstractly(name):
 
 
 def test_model_vocab_from_tokenizer():
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     class Tok:
         vocab_size, eos_id, pad_id = 1000, 7, 1

@@ -82,7 +82,7 @@ def _tiny_simulator(tmp_path):
     greedily repeats the prompt's last token (the newline after the user header), which leaves no utterance. It
     writes the runner's user turns greedily and without a thought block; the judge / coach are unused (alpha = 0)."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     config = model_config_for(_agent_cfg(), load_tokenizer("tiny"))
     params = _sim_params(config, seed=2)
