@@ -45,7 +45,7 @@ from mimesis_jax import models  # noqa: E402
 from mimesis_jax.algorithms.rl_batch import bucket, pack_trajectories  # noqa: E402
 from mimesis_jax.models.config import ModelConfig  # noqa: E402
 from mimesis_jax.data.trajectory import Segment, Trajectory  # noqa: E402
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch  # noqa: E402
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch  # noqa: E402
 
 
 def bench_config(args) -> ModelConfig:

@@ -74,8 +74,7 @@ def _policy(spec: str, max_tokens: int):
         config, params, tok = _tiny_model("qwen3_5", 0)
         return LocalChatModel(config, params, tok, max_tokens=max_tokens)
     from mimesis_jax.rollout.serve import load_chat_model
-    from mimesis_jax.train.export import load_trained
-    return load_chat_model(spec, max_tokens=max_tokens, trained_loader=load_trained)
+    return load_chat_model(spec, max_tokens=max_tokens)
 
 
 def main(argv=None) -> int:

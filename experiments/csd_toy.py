@@ -85,7 +85,7 @@ def warm_start(cfg, tok, out_dir: str, steps: int, seed: int, log=print):
 
     from mimesis_jax import models
     from mimesis_jax.algorithms.logprobs import token_logprobs
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     config = model_config_for(cfg, tok).replace(dtype="float32", remat="none")
     rng = random.Random(seed)
@@ -189,7 +189,7 @@ def note_covariance(config, params, tok, arm: str, seed: int, groups: int = 8, g
 
 
 def run_arm(arm: str, seed: int, steps: int, alpha: float, warm_dir: str, out: str, tok):
-    from mimesis_jax.train import agent_rl_loop as rl_loop
+    from mimesis_jax.train.rl import agent as rl_loop
 
     coach = {"grpo": "toy-coach", "csd": "toy-coach", "csd_shuffled": "toy-coach-shuffled"}[arm]
     sets = [f"train.steps={steps}", f"train.seed={seed}", f"init.from_hf={warm_dir}", "users.simulator=toy-user",
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
 
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.train import agent_rl_loop as rl_loop
+    from mimesis_jax.train.rl import agent as rl_loop
 
     tok = load_tokenizer("tiny")
     cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl.py:csd"))

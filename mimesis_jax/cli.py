@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import sys
 
-# Every command: (module, help). The module exposes add_args(parser) and run(args[, trained_loader]) -> exit code.
+# Every command: (module, help). The module exposes add_args(parser) and run(args) -> exit code.
 COMMANDS = {
     "midtrain": ("mimesis_jax.commands.train", "run the midtrain stage"),
     "sft": ("mimesis_jax.commands.train", "run the sft stage"),
@@ -77,17 +76,13 @@ def main(argv=None) -> int:
 
             initialize_distributed(args.coordinator, args.num_processes, args.process_id)
         from mimesis_jax.data.tokenizer import TokenizerError
-        from mimesis_jax.train.checkpoint import CheckpointError
-        from mimesis_jax.train.export import load_trained
+        from mimesis_jax.checkpoints import CheckpointError
         from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        run = importlib.import_module(COMMANDS[args.command][0]).run
-        if "trained_loader" in inspect.signature(run).parameters:
-            return run(args, trained_loader=load_trained)
-        return run(args)
+        return importlib.import_module(COMMANDS[args.command][0]).run(args)
     except (ConfigError, CheckpointError, TokenizerError, FileNotFoundError, NotADirectoryError,
             IsADirectoryError, PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)

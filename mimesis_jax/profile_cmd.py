@@ -7,7 +7,7 @@ of one compiled program of a run config.
     tensorboard --logdir prof/csd          # or xprof; the *.trace.json.gz also opens in ui.perfetto.dev
 
 What is profiled (`--what`); every batch is synthetic, its token ids random, its shapes those the config gives:
-* ``grpo_step`` / ``csd_step``: one Stage II optimizer update (train/agent_rl.py, Eq 6 / Eq 11) on one PPO
+* ``grpo_step`` / ``csd_step``: one Stage II optimizer update (train/rl/step.py, Eq 6 / Eq 11) on one PPO
   mini-batch: `rollout.mini_batch_prompts` x `rollout.group_size` dialogues of min(rollout.max_turns,
   gyms.max_turns) agent turns, packed as the training loop packs them (row_len = rollout.row_len). A dialogue is
   a prompt of --prompt-tokens, then per turn a user message of --user-tokens, a coach note of --note-tokens before
@@ -113,9 +113,9 @@ def _load(path: str, overrides, what: str):
     from mimesis_jax import config as config_lib
 
     if what in ("grpo_step", "csd_step"):
-        from mimesis_jax.train import agent_rl_loop
+        from mimesis_jax.train.rl import agent as agent_stage
 
-        return agent_rl_loop.load(path, overrides)
+        return agent_stage.load(path, overrides)
     if what == "midtrain_step":
         return config_lib.load_config(path, overrides)
     cfg = config_lib.load_config(path, overrides, kind=object)
@@ -127,7 +127,7 @@ def _load(path: str, overrides, what: str):
 
 def _model_config(cfg):
     """The runtime model config the run would train (vocabulary from the tokenizer where the config says so)."""
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     tok = None
     if cfg.tokenizer.set_model_vocab:
@@ -188,7 +188,7 @@ def reply_tokens(cfg, args, turns: int) -> int:
 
 
 def build_rl_step(cfg, args, what: str) -> Built:
-    from mimesis_jax.train.agent_rl import make_rl_step, prepare_batch
+    from mimesis_jax.train.rl.step import make_rl_step, prepare_batch
     from mimesis_jax.train.optim import make_optimizer
 
     rl, r = cfg.rl, cfg.rollout

@@ -13,7 +13,7 @@ import pytest
 
 from mimesis_jax.eval import ablate
 from mimesis_jax.models.config import ConfigError
-from mimesis_jax.train import agent_rl_loop
+from mimesis_jax.train.rl import agent as agent_rl_loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MATRICES = os.path.join(ROOT, "configs", "ablations")

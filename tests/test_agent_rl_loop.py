@@ -1,4 +1,4 @@
-"""Stage II end to end (train/agent_rl_loop.py) on the tiny configs and the toy gym: metrics, invalid episodes
+"""Stage II end to end (train/rl/agent.py) on the tiny configs and the toy gym: metrics, invalid episodes
 excluded and counted, single-survivor groups skipped, resume == uninterrupted; PPO mini-batches (off-policy
 ratios and clipping after the first update, against a per-token Eq 6 reference); the CSD gradient against an
 independently written Eq 10; coach notes never reach the student when alpha = 0."""
@@ -17,8 +17,8 @@ from mimesis_jax.algorithms import grpo
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.rollout.base import ChatResponse, SimulatorAsResponder
-from mimesis_jax.train import agent_rl_loop as L
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
+from mimesis_jax.train.rl import agent as L
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s")
@@ -264,7 +264,7 @@ def test_agentrl_command_sigterm_checkpoint_resume_and_validation(tmp_path):
     stopped = recs[-1]["step"]
     assert 0 <= recs[0]["val/ToyKeyword"] <= 1 and recs[0]["val/invalid"] == 0
     assert recs[0]["val/overall"] == recs[0]["val/ToyKeyword"]  # one validation gym
-    from mimesis_jax.train.checkpoint import Checkpointer
+    from mimesis_jax.checkpoints import Checkpointer
     assert Checkpointer(str(wd), read_only=True).latest_step() == stopped
     again = subprocess.run(cmd[:-9] + ["train.steps=%d" % (stopped + 1), "train.progress_bar=false",
                                       "rollout.prompts_per_step=2", "rollout.group_size=2",

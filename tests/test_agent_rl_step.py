@@ -1,4 +1,4 @@
-"""The jitted, sharded GRPO(+CSD) step (train/agent_rl.py): the loss normaliser does not depend on micro-batches
+"""The jitted, sharded GRPO(+CSD) step (train/rl/step.py): the loss normaliser does not depend on micro-batches
 or devices, the loss equals the per-token formula, old log-probs from the rollout or recomputed, metrics,
 placement and donation, one compile per bucket, and an end-to-end episode -> coach -> update run."""
 
@@ -11,7 +11,7 @@ from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms import coach as coach_lib
 from mimesis_jax.algorithms import csd, grpo
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 
 CFG = tiny_config()
 TURNS = (2, 6, 1, 3, 4, 2, 5, 1)

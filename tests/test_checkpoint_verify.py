@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mimesis_jax.train.checkpoint import CheckpointError, Checkpointer
+from mimesis_jax.checkpoints import CheckpointError, Checkpointer
 
 
 def _state(v):

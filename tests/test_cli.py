@@ -14,7 +14,7 @@ import pytest
 from helpers import assert_trees_equal
 from mimesis_jax import models
 from mimesis_jax.cli import main
-from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+from mimesis_jax.checkpoints import Checkpointer, abstract_like
 from mimesis_jax.train.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -158,7 +158,7 @@ def _bytes_per_device(abstract, shardings, mesh_shape) -> float:
 @pytest.mark.parametrize("name", sorted(PAPER))
 def test_paper_config_builds_abstractly(name):
     """Table 4 settings; params, optimizer state and shardings on an abstract mesh of the config's size."""
-    from mimesis_jax.train.loop import state_shardings
+    from mimesis_jax.train.state import state_shardings
     from mimesis_jax.train.optim import make_optimizer
     from mimesis_jax.train.step import split_micro_batches, train_step
 
@@ -230,7 +230,7 @@ def test_paper_config_builds_abstractly(name):
 
 
 def test_model_vocab_from_tokenizer():
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     class Tok:
         vocab_size, eos_id, pad_id = 1000, 7, 1
@@ -249,7 +249,7 @@ def test_optimizer_and_train_defaults_are_valid():
 
 def test_agent_rl_paper_configs_follow_table_13():
     """configs/qwen3_8b_agentrl.py:{grpo,csd}: Table 13 and UserRL's inherited settings; an ~8.2B Qwen3 agent."""
-    from mimesis_jax.train import agent_rl_loop
+    from mimesis_jax.train.rl import agent as agent_rl_loop
 
     grpo_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl.py:grpo"))
     csd_cfg = agent_rl_loop.load(os.path.join(CONFIGS, "qwen3_8b_agentrl.py:csd"))
@@ -483,7 +483,7 @@ def test_old_names_still_import_from_their_modules():
     the RL classes moved out of train/ are the same objects where the loops re-export them."""
     import mimesis_jax.config as C
     from mimesis_jax.envs.userrl import mixture
-    from mimesis_jax.train import agent_rl, agent_rl_loop, simulator_rl
+    from mimesis_jax.train.rl import agent as agent_rl_loop, simulator as simulator_rl, step as agent_rl
 
     for name in ("CheckpointConfig", "ConfigError", "InitConfig", "MeshConfig", "OptimizerConfig", "RunConfig",
                  "TokenizerConfig", "TrainConfig", "apply_overrides", "diff", "load_config", "model_from_dict",

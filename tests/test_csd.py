@@ -16,7 +16,7 @@ from mimesis_jax.algorithms.rl_batch import pack_trajectories
 from mimesis_jax.models import hidden_states
 from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
 from mimesis_jax.data.trajectory import Segment, Trajectory
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch, rl_loss
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch, rl_loss
 
 CFG = tiny_config()
 TURNS = (1, 16, 3, 5, 2, 8, 1, 4)  # 1 to 16 agent turns; coach_prob 0.6 leaves some turns without a note

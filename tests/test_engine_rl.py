@@ -1,4 +1,4 @@
-"""rollout.engine=true in the RL stages (train/agent_rl_loop.py, train/simulator_rl.py): the rollout engine
+"""rollout.engine=true in the RL stages (train/rl/agent.py, train/rl/simulator.py): the rollout engine
 (rollout/engine.py) replaces the static sampler -- in agentrl for the agent and the in-process user simulator --
 and must not change the run. Two steps of the tiny configs with the engine on and off, same seed: the same sampled
 tokens, user turns and rewards per episode (log-probs within fp32 rounding), the same step metrics and the same
@@ -11,19 +11,22 @@ pool sizing (the agent's and the simulator's)."""
 
 import dataclasses
 import os
+from unittest import mock
 
 import jax
 import numpy as np
 import pytest
 
 from rl_helpers import tree_rel_err
+from mimesis_jax import checkpoints
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout import engine_chat as engine_lib
 from mimesis_jax.rollout.base import SimulatorAsResponder
-from mimesis_jax.train import agent_rl_loop as L
-from mimesis_jax.train import simulator_rl as S
-from mimesis_jax.train.export import load_trained
+from mimesis_jax.train.rl import agent as L
+from mimesis_jax.train.rl import chat_models as C
+from mimesis_jax.train.rl import simulator as S
+from mimesis_jax.checkpoints import load_trained
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s")
@@ -73,13 +76,13 @@ def _sim_params(config, seed: int):
 
 
 def _tiny_simulator(tmp_path):
-    """(users.* overrides, trained_loader) for an in-process tiny random simulator, loaded the way a trained one is
-    (a workdir through `trained_loader`). It has the agent's architecture, so the two share compiled programs
+    """(users.* overrides, loader) for an in-process tiny random simulator, loaded the way a trained one is
+    (a workdir through checkpoints.load_trained, which `loader` stands in for). It has the agent's architecture, so the two share compiled programs
     (test_engine.py runs a Qwen3.5 simulator on the engine), and large weights: at init scale a tied random model
     greedily repeats the prompt's last token (the newline after the user header), which leaves no utterance. It
     writes the runner's user turns greedily and without a thought block; the judge / coach are unused (alpha = 0)."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.train.loop import model_config_for
+    from mimesis_jax.train.state import model_config_for
 
     config = model_config_for(_agent_cfg(), load_tokenizer("tiny"))
     params = _sim_params(config, seed=2)
@@ -94,15 +97,16 @@ def _tiny_simulator(tmp_path):
     return sets, loader
 
 
-def _agent_run(wd, *sets, trained_loader=None):
-    """Two tiny agentrl steps; the toy user unless `sets` name a model simulator (then `trained_loader`)."""
+def _agent_run(wd, *sets, loader=None):
+    """Two tiny agentrl steps; the toy user unless `sets` name a model simulator (then read through `loader`)."""
     seen = {}
     side = None
-    if trained_loader is None:
+    if loader is None:
         user = ToyUser()
         side = L.UserSide(user, SimulatorAsResponder(user), user, ToyCoach())
-    res = L.run(_agent_cfg(*sets), str(wd), user_side=side, trained_loader=trained_loader, handle_signals=False,
-                log=lambda *a: None, on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
+    with mock.patch.object(checkpoints, "load_trained", loader or checkpoints.load_trained):
+        res = L.run(_agent_cfg(*sets), str(wd), user_side=side, handle_signals=False, log=lambda *a: None,
+                    on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs))
     return res, seen, load_trained(str(wd))[1]
 
 
@@ -120,11 +124,11 @@ def _metrics_close(a: dict, b: dict):
 def test_agentrl_engine_equals_the_static_sampler(tmp_path, recording):
     """Agent AND in-process simulator on their engines vs both on the static sampler (issue #16)."""
     sim_sets, loader = _tiny_simulator(tmp_path)
-    off, seen_off, p_off = _agent_run(tmp_path / "off", *sim_sets, trained_loader=loader)
+    off, seen_off, p_off = _agent_run(tmp_path / "off", *sim_sets, loader=loader)
     assert recording == []  # the default keeps the static sampler
     # one pool size for both engines: their programs (same architecture, same shapes) compile once
     on, seen_on, p_on = _agent_run(tmp_path / "on", "rollout.engine=true", "rollout.engine_pages=70", *sim_sets,
-                                   trained_loader=loader)
+                                   loader=loader)
     sim, eng = recording  # the simulator's engine is built with the user side, before the agent's
     assert (eng.name, sim.name) == ("agent", "sim") and sim.generation_role == "user"
     assert eng.swaps == 2 and sim.swaps == 0  # the agent follows each step's updates; the simulator is frozen
@@ -200,13 +204,13 @@ def test_engine_with_max_batch_is_an_error_naming_the_key():
 def test_engine_config_sized_from_the_rollout():
     r = _agent_cfg().rollout
     mc = _agent_cfg().model
-    ec = L.rollout_engine_config(dataclasses.replace(r, engine_page_size=16), mc, dialogues=6)
+    ec = C.rollout_engine_config(dataclasses.replace(r, engine_page_size=16), mc, dialogues=6)
     assert ec.max_pages_per_seq == 16  # 256-token dialogues in 16-token pages
     assert ec.num_pages == 6 * 16 + 1  # + the trash page
-    ec = L.rollout_engine_config(dataclasses.replace(r, max_context_tokens=0, engine_pages=40), mc, dialogues=6)
+    ec = C.rollout_engine_config(dataclasses.replace(r, max_context_tokens=0, engine_pages=40), mc, dialogues=6)
     assert ec.max_pages_per_seq == -(-mc.max_position_embeddings // 16) and ec.num_pages == 40
     ec.validate()
-    assert jax.local_devices()[0] in L.engine_params({"w": np.ones(2, np.float32)})["w"].devices()
+    assert jax.local_devices()[0] in C.engine_params({"w": np.ones(2, np.float32)})["w"].devices()
 
 
 def test_simulator_engine_sized_for_its_longer_view():
@@ -215,12 +219,12 @@ def test_simulator_engine_sized_for_its_longer_view():
     turn; capped by the simulator's positions, which alone bound it without rollout.max_context_tokens."""
     cfg = _agent_cfg("gyms.max_prompt_tokens=64", "users.simulator_max_tokens=10")  # 256-token dialogues, 2 turns
     sim_mc = cfg.model.replace(max_position_embeddings=8192)  # the simulator's own positions
-    assert L.simulator_context_tokens(cfg, sim_mc) == 64 + 256 + 2 * 10
-    ec = L.simulator_engine_config(cfg, sim_mc, dialogues=3)
+    assert C.simulator_context_tokens(cfg, sim_mc) == 64 + 256 + 2 * 10
+    ec = C.simulator_engine_config(cfg, sim_mc, dialogues=3)
     assert ec.max_pages_per_seq == 22 and ec.num_pages == 3 * 22 + 1  # ceil(340 / 16) pages, + the trash page
     assert ec.slots == cfg.rollout.engine_slots
-    assert L.simulator_context_tokens(cfg, sim_mc.replace(max_position_embeddings=300)) == 300
+    assert C.simulator_context_tokens(cfg, sim_mc.replace(max_position_embeddings=300)) == 300
     unbounded = _agent_cfg("rollout.max_context_tokens=0", "rollout.row_len=0")
-    assert L.simulator_context_tokens(unbounded, sim_mc) == 8192
-    explicit = L.simulator_engine_config(_agent_cfg("rollout.engine_pages=50"), sim_mc, dialogues=3)
+    assert C.simulator_context_tokens(unbounded, sim_mc) == 8192
+    explicit = C.simulator_engine_config(_agent_cfg("rollout.engine_pages=50"), sim_mc, dialogues=3)
     assert explicit.num_pages == 50 and explicit.max_pages_per_seq == -(-(256 + 2 * 512) // 16)

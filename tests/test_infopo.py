@@ -18,8 +18,8 @@ from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.rollout.base import SimulatorAsResponder
 from mimesis_jax.data.trajectory import Segment, Trajectory
-from mimesis_jax.train import agent_rl_loop as L
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
+from mimesis_jax.train.rl import agent as L
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = tiny_config()
@@ -180,7 +180,7 @@ def test_bad_inputs_and_config():
 # --------------------------------------------------------------------------------------------- the loop
 def test_tiny_infopo_run_logs_the_information_gain(tmp_path):
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.train import rl_run
+    from mimesis_jax.train.rl import learner as rl_run
 
     sets = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2",
             "rollout.group_size=3", "rollout.mini_batch_prompts=1", "rollout.agent_max_tokens=8",

@@ -98,7 +98,7 @@ def lm_step_memory(mc: ModelConfig, rows: int, T: int, axes: dict, grad_accum: i
 
 
 def rl_step_memory(w: workload.Workload, rl) -> int:
-    from mimesis_jax.train.agent_rl import make_rl_step
+    from mimesis_jax.train.rl.step import make_rl_step
     from mimesis_jax.train.optim import make_optimizer
 
     mesh = sharding.make_mesh(w.mesh)

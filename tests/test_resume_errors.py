@@ -1,6 +1,6 @@
 """Resuming with a changed model shape: one clean error line (rc 2), nothing else on stderr.
 
-Before the layout check in train/checkpoint.py, orbax started reading every array, the first shape mismatch
+Before the layout check in checkpoints.py, orbax started reading every array, the first shape mismatch
 raised, and the reads still pending printed "Event loop is closed" / "Exception ignored" traces at exit.
 """
 
@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from mimesis_jax.cli import main
-from mimesis_jax.train.checkpoint import CheckpointError, Checkpointer
+from mimesis_jax.checkpoints import CheckpointError, Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,8 +12,8 @@ from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.profiling import count_compilations
-from mimesis_jax.train import agent_rl
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step, prepare_batch
+from mimesis_jax.train.rl import step as agent_rl
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 
 CFG = tiny_config()
 TURNS = (2, 3, 1, 2)

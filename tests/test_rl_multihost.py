@@ -1,5 +1,5 @@
 """Multi-host RL stages: each process packs its own share of a PPO mini-batch and the global batch is assembled
-from process-local rows (train/rl_run.py, algorithms/rl_batch.py `conform`, RLStep.place(process_local=True)).
+from process-local rows (train/rl/learner.py, algorithms/rl_batch.py `conform`, RLStep.place(process_local=True)).
 
 * fast: the shares of 2 (or 3) emulated processes, conformed to their common layout and concatenated per
   micro-batch the way jax.make_array_from_process_local_data lays them out, give the loss, gradients and metric
@@ -21,7 +21,7 @@ import pytest
 
 from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax.algorithms import grpo, rl_batch
-from mimesis_jax.train.agent_rl import RLConfig, make_rl_step
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = tiny_config()
@@ -142,7 +142,7 @@ def _two_processes(workdir, abort_after=None, timeout=900):
 
 def _params_at(workdir, step):
     from mimesis_jax import config as config_lib, models
-    from mimesis_jax.train.checkpoint import Checkpointer
+    from mimesis_jax.checkpoints import Checkpointer
 
     ck = Checkpointer(str(workdir), read_only=True)
     mc = config_lib.model_from_dict(ck.run_config()["model"])
@@ -156,7 +156,7 @@ def _params_at(workdir, step):
 
 @pytest.mark.slow
 def test_two_process_agent_rl_equals_one_process_and_resumes_after_a_kill(tmp_path):
-    from mimesis_jax.train import agent_rl_loop
+    from mimesis_jax.train.rl import agent as agent_rl_loop
     from mimesis_jax.train.metrics import read_metrics
 
     multi = tmp_path / "multi"

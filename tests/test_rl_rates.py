@@ -14,7 +14,7 @@ from mimesis_jax.envs.userrl import scoring
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.data.trajectory import Segment, Trajectory
-from mimesis_jax.train import agent_rl_loop, rl_run, simulator_rl
+from mimesis_jax.train.rl import agent as agent_rl_loop, learner as rl_run, simulator as simulator_rl
 from mimesis_jax.train.metrics import MetricsLogger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -412,9 +412,9 @@ def _serve_args(checkpoint, *extra):
 
 
 def test_serves_a_training_workdir_at_any_step(workdir):
-    from mimesis_jax.train.export import load_trained
+    from mimesis_jax.checkpoints import load_trained
 
-    srv = serve.build_server(_serve_args(workdir), trained_loader=load_trained).start()
+    srv = serve.build_server(_serve_args(workdir)).start()
     try:
         _, want, step, tok_name = load_trained(workdir)
         assert step == 2 and tok_name == "tiny" and srv.model.tok.vocab_size == 1024  # the run's tokenizer
@@ -424,24 +424,21 @@ def test_serves_a_training_workdir_at_any_step(workdir):
         assert status == 200 and body["choices"][0]["message"]["content"] == direct.text
     finally:
         srv.stop()
-    first = serve.build_server(_serve_args(workdir, "--step", "1"), trained_loader=load_trained)
+    first = serve.build_server(_serve_args(workdir, "--step", "1"))
     step1 = load_trained(workdir, 1)[1]
     assert_trees_equal(first.model.params, step1)
     assert not np.array_equal(np.asarray(step1["embed"]), np.asarray(want["embed"]))  # a different checkpoint
 
 
 def test_checkpoint_kind_errors_are_named(workdir, checkpoint, tmp_path):
-    from mimesis_jax.train.checkpoint import CheckpointError
-    from mimesis_jax.train.export import load_trained
+    from mimesis_jax.checkpoints import CheckpointError
 
     with pytest.raises(ConfigError, match="--step 3: .* is a HF directory"):
         serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--step", "3"))
     with pytest.raises(ConfigError, match="neither a HF directory .*nor a training workdir"):
-        serve.build_server(_serve_args(str(tmp_path)), trained_loader=load_trained)
-    with pytest.raises(ConfigError, match="neither a HF directory"):  # the module's own entry point: HF only
-        serve.build_server(_serve_args(workdir))
+        serve.build_server(_serve_args(str(tmp_path)))
     with pytest.raises(CheckpointError, match="no checkpoint at step 7"):
-        serve.build_server(_serve_args(workdir, "--step", "7"), trained_loader=load_trained)
+        serve.build_server(_serve_args(workdir, "--step", "7"))
 
 
 # ------------------------------------------------------------------------------------ serve --engine

@@ -1,4 +1,4 @@
-"""Stage I joint RL (train/simulator_rl.py) on the tiny config: a single-turn (hitom) and a multi-turn
+"""Stage I joint RL (train/rl/simulator.py) on the tiny config: a single-turn (hitom) and a multi-turn
 (abcd_behaviour) domain, finite metrics with per-domain rewards, invalid rollouts counted, FoldGRPO advantages
 against a formula written here, resume == uninterrupted through the CLI, config errors named.
 
@@ -19,7 +19,7 @@ from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout.base import ChatResponse
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.data.trajectory import Segment, Trajectory
-from mimesis_jax.train import simulator_rl as S
+from mimesis_jax.train.rl import simulator as S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
@@ -110,7 +110,8 @@ def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
     import jax
 
     from mimesis_jax import models
-    from mimesis_jax.train.export import export_hf, load_trained
+    from mimesis_jax.checkpoints import load_trained
+    from mimesis_jax.train.export import export_hf
 
     res, _ = straight
     assert export_hf(res.workdir, str(tmp_path / "hf"), log=lambda *a: None) == 3

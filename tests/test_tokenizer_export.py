@@ -108,7 +108,6 @@ def run(tiny, tmp_path_factory):
 def test_serve_and_rollout_use_the_exported_tokenizer(tiny, run):
     from mimesis_jax.rollout.serve import load_chat_model
     from mimesis_jax.rollout.specs import ModelSpec, local_model
-    from mimesis_jax.train.export import load_trained
 
     wd, out = run
     from transformers import AutoTokenizer
@@ -120,11 +119,11 @@ def test_serve_and_rollout_use_the_exported_tokenizer(tiny, run):
     assert served.tok.name == out and [served.tok.encode(t) for t in TEXTS] == want
     rolled = local_model(ModelSpec(out), role="assistant")
     assert [rolled.tok.encode(t) for t in TEXTS] == want
-    from_run = load_chat_model(wd, trained_loader=load_trained)
+    from_run = load_chat_model(wd)
     assert from_run.tok.name == "tiny"
     # the tokenizer given explicitly with the same ids is accepted
     assert load_chat_model(out, tokenizer="tiny").tok.name == "tiny"
-    assert load_chat_model(wd, tokenizer="hf:" + out, trained_loader=load_trained).tok.name == out
+    assert load_chat_model(wd, tokenizer="hf:" + out).tok.name == out
 
 
 def test_an_old_export_with_only_tokenizer_model_is_read_as_sentencepiece(tiny, run, tmp_path):
@@ -148,7 +147,6 @@ def other_sp(tmp_path_factory):
 
 def test_a_tokenizer_with_other_ids_is_a_named_error(run, other_sp, tiny):
     from mimesis_jax.rollout.serve import load_chat_model
-    from mimesis_jax.train.export import load_trained
 
     wd, out = run
     other = load_tokenizer(other_sp)
@@ -160,7 +158,7 @@ def test_a_tokenizer_with_other_ids_is_a_named_error(run, other_sp, tiny):
                             f"512 ids, fingerprint {other.fingerprint()}")
     with pytest.raises(ConfigError, match=re.escape(f"--checkpoint {wd} was trained with tokenizer 'tiny' (the "
                                                     f"checkpoint's own), 1024 ids")):
-        load_chat_model(wd, tokenizer=other_sp, trained_loader=load_trained)
+        load_chat_model(wd, tokenizer=other_sp)
 
 
 def test_too_many_ids_is_a_named_error(tmp_path, other_sp):

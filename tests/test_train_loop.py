@@ -14,7 +14,7 @@ import pytest
 from mimesis_jax import models
 from mimesis_jax.config import CheckpointConfig, MeshConfig, OptimizerConfig, RunConfig, TrainConfig
 from mimesis_jax.models import ModelConfig
-from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
+from mimesis_jax.checkpoints import Checkpointer, abstract_like
 from mimesis_jax.train.loop import NonFiniteLossError, train
 from mimesis_jax.train.metrics import read_metrics
 from mimesis_jax.train.optim import decay_mask, make_optimizer, make_schedule
@@ -94,7 +94,7 @@ def test_resume_equals_uninterrupted(tmp_path, mesh):
 def _check_restored_shardings(workdir, cfg):
     """Restoring on a mesh places params by the rules and Adam moments like their params."""
     from mimesis_jax import sharding
-    from mimesis_jax.train.loop import state_shardings
+    from mimesis_jax.train.state import state_shardings
 
     mesh = sharding.make_mesh(cfg.mesh.axes())
     mc = cfg.runtime_model()
@@ -165,7 +165,7 @@ def test_nonfinite_skip_counts_and_keeps_params(tmp_path):
     # optax's step counts advanced through the skipped step 2 (checkpointed), so the logged schedule by step
     # number is the one applied
     from mimesis_jax import sharding
-    from mimesis_jax.train.loop import state_shardings
+    from mimesis_jax.train.state import state_shardings
 
     mesh = sharding.make_mesh(cfg.mesh.axes())
     mc = cfg.runtime_model()

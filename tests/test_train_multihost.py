@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from mimesis_jax.config import load_config
-from mimesis_jax.train.checkpoint import Checkpointer
+from mimesis_jax.checkpoints import Checkpointer
 from mimesis_jax.train.loop import train
 from mimesis_jax.train.metrics import read_metrics
 from mimesis_jax.train.synthetic import SyntheticIterator

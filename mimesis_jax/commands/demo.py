@@ -15,8 +15,8 @@ import numpy as np
 from mimesis_jax import models
 from mimesis_jax.commands.train import check_workdir, run_lm_stage
 from mimesis_jax.config import load_config
-from mimesis_jax.train import agent_rl_loop, simulator_rl
-from mimesis_jax.train.export import export_hf, load_trained
+from mimesis_jax.train.export import export_hf
+from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
@@ -58,9 +58,9 @@ def run(args) -> int:
         # 4 micro-batches per update: the same update (the mini-batch's global normalisers are folded into the
         # token weights) in quarters. In one micro-batch, the backward pass of its 2048-token rows through dense
         # attention took this stage to a 7.7 GB peak RSS on a CPU (3.0 GB in four)
-        res = simulator_rl.run(simulator_rl.load(path, [f"init.from_workdir={sft_dir}",
-                                                        f"train.steps={args.simrl_steps}",
-                                                        "rl.num_microbatches=4"]), sim_dir)
+        res = simulator_stage.run(simulator_stage.load(path, [f"init.from_workdir={sft_dir}",
+                                                              f"train.steps={args.simrl_steps}",
+                                                              "rl.num_microbatches=4"]), sim_dir)
         if res.preempted:
             print(f"simrl interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
             return 0
@@ -102,10 +102,10 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
     for arm in ("grpo", "csd"):
         wd = os.path.join(root, f"agent_{arm}")
         print(f"=== agent RL ({arm}): configs/tiny_agentrl.py:{arm} -> {wd}", flush=True)
-        cfg = agent_rl_loop.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
+        cfg = agent_stage.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
                                  [f"train.steps={steps}", f"users.coach={simulator_dir}"])
         t = time.perf_counter()
-        res = agent_rl_loop.run(cfg, wd, trained_loader=load_trained)
+        res = agent_stage.run(cfg, wd)
         if res.preempted:
             print(f"agent RL interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
             return None

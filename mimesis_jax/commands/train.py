@@ -8,8 +8,8 @@ import os
 
 from mimesis_jax.config import load_config
 from mimesis_jax.models.config import ConfigError
-from mimesis_jax.train import agent_rl_loop, midtrain, sft, simulator_rl
-from mimesis_jax.train.export import load_trained
+from mimesis_jax.train import midtrain, sft
+from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage
 
 LM_STAGES = {"midtrain": midtrain, "sft": sft}
 
@@ -50,11 +50,9 @@ def run(args) -> int:
     if args.command in LM_STAGES:
         res = run_lm_stage(args.command, load_config(args.config, args.overrides), args.workdir)
     elif args.command == "simrl":
-        res = simulator_rl.run(simulator_rl.load(args.config, args.overrides), args.workdir,
-                               trained_loader=load_trained)
+        res = simulator_stage.run(simulator_stage.load(args.config, args.overrides), args.workdir)
     else:
-        res = agent_rl_loop.run(agent_rl_loop.load(args.config, args.overrides), args.workdir,
-                                trained_loader=load_trained)
+        res = agent_stage.run(agent_stage.load(args.config, args.overrides), args.workdir)
     print(f"{args.command}: step {res.final_step}, checkpoint step {res.checkpoint_step}"
           f"{' (stopped by signal)' if res.preempted else ''}: {res.workdir}", flush=True)
     return 0

@@ -1,8 +1,8 @@
 """The RL stages' run configs: Stage I.3 joint simulator RL (`SimRLConfig`, paper §3.3) and Stage II agent RL
 (`AgentRLConfig`, paper §4), with the sections they share: the update's `RLConfig` and one rollout section
 (`RolloutSection`: tasks per step, groups, mini-batches, context budget, sampling, the rollout engine), which each
-stage's rollout config extends with its own turn settings. The training loops live in train/agent_rl_loop.py and
-train/simulator_rl.py."""
+stage's rollout config extends with its own turn settings. The training loops live in train/rl/agent.py and
+train/rl/simulator.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ HEADER_TOKENS = 16
 # ------------------------------------------------------------------------------------------ the update
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """Hyper-parameters of the RL update (train/agent_rl.py; defaults: docs/reference/paper.md §4.1 Table 13 and
+    """Hyper-parameters of the RL update (train/rl/step.py; defaults: docs/reference/paper.md §4.1 Table 13 and
     UserRL settings). The `rl` section of both RL stages."""
 
     eps_low: float = 0.2  # Eq 6 lower clip range
@@ -232,7 +232,7 @@ class ValidationConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AgentRLConfig(_RLRun):
-    """Stage II (paper §4): the agent trained against the frozen simulator (train/agent_rl_loop.py)."""
+    """Stage II (paper §4): the agent trained against the frozen simulator (train/rl/agent.py)."""
 
     model: ModelConfig  # the agent's architecture (checked against init.from_hf / from_workdir weights)
     tokenizer: TokenizerConfig = TokenizerConfig()
@@ -289,7 +289,7 @@ class DomainMixConfig:
     neutral_share: float = 1.0 / 3.0  # ABCD: share of neutral customers (docs/reference/paper.md 3.4)
     max_user_turns: int = 8  # ABCD: customer turns per dialogue
     soul_max_turns: int = 0  # multi-turn SOUL tasks' policy turns; 0 = each task's own limit
-    # p(d) itself needs the domain registry: train/simulator_rl.domain_weights(cfg.domains)
+    # p(d) itself needs the domain registry: train/rl/simulator.domain_weights(cfg.domains)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +314,7 @@ class SimValidationConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SimRLConfig(_RLRun):
-    """Stage I.3 (paper §3.3, Eq 4): joint multi-domain FoldGRPO of the simulator (train/simulator_rl.py)."""
+    """Stage I.3 (paper §3.3, Eq 4): joint multi-domain FoldGRPO of the simulator (train/rl/simulator.py)."""
 
     model: ModelConfig  # the simulator's architecture (Qwen3.5)
     tokenizer: TokenizerConfig = TokenizerConfig()

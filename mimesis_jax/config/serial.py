@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mimesis_jax.config.checks import ConfigError
-from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.config import model_from_dict  # noqa: F401 (re-exported: config.model_from_dict)
 
 
 def to_dict(x) -> Any:
@@ -18,15 +17,6 @@ def to_dict(x) -> Any:
     if isinstance(x, dict):
         return {str(k): to_dict(v) for k, v in x.items()}
     return x
-
-
-def model_from_dict(d: dict) -> ModelConfig:
-    """The `model` section of a stored run config back to a ModelConfig."""
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ConfigError(f"stored model config has unknown key(s) {unknown}")
-    return ModelConfig(**d)
 
 
 def diff(a: dict, b: dict, prefix: str = "") -> list[str]:

@@ -91,13 +91,13 @@ def retriever_from_args(args):
     raise ConfigError(f"--retriever {args.retriever!r}: expected bm25:CORPUS.jsonl or http(s)://URL")
 
 
-def run(args, trained_loader=None) -> int:
+def run(args) -> int:
     gyms = tuple(g.strip() for g in args.gyms.split(",")) if args.gyms else ()
     try:
-        agent = agent_from_spec(_spec(args, "agent"), trained_loader)
+        agent = agent_from_spec(_spec(args, "agent"))
         judge_spec = None if args.judge is None else _spec(args, "judge")
         user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
-                                     user_style=args.user_style, trained_loader=trained_loader)
+                                     user_style=args.user_style)
         if args.mixture:
             cfg = load_config(args.mixture, args.overrides, kind=mixture.MixtureConfig)
             args.max_prompt_tokens, args.max_turns = cfg.max_prompt_tokens, cfg.max_turns

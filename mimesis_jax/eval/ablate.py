@@ -37,7 +37,7 @@ Workdirs: ``DIR/stages/<stage>-<hash>``, the hash covering the stage's config an
 stage before it. Cells that share a prefix of identical stages share their workdirs (the runs are made once), and a
 stage whose workdir already holds a checkpoint at its ``train.steps`` is not rerun, so an interrupted grid resumes
 where it stopped (an unfinished stage resumes from its last checkpoint). Stages run in this process through the
-stage functions (`train.midtrain.run`, `train.sft.run`, `train.simulator_rl.run`, `train.agent_rl_loop.run`).
+stage functions (`train.midtrain.run`, `train.sft.run`, `train.rl.simulator.run`, `train.rl.agent.run`).
 
 A cell's final metrics: the last metrics.jsonl record of its last stage plus ``reward_mean_last3``, the mean of the
 last 3 ``reward_mean`` values (when the stage logs rewards). ``ablation.json`` (rewritten after every cell):
@@ -280,17 +280,17 @@ def load_stage_config(run: StageRun):
             raise ConfigError(f"stage {run.stage}: {run.config} is a '{cfg.stage}' config")
         return cfg
     if run.stage == "simrl":
-        from mimesis_jax.train import simulator_rl
+        from mimesis_jax.train.rl import simulator as simulator_stage
 
-        return simulator_rl.load(run.config_path, run.overrides)
-    from mimesis_jax.train import agent_rl_loop
+        return simulator_stage.load(run.config_path, run.overrides)
+    from mimesis_jax.train.rl import agent as agent_stage
 
-    return agent_rl_loop.load(run.config_path, run.overrides)
+    return agent_stage.load(run.config_path, run.overrides)
 
 
 def finished(workdir: str, steps: int) -> bool:
     """Whether `workdir` holds a checkpoint at (or past) `steps`."""
-    from mimesis_jax.train.checkpoint import Checkpointer, checkpoint_dir
+    from mimesis_jax.checkpoints import Checkpointer, checkpoint_dir
 
     if not os.path.isdir(checkpoint_dir(workdir)):
         return False
@@ -314,11 +314,10 @@ def run_stage(run: StageRun, log=print) -> str | None:
 
         res = {"midtrain": midtrain, "sft": sft}[run.stage].run(cfg, run.workdir)
     else:
-        from mimesis_jax.train import agent_rl_loop, simulator_rl
-        from mimesis_jax.train.export import load_trained
+        from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage
 
-        module = simulator_rl if run.stage == "simrl" else agent_rl_loop
-        res = module.run(cfg, run.workdir, trained_loader=load_trained)
+        module = simulator_stage if run.stage == "simrl" else agent_stage
+        res = module.run(cfg, run.workdir)
     return "preempted" if res.preempted else None
 
 
@@ -395,7 +394,7 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args, log=print) -> int:
-    from mimesis_jax.train.checkpoint import CheckpointError
+    from mimesis_jax.checkpoints import CheckpointError
 
     try:
         matrix = load_matrix(args.matrix)

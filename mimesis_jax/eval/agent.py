@@ -429,7 +429,7 @@ def _record(spec, **extra) -> dict:
     return {**dataclasses.asdict(spec), **extra}
 
 
-def _entries(args, trained_loader=None) -> tuple[list[Entry], list[Entry], dict | None]:
+def _entries(args) -> tuple[list[Entry], list[Entry], dict | None]:
     from mimesis_jax.rollout.specs import agent_from_spec, chat_model_from_spec, user_and_judge
 
     agent_specs, user_specs = _named(args.agent, "--agent"), _named(args.user, "--user")
@@ -452,7 +452,7 @@ def _entries(args, trained_loader=None) -> tuple[list[Entry], list[Entry], dict 
         if s.remote and not s.tokenizer:
             raise EnvError(f"--agent {name}: a remote agent needs --agent-tokenizer (to decode prompts and encode "
                            "replies)")
-        agents.append(Entry(name, _record(s), lambda s=s: agent_from_spec(s, trained_loader)))
+        agents.append(Entry(name, _record(s), lambda s=s: agent_from_spec(s)))
 
     judge_spec, judge_cache = None, []
     if args.judge:
@@ -461,7 +461,7 @@ def _entries(args, trained_loader=None) -> tuple[list[Entry], list[Entry], dict 
 
     def shared_judge():
         if not judge_cache:
-            judge_cache.append(chat_model_from_spec(judge_spec, style="assistant", trained_loader=trained_loader))
+            judge_cache.append(chat_model_from_spec(judge_spec, style="assistant"))
         return judge_cache[0]
 
     users = []
@@ -473,10 +473,10 @@ def _entries(args, trained_loader=None) -> tuple[list[Entry], list[Entry], dict 
             raise EnvError(f"--user-style {name}: expected simulator or assistant, got {style!r}")
         if judge_spec is None:
             def load(s=s, style=style):
-                return user_and_judge(s, None, user_style=style, trained_loader=trained_loader)
+                return user_and_judge(s, None, user_style=style)
         else:
             def load(s=s, style=style):
-                return chat_model_from_spec(s, style=style, trained_loader=trained_loader), shared_judge()
+                return chat_model_from_spec(s, style=style), shared_judge()
         users.append(Entry(name, _record(s, style=style), load))
     return agents, users, None if judge_spec is None else _record(judge_spec)
 
@@ -505,7 +505,7 @@ def load_gym_tasks(gyms: Sequence[str], sources: Sequence[str] | None, split: st
     return out
 
 
-def run(args, trained_loader=None) -> int:
+def run(args) -> int:
     from mimesis_jax.episodes.rollout_cmd import retriever_from_args
     from mimesis_jax.models.config import ConfigError
 
@@ -515,7 +515,7 @@ def run(args, trained_loader=None) -> int:
             raise EnvError(f"--seeds must be >= 1, got {args.seeds}")
         gyms = [g.strip() for g in args.gyms.split(",") if g.strip()]
         tasks = load_gym_tasks(gyms, args.tasks, args.split, args.max_tasks)
-        agents, users, judge = _entries(args, trained_loader)
+        agents, users, judge = _entries(args)
         config = EvalConfig(max_turns=args.max_turns, agent_max_tokens=args.agent_max_tokens, data_dir=args.data_dir,
                             judge=judge, retriever=args.retriever, batch=args.batch)
         summary = evaluate(args.out, agents, users, tasks, range(args.seeds), config,

@@ -126,7 +126,7 @@ def _load_scores(path: str) -> dict:
     return data
 
 
-def evaluate(args, trained_loader=None, log=print) -> dict:
+def evaluate(args, log=print) -> dict:
     """Every requested section of evalsim.json (raises EnvError / ConfigError for bad input)."""
     from mimesis_jax.envs.agent_env import EnvError
     from mimesis_jax.eval import sim_judges, soul_eval, usi
@@ -171,10 +171,10 @@ def evaluate(args, trained_loader=None, log=print) -> dict:
     models = []
     try:
         if args.judge:
-            judge = chat_model_from_spec(_spec(args, "judge"), style="assistant", trained_loader=trained_loader)
+            judge = chat_model_from_spec(_spec(args, "judge"), style="assistant")
             models.append(judge)
         if args.partner:
-            partner = chat_model_from_spec(_spec(args, "partner"), style="assistant", trained_loader=trained_loader)
+            partner = chat_model_from_spec(_spec(args, "partner"), style="assistant")
             models.append(partner)
         if pairs:
             for e in evals:
@@ -184,13 +184,13 @@ def evaluate(args, trained_loader=None, log=print) -> dict:
                 else:
                     result[e] = getattr(sim_judges, e)(pairs, judge, workers=args.judge_workers)
         if args.simulator:
-            result["soul"] = run_soul(args, tasks, records, axes, judge, partner or judge, trained_loader, log)
+            result["soul"] = run_soul(args, tasks, records, axes, judge, partner or judge, log)
     finally:
         close_models(*models)
     return result
 
 
-def run_soul(args, tasks, records, axes, judge, partner, trained_loader, log) -> dict:
+def run_soul(args, tasks, records, axes, judge, partner, log) -> dict:
     from mimesis_jax.envs.domains import SideModels
     from mimesis_jax.eval import soul_eval
     from mimesis_jax.models.config import ConfigError
@@ -203,7 +203,7 @@ def run_soul(args, tasks, records, axes, judge, partner, trained_loader, log) ->
                           "give a local model (tiny, HF dir or training workdir)")
     sides = SideModels(judge=judge, partner=partner)
     soul_eval.check_sides(tasks, sides)
-    policy = local_model(spec, role="assistant", model_type="qwen3_5", trained_loader=trained_loader)
+    policy = local_model(spec, role="assistant", model_type="qwen3_5")
     seeds = [args.seed + k for k in range(args.seeds)]
     log(f"SOUL: {len(tasks)} task(s), {sum(len(r) for r in records.values())} record(s), seeds {seeds}")
     run = soul_eval.evaluate(policy, records, sides, seeds,
@@ -260,12 +260,12 @@ def format_report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args, trained_loader=None) -> int:
+def run(args) -> int:
     from mimesis_jax.envs.agent_env import EnvError
     from mimesis_jax.models.config import ConfigError
 
     try:
-        result = evaluate(args, trained_loader)
+        result = evaluate(args)
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """SOUL-Index (docs/reference/metrics.md, docs/reference/paper.md 5): a simulator's mean score over the SOUL tasks, per axis and overall, as
 mean +/- standard error over evaluation seeds.
 
-`evaluate` runs the simulator the way Stage I's joint RL does (train/simulator_rl.py): the simulator is the
+`evaluate` runs the simulator the way Stage I's joint RL does (train/rl/simulator.py): the simulator is the
 token-level policy (a `LocalChatModel`), each task record becomes an environment through
 `envs.domains.make_domain_env` (judge / partner sides from `SideModels`), and all of a seed's episodes go through
 `episodes.simulator.run_sim_episodes`, at temperature 0. A seed k sets the sampler seed (``SimEpisodeConfig.seed

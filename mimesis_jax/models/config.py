@@ -272,3 +272,12 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{fn}: not valid JSON ({e})") from None
         return cls.from_hf_dict(d, source=fn, **runtime)
+
+
+def model_from_dict(d: dict) -> ModelConfig:
+    """The `model` section of a stored run config (`config.to_dict` of a ModelConfig) back to a ModelConfig."""
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ConfigError(f"stored model config has unknown key(s) {unknown}")
+    return ModelConfig(**d)

@@ -14,7 +14,7 @@ from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.plan.memory import divisor
 from mimesis_jax.rollout.sampler import Buckets
 from mimesis_jax.sharding import rules_of
-from mimesis_jax.train.loop import model_config_for
+from mimesis_jax.train.state import model_config_for
 
 NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header
 

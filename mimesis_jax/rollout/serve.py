@@ -334,14 +334,15 @@ def check_tokenizer(checkpoint: str, tok, spec: str, default_spec: str | None, v
                           f"fingerprint {got}")
 
 
-def _load_weights(args, trained_loader):
+def _load_weights(args):
     """(config, params, default tokenizer spec or None, where the weights came from) for --checkpoint: a HF
-    directory (config.json + safetensors) or, when the caller supplies `trained_loader` (the CLI passes
-    train.export.load_trained), a training workdir's orbax checkpoint at --step."""
+    directory (config.json + safetensors) or a training workdir's orbax checkpoint at --step
+    (checkpoints.load_trained)."""
     import jax
     import jax.numpy as jnp
 
     from mimesis_jax import models
+    from mimesis_jax.checkpoints import load_trained
 
     ckpt = args.checkpoint
     if not os.path.isdir(ckpt):
@@ -353,27 +354,26 @@ def _load_weights(args, trained_loader):
         tok = dir_tokenizer_spec(ckpt)
         config, params = models.load_hf(ckpt, dtype=args.dtype)
         return config, params, tok, f"{ckpt}/config.json"
-    if trained_loader is not None and os.path.isdir(os.path.join(ckpt, "checkpoints")):
-        config, params, step, tok = trained_loader(ckpt, args.step)
+    if os.path.isdir(os.path.join(ckpt, "checkpoints")):
+        config, params, step, tok = load_trained(ckpt, args.step)
         if args.dtype != "float32":
             params = jax.tree.map(lambda x: x.astype(jnp.dtype(args.dtype)), params)
             config = config.replace(param_dtype=args.dtype, dtype=args.dtype)
         return config, params, tok, f"{ckpt} step {step}"
-    kinds = "a HF directory (no config.json)" + (" nor a training workdir (no checkpoints/)" if trained_loader else "")
-    raise ConfigError(f"--checkpoint {ckpt}: neither {kinds}")
+    raise ConfigError(f"--checkpoint {ckpt}: neither a HF directory (no config.json) nor a training workdir "
+                      "(no checkpoints/)")
 
 
 def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str | None = None,
                     dtype: str = "float32", generation_role: str = "assistant", enable_thinking: bool = False,
-                    max_tokens: int = 512, seed: int = 0, name: str | None = None,
-                    trained_loader=None) -> "LocalChatModel":
-    """A LocalChatModel from a HF directory or (with `trained_loader`) a training workdir, with the checkpoint's
+                    max_tokens: int = 512, seed: int = 0, name: str | None = None) -> "LocalChatModel":
+    """A LocalChatModel from a HF directory or a training workdir, with the checkpoint's
     tokenizer unless `tokenizer` names one. What `serve` and `rollout` load models with."""
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.rollout.endpoints import LocalChatModel
 
     args = argparse.Namespace(checkpoint=checkpoint, step=step, dtype=dtype)
-    config, params, default_tok, source = _load_weights(args, trained_loader)
+    config, params, default_tok, source = _load_weights(args)
     spec = tokenizer or default_tok
     if spec is None:
         raise ConfigError(f"--checkpoint {checkpoint} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
@@ -391,14 +391,13 @@ def api_keys_from(args) -> list[str]:
     return [k.strip() for k in list(getattr(args, "api_key", None) or []) + env.split(",") if k.strip()]
 
 
-def build_server(args, trained_loader=None) -> ChatServer:
+def build_server(args) -> ChatServer:
     for flag, v in (("--max-queued", args.max_queued), ("--max-body-bytes", args.max_body_bytes)):
         if v < 0:
             raise ConfigError(f"{flag} {v}: must be >= 0 (0 = no limit)")
     model = load_chat_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype,
                             generation_role=args.generation_role, enable_thinking=args.enable_thinking,
-                            max_tokens=args.max_tokens, seed=args.seed, name=args.model_name,
-                            trained_loader=trained_loader)
+                            max_tokens=args.max_tokens, seed=args.seed, name=args.model_name)
     if args.engine:
         from mimesis_jax.rollout.engine_chat import EngineChatModel
 
@@ -414,8 +413,8 @@ def build_server(args, trained_loader=None) -> ChatServer:
                       max_body_bytes=args.max_body_bytes)
 
 
-def run(args, trained_loader=None) -> int:
-    server = build_server(args, trained_loader)
+def run(args) -> int:
+    server = build_server(args)
     print(f"serving {server.model_name} on {server.url}", flush=True)
     try:
         server.serve_forever()

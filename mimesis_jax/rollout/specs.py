@@ -59,9 +59,9 @@ def _tiny_model(model_type: str, seed: int):
     return config, models.init_params(config, jax.random.PRNGKey(seed)), tok
 
 
-def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3", trained_loader=None):
-    """A LocalChatModel for `s` generating `role` turns ("assistant" or "user"). `trained_loader` (the CLI passes
-    train.export.load_trained) lets DIR be a training workdir."""
+def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3"):
+    """A LocalChatModel for `s` generating `role` turns ("assistant" or "user"); DIR is a HF directory or a
+    training workdir."""
     from mimesis_jax.rollout.endpoints import LocalChatModel
     from mimesis_jax.rollout.serve import load_chat_model
 
@@ -70,11 +70,10 @@ def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3", trained_l
         return LocalChatModel(config, params, tok, generation_role=role, enable_thinking=s.thinking,
                               max_tokens=s.max_tokens, seed=s.seed, name=f"tiny-{model_type}")
     return load_chat_model(s.spec, step=s.step, tokenizer=s.tokenizer, dtype=s.dtype, generation_role=role,
-                           enable_thinking=s.thinking, max_tokens=s.max_tokens, seed=s.seed,
-                           trained_loader=trained_loader)
+                           enable_thinking=s.thinking, max_tokens=s.max_tokens, seed=s.seed)
 
 
-def agent_from_spec(s: ModelSpec, trained_loader=None):
+def agent_from_spec(s: ModelSpec):
     """A token-level agent for the episode runner."""
     if s.remote:
         from mimesis_jax.data.tokenizer import load_tokenizer
@@ -85,10 +84,10 @@ def agent_from_spec(s: ModelSpec, trained_loader=None):
                               "(its tokenizer, to decode prompts and encode replies)")
         return RemoteCompletionsAgent(s.spec, s.model_name, load_tokenizer(s.tokenizer), api_key_env=s.api_key_env,
                                       max_tokens=s.max_tokens)
-    return local_model(s, role="assistant", model_type="qwen3", trained_loader=trained_loader)
+    return local_model(s, role="assistant", model_type="qwen3")
 
 
-def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True, trained_loader=None):
+def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True):
     """A ChatModel for a gym's user / judge side. style: "simulator" (the model writes user turns in its own
     framing; wrapped in SimulatorAsResponder) or "assistant" (asked as any chat model). Local models are wrapped
     in a `BatchedChatModel` so the concurrent calls of many envs are sampled together."""
@@ -101,8 +100,7 @@ def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True, trai
             raise ConfigError(f"{s.spec}: a remote model needs its model name (--user-model / --judge-model)")
         model = OpenAIChatModel(s.spec, s.model_name, api_key_env=s.api_key_env, max_tokens=s.max_tokens)
     else:
-        model = local_model(s, role="user" if style == "simulator" else "assistant", model_type="qwen3_5",
-                            trained_loader=trained_loader)
+        model = local_model(s, role="user" if style == "simulator" else "assistant", model_type="qwen3_5")
         if batched:
             from mimesis_jax.rollout.batching import BatchedChatModel
 
@@ -110,23 +108,20 @@ def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True, trai
     return SimulatorAsResponder(model) if style == "simulator" else model
 
 
-def user_and_judge(user: ModelSpec, judge: ModelSpec | None, *, user_style: str | None = None,
-                   trained_loader=None):
+def user_and_judge(user: ModelSpec, judge: ModelSpec | None, *, user_style: str | None = None):
     """A gym's user and judge models. user_style defaults to "simulator" for local models and "assistant" for
     remote ones. Without a judge spec the judge is the user's model asked as an assistant (local weights are
     loaded once and shared)."""
     style = user_style or ("assistant" if user.remote else "simulator")
     if judge is not None:
-        return (chat_model_from_spec(user, style=style, trained_loader=trained_loader),
-                chat_model_from_spec(judge, style="assistant", trained_loader=trained_loader))
+        return chat_model_from_spec(user, style=style), chat_model_from_spec(judge, style="assistant")
     if user.remote:
         model = chat_model_from_spec(user, style="assistant")
         return (SimulatorAsResponder(model) if style == "simulator" else model), model
     from mimesis_jax.rollout.endpoints import LocalChatModel
     from mimesis_jax.rollout.batching import BatchedChatModel
 
-    base = local_model(user, role="user" if style == "simulator" else "assistant", model_type="qwen3_5",
-                       trained_loader=trained_loader)
+    base = local_model(user, role="user" if style == "simulator" else "assistant", model_type="qwen3_5")
     as_judge = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
                               max_tokens=user.max_tokens, seed=user.seed, name=f"{base.name}-judge")
     user_model = BatchedChatModel(base)

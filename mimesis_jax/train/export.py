@@ -9,28 +9,10 @@ result back to the same parameters (exactly, in float32) and transformers loads 
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from mimesis_jax import config as config_lib
-from mimesis_jax import models, sharding
+from mimesis_jax import models
+from mimesis_jax.checkpoints import load_trained
 from mimesis_jax.models.config import DTYPES, ConfigError
-from mimesis_jax.train.checkpoint import Checkpointer, abstract_like
-
-
-def load_trained(workdir: str, step: int | None = None) -> tuple[models.ModelConfig, Any, int, str | None]:
-    """The parameters of a training workdir's checkpoint at `step` (latest if None), in float32:
-    (model config, params, step, the run's tokenizer spec or None). Used by export and by `serve`."""
-    ck = Checkpointer(workdir, read_only=True)
-    try:
-        step = ck.resolve_step(step)
-        run = ck.run_config(step)
-        mc = config_lib.model_from_dict(run["model"]).replace(param_dtype="float32", dtype="float32")
-        mesh = sharding.make_mesh({"fsdp": -1})
-        target = abstract_like(models.abstract_params(mc), models.param_shardings(mc, mesh))
-        params, step = ck.restore_params(step, target)
-    finally:
-        ck.close()
-    return mc, params, step, (run.get("tokenizer") or {}).get("name")
 
 
 def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32", log=print) -> int:

@@ -21,27 +21,25 @@ import functools
 import json
 import os
 import queue
-import signal
 import threading
 import time
 from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mimesis_jax import config as config_lib
-from mimesis_jax import models, sharding
+from mimesis_jax import sharding
+from mimesis_jax.checkpoints import CheckpointError, Checkpointer
 from mimesis_jax.config import RunConfig
-from mimesis_jax.models.config import RUNTIME_FIELDS, ConfigError, ModelConfig
-from mimesis_jax.train.checkpoint import CheckpointError, Checkpointer, abstract_like
+from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train.metrics import MetricsLogger
-from mimesis_jax.train.optim import make_optimizer, make_schedule, opt_state_shardings
+from mimesis_jax.train.optim import make_optimizer, make_schedule
+from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
+                                     state_shardings)
 from mimesis_jax.train.step import init_train_state, make_train_step
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "loss_mask")
-# Architecture fields that do not change weights or compute; a checkpoint may differ in them.
-_ARCH_IGNORED = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "max_position_embeddings")
 
 # (tokenizer, batch_size, seed, process_index, process_count) -> iterator with get_state()/set_state()
 DataFactory = Callable[[Any, int, int, int, int], Any]
@@ -67,100 +65,10 @@ class TrainResult:
 
 
 # ------------------------------------------------------------------------------------------ model
-def arch_diff(a: ModelConfig, b: ModelConfig) -> list[str]:
-    """Architecture fields (not runtime, not token ids) in which two model configs differ."""
-    out = []
-    for f in dataclasses.fields(ModelConfig):
-        if f.name in RUNTIME_FIELDS or f.name in _ARCH_IGNORED:
-            continue
-        if getattr(a, f.name) != getattr(b, f.name):
-            out.append(f"{f.name}: {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}")
-    return out
-
-
 def load_tokenizer(cfg: RunConfig):
     from mimesis_jax.data.tokenizer import load_tokenizer as _load
 
     return _load(cfg.tokenizer.name)
-
-
-def tokenizer_size(tok) -> int:
-    for attr in ("vocab_size", "__len__"):
-        v = getattr(tok, attr, None)
-        if v is not None:
-            return int(v() if callable(v) else v)
-    raise ConfigError(f"tokenizer {tok!r}: cannot tell its vocabulary size")
-
-
-def model_config_for(cfg: RunConfig, tok=None) -> ModelConfig:
-    """The runtime ModelConfig: architecture of cfg.model (vocab from the tokenizer if configured)."""
-    mc = cfg.runtime_model()
-    if tok is not None:
-        n = tokenizer_size(tok)
-        if cfg.tokenizer.set_model_vocab:  # a model built for this tokenizer: its size and chat ids
-            m = cfg.tokenizer.vocab_multiple
-            mc = mc.replace(vocab_size=-(-n // m) * m)
-            ids = {k: getattr(tok, a, None) for k, a in (("eos_token_id", "eos_id"), ("pad_token_id", "pad_id"))}
-            mc = mc.replace(**{k: v for k, v in ids.items() if v is not None and getattr(mc, k) is None})
-        elif mc.vocab_size < n:
-            raise ConfigError(f"config key 'model.vocab_size': {mc.vocab_size} is smaller than tokenizer "
-                              f"{cfg.tokenizer.name!r}'s {n} tokens")
-    return mc
-
-
-def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:
-    """(abstract train state, its NamedShardings) without allocating anything."""
-    abs_params = models.abstract_params(model_config)
-    abs_state = jax.eval_shape(lambda p: init_train_state(p, tx, jax.random.key(0)), abs_params)
-    ps = models.param_shardings(model_config, mesh)
-    rep = NamedSharding(mesh, P())
-    shard = {
-        "params": ps,
-        "opt_state": opt_state_shardings(abs_state["opt_state"], ps, mesh),
-        "step": rep, "rng": rep, "nonfinite": rep,
-    }
-    return abs_state, shard
-
-
-def restore_latest(ckpt: Checkpointer, abs_state, shardings, run_dict: dict, log=print, fallback: bool = True):
-    """(step, state, this process's data state) of the workdir's latest checkpoint, or (None, None, None); says
-    which run-config keys changed since it was written (train.steps and checkpoint.* may change freely)."""
-    found = ckpt.restore_newest_intact(abstract_like(abs_state, shardings), fallback=fallback, log=log)
-    if found is None:
-        return None, None, None
-    latest, state, data_state, stored = found
-    changed = [d for d in config_lib.diff(stored, run_dict) if not d.startswith(("train.steps", "checkpoint."))]
-    if changed:
-        log(f"resume: the run config differs from the checkpoint's in: {changed}")
-    return latest, state, data_state
-
-
-def initial_params(cfg: RunConfig, model_config: ModelConfig, mesh, param_shardings, log=print):
-    """Parameters to start from: init.from_hf, init.from_workdir, or random (seed = train.seed)."""
-    init = cfg.init
-    if init.from_hf:
-        loaded, params = models.load_hf(init.from_hf, mesh=mesh)
-        bad = arch_diff(loaded, model_config)
-        if bad:
-            raise ConfigError(f"init.from_hf={init.from_hf}: its config.json differs from the run config's model "
-                              f"in {bad}")
-        log(f"init: weights from HF directory {init.from_hf}")
-        return jax.tree.map(lambda x, s: jax.device_put(x, s), params, param_shardings)
-    if init.from_workdir:
-        src = Checkpointer(init.from_workdir, read_only=True)
-        stored = config_lib.model_from_dict(src.run_config(init.step)["model"])
-        bad = arch_diff(stored, model_config)
-        if bad:
-            raise ConfigError(f"init.from_workdir={init.from_workdir}: its model differs from the run config's "
-                              f"model in {bad}")
-        target = abstract_like(models.abstract_params(model_config), param_shardings)
-        params, step = src.restore_params(init.step, target)
-        src.close()
-        log(f"init: weights from {init.from_workdir} checkpoint step {step}")
-        return params
-    log(f"init: random weights (seed {cfg.train.seed})")
-    key = jax.random.fold_in(jax.random.key(cfg.train.seed), 0)
-    return models.init_params(model_config, key, mesh)
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -251,35 +159,6 @@ def _check_batch(batch, local_batch: int, step: int) -> dict:
     }
 
 
-# ---------------------------------------------------------------------------------------- signals
-class _StopFlag:
-    """SIGTERM / first SIGINT set a flag the loop checks between steps (a second SIGINT interrupts)."""
-
-    def __init__(self, install: bool):
-        self.event = threading.Event()
-        self.old = {}
-        if install and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self.old[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        if signum == signal.SIGINT and self.event.is_set():
-            raise KeyboardInterrupt
-        self.event.set()
-
-    def is_set(self) -> bool:
-        flag = self.event.is_set()
-        if jax.process_count() > 1:  # every host must stop at the same step
-            from jax.experimental import multihost_utils
-
-            flag = bool(np.max(multihost_utils.process_allgather(np.asarray([int(flag)], np.int32))))
-        return flag
-
-    def restore(self):
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
-
-
 # ------------------------------------------------------------------------------------------- train
 @functools.lru_cache(maxsize=8)
 def compiled_functions(model_config: ModelConfig, opt_cfg, total_steps: int, mesh, grad_accum: int,
@@ -323,10 +202,7 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
                           f"{jax.process_count()} processes")
     local_batch = t.global_batch // jax.process_count()
 
-    try:
-        mesh = sharding.make_mesh(cfg.mesh.axes())
-    except ValueError as e:
-        raise ConfigError(f"config section 'mesh': {e}") from None
+    mesh = make_mesh(cfg)
     tx, schedule, abs_state, shardings, init, step_fn = compiled_functions(
         model_config, cfg.optimizer, t.steps, mesh, t.grad_accum, t.nonfinite == "skip")
     ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
@@ -359,7 +235,7 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
         f"dtype {model_config.dtype} | remat {model_config.remat}")
     logger = MetricsLogger(workdir, total_steps=t.steps, start_step=start, log_every=t.log_every,
                            tensorboard=t.tensorboard, progress_bar=t.progress_bar, stage=cfg.stage)
-    stop = _StopFlag(handle_signals)
+    stop = StopFlag(handle_signals)
     feed = _Prefetcher(it, t.prefetch)
     losses: dict[int, float] = {}
     step, saved, preempted, consecutive_bad = start, (latest if latest is not None else None), False, 0

@@ -19,6 +19,10 @@ truncated or bit-flipped file is named (item and file) before orbax reads it. Re
 falls back to the newest step that verifies and restores, logging why, and moves the broken step to
 WORKDIR/checkpoints_corrupt/ so the run can write that step again; `checkpoint.fallback=false` makes a broken
 latest step an error instead. Steps written before checksums existed are restored unverified.
+
+Reading a trained workdir (`load_trained`: its model config, float32 parameters and tokenizer spec) is here, below
+rollout/, so `serve`, `rollout`, the evaluations and the RL stages' chat models load a workdir by importing it;
+the trainers (train/) write the checkpoints.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from mimesis_jax import models, sharding
+from mimesis_jax.models.config import model_from_dict
 
 STATE_KEYS = ("step", "rng", "nonfinite")
 
@@ -347,3 +354,20 @@ class Checkpointer:
 def abstract_like(tree, shardings):
     """ShapeDtypeStructs carrying shardings: the restore target for orbax."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def load_trained(workdir: str, step: int | None = None):
+    """The parameters of a training workdir's checkpoint at `step` (latest if None), in float32:
+    (model config, params, step, the run's tokenizer spec or None). Used by export, `serve`, `rollout`, the
+    evaluations and the RL stages' frozen models."""
+    ck = Checkpointer(workdir, read_only=True)
+    try:
+        step = ck.resolve_step(step)
+        run = ck.run_config(step)
+        mc = model_from_dict(run["model"]).replace(param_dtype="float32", dtype="float32")
+        mesh = sharding.make_mesh({"fsdp": -1})
+        target = abstract_like(models.abstract_params(mc), models.param_shardings(mc, mesh))
+        params, step = ck.restore_params(step, target)
+    finally:
+        ck.close()
+    return mc, params, step, (run.get("tokenizer") or {}).get("name")

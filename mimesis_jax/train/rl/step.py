@@ -1,4 +1,6 @@
-"""Stage II update: one jitted, sharded multi-turn GRPO (+ CSD) step on packed dialogues (docs/reference/paper.md §4.1-4.2).
+"""The RL update of both stages: one jitted, sharded multi-turn GRPO (+ CSD) step on packed dialogues or
+simulator segments (docs/reference/paper.md §4.1-4.2; Stage I.3 uses it with alpha = 0, its FoldGRPO advantages
+computed by train/rl/simulator.py).
 
     rl = RLConfig(alpha=0.01, beta=5.0, num_microbatches=4)
     step = make_rl_step(config, optax.adamw(1e-6), mesh, rl)

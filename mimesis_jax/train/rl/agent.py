@@ -1,0 +1,278 @@
+"""Stage II (docs/reference/paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
+
+The stage's rollouts, group filter, coach notes, advantages and step record on the shared RL loop
+(train/rl/learner.py `RLLearner`); its chat models are built in train/rl/chat_models.py.
+
+    result = run(cfg, workdir)        # cfg: AgentRLConfig; resumes when workdir holds a checkpoint
+    python -m mimesis_jax agentrl --config configs/tiny_agentrl.py:csd --workdir runs/agent [--set ...]
+
+One RL step:
+1. draw `rollout.prompts_per_step` tasks from the gym mixture (envs/userrl/mixture.py, d by weight);
+2. run `rollout.group_size` dialogues per task against the frozen simulator (episode runner: the agent samples
+   token-exactly in-process; the simulator is in-process or a remote endpoint; gyms ask their user / judge;
+   with rollout.engine the agent and an in-process simulator sample through rollout engines);
+   every dialogue gets a rollout id never used before in the run;
+3. drop INVALID episodes (refusal, endpoint failure) from their groups and count them; a group left with fewer
+   than `rollout.min_valid_per_group` valid dialogues is skipped and counted -- never given raw-score advantages;
+4. turn rewards -> credits and group-normalised advantages (Eq 5-6 setting, algorithms/grpo.py); with
+   rl.credit = "infopo" (the §4.3 baseline, algorithms/infopo.py) plus the group-normalised information gain of
+   each turn's feedback, from one extra scoring pass with the pre-update parameters (logged: infopo_ig_mean, the
+   mean IG over the step's defined turns, infopo_turns, infopo_s);
+5. with CSD (rl.alpha > 0): the coach writes hindsight notes for every turn the simulator answered (Eq 7, one
+   batched call), inserted before each turn's assistant header;
+6. the kept groups are split into PPO mini-batches of `rollout.mini_batch_prompts` groups, each packed
+   (algorithms/rl_batch.py); old log-probs are fixed once for the whole step (the sampler's, or recomputed with
+   the pre-update parameters) BEFORE the first update, so from the second mini-batch on the ratios of Eq 5 move
+   away from 1 and clipping (Eq 6) acts;
+7. one optimizer update per mini-batch (train/rl/step.py: Eq 6 + alpha Eq 10, global-norm clipping and the LR
+   schedule of `optimizer`); metrics.
+
+Checkpoints (checkpoints.py) hold params, optimizer state, step, RNG and the task sampler's state plus the
+next rollout id, so a resumed run reproduces the uninterrupted run's per-step metrics (the simulator, judge and
+coach run at temperature 0 and every sampling seed derives from (train.seed, step, rollout id)). SIGTERM finishes
+the current step, saves, and returns. Validation every `validation.every` steps runs the evaluation tasks at
+temperature 0 and logs their UserRL evaluation scores.
+
+Multi-host (`--distributed`, launch/*.sh): every process runs the dialogues of its share of each step's tasks
+(task i on process i % P, whole groups; seeds from the task's global index and rollout id, so the union is the
+one-process run's episodes), packs its own part of each mini-batch and trains on the global batch assembled from
+process-local rows; metrics cover all processes (train/rl/distributed.py). rl.credit = "infopo" is single-process only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+
+from mimesis_jax.algorithms import coach, grpo, infopo
+# the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the stage's callers
+from mimesis_jax.config.rl import (HEADER_TOKENS, AgentRLConfig, RLConfig, RolloutConfig,  # noqa: F401
+                                   UserSideConfig, ValidationConfig, context_budget)
+from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.userrl import scoring
+from mimesis_jax.episodes.userrl import episode_tasks
+from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
+from mimesis_jax.models.config import ConfigError
+from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
+from mimesis_jax.train.rl import distributed
+from mimesis_jax.train.rl.chat_models import UserSide, build_user_side, simulator_engine_config
+from mimesis_jax.train.rl.learner import (VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero,
+                                         update_record)
+
+STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
+               "rollout_tokens_per_s", "train_tokens_per_s")
+
+
+# ------------------------------------------------------------------------------------------ config
+def load(path: str, overrides=()) -> AgentRLConfig:
+    return load_stage_config(path, overrides, AgentRLConfig)
+
+
+def _group_filter(trajs, min_valid: int):
+    """(kept trajectories, invalid count, skipped groups, no-turn count): invalid episodes and ok episodes with no
+    agent turn (the prompt left no room for one under the context limit: nothing to train on, no turn reward to
+    normalise) leave their group, each counted; a group with fewer than `min_valid` remaining dialogues is
+    skipped whole."""
+    groups: dict[int, list] = {}
+    invalid = no_turn = 0
+    for t in trajs:
+        if t.status != "ok":
+            invalid += 1
+            continue
+        if t.num_agent_turns == 0:
+            no_turn += 1
+            continue
+        groups.setdefault(t.group_id, []).append(t)
+    all_groups = {t.group_id for t in trajs}
+    kept, skipped = [], 0
+    for g in sorted(all_groups):
+        members = groups.get(g, [])
+        if len(members) < min_valid:
+            skipped += 1
+        else:
+            kept.append(members)
+    return kept, invalid, skipped, no_turn
+
+
+# ------------------------------------------------------------------------------------------ the stage
+class AgentLearner(RLLearner):
+    """Stage II on the shared loop (train/rl/learner.py): UserRL gym tasks, dialogues against the frozen simulator,
+    GRPO / InfoPO advantages, the coach's CSD notes (module docstring)."""
+
+    stage, policy_name, stdout_keys = "agentrl", "agent", STDOUT_KEYS
+
+    def __init__(self, cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, **kw):
+        super().__init__(cfg, workdir, **kw)
+        self.given_side, self.side = user_side, None
+
+    def read_inputs(self):
+        try:  # the task files are read before any model work: a bad file is a config error naming it
+            self.tasks, self.dropped = build_tasks(self.cfg.validate().gyms, self.tok)
+        except EnvError as e:
+            raise ConfigError(f"config key 'gyms': {e}") from None
+
+    def on_setup(self):
+        cfg = self.cfg
+        if self.dropped:
+            self.log(f"gyms: dropped {sum(self.dropped.values())} task(s) with prompts of >= "
+                     f"{cfg.gyms.max_prompt_tokens} tokens: {self.dropped}")
+        self.sampler = MixtureSampler(self.tasks, cfg.gyms.weight_map() or None, seed=cfg.train.seed)
+        self.val_tasks = []
+        if cfg.validation.every:
+            vcfg = MixtureConfig(sources=cfg.validation.sources, weights=(), gyms=cfg.validation.gyms,
+                                 max_prompt_tokens=cfg.gyms.max_prompt_tokens)
+            self.val_tasks, _ = build_tasks(vcfg, self.tok)
+            if cfg.validation.max_tasks:
+                self.val_tasks = self.val_tasks[:cfg.validation.max_tasks]
+
+    def restore(self, data_state):
+        self.sampler.restore(data_state["sampler"])
+
+    def data_state(self):
+        return {"sampler": self.sampler.state}
+
+    def num_validation(self):
+        return len(self.val_tasks)
+
+    def policy_max_tokens(self):
+        return self.cfg.rollout.agent_max_tokens
+
+    def open_models(self, in_flight):
+        cfg, r = self.cfg, self.cfg.rollout
+        sim_engine = None
+        if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view
+            sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight)
+        self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine)
+        self.ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
+                                  agent_temperature=r.temperature, user_temperature=0.0,
+                                  max_context_tokens=context_budget(r) or None,
+                                  user_thinking=cfg.users.simulator_thinking,
+                                  user_max_tokens=cfg.users.simulator_max_tokens, env_workers=r.env_workers)
+        self.render_note = coach.chat_note_renderer(self.tok)
+        self.placeholder = infopo.placeholder_tokens(self.tok) if cfg.rl.credit == "infopo" else None
+
+    def banner(self, start):
+        cfg, r = self.cfg, self.cfg.rollout
+        return (f"agentrl: {self.run_state.model_config.model_type} | mesh {dict(self.run_state.mesh.shape)} | "
+                f"{r.prompts_per_step} tasks x {r.group_size} dialogues per step, {cfg.updates_per_step()} updates "
+                f"per step | credit {cfg.rl.credit} | alpha {cfg.rl.alpha} | steps {start}->{cfg.train.steps}")
+
+    def draw(self, n):
+        return self.sampler.sample(n)
+
+    def rollouts(self, model, items, *, group_size, temperature, seed, first_group, first_rid, label,
+                 travel_variant=None):
+        """The episodes of this process's share of the tasks `items` (task i: group first_group + i, rollout ids
+        first_rid + i * group_size + k); travel_variant: TravelGym's reward (default rollout.travel_reward_variant)."""
+        variant = self.cfg.rollout.travel_reward_variant if travel_variant is None else travel_variant
+        side = self.side
+        eps = [e for i in distributed.process_share(len(items))
+               for e in episode_tasks([items[i]], group_size=group_size, first_group=first_group + i,
+                                      first_rollout_id=first_rid + i * group_size, seed=seed, user=side.gym_user,
+                                      judge=side.judge, gym_options={"TravelGym": {"reward_variant": variant}})]
+        ec = dataclasses.replace(self.ecfg, agent_temperature=temperature, seed=seed)
+        return run_episodes(model, side.simulator, eps, ec, tokenizer=self.tok, progress=self.progress(label))
+
+    def filter_groups(self, outs):
+        kept, n_invalid, skipped, n_no_turn = _group_filter(outs, self.cfg.rollout.min_valid_per_group)
+        return kept, {"invalid": n_invalid, "skipped": skipped, "no_turn": n_no_turn, "notes": 0, "gains": []}
+
+    def prepare_groups(self, kept, counts):
+        """CSD (rl.alpha > 0): the coach's hindsight notes for every turn the simulator answered (one batched call)."""
+        cfg = self.cfg
+        if cfg.rl.alpha > 0 and kept:
+            flat = [t for g in kept for t in g]
+            notes = coach.coach_notes_batch(self.side.coach, flat, decode=self.tok.decode,
+                                          max_tokens=cfg.users.coach_max_tokens, temperature=0.0)
+            for t, ns in zip(flat, notes):
+                counts["notes"] += coach.add_coach_notes(t, ns, self.render_note)
+
+    def advantages(self, chunk, counts):
+        rl = self.cfg.rl
+        if rl.credit == "infopo":  # IG with the pre-update parameters, before any update of this step
+            run_ = self.run_state
+            scorer = infopo.rl_step_scorer(run_.step_fn, run_.state["params"], row_len=self.cfg.rollout.row_len or None,
+                                           max_per_call=len(chunk))
+            igs = infopo.information_gains(chunk, scorer, self.placeholder)
+            counts["gains"] += [g for ig in igs for g in ig[np.isfinite(ig)]]
+            return chunk, infopo.infopo_advantages(chunk, igs, coef=rl.infopo_coef, gate_tau=rl.infopo_gate_tau,
+                                                   score=rl.score, gamma=rl.gamma, eps=rl.adv_eps,
+                                                   divide_std=rl.divide_std)
+        if not chunk:  # every group of this mini-batch is on other processes
+            return chunk, []
+        return chunk, grpo.trajectory_turn_advantages(chunk, credit=rl.credit, score=rl.score, gamma=rl.gamma,
+                                                      eps=rl.adv_eps, divide_std=rl.divide_std)
+
+    def record(self, outs, kept, counts, updates, times, lr):
+        c = counts
+        rec = _step_record(outs, kept, c["invalid"], c["skipped"], c["no_turn"], c["notes"], updates, scoring, grpo,
+                           self.cfg, rollout_s=times["rollouts"] - times["start"],
+                           coach_s=times["prepared"] - times["rollouts"],
+                           train_s=times["trained"] - times["advantages"], lr=lr)
+        if self.cfg.rl.credit == "infopo":
+            rec.update(infopo_ig_mean=mean_or_zero(c["gains"]), infopo_turns=len(c["gains"]),
+                       infopo_s=times["advantages"] - times["prepared"])
+        return rec
+
+    def validate(self, model, label):
+        """The evaluation tasks at validation.temperature, one dialogue each: their UserRL evaluation scores."""
+        v = self.cfg.validation
+        vt = self.rollouts(model, self.val_tasks, group_size=1, temperature=v.temperature, seed=VALIDATION_SEED,
+                           first_group=0, first_rid=1 << 30, label=label, travel_variant=v.travel_reward_variant)
+        vs = distributed.gather_list([dataclasses.asdict(scoring.score_trajectory(t)) for t in vt])
+        summ = scoring.summarize([scoring.EpisodeScore(**x) for x in vs])
+        rec = {f"val/{gym}": s.mean_eval_score for gym, s in summ.items()}
+        rec["val/overall"] = scoring.overall_score(summ)
+        rec["val/invalid"] = sum(s.invalid for s in summ.values())
+        return rec
+
+    def close(self):
+        if self.given_side is None and self.side is not None:
+            self.side.close()
+
+
+def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, tokenizer=None,
+        handle_signals: bool = True, on_rollouts=None, log=print) -> RLResult:
+    """Runs (or resumes) the agent RL stage in `workdir` (module docstring). `user_side` replaces the configured
+    simulator / judge / coach (tests: scripted models); `on_rollouts(step, trajectories)` sees each step's
+    dialogues after the coach (debugging, tests, custom logging)."""
+    return AgentLearner(cfg, workdir, user_side=user_side, tokenizer=tokenizer, handle_signals=handle_signals,
+                        on_rollouts=on_rollouts, log=log).run()
+
+
+def _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, ms, scoring, grpo, cfg, **timing) -> dict:
+    """One step's metrics over the episodes of EVERY process (gathered per episode, in rollout-id order, and the
+    counts summed), so all processes log the same numbers; `kept` is already the global list of kept groups."""
+    def summary(t):
+        ok = t.status == "ok" and t.num_agent_turns > 0  # a dialogue with no agent turn has no score (skipped)
+        return {"rid": int(t.rollout_id), "ok": ok, "gym": t.task.get("gym", "?"),
+                "score": float(grpo.trajectory_score(t.turn_rewards, cfg.rl.score, cfg.rl.gamma)) if ok else 0.0,
+                "train": float(scoring.training_reward([s.get("reward", 0.0) for s in t.env_info])) if ok else 0.0,
+                "turns": int(t.num_agent_turns), "cut": int(t.meta.get("dropped_tail_tokens", 0)),
+                "agent_tokens": sum(len(s.tokens) for s in t.segments if s.kind == "agent")}
+    eps = sorted(distributed.gather_list([summary(t) for t in trajs]), key=lambda e: e["rid"])
+    if jax.process_count() > 1:
+        n_invalid, skipped, n_no_turn, n_notes = (
+            int(x) for x in np.sum(distributed.gather_list([[n_invalid, skipped, n_no_turn, n_notes]]), axis=0))
+    valid = [e for e in eps if e["ok"]]
+    rec: dict[str, Any] = {
+        "reward_mean": mean_or_zero(e["score"] for e in valid),
+        "train_reward_mean": mean_or_zero(e["train"] for e in valid),
+        "episodes": len(eps), "invalid": n_invalid, "invalid_frac": n_invalid / max(1, len(eps)),
+        "skipped_groups": skipped, "trained_groups": len(kept), "updates": len(ms), "coach_notes": n_notes,
+        "no_agent_turn": n_no_turn,  # ok dialogues whose prompt left no room for an agent turn (not trained)
+        "context_cut": sum(e["cut"] > 0 for e in eps),  # dialogues whose trailing tool/user turn passed the limit
+        "context_cut_tokens": sum(e["cut"] for e in eps),
+        "turns_mean": mean_or_zero(e["turns"] for e in eps),
+    }
+    for gym in sorted({e["gym"] for e in eps}):
+        rec[f"reward/{gym}"] = mean_or_zero(e["score"] for e in valid if e["gym"] == gym)
+    agent_tokens = sum(e["agent_tokens"] for e in eps)
+    rec.update(timing)
+    rec["rollout_tokens_per_s"] = agent_tokens / max(timing["rollout_s"], 1e-9)
+    rec.update(update_record(ms, timing["train_s"]))
+    return rec

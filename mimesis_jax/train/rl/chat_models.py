@@ -1,0 +1,209 @@
+"""The chat models of both RL stages: the trained policy's sampler, and the frozen models it talks to.
+
+    policy = PolicySampler(model_config, tok, cfg.rollout, params, name="agent", max_tokens=..., in_flight=n)
+    model = policy.model(state["params"])      # what this step's rollouts sample with
+    policy.follow(state["params"])             # after the step's updates (the engine keeps its compiled programs)
+    side = build_user_side(cfg.users)          # Stage II: simulator, gym user, judge, coach (UserSide)
+    sides, closers = build_sides(cfg.sides)    # Stage I.3: the fixed judge / partner / support agent
+
+With `rollout.engine` the policy samples through one rollout engine for the whole run (rollout/engine.py), its
+weights following the updates; an in-process Stage II simulator gets its own engine, sized for its longer view
+(`simulator_engine_config`). Models are given as specs (rollout/specs.py): "tiny", a HF directory, a training
+workdir, a remote endpoint, or a rule-based toy (envs/toy.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from mimesis_jax.config.rl import AgentRLConfig, SidesConfig, UserSideConfig
+from mimesis_jax.envs.domains import SideModels
+from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
+from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.rollout import engine, engine_chat
+from mimesis_jax.rollout.base import SimulatorAsResponder
+from mimesis_jax.rollout.endpoints import LocalChatModel
+from mimesis_jax.rollout.batching import BatchedChatModel
+from mimesis_jax.rollout.specs import ModelSpec, chat_model_from_spec, local_model
+from mimesis_jax.train.rl import distributed
+
+
+# ------------------------------------------------------------------------------------------ the policy
+def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
+    """The EngineConfig of `r` (an RL stage's rollout config) for `dialogues` dialogues in flight at once.
+
+    The page table holds the longest dialogue: `rollout.max_context_tokens` (the runners end a dialogue before a
+    prompt + max_tokens would pass it) or, without that limit, the model's max_position_embeddings. The pool
+    (`rollout.engine_pages` = 0) holds every dialogue in flight at that length, so no dialogue is evicted and
+    recomputed; a smaller explicit pool bounds memory at the price of recomputation (engine.py, pool policy)."""
+    max_ctx = r.max_context_tokens or model_config.max_position_embeddings
+    per_seq = -(-max_ctx // r.engine_page_size)
+    pages = r.engine_pages or max(1, dialogues) * per_seq + 1  # + the trash page
+    return engine.EngineConfig(slots=r.engine_slots, page_size=r.engine_page_size, num_pages=pages,
+                        max_pages_per_seq=per_seq)
+
+
+def engine_params(params):
+    """The rollout engine's copy of the parameters: on one device (it runs there), gathered from the training
+    shards (several processes: the process-local copy of distributed.rollout_params)."""
+    return jax.device_put(distributed.rollout_params(params), jax.local_devices()[0])
+
+
+class PolicySampler:
+    """What the trained policy samples with. With `rollout.engine` one EngineChatModel for the run, its pool
+    sized for `in_flight` dialogues at once, its weights set after every step's updates (`follow`); without it a
+    LocalChatModel over the current parameters (`model(params)`, built per rollout call)."""
+
+    def __init__(self, model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int):
+        self.model_config, self.tok, self.r, self.name, self.max_tokens = model_config, tok, r, name, max_tokens
+        self.engine = None
+        if r.engine:
+            self.engine = engine_chat.EngineChatModel(model_config, engine_params(params), tok, max_tokens=max_tokens,
+                                                 name=name,
+                                                 engine_config=rollout_engine_config(r, model_config, in_flight))
+
+    def model(self, params):
+        if self.engine is not None:
+            return self.engine
+        return LocalChatModel(self.model_config, distributed.rollout_params(params), self.tok,
+                              max_tokens=self.max_tokens, name=self.name, max_batch=self.r.max_batch)
+
+    def follow(self, params) -> None:
+        """The next rollouts sample from the updated policy."""
+        if self.engine is not None:
+            self.engine.set_params(engine_params(params))
+
+
+# ------------------------------------------------------------------------------------------ Stage II
+@dataclasses.dataclass
+class UserSide:
+    simulator: Any  # for the runner's own user turn (free-text envs): the simulator in its own framing
+    gym_user: Any  # what gyms ask (SimulatorAsResponder around a simulator)
+    judge: Any
+    coach: Any
+    closers: list = dataclasses.field(default_factory=list)
+
+    def close(self):
+        for c in self.closers:
+            c.close()
+
+
+def simulator_context_tokens(cfg: AgentRLConfig, sim_config: ModelConfig) -> int:
+    """The longest prompt + turn an in-process simulator's rollout engine must hold (its page-table length).
+
+    The simulator's view grows with the dialogue like the agent's: its instructions (the task's user-side prompt,
+    not in the agent's context: allowed `gyms.max_prompt_tokens`, the size of a task prompt), every agent reply
+    it was shown and its own utterances (both also in the agent's context, <= `rollout.max_context_tokens`), plus
+    its thoughts, which the agent never sees (<= `users.simulator_max_tokens` per turn, at most one turn per agent
+    turn: the opening + one after each agent turn but the last). Without `rollout.max_context_tokens` the
+    simulator's max_position_embeddings bounds it (and always caps it). A longer request is refused by the
+    engine (EngineError naming EngineConfig.max_pages_per_seq): the dialogues of that simulator call become
+    invalid episodes, counted in `invalid`."""
+    r = cfg.rollout
+    longest = sim_config.max_position_embeddings
+    if not r.max_context_tokens:
+        return longest
+    turns = min(r.max_turns, cfg.gyms.max_turns)
+    bound = cfg.gyms.max_prompt_tokens + r.max_context_tokens + turns * cfg.users.simulator_max_tokens
+    return min(longest, bound)
+
+
+def simulator_engine_config(cfg: AgentRLConfig, sim_config: ModelConfig, dialogues: int):
+    """The EngineConfig of an in-process simulator (rollout.engine=true): `rollout_engine_config` with the
+    simulator's own context bound (`simulator_context_tokens`). An explicit `rollout.engine_pages` /
+    `rollout.engine_slots` applies to each engine (the agent's and the simulator's pools are separate)."""
+    sim_r = dataclasses.replace(cfg.rollout, max_context_tokens=simulator_context_tokens(cfg, sim_config))
+    return rollout_engine_config(sim_r, sim_config, dialogues)
+
+
+class _ReleaseEngine:
+    """A UserSide closer that frees every dialogue an engine simulator still holds (the episode runner releases
+    each at its episode's end; this covers a run that stopped mid-rollout)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def close(self):
+        self.model.engine.release_all()
+
+
+def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
+    """The simulator, gym user, judge and coach of `u`. engine_config (`rollout.engine=true`): a function from the
+    simulator's ModelConfig to its EngineConfig; an in-process model simulator then samples through its own
+    rollout engine (rollout/engine.py), so each of the runner's user turns prefills only the dialogue's new tokens.
+    Remote simulators and the toy user ignore it."""
+    key = u.key_env or None
+    if u.coach == "toy-coach-shuffled" and u.simulator != "toy-user":
+        raise ConfigError("config key 'users.coach': toy-coach-shuffled needs users.simulator=toy-user")
+    if u.simulator == "toy-user":  # the rule-based ToyKeyword user (envs/toy.py): CPU toys and tests
+        toy = ToyUser()
+        if u.coach in ("", "toy-coach", "toy-coach-shuffled"):
+            coach, closers = ToyCoach(shuffle_seed=0 if u.coach == "toy-coach-shuffled" else None), []
+        else:  # a model as the coach (e.g. the trained tiny simulator, asked as an assistant)
+            coach = chat_model_from_spec(ModelSpec(u.coach, model_name=u.coach_model or None, api_key_env=key,
+                                                   max_tokens=u.coach_max_tokens), style="assistant")
+            closers = [coach] if hasattr(coach, "close") else []
+        return UserSide(toy, SimulatorAsResponder(toy), toy, coach, closers)
+    sim_spec = ModelSpec(u.simulator, model_name=u.simulator_model or None, api_key_env=key,
+                         max_tokens=u.simulator_max_tokens, thinking=u.simulator_thinking)
+    style = u.simulator_style or ("assistant" if sim_spec.remote else "simulator")
+    closers = []
+    if sim_spec.remote:
+        sim = chat_model_from_spec(sim_spec, style="assistant")
+        as_assistant = sim
+        gym_user = SimulatorAsResponder(sim) if style == "simulator" else sim
+    else:
+        base = local_model(sim_spec, role="user", model_type="qwen3_5")
+        sim = base
+        if engine_config is not None:  # frozen: built once, never set_params
+            sim = engine_chat.EngineChatModel(base.config, jax.device_put(base.params, jax.local_devices()[0]), base.tok,
+                                         engine_config=engine_config(base.config), generation_role="user",
+                                         enable_thinking=base.enable_thinking, max_tokens=base.max_tokens,
+                                         seed=base.seed, name=base.name)
+        assistant = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
+                                   max_tokens=u.coach_max_tokens, name=f"{base.name}-assistant")
+        # The gyms' own user calls go through the same model: with the engine they are stateless requests (no
+        # dialogue key: a gym rebuilds its user conversation per call) sharing the engine's compiled programs and
+        # KV pool instead of a second, static sampler. The runner's user turns and the gyms' calls then share one
+        # call counter (as they share `base` without the engine); the simulator runs at temperature 0 either way.
+        batched_sim, as_assistant = BatchedChatModel(sim), BatchedChatModel(assistant)
+        closers += [batched_sim, as_assistant]
+        if engine_config is not None:
+            closers.append(_ReleaseEngine(sim))  # after batched_sim: its batching thread has stopped
+        gym_user = SimulatorAsResponder(batched_sim) if style == "simulator" else batched_sim
+
+    def other(spec, model_name):
+        if not spec:
+            return as_assistant
+        m = chat_model_from_spec(ModelSpec(spec, model_name=model_name or None, api_key_env=key), style="assistant")
+        if hasattr(m, "close"):
+            closers.append(m)
+        return m
+    return UserSide(sim, gym_user, other(u.judge, u.judge_model), other(u.coach, u.coach_model), closers)
+
+
+# ------------------------------------------------------------------------------------------ Stage I.3
+def build_sides(s: SidesConfig):
+    """(SideModels, closers) from the config: toy-judge / toy-agent are the rule-based CPU sides (envs/toy.py)."""
+    closers: list = []
+    built: dict[tuple, Any] = {}
+
+    def model(spec: str, name: str):
+        if spec == "toy-judge":
+            return ToyBehaviourJudge()
+        if spec == "toy-agent":
+            return ToySupportAgent()
+        if (spec, name) not in built:
+            m = chat_model_from_spec(ModelSpec(spec, model_name=name or None, api_key_env=s.key_env or None,
+                                               max_tokens=s.max_tokens), style="assistant")
+            if hasattr(m, "close"):
+                closers.append(m)
+            built[(spec, name)] = m
+        return built[(spec, name)]
+    judge = model(s.judge, s.judge_model)
+    agent = model(s.support_agent, s.support_agent_model) if s.support_agent else judge
+    partner = model(s.partner, s.partner_model) if s.partner else agent
+    return SideModels(judge=judge, partner=partner, support_agent=agent), closers

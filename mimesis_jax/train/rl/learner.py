@@ -1,0 +1,393 @@
+"""The RL stage loop, written once: `RLLearner.run` resumes, samples, filters, updates, validates, checkpoints,
+logs and stops on SIGTERM; a stage (train/rl/agent.py: Stage II, train/rl/simulator.py: Stage I.3) supplies its
+rollouts, its group filter, its advantages and its step record by overriding the hooks below.
+
+    class MyStage(RLLearner):
+        stage, policy_name = "mystage", "agent"
+        def read_inputs(self): ...                # task files, before any model work (ConfigError naming them)
+        def draw(self, n): ...                    # this step's n prompts / tasks
+        def rollouts(self, model, items, **k): ...
+        def filter_groups(self, outs): ...        # -> (kept groups, counts)
+        def advantages(self, items, counts): ...  # -> (items, advantages) of one PPO mini-batch
+        def record(self, outs, kept, counts, updates, times, lr): ...
+    result = MyStage(cfg, workdir).run()
+
+One step: draw `rollout.prompts_per_step` items; run `rollout.group_size` rollouts of each (the policy samples
+through `chat_models.PolicySampler`; every rollout gets a rollout id never used before in the run, every seed
+derives from (train.seed, step, rollout id)); the stage drops invalid rollouts and skips groups left too small
+(counted, never trained); the kept groups, in the global group-id order (`global_minibatch_order`), are cut into
+PPO mini-batches of `rollout.mini_batch_prompts` groups with the stage's advantages; `ppo_updates` fixes the old
+log-probs for the whole step BEFORE the first update, then makes one optimizer update per mini-batch (Eq 5-6,
+train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on the console), validation runs every
+`validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM.
+
+Checkpoints (checkpoints.py) hold params, optimizer state, step, RNG and the data state (the stage's sampler, the
+next rollout id and the stage's own counters), so a resumed run reproduces the uninterrupted run's per-step
+metrics. SIGTERM (or a first Ctrl-C) finishes the current step, saves and returns with preempted=True.
+
+`setup` builds (or resumes) the training state in a workdir; in `ppo_updates` each process packs its own part of
+each mini-batch, the processes agree on shapes and on the loss normalisers (rl_batch.layout_info / common_layout /
+conform) and the global batch is assembled from the process-local rows (RLStep.place(process_local=True)); no
+process holds the whole batch (the rest of the multi-process contract: train/rl/distributed.py). Episode seeds
+depend on global task indices and rollout ids only, so a P-process run samples the episodes of the one-process run
+and its updates equal it up to fp32 summation order; resuming needs the same P.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from mimesis_jax import config as config_lib
+from mimesis_jax.algorithms import rl_batch
+from mimesis_jax.checkpoints import Checkpointer, gather_json
+from mimesis_jax.data.tokenizer import load_tokenizer
+from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.episodes.progress import TurnReporter
+from mimesis_jax.train.metrics import MetricsLogger
+from mimesis_jax.train.optim import make_optimizer, make_schedule
+from mimesis_jax.train.rl import distributed
+from mimesis_jax.train.rl.chat_models import PolicySampler
+from mimesis_jax.train.rl.step import make_rl_step
+from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
+                                     state_shardings)
+from mimesis_jax.train.step import init_train_state
+
+VALIDATION_SEED = 12345  # the sampling seed of every validation pass (temperature `validation.temperature`)
+
+
+def load_stage_config(path: str, overrides, kind):
+    """The run config of an RL stage (`kind`: AgentRLConfig / SimRLConfig) from `path` + --set overrides; a config
+    class's own ValueError becomes a ConfigError naming the file."""
+    try:
+        return config_lib.load_config(path, overrides, kind=kind)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def mean_or_zero(xs) -> float:
+    """The mean of `xs` as a float, 0.0 for none (a step's metric over possibly no episodes)."""
+    xs = [float(x) for x in xs]
+    return float(np.mean(xs)) if xs else 0.0
+
+UPDATE_METRICS = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "clip_frac", "entropy", "approx_kl",
+                  "grad_norm")
+
+
+@dataclasses.dataclass
+class RLRun:
+    cfg: Any  # the validated run config, with the runtime model filled in
+    model_config: ModelConfig
+    mesh: Any
+    schedule: Any
+    step_fn: Any  # train/rl/step.RLStep
+    ckpt: Checkpointer
+    state: dict
+    latest: int | None  # the checkpoint step resumed from, or None for a fresh run
+    data_state: dict | None  # the resumed checkpoint's data state (samplers, counters)
+    run_dict: dict
+    ref_params: Any = None  # the KL reference (initial weights) when rl.kl_coef > 0
+
+    @property
+    def start(self) -> int:
+        return int(jax.device_get(self.state["step"]))
+
+
+def setup(cfg, workdir: str, tok, log=print) -> RLRun:
+    """Validates `cfg`, builds mesh / optimizer / step, and restores the latest checkpoint of `workdir` or
+    initialises the state (writing run_config.json). `cfg` has the RL run-config fields (model, tokenizer, init,
+    rl, optimizer, train, mesh, checkpoint) and `updates_per_step()`."""
+    cfg = cfg.validate()
+    os.makedirs(workdir, exist_ok=True)
+    model_config = model_config_for(cfg, tok)
+    cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
+    run_dict = cfg.to_dict()
+    mesh = make_mesh(cfg)
+    total_updates = cfg.train.steps * cfg.updates_per_step()
+    tx = make_optimizer(cfg.optimizer, total_updates, model_config)
+    schedule = make_schedule(cfg.optimizer, total_updates)
+    step_fn = make_rl_step(model_config, tx, mesh, cfg.rl)
+    if jax.process_count() > 1:
+        if getattr(cfg.rl, "credit", "") == "infopo":
+            raise ConfigError("config key 'rl.credit': infopo needs a scoring pass over the whole batch on one "
+                              "process; it is not supported with more than one process yet")
+        try:
+            step_fn.local_rows_multiple()
+        except ValueError as e:
+            raise ConfigError(f"config section 'mesh': {e}") from None
+    abs_state, shardings = state_shardings(model_config, tx, mesh)
+    ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log, cfg.checkpoint.fallback)
+    if latest is None:
+        params = initial_params(cfg, model_config, mesh, shardings["params"], log)
+        init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
+        state = init(params, jax.random.fold_in(jax.random.key(cfg.train.seed), 1))
+        if jax.process_index() == 0:
+            with open(os.path.join(workdir, "run_config.json"), "w") as f:
+                json.dump(run_dict, f, indent=2)
+    else:
+        log(f"resume: {workdir} from step {latest}")
+    ref_params = None
+    if getattr(cfg.rl, "kl_coef", 0.0) > 0:  # the reference policy: the run's initial weights, never updated
+        ref_params = initial_params(cfg, model_config, mesh, shardings["params"], log)
+    return RLRun(cfg, model_config, mesh, schedule, step_fn, ckpt, state, latest, data_state, run_dict, ref_params)
+
+
+ABORT_ENV = "MIMESIS_ABORT_AFTER_STEP"
+
+
+def abort_if_requested(step: int, ckpt: Checkpointer) -> None:
+    """Crash-test hook: with $MIMESIS_ABORT_AFTER_STEP=k the process exits abruptly (os._exit(75), no clean-up)
+    right after step k's checkpoint is on disk, as a killed job would; rerunning resumes from it."""
+    k = os.environ.get(ABORT_ENV, "")
+    if k and step == int(k):
+        ckpt.wait()
+        os._exit(75)
+
+
+def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None
+                ) -> tuple[dict, list[dict]]:
+    """One RL step's optimizer updates, one per mini-batch: chunks = [(trajectories, advantages per trajectory's
+    agent turns)]. Old log-probs are fixed for the whole step BEFORE the first update (the sampler's, or
+    recomputed with the pre-update parameters), so ratios move from the second mini-batch on (Eq 5-6).
+    Returns (the new state, each update's metrics on the host)."""
+    rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
+    teacher = rl.teacher if rl.alpha > 0 else "none"
+    multi = jax.process_count() > 1
+    batches = []
+    for trajs, adv in chunks:
+        packed = None
+        if len(trajs):
+            packed = rl_batch.pack_trajectories(trajs, adv, teacher=teacher, loss_agg=rl.loss_agg,
+                                                use_rollout_logprobs=rl.old_logprobs == "rollout",
+                                                rows_multiple=step_fn.local_rows_multiple() if multi else
+                                                step_fn.rows_multiple(), row_len=row_len)
+        if multi:  # this process's share of the mini-batch, in the shapes and normalisers all processes agree on
+            layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple())
+            local = rl_batch.split_microbatches(rl_batch.conform(packed, layout, rl.loss_agg), rl.num_microbatches)
+            batch = step_fn.place(local, process_local=True)
+        else:
+            batch = step_fn.place(packed)
+        batches.append(jax.block_until_ready(batch))  # nothing in flight while the step compiles
+    if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
+        batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
+    params, opt_state = state["params"], state["opt_state"]
+    ms = []
+    for b in batches:
+        params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
+        ms.append(jax.device_get(m))  # waits: never queue sharded CPU steps
+    return dict(state, params=params, opt_state=opt_state), ms
+
+
+def update_record(ms: list[dict], train_s: float) -> dict:
+    """Mean update metrics of one step (0.0 when it made no update) + the last update's clip fraction."""
+    rec = {k: (float(np.mean([float(m[k]) for m in ms if k in m])) if any(k in m for m in ms) else 0.0)
+           for k in UPDATE_METRICS}
+    if ms:
+        rec["clip_frac_last"] = float(ms[-1]["clip_frac"])
+        rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(train_s, 1e-9)
+    return rec
+
+
+def global_minibatch_order(kept: list[list]) -> list[list]:
+    """The kept groups of ALL processes in group-id order, this process's groups in their place and [] for the
+    groups other processes hold: every process then cuts the same PPO mini-batches (`rollout.mini_batch_prompts`
+    consecutive groups) and packs its own part of each. One process: `kept` unchanged."""
+    if jax.process_count() == 1:
+        return kept
+    mine = {g[0].group_id: g for g in kept}
+    return [mine.get(gid, []) for gid in distributed.global_groups(list(mine))]
+
+
+# ------------------------------------------------------------------------------------------ the loop
+@dataclasses.dataclass
+class RLResult:
+    workdir: str
+    start_step: int
+    final_step: int
+    metrics: dict[int, dict]  # step -> the logged record, for the steps run in this call
+    preempted: bool
+    checkpoint_step: int | None
+
+
+class RLLearner:
+    """One RL stage's run in a workdir (module docstring). A stage sets the class attributes and overrides the
+    hooks; `run` calls them in this order: read_inputs, (setup), on_setup, restore, open_models, banner, then per
+    step draw, rollouts, filter_groups, prepare_groups, advantages (per mini-batch), record, validate (when due),
+    data_state; close at the end."""
+
+    stage = ""  # the metrics' stage name and the log prefix ("agentrl", "simrl")
+    policy_name = ""  # the trained policy's chat-model name
+    stdout_keys: tuple = ()  # the record's keys printed on the console
+
+    def __init__(self, cfg, workdir: str, *, tokenizer=None, handle_signals: bool = True, on_rollouts=None,
+                 log=print):
+        self.cfg, self.workdir = cfg, os.path.abspath(workdir)
+        self.handle_signals, self.on_rollouts = handle_signals, on_rollouts
+        self.log = distributed.primary_log(log)
+        self.tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
+        self.run_state: RLRun | None = None
+
+    # ---------------------------------------------------------------------------------- what a stage supplies
+    def read_inputs(self) -> None:
+        """Reads the stage's task / record files before any model work (a bad file: a ConfigError naming it)."""
+
+    def on_setup(self) -> None:
+        """After the training state exists (self.cfg is the validated run config with the runtime model)."""
+
+    def restore(self, data_state: dict) -> None:
+        """The stage's sampler and counters from a resumed checkpoint's data state."""
+        raise NotImplementedError
+
+    def data_state(self) -> dict:
+        """{"sampler": the sampler's state, **the stage's counters} to checkpoint (+ the next rollout id)."""
+        raise NotImplementedError
+
+    def num_validation(self) -> int:
+        """How many validation rollouts one validation pass runs (0: none)."""
+        return 0
+
+    def has_validation(self) -> bool:
+        """Whether there is anything to validate on (validation runs every `validation.every` steps if so)."""
+        return self.num_validation() > 0
+
+    def policy_max_tokens(self) -> int:
+        raise NotImplementedError
+
+    def open_models(self, in_flight: int) -> None:
+        """The frozen models the rollouts talk to; `in_flight` dialogues run at once on this process."""
+
+    def banner(self, start: int) -> str:
+        raise NotImplementedError
+
+    def draw(self, n: int) -> list:
+        raise NotImplementedError
+
+    def rollouts(self, model, items: list, *, group_size: int, temperature: float, seed: int, first_group: int,
+                 first_rid: int, label: str) -> list:
+        """The rollouts of this process's share of `items` (distributed.process_share): item i is group
+        first_group + i with rollout ids first_rid + i * group_size + k, whatever process runs it."""
+        raise NotImplementedError
+
+    def filter_groups(self, outs: list) -> tuple[list[list], dict]:
+        """(this process's kept groups in group-id order, the stage's counts for its record)."""
+        raise NotImplementedError
+
+    def prepare_groups(self, kept: list[list], counts: dict) -> None:
+        """Work on the kept groups before the advantages (Stage II: the coach's notes)."""
+
+    def advantages(self, items: list, counts: dict) -> tuple[Sequence, Sequence]:
+        """(trajectories or segments, their advantages) of one PPO mini-batch (`items`: its rollouts here)."""
+        raise NotImplementedError
+
+    def record(self, outs: list, kept: list[list], counts: dict, updates: list[dict], times: dict, lr: float
+               ) -> dict:
+        """The step's metrics; times: perf_counter marks start, rollouts, prepared, advantages, trained."""
+        raise NotImplementedError
+
+    def validate(self, model, label: str) -> dict:
+        """The validation metrics (val/...) with the current policy `model`."""
+        return {}
+
+    def close(self) -> None:
+        """Closes the models `open_models` built."""
+
+    # ---------------------------------------------------------------------------------- helpers for the hooks
+    def progress(self, label: str):
+        """A TurnReporter for the console when train.progress_bar is on (process 0), else None."""
+        return TurnReporter(label) if self.cfg.train.progress_bar and jax.process_index() == 0 else None
+
+    # ---------------------------------------------------------------------------------- the loop
+    def run(self) -> RLResult:
+        self.read_inputs()
+        run_ = self.run_state = setup(self.cfg, self.workdir, self.tok, self.log)
+        self.cfg = cfg = run_.cfg
+        ckpt, latest = run_.ckpt, run_.latest
+        self.on_setup()
+        next_rid = 0
+        if latest is not None:
+            self.restore(run_.data_state)
+            next_rid = int(run_.data_state["next_rollout_id"])
+        start = run_.start
+        if start >= cfg.train.steps:
+            self.log(f"nothing to do: checkpoint step {start} >= train.steps={cfg.train.steps}")
+            ckpt.close()
+            return RLResult(self.workdir, start, start, {}, False, latest)
+
+        r = cfg.rollout
+        P = jax.process_count()
+        # dialogues in flight at once on this process: a step's share of the groups, or the validation rollouts
+        in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-self.num_validation() // P))
+        step, saved, preempted = start, latest, False
+        history: dict[int, dict] = {}
+        logger = stop = None
+        try:
+            self.open_models(in_flight)
+            self.log(self.banner(start))
+            logger = MetricsLogger(self.workdir, total_steps=cfg.train.steps, start_step=start,
+                                   log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard,
+                                   progress_bar=cfg.train.progress_bar, stage=self.stage,
+                                   stdout_keys=self.stdout_keys)
+            stop = StopFlag(self.handle_signals)
+            # one policy sampler for the run; with rollout.engine its weights follow the updates
+            policy = PolicySampler(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
+                                   max_tokens=self.policy_max_tokens(), in_flight=in_flight)
+            while step < cfg.train.steps:
+                times = {"start": time.perf_counter()}
+                drawn = self.draw(r.prompts_per_step)
+                outs = self.rollouts(policy.model(run_.state["params"]), drawn, group_size=r.group_size,
+                                     temperature=r.temperature, seed=distributed.step_seed(cfg.train.seed, step),
+                                     first_group=step * r.prompts_per_step, first_rid=next_rid,
+                                     label=f"{self.stage} step {step + 1} rollout")
+                next_rid += len(drawn) * r.group_size  # every process counts the rollouts of all processes
+                times["rollouts"] = time.perf_counter()
+                kept, counts = self.filter_groups(outs)
+                kept = global_minibatch_order(kept)
+                self.prepare_groups(kept, counts)
+                times["prepared"] = time.perf_counter()
+                if self.on_rollouts is not None:
+                    self.on_rollouts(step + 1, outs)
+                chunks = [self.advantages([t for g in kept[i:i + r.mini_batch_prompts] for t in g], counts)
+                          for i in range(0, len(kept), r.mini_batch_prompts)]
+                times["advantages"] = time.perf_counter()
+                ms: list[dict] = []
+                if chunks:
+                    run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None)
+                    policy.follow(run_.state["params"])  # the next rollouts sample from the updated policy
+                step += 1
+                run_.state["step"] = distributed.step_array(step, run_.mesh)
+                times["trained"] = time.perf_counter()
+                lr = float(run_.schedule(max(0, step * cfg.updates_per_step() - 1)))
+                rec = self.record(outs, kept, counts, ms, times, lr)
+                if cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation():
+                    rec.update(self.validate(policy.model(run_.state["params"]),
+                                             f"{self.stage} step {step} validation"))
+                history[step] = rec
+                logger.log(step, rec)
+                preempted = stop.is_set()
+                if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or preempted:
+                    data = self.data_state()
+                    data = {"sampler": data.pop("sampler"), "next_rollout_id": next_rid, **data}
+                    ckpt.save(step, run_.state, data, run_.run_dict)
+                    saved = step
+                    abort_if_requested(step, ckpt)
+                if preempted:
+                    logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to "
+                                 "resume")
+                    break
+        finally:
+            if stop is not None:
+                stop.restore()
+            if logger is not None:
+                logger.close()
+            ckpt.close()
+            self.close()
+        return RLResult(self.workdir, start, step, history, preempted, saved)
