@@ -56,7 +56,7 @@ _RSS_LOG = os.environ.get("MIMESIS_TEST_RSS_LOG")
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """With MIMESIS_TEST_RSS_LOG=DIR, append each test's RSS, end time, peak RSS so far and CPU seconds to DIR/<worker>.tsv.
+    """With MIMESIS_TEST_RSS_LOG=DIR, append each test's RSS, end time, peak RSS and CPU seconds to DIR/<worker>.tsv.
 
     Columns: nodeid, VmRSS KiB, end time, VmHWM KiB, cumulative user+sys CPU seconds of this process plus its
     waited-for children (subprocess tests). Per-test CPU cost is the difference between consecutive rows of one
