@@ -56,11 +56,25 @@ _RSS_LOG = os.environ.get("MIMESIS_TEST_RSS_LOG")
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """With MIMESIS_TEST_RSS_LOG=DIR, append each test's RSS, end time and peak RSS so far to DIR/<worker>.tsv."""
+    """With MIMESIS_TEST_RSS_LOG=DIR, append each test's RSS, end time, peak RSS and CPU seconds to DIR/<worker>.tsv.
+
+    Columns: nodeid, VmRSS KiB, end time, VmHWM KiB, cumulative user+sys CPU seconds of this process plus its
+    waited-for children (subprocess tests). Per-test CPU cost is the difference between consecutive rows of one
+    worker; wall time on a shared machine is noisy, CPU seconds are not.
+    """
     if not _RSS_LOG:
         return
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     os.makedirs(_RSS_LOG, exist_ok=True)
     with open(os.path.join(_RSS_LOG, f"{worker}.tsv"), "a") as f:
         rss, hwm = _status_kib("VmRSS", "VmHWM")
-        f.write(f"{item.nodeid}\t{rss}\t{time.time():.1f}\t{hwm}\n")
+        f.write(f"{item.nodeid}\t{rss}\t{time.time():.1f}\t{hwm}\t{_cpu_seconds():.1f}\n")
+
+
+def _cpu_seconds():
+    """User+sys CPU seconds of this process and of its children that have been waited for."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime

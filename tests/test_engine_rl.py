@@ -158,7 +158,10 @@ def test_agentrl_engine_equals_the_static_sampler(tmp_path, recording):
 def test_simrl_engine_equals_the_static_sampler(tmp_path, recording):
     base = ["train.progress_bar=false", "train.tensorboard=false", "train.steps=1", "rollout.prompts_per_step=2",
             "rollout.group_size=2", "rollout.mini_batch_prompts=1", "rollout.max_tokens=8",
-            "rollout.engine_slots=4", "checkpoint.async_save=false", "rl.old_logprobs=recompute"]
+            "rollout.engine_slots=4", "checkpoint.async_save=false", "rl.old_logprobs=recompute",
+            # one device, as test_simulator_rl.py: the 8 fake devices only add compile time (the agentrl test above
+            # keeps the default 8-device mesh, so the sharded parameters -> one-device engine hand-off stays covered)
+            "mesh.fsdp=1"]
     path = os.path.join(ROOT, "configs", "tiny_simrl.py")
     runs = {}
     for name, extra in (("off", []), ("on", ["rollout.engine=true"])):

@@ -53,7 +53,10 @@ def _strip(rec):
 def straight(tmp_path_factory):
     wd = tmp_path_factory.mktemp("simrl")
     seen = {}
-    res = S.run(S.load(CONFIG, SMALL + ["train.steps=3"]), str(wd), handle_signals=False,
+    # rollout.max_context_tokens = row_len = 2048 said explicitly (as the 9B config sets it; it is also the budget
+    # row_len alone gives): test_row_len_equal_to_the_context_limit_trains reads this run's first step
+    res = S.run(S.load(CONFIG, SMALL + ["train.steps=3", "rollout.row_len=2048", "rollout.max_context_tokens=2048"]),
+                str(wd), handle_signals=False,
                 on_rollouts=lambda step, outs: seen.__setitem__(step, outs), log=lambda *a: None)
     return res, seen
 
@@ -214,14 +217,14 @@ def test_rollouts_with_no_policy_turn_are_skipped_and_counted(tmp_path):
 
 
 @pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
-def test_row_len_equal_to_the_context_limit_trains(tmp_path):
+def test_row_len_equal_to_the_context_limit_trains(straight):
     """row_len == rollout.max_context_tokens (as the 9B config sets it): every policy turn's segment (its prompt and
-    sample) fits one row and the step trains."""
-    seen = {}
-    cfg = S.load(CONFIG, SMALL + ["train.steps=1", "validation.every=0", "rollout.row_len=2048",
-                                  "rollout.max_context_tokens=2048"])
-    res = S.run(cfg, str(tmp_path), handle_signals=False, log=lambda *a: None,
-                on_rollouts=lambda step, outs: seen.__setitem__(step, outs))
+    sample) fits one row and the step trains. Step 1 of the module's run, which sets both to 2048 (a run of its own
+    cost a second compilation of the same step)."""
+    res, seen = straight
+    with open(os.path.join(res.workdir, "run_config.json")) as f:
+        run = json.load(f)
+    assert run["rollout"]["row_len"] == run["rollout"]["max_context_tokens"] == 2048
     rec, outs = res.metrics[1], seen[1]
     segs = [s for o in outs for s in o.segments]
     assert segs and all(len(s.student_tokens()) <= 2048 for s in segs)

@@ -3,6 +3,8 @@ load_hf -> tiny agent GRPO and GRPO + CSD on the toy gym with the frozen simulat
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,12 +14,21 @@ from mimesis_jax.cli import main
 from mimesis_jax.train.metrics import read_metrics
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 @pytest.mark.slow
-def test_demo_runs_both_stages_and_exports(tmp_path, capsys):
+def test_demo_runs_both_stages_and_exports(tmp_path):
+    """The README's demo command in a fresh process on one CPU device, as a user runs it: in the test process the 8
+    fake devices of tests/conftest.py made every stage compile 8-way sharded programs (most of this test's time)."""
     root = str(tmp_path / "demo")
-    assert main(["demo", "--workdir", root, "--set", "train.steps=12", "train.progress_bar=false",
-                 "--simrl-steps", "1", "--agent-steps", "2"]) == 0
-    out = capsys.readouterr().out
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "demo", "--workdir", root, "--set", "train.steps=12",
+                           "train.progress_bar=false", "--simrl-steps", "1", "--agent-steps", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = proc.stdout
     assert "init: weights from" in out and "midtrain" in out  # SFT started from the mid-training checkpoint
     for stage in ("midtrain", "sft"):
         recs = read_metrics(os.path.join(root, stage))
