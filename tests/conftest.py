@@ -14,6 +14,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# One persistent XLA compilation cache per test run, shared by the xdist workers and the subprocesses tests start
+# (they inherit the variable): the same tiny programs recur across modules (jax.clear_caches() below drops the
+# in-memory copies) and across CLI subprocesses. Measured on test_agent_rl_loop + agent_rl_step + csd with -n 0:
+# 450 -> 393 CPU seconds. MIMESIS_TEST_XLA_CACHE=off turns it off; the process that made the folder removes it.
+if os.environ.get("MIMESIS_TEST_XLA_CACHE", "") != "off" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    if not os.environ.get("MIMESIS_TEST_XLA_CACHE"):
+        os.environ["MIMESIS_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="mimesis-xla-cache-")
+        atexit.register(shutil.rmtree, os.environ["MIMESIS_TEST_XLA_CACHE"], True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["MIMESIS_TEST_XLA_CACHE"]
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from mimesis_jax import models
-from mimesis_jax.cli import main
 from mimesis_jax.train.metrics import read_metrics
 
 
