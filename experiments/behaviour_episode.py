@@ -69,9 +69,9 @@ def _policy(spec: str, max_tokens: int):
     if spec == "scripted":
         return ScriptedAgent(load_tokenizer("tiny"), list(SCRIPTED_B4))
     if spec == "tiny":
-        from mimesis_jax.rollout.specs import _tiny_model
+        from mimesis_jax.rollout.specs import tiny_model
 
-        config, params, tok = _tiny_model("qwen3_5", 0)
+        config, params, tok = tiny_model("qwen3_5", 0)
         return LocalChatModel(config, params, tok, max_tokens=max_tokens)
     from mimesis_jax.rollout.serve import load_chat_model
     return load_chat_model(spec, max_tokens=max_tokens)

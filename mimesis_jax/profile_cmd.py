@@ -310,7 +310,7 @@ def build_sampler(cfg, args) -> Built:
     params = models.init_params(mc, jax.random.PRNGKey(args.seed), mesh)
     placed = [jax.device_put(x, sharding.batch_sharding(mesh, x.shape, mc)) for x in inputs]
     with sharding.use_mesh(mesh):
-        compiled = sampler._generate_bucket.lower(mc, params, N, False, *placed).compile()
+        compiled = sampler.generate_bucket.lower(mc, params, N, False, *placed).compile()
 
     def run():
         return compiled(params, *placed)

@@ -14,7 +14,7 @@ from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
 from mimesis_jax.models import ConfigError, ModelConfig
 from mimesis_jax.models.attention import attend, attend_groups, merge_partials
-from mimesis_jax.models.blockwise_attention import _block_ranges, block_layout
+from mimesis_jax.models.blockwise_attention import block_ranges, block_layout
 from mimesis_jax.models.masks import (MaskSpec, branch_mask, branch_specs, cache_mask, cache_spec, causal_spec,
                                       dense_mask, make_spec, segment_causal_mask)
 
@@ -150,11 +150,11 @@ def test_block_layout_and_ranges():
     # a causal row of 8 blocks x 8 blocks: query block i needs key blocks 0..i, key block j query blocks j..7
     idx = jnp.arange(64, dtype=jnp.int32).reshape(8, 1, 8)
     seg = jnp.ones_like(idx)
-    (lo, hi), (lo_t, hi_t) = _block_ranges(seg, idx, seg, idx)
+    (lo, hi), (lo_t, hi_t) = block_ranges(seg, idx, seg, idx)
     assert lo.tolist() == [0] * 8 and hi.tolist() == list(range(1, 9))
     assert lo_t.tolist() == list(range(8)) and hi_t.tolist() == [8] * 8
     seg2 = jnp.asarray(np.repeat([1, 2], 32).reshape(8, 1, 8))  # two packed segments: the second skips the first
-    (lo, hi), _ = _block_ranges(seg2, idx, seg2, idx)
+    (lo, hi), _ = block_ranges(seg2, idx, seg2, idx)
     assert lo.tolist() == [0] * 4 + [4] * 4 and hi.tolist() == list(range(1, 9))
 
 

@@ -96,9 +96,9 @@ def test_behaviour_and_multi_turn_soul_episodes_with_the_tiny_simulator():
     agent, toy judge) and one multi-turn SOUL episode (sotopia vs a scripted partner and judge), two rollouts each;
     their segments feed grpo.group_advantages(fold=True) with each rollout counted once."""
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.specs import _tiny_model
+    from mimesis_jax.rollout.specs import tiny_model
 
-    config, params, tok = _tiny_model("qwen3_5", 0)
+    config, params, tok = tiny_model("qwen3_5", 0)
     policy = LocalChatModel(config, params, tok)
 
     def judge_reply(messages):  # the toy judge for ABCD requests; every Sotopia dimension mid-range otherwise

@@ -333,9 +333,9 @@ def test_soul_aggregation_by_hand():
 def test_tiny_soul_run_hitom_and_a_judge_task():
     from mimesis_jax.envs.domains import SideModels, domain
     from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.specs import _tiny_model
+    from mimesis_jax.rollout.specs import tiny_model
 
-    config, params, tok = _tiny_model("qwen3_5", 0)
+    config, params, tok = tiny_model("qwen3_5", 0)
     policy = LocalChatModel(config, params, tok, generation_role="assistant", enable_thinking=False, max_tokens=8)
     records = {"hitom": domain("hitom").samples(), "mirrorbench": domain("mirrorbench").samples()}
     # mirrorbench: the judge scores the proxy's user turns {"score": s}, r = s; mb-3's judge is unreadable twice

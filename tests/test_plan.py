@@ -135,7 +135,7 @@ def sampler_memory(w: workload.Workload) -> int:
               arr((B,), i32), arr((B,), f32), arr((B,), i32), arr((B, 4), i32), arr((B,), jnp.uint32),
               arr((B,), jnp.uint32), arr((B,), jnp.bool_))
     with sharding.use_mesh(mesh):
-        lowered = sampler._generate_bucket.lower(w.model, params, r.new_tokens, False, *inputs)
+        lowered = sampler.generate_bucket.lower(w.model, params, r.new_tokens, False, *inputs)
     return compiled_total(lowered.compile(FAST))
 
 

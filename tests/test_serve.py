@@ -21,7 +21,7 @@ from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.rollout import serve
-from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, _derive_seed, split_thought
+from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, derive_seed, split_thought
 from mimesis_jax.rollout.engine_chat import EngineChatModel
 
 CONV = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hello, how can I help?"}]
@@ -252,7 +252,7 @@ def test_n_choices_use_derived_seeds_streamed_or_not(server):
     assert [c.index for c in r.choices] == [0, 1, 2]
     local = _local(server)
     for c in r.choices:
-        seed = 11 if c.index == 0 else _derive_seed(11, c.index)
+        seed = 11 if c.index == 0 else derive_seed(11, c.index)
         assert c.token_ids == local.chat(CONV, max_tokens=8, temperature=1.0, seed=seed).token_ids
     assert len({tuple(c.token_ids) for c in r.choices}) > 1, "differently seeded choices should differ"
     assert r.usage.completion_tokens == sum(len(c.token_ids) for c in r.choices)
@@ -306,7 +306,7 @@ def test_text_completions_through_the_client(server):
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     for c in r.choices:
         k, i = divmod(c.index, 2)
-        seed = 9 if c.index == 0 else _derive_seed(9, c.index)
+        seed = 9 if c.index == 0 else derive_seed(9, c.index)
         assert c.token_ids == local.generate_tokens([prompts[k]], max_tokens=6, temperature=1.0,
                                                     seed=[seed])[0].tokens
     assert r.usage.prompt_tokens == sum(len(p) for p in prompts)

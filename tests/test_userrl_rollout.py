@@ -15,13 +15,13 @@ from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
 from mimesis_jax.rollout.base import ScriptedChatModel
 from mimesis_jax.rollout.endpoints import LocalChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
-from mimesis_jax.rollout.specs import _tiny_model
+from mimesis_jax.rollout.specs import tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_gym_with_the_tiny_local_agent_in_one_batch():
-    config, params, tok = _tiny_model("qwen3", seed=0)
+    config, params, tok = tiny_model("qwen3", seed=0)
     agent = LocalChatModel(config, params, tok, max_tokens=12, temperature=1.0, seed=5)
     tasks = []
     for gym in GYM_MODULES:

@@ -27,7 +27,7 @@ from mimesis_jax.models.layers import embed_lookup
 _NEG_INF = -jnp.inf
 
 
-def _vocab_layout(V: int, vocab_chunk: int) -> tuple[int, int]:
+def vocab_layout(V: int, vocab_chunk: int) -> tuple[int, int]:
     """(n_chunks, chunk_size) with n_chunks * chunk_size >= V; prefers an exact split (no padding)."""
     n = max(1, math.ceil(V / vocab_chunk))
     for cand in range(n, 2 * n + 1):
@@ -41,7 +41,7 @@ def _prep(h, W, seq_chunk, vocab_chunk):
     V = W.shape[0]
     cs = min(seq_chunk, T)
     nt = math.ceil(T / cs)
-    nv, vc = _vocab_layout(V, vocab_chunk)
+    nv, vc = vocab_layout(V, vocab_chunk)
     if nt * cs != T:
         h = jnp.pad(h, ((0, 0), (0, nt * cs - T), (0, 0)))
     if nv * vc != V:

@@ -213,3 +213,8 @@ def make(name: str, **kwargs) -> Env:
 
 def registered() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def registered_class(name: str) -> Callable[..., Env] | None:
+    """The env class (or factory) registered under `name`, None if there is none."""
+    return _REGISTRY.get(name)

@@ -42,7 +42,7 @@ from mimesis_jax.envs.agent_env import (INTERACT_TOOL, Env, InvalidEpisode, Tool
                                         tool_feedback, visible_reply)
 from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.rollout.base import Message
-from mimesis_jax.rollout.endpoints import chat_many, response_thought
+from mimesis_jax.rollout.endpoints import chat_many, derive_seed, response_thought
 from mimesis_jax.rollout.refusal import RefusalDetector
 from mimesis_jax.rollout.sampler import Sample
 
@@ -125,11 +125,6 @@ class _Live:
 
 
 ROLLOUT_IDS = itertools.count(1 << 40)  # default ids of both runners: far above the ids training drivers assign from 0
-
-
-def derive_seed(*parts: int) -> int:
-    """A 32-bit sampler seed from integers (the run seed, a rollout key, a turn): same parts, same seed."""
-    return int(np.random.SeedSequence([int(p) % (1 << 63) for p in parts]).generate_state(1)[0])
 
 
 def _add(ep: _Live, kind: str, tokens, logprobs=None, text=None):
@@ -219,7 +214,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     """Runs every task to its end and returns one Trajectory per task, in order.
 
     agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel`, `engine.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
+    (`endpoints.LocalChatModel`, `engine_chat.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
     None. An agent / user with persistent dialogue state (`release`, e.g. EngineChatModel) gets keys
     ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
     ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.

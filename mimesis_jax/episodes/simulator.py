@@ -36,9 +36,9 @@ from mimesis_jax.data.chat import render_messages
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.agent_env import InvalidEpisode
 from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
-from mimesis_jax.episodes.agent import ROLLOUT_IDS, derive_seed
+from mimesis_jax.episodes.agent import ROLLOUT_IDS
 from mimesis_jax.episodes.progress import TurnProgress
-from mimesis_jax.rollout.endpoints import split_thought
+from mimesis_jax.rollout.endpoints import derive_seed, split_thought
 
 
 @dataclasses.dataclass
@@ -151,7 +151,7 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
 
     policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
     (`endpoints.LocalChatModel` over the simulator's weights, or `episodes.agent.ScriptedAgent` in tests). A policy with
-    `release` (`engine.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
+    `release` (`engine_chat.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
     tokenizer: the policy's tokenizer (default `policy.tok`).
     progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, of at most the
     largest turn limit of the batch; rollouts still active; policy tokens sampled so far), and once more with 0

@@ -70,7 +70,7 @@ def _unblocks(x: jax.Array, T: int) -> jax.Array:
     return jnp.moveaxis(x, 0, 1).reshape((B, n * b) + x.shape[3:])[:, :T]
 
 
-def _block_ranges(qs, qi, ks, ki):
+def block_ranges(qs, qi, ks, ki):
     """Per query block the key-block range [lo, hi) that may hold visible pairs, and per key block the
     query-block range. Inputs are blocked spec arrays [nq, B, bq] and [nk, B, bk] (padding has segment 0)."""
     big, small = jnp.iinfo(jnp.int32).max, jnp.iinfo(jnp.int32).min
@@ -111,7 +111,7 @@ def _forward(q, k, v, spec, scale, block_q, block_k):
     (B, Tq, H, Dh, KVH, G), (bq, nq, bk, nk), (qs, qi, ks, ki) = _prepare(q, k, spec, block_q, block_k)
     qb = _blocks(q.reshape(B, Tq, KVH, G, Dh), nq, bq)  # [nq, B, bq, KVH, G, Dh]
     kb, vb = _blocks(k, nk, bk), _blocks(v, nk, bk)  # [nk, B, bk, KVH, Dh]
-    (lo, hi), _ = _block_ranges(qs, qi, ks, ki)
+    (lo, hi), _ = block_ranges(qs, qi, ks, ki)
 
     def query_block(xs):
         qblk, qsb, qib, lo_i, hi_i = xs
@@ -156,7 +156,7 @@ def _backward(q, k, v, spec, o, lse, do, dlse, scale, block_q, block_k):
     dob = _blocks(do.reshape(B, Tq, KVH, G, Dh), nq, bq)
     lseb, deltab = rows(lse), rows(delta)
     kb, vb = _blocks(k, nk, bk), _blocks(v, nk, bk)
-    _, (lo, hi) = _block_ranges(qs, qi, ks, ki)
+    _, (lo, hi) = block_ranges(qs, qi, ks, ki)
 
     def key_block(dq, xs):
         kblk, vblk, ksb, kib, lo_j, hi_j = xs

@@ -12,7 +12,7 @@ The mask is never materialised: each kernel evaluates `masks.block_visible` on t
 `MaskSpec` (segment ids and token indices of queries and keys), so packed segments, causal order, KV-cache slots
 and both key groups of a CSD teacher branch (`attend_groups` merges them by their lse; the lse output is
 differentiable through the dlse term above) all run through the same kernels. Key blocks that cannot hold a
-visible pair are skipped: the per-block ranges of `blockwise_attention._block_ranges` bound each kernel's inner
+visible pair are skipped: the per-block ranges of `blockwise_attention.block_ranges` bound each kernel's inner
 loop (the mask inside a block stays exact, so skipping never changes the result).
 
 Kernels (grids; "full" = the whole padded sequence of one row and head is the kernel's block):
@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from mimesis_jax.models.blockwise_attention import _block_ranges
+from mimesis_jax.models.blockwise_attention import block_ranges
 from mimesis_jax.models.masks import MaskSpec, block_visible, pad_spec
 from mimesis_jax.models.splash_attention import splash_or_blockwise
 
@@ -155,8 +155,8 @@ def _layout(q, k, spec, block_q, block_k):
     bq, nq = pallas_block_layout(Tq, block_q)
     bk, nk = pallas_block_layout(Tk, block_k)
     spec = pad_spec(spec, nq * bq, nk * bk)
-    blk = lambda x, n, b_: x.reshape(B, n, 1, b_)  # noqa: E731  (per row: _block_ranges with a batch of 1)
-    ranges = jax.vmap(lambda *a: sum(_block_ranges(*a), ()))(
+    blk = lambda x, n, b_: x.reshape(B, n, 1, b_)  # noqa: E731  (per row: block_ranges with a batch of 1)
+    ranges = jax.vmap(lambda *a: sum(block_ranges(*a), ()))(
         blk(spec.q_segment, nq, bq), blk(spec.q_index, nq, bq), blk(spec.k_segment, nk, bk),
         blk(spec.k_index, nk, bk))
     ranges = tuple(x.astype(jnp.int32) for x in ranges)  # [B, nq] x2, [B, nk] x2

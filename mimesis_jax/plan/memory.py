@@ -12,7 +12,7 @@ import jax
 import optax
 
 from mimesis_jax import models
-from mimesis_jax.algorithms.logprobs import _vocab_layout
+from mimesis_jax.algorithms.logprobs import vocab_layout
 from mimesis_jax.models import abstract_params, param_specs
 from mimesis_jax.models.blockwise_attention import block_layout
 from mimesis_jax.models.config import DTYPES, ModelConfig
@@ -194,7 +194,7 @@ def head_bytes(model: ModelConfig, w: Widths, b: int, n: int) -> tuple[int, int]
     fp32 gradient of the hidden states."""
     c = DTYPES[model.dtype].dtype.itemsize
     cs = min(model.logits_seq_chunk, n)
-    _, vc = _vocab_layout(w.V, model.logits_vocab_chunk)
+    _, vc = vocab_layout(w.V, model.logits_vocab_chunk)
     return b * n * (w.D * c + 8), 3 * b * cs * vc * 4 + b * n * w.D * 4
 
 

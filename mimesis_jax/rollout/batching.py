@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from mimesis_jax.rollout.base import ChatResponse
-from mimesis_jax.rollout.endpoints import LocalChatModel, _derive_seed
+from mimesis_jax.rollout.endpoints import LocalChatModel, derive_seed
 from mimesis_jax.rollout.openai_api import Detokenizer, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class BatchingEngine:
                 [j.req[0] for j in jobs], max_tokens=pick("max_tokens", m.max_tokens),
                 temperature=pick("temperature", m.temperature), top_p=pick("top_p", m.top_p),
                 top_k=pick("top_k", m.top_k),
-                seed=[_derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed for i, p in enumerate(ps)],
+                seed=[derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed for i, p in enumerate(ps)],
                 **extra)
             for j, r in zip(jobs, out):
                 j.result = r

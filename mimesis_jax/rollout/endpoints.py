@@ -98,7 +98,7 @@ def chat_many(model, conversations: Sequence[Sequence[Message]], **kwargs) -> li
 
 
 # ------------------------------------------------------------------------------------ local model
-def _derive_seed(*parts: int) -> int:
+def derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) % (1 << 63) for p in parts]).generate_state(1)[0])
 
 
@@ -161,7 +161,7 @@ class LocalChatModel:
         sampler.generate's per-row cancel flags (serve sets a row when its client goes away)."""
         n = len(prompts)
         if seed is None:
-            seed = [_derive_seed(self.seed, self._calls, i) for i in range(n)]
+            seed = [derive_seed(self.seed, self._calls, i) for i in range(n)]
         self._calls += 1
         return sampler.generate(
             self.config, self.params, prompts, stop_ids=self.stop_ids, seed=seed, mesh=self.mesh,
@@ -181,7 +181,7 @@ class LocalChatModel:
             return list(v) if isinstance(v, (list, tuple)) else [v] * n
         thinks = per(enable_thinking, self.enable_thinking)
         stops = stop if (stop and isinstance(stop[0], (list, tuple))) else [list(stop or [])] * n
-        seeds = None if seed is None else [s if s is not None else _derive_seed(self.seed, self._calls, i)
+        seeds = None if seed is None else [s if s is not None else derive_seed(self.seed, self._calls, i)
                                            for i, s in enumerate(per(seed, None))]
         prompts = [self.render(m, t) for m, t in zip(conversations, thinks)]
         samples = self.generate_tokens(prompts, max_tokens=per(max_tokens, self.max_tokens),

@@ -69,7 +69,7 @@ import numpy as np
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import engine_programs, sampler
-from mimesis_jax.rollout.endpoints import _derive_seed
+from mimesis_jax.rollout.endpoints import derive_seed
 from mimesis_jax.rollout.page_pool import Dialogue, EngineError, PagePool
 from mimesis_jax.rollout.sampler import Sample
 
@@ -312,7 +312,7 @@ class RolloutEngine:
         self._check_healthy()
         with self._submit_lock:
             if seed is None:
-                seed = [_derive_seed(self.seed, 1 << 40, self._submitted)]
+                seed = [derive_seed(self.seed, 1 << 40, self._submitted)]
             elif not isinstance(seed, (list, tuple, np.ndarray)):
                 seed = [seed]
             (r,) = self._requests([prompt], None if key is None else [key], max_tokens, temperature, top_p, top_k,
@@ -385,13 +385,13 @@ class RolloutEngine:
             arr = np.asarray(p)
             if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr.max() >= V:
                 raise ValueError(f"prompt {first_index + i} must be a flat list of token ids in [0, {V})")
-        per = sampler._per_request  # noqa: SLF001 -- the sampler's own per-request parsing
+        per = sampler.per_request
         max_new = per("max_new_tokens", max_tokens, n, int)
         temps = per("temperature", temperature, n, float)
         tps, tks = per("top_p", top_p, n, float), per("top_k", top_k, n, int)
-        stops = sampler._stop_lists(self.stop_ids if stop_ids is None else stop_ids, n)  # noqa: SLF001
+        stops = sampler.stop_lists(self.stop_ids if stop_ids is None else stop_ids, n)
         if seed is None:
-            seed = [_derive_seed(self.seed, self._calls, i) for i in range(n)]
+            seed = [derive_seed(self.seed, self._calls, i) for i in range(n)]
         if isinstance(seed, (list, tuple, np.ndarray)):
             seeds, salts = per("seed", seed, n, int), [0] * n
         else:

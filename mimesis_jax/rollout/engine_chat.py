@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from mimesis_jax.rollout.endpoints import LocalChatModel, _derive_seed
+from mimesis_jax.rollout.endpoints import LocalChatModel, derive_seed
 from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
 
 
@@ -47,7 +47,7 @@ class EngineChatModel:
         lm = self.local
         keys = keys if keys is not None else getattr(self._call, "keys", None)
         if seed is None:
-            seed = [_derive_seed(lm.seed, lm._calls, i) for i in range(len(prompts))]  # noqa: SLF001
+            seed = [derive_seed(lm.seed, lm._calls, i) for i in range(len(prompts))]  # noqa: SLF001
         lm._calls += 1  # noqa: SLF001
         return self.engine.generate_tokens(
             prompts, keys=keys, max_tokens=lm.max_tokens if max_tokens is None else max_tokens,

@@ -36,7 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from mimesis_jax.rollout.endpoints import THINK_CLOSE, THINK_OPEN, _derive_seed, cut_at_stop_strings, split_thought
+from mimesis_jax.rollout.endpoints import THINK_CLOSE, THINK_OPEN, derive_seed, cut_at_stop_strings, split_thought
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -311,7 +311,7 @@ class _ThoughtStream:
 
 def _choice_seed(seed: int | None, i: int) -> int | None:
     """Choice 0 keeps the request's seed (n=1 and n>1 agree on it); choice i > 0 gets one derived from (seed, i)."""
-    return seed if seed is None or i == 0 else _derive_seed(seed, i)
+    return seed if seed is None or i == 0 else derive_seed(seed, i)
 
 
 async def _events(backend, prompt, params, stops):

@@ -15,7 +15,7 @@ How a call runs
   row's positions are its own: 0..len-1 for the prompt, then len, len+1, ... for generated tokens.
 * **Chunks** (`max_batch` > 0): at most that many sequences per compiled call; the prompts run in consecutive
   chunks, each bucketed on its own, and the samples equal those of one call (per-row keys, below, use the
-  row's global index). What bounds the rollout phase's KV cache and prefill memory (see plan.py).
+  row's global index). What bounds the rollout phase's KV cache and prefill memory (see plan/memory.py).
 * **Prefill** is one `models.extend` over the padded prompts; **decoding** is a `lax.while_loop` of one-token
   `extend` calls that stops as soon as every row is finished (a stop id or its own max_new_tokens).
 * **Sampling** per row, from fp32 logits of the last position ([B, V], never [B, T, V]):
@@ -199,7 +199,7 @@ def _cancelled_rows(call_id, n_rows: int) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3), static_argnames=("cancellable",))
-def _generate_bucket(config: ModelConfig, params, n_new: int, filtering: int, tokens, positions, segments,
+def generate_bucket(config: ModelConfig, params, n_new: int, filtering: int, tokens, positions, segments,
                      lengths, temperature, lp_temperature, top_k, top_p, max_new, stops, seeds, salts, live,
                      cancel_id=0, cancellable: bool = False):
     _TRACES["count"] += 1
@@ -251,7 +251,7 @@ def _generate_bucket(config: ModelConfig, params, n_new: int, filtering: int, to
 
 
 # ---------------------------------------------------------------------------------------- the API
-def _per_request(name: str, value, n: int, cast) -> list:
+def per_request(name: str, value, n: int, cast) -> list:
     if isinstance(value, (list, tuple, np.ndarray)):
         if len(value) != n:
             raise ValueError(f"{name}: got {len(value)} values for {n} prompts")
@@ -259,7 +259,7 @@ def _per_request(name: str, value, n: int, cast) -> list:
     return [cast(value)] * n
 
 
-def _stop_lists(stop_ids, n: int) -> list[list[int]]:
+def stop_lists(stop_ids, n: int) -> list[list[int]]:
     stop_ids = list(stop_ids or ())
     if stop_ids and all(isinstance(s, (list, tuple, np.ndarray)) for s in stop_ids):
         if len(stop_ids) != n:
@@ -302,11 +302,11 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
             raise ValueError(f"prompt {i} must be a flat list of integer token ids")
         if arr.min() < 0 or arr.max() >= V:
             raise ValueError(f"prompt {i}: token id out of range [0, {V}) (min {arr.min()}, max {arr.max()})")
-    max_new = _per_request("max_new_tokens", max_new_tokens, n, int)
-    temps = _per_request("temperature", temperature, n, float)
-    tps = _per_request("top_p", top_p, n, float)
-    tks = _per_request("top_k", top_k, n, int)
-    stops = _stop_lists(stop_ids, n)
+    max_new = per_request("max_new_tokens", max_new_tokens, n, int)
+    temps = per_request("temperature", temperature, n, float)
+    tps = per_request("top_p", top_p, n, float)
+    tks = per_request("top_k", top_k, n, int)
+    stops = stop_lists(stop_ids, n)
     for i in range(n):
         if max_new[i] < 1:
             raise ValueError(f"request {i}: max_new_tokens must be >= 1, got {max_new[i]}")
@@ -326,7 +326,7 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
             raise ValueError(f"logprob_temperature must be 'sampling' or a finite float > 0, got {lpt}")
         lp_temps = [lpt] * n
     if isinstance(seed, (list, tuple, np.ndarray)):
-        seeds, salts = _per_request("seed", seed, n, int), [0] * n
+        seeds, salts = per_request("seed", seed, n, int), [0] * n
     else:
         seeds, salts = [int(seed)] * n, list(range(n))  # the salt is the global row index: chunking keeps it
     if mesh is not None:
@@ -377,7 +377,7 @@ def _generate_chunk(config, params, prompts, max_new, temps, lp_temps, tps, tks,
         if cancel is not None:
             _CANCEL[cid] = cancel
         try:
-            out_tok, out_lp, count = _generate_bucket(config, params, N, filtering, *inputs, np.int32(cid),
+            out_tok, out_lp, count = generate_bucket(config, params, N, filtering, *inputs, np.int32(cid),
                                                       cancellable=cancel is not None)
             out_tok, out_lp, count = jax.device_get((out_tok, out_lp, count))
         finally:
@@ -385,7 +385,7 @@ def _generate_chunk(config, params, prompts, max_new, temps, lp_temps, tps, tks,
     else:
         placed = [jax.device_put(x, sharding.batch_sharding(mesh, x.shape, config)) for x in inputs]
         with sharding.use_mesh(mesh):
-            out_tok, out_lp, count = _generate_bucket(config, params, N, filtering, *placed)
+            out_tok, out_lp, count = generate_bucket(config, params, N, filtering, *placed)
     out_tok, out_lp, count = jax.device_get((out_tok, out_lp, count))
     samples = []
     for i in range(n):

@@ -117,7 +117,7 @@ class StreamingEngineBackend:
         return self.model.render(messages, think), bool(think)
 
     async def generate(self, prompt_ids, params):
-        from mimesis_jax.rollout.endpoints import _derive_seed
+        from mimesis_jax.rollout.endpoints import derive_seed
 
         m, loop, q = self.model, asyncio.get_running_loop(), asyncio.Queue()
         with self._count_lock:
@@ -136,7 +136,7 @@ class StreamingEngineBackend:
         req = self.loop.submit(prompt_ids, max_tokens=pick("max_tokens", m.max_tokens),
                                temperature=pick("temperature", m.temperature), top_p=pick("top_p", m.top_p),
                                top_k=pick("top_k", m.top_k),
-                               seed=_derive_seed(m.seed, 1 << 41, n) if params.seed is None else params.seed,
+                               seed=derive_seed(m.seed, 1 << 41, n) if params.seed is None else params.seed,
                                on_token=on_token)
         try:
             while True:

@@ -36,7 +36,7 @@ class ModelSpec:
         return self.spec.startswith(("http://", "https://"))
 
 
-def _tiny_model(model_type: str, seed: int):
+def tiny_model(model_type: str, seed: int):
     import jax
 
     from mimesis_jax import models
@@ -66,7 +66,7 @@ def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3"):
     from mimesis_jax.rollout.serve import load_chat_model
 
     if s.spec == "tiny":
-        config, params, tok = _tiny_model(model_type, s.seed)
+        config, params, tok = tiny_model(model_type, s.seed)
         return LocalChatModel(config, params, tok, generation_role=role, enable_thinking=s.thinking,
                               max_tokens=s.max_tokens, seed=s.seed, name=f"tiny-{model_type}")
     return load_chat_model(s.spec, step=s.step, tokenizer=s.tokenizer, dtype=s.dtype, generation_role=role,

@@ -48,7 +48,7 @@ def gym_class(name: str) -> type:
         if name not in _CLASSES:
             importlib.import_module(f"mimesis_jax.envs.userrl.{GYM_MODULES[name]}")
         return _CLASSES[name]
-    cls = agent_env._REGISTRY.get(name)  # e.g. ToyKeyword, registered when envs/toy.py is imported
+    cls = agent_env.registered_class(name)  # e.g. ToyKeyword, registered when envs/toy.py is imported
     if cls is None or not hasattr(cls, "from_task"):
         raise EnvError(f"unknown gym {name!r}; known: {sorted(GYM_MODULES)} and registered envs with from_task "
                        f"(ToyKeyword: import mimesis_jax.envs.toy)")

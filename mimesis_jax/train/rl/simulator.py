@@ -8,7 +8,7 @@ The stage's rollouts, group filter, FoldGRPO advantages and step record on the s
 
 One RL step:
 1. draw `rollout.prompts_per_step` (domain, record) prompts with d ~ p(d) (envs/domains.py `DomainSampler`);
-2. run `rollout.group_size` rollouts per prompt with the simulator as the sampled policy (rollout/sim_episode.py):
+2. run `rollout.group_size` rollouts per prompt with the simulator as the sampled policy (episodes/simulator.py):
    single-turn domains give one response, multi-turn domains (ABCD behaviour, multi-turn SOUL tasks) run against
    their fixed side; each simulator turn is its own training segment, sharing the rollout's id. The members of a
    group share their environment seed (the ABCD behaviour assigned to a scenario is the same across the group);
