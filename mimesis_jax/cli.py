@@ -31,6 +31,14 @@ import argparse
 import importlib
 import sys
 
+import jax
+
+from mimesis_jax.checkpoints import CheckpointError
+from mimesis_jax.data.tokenizer import TokenizerError
+from mimesis_jax.models.config import ConfigError
+from mimesis_jax.sharding import initialize_distributed
+from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
+
 # Every command: (module, help). The module exposes add_args(parser) and run(args) -> exit code.
 COMMANDS = {
     "midtrain": ("mimesis_jax.commands.train", "run the midtrain stage"),
@@ -63,21 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    from mimesis_jax.models.config import ConfigError
-
     try:
         if getattr(args, "distributed", False):
-            import jax
-
-            from mimesis_jax.sharding import initialize_distributed
-
             # CPU processes (tests, CPU clusters) exchange collectives over gloo; GPU/TPU backends ignore this
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
             initialize_distributed(args.coordinator, args.num_processes, args.process_id)
-        from mimesis_jax.data.tokenizer import TokenizerError
-        from mimesis_jax.checkpoints import CheckpointError
-        from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

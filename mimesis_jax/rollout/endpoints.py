@@ -24,6 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
+from mimesis_jax.data.chat import render_messages
+from mimesis_jax.models import shard_params
 from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout.base import ChatResponse, Message
 
@@ -145,12 +147,9 @@ class LocalChatModel:
         self.stop_ids = tuple(sorted({int(tokenizer.im_end_id), int(tokenizer.eos_id)}))
         self._calls = 0
         if mesh is not None:
-            from mimesis_jax.models import shard_params
             self.params = shard_params(config, params, mesh)
 
     def render(self, messages: Sequence[Message], enable_thinking: bool | None = None) -> list[int]:
-        from mimesis_jax.data.chat import render_messages
-
         think = self.enable_thinking if enable_thinking is None else enable_thinking
         return list(render_messages(self.tok, list(messages), enable_thinking=think, add_generation_prompt=True,
                                     generation_role=self.generation_role, tools=self.tools).ids)
@@ -233,6 +232,7 @@ class OpenAIChatModel:
     def __init__(self, base_url: str, model: str, *, api_key_env: str | None = "OPENAI_API_KEY",
                  timeout: float = 60.0, max_retries: int = 5, max_tokens: int | None = None,
                  temperature: float | None = None, extra_body: dict | None = None, max_concurrency: int = 8):
+        # lazy (b): openai only for remote endpoints
         import openai
 
         if api_key_env is not None and not os.environ.get(api_key_env):
@@ -262,6 +262,7 @@ class OpenAIChatModel:
 
     def _call(self, create, **kwargs):
         """`create(**kwargs)` on the client; its final failures become EndpointErrors without the key."""
+        # lazy (b): openai only for remote endpoints
         import openai
 
         try:

@@ -37,14 +37,18 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
 
+import jax
+import jax.numpy as jnp
+
+from mimesis_jax import checkpoints, models  # checkpoints as a module: tests patch checkpoints.load_trained
+from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.rollout.batching import BatchingEngine
+from mimesis_jax.rollout.endpoints import LocalChatModel, derive_seed
+from mimesis_jax.rollout.engine import EngineConfig, EngineError, EngineLoop
+from mimesis_jax.rollout import engine_chat  # module: tests patch engine_chat.EngineChatModel
 from mimesis_jax.rollout.openai_api import TokenEvent, create_app
-
-if TYPE_CHECKING:
-    from mimesis_jax.rollout.endpoints import LocalChatModel
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +83,6 @@ class StreamingEngineBackend:
     (model seed, request counter); a seeded one draws the same tokens as the default backend."""
 
     def __init__(self, model):
-        from mimesis_jax.rollout.engine import EngineLoop
-
         self.model, self.tok = model, model.tok
         self.stop_ids, self.max_tokens = tuple(model.stop_ids), int(model.max_tokens)
         self.loop = EngineLoop(model.engine, name="mimesis-serve-engine")
@@ -104,8 +106,6 @@ class StreamingEngineBackend:
 
     def health(self):
         """None, or why the engine cannot serve (each look tries to rebuild its pool first)."""
-        from mimesis_jax.rollout.engine import EngineError
-
         try:
             self.loop.engine._check_healthy()  # noqa: SLF001
         except EngineError as e:
@@ -117,8 +117,6 @@ class StreamingEngineBackend:
         return self.model.render(messages, think), bool(think)
 
     async def generate(self, prompt_ids, params):
-        from mimesis_jax.rollout.endpoints import derive_seed
-
         m, loop, q = self.model, asyncio.get_running_loop(), asyncio.Queue()
         with self._count_lock:
             self._count += 1
@@ -177,6 +175,7 @@ class ChatServer:
     def __init__(self, model: LocalChatModel, *, host: str = "127.0.0.1", port: int = 8000, model_name: str = "local",
                  max_batch: int = 32, batch_wait_ms: float = 5.0, max_tokens_limit: int = 32768, max_n: int = 16,
                  api_keys=(), max_queued: int = 256, max_body_bytes: int = 8 << 20):
+        # lazy (b): the ASGI server only when `serve` listens
         import uvicorn
 
         self.model, self.model_name, self.max_tokens_limit = model, model_name, int(max_tokens_limit)
@@ -277,8 +276,6 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def engine_config_from_args(args, model_config):
     """The EngineConfig of `serve --engine` (errors name the flag)."""
-    from mimesis_jax.rollout.engine import EngineConfig
-
     for flag, v, lo in (("--engine-slots", args.engine_slots, 1), ("--engine-page-size", args.engine_page_size, 1),
                         ("--engine-max-len", args.engine_max_len, 0), ("--engine-pages", args.engine_pages, 0),
                         ("--engine-decode-steps", args.engine_decode_steps, 1)):
@@ -312,9 +309,6 @@ def check_tokenizer(checkpoint: str, tok, spec: str, default_spec: str | None, v
     """The tokenizer `tok` (loaded from `spec`) fits the checkpoint: its ids fit the model's vocabulary, and its
     fingerprint equals the one the export recorded (mimesis_tokenizer.json) or, when `spec` is not the
     checkpoint's own tokenizer `default_spec`, that tokenizer's. A ConfigError naming both otherwise."""
-    from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
-    from mimesis_jax.models.config import ConfigError
-
     if tok.vocab_size > vocab_size:
         raise ConfigError(f"tokenizer mismatch: --tokenizer {spec} has {tok.vocab_size} ids, more than the model's "
                           f"vocab_size {vocab_size} ({source})")
@@ -338,12 +332,6 @@ def _load_weights(args):
     """(config, params, default tokenizer spec or None, where the weights came from) for --checkpoint: a HF
     directory (config.json + safetensors) or a training workdir's orbax checkpoint at --step
     (checkpoints.load_trained)."""
-    import jax
-    import jax.numpy as jnp
-
-    from mimesis_jax import models
-    from mimesis_jax.checkpoints import load_trained
-
     ckpt = args.checkpoint
     if not os.path.isdir(ckpt):
         raise ConfigError(f"--checkpoint {ckpt}: not a directory")
@@ -355,7 +343,7 @@ def _load_weights(args):
         config, params = models.load_hf(ckpt, dtype=args.dtype)
         return config, params, tok, f"{ckpt}/config.json"
     if os.path.isdir(os.path.join(ckpt, "checkpoints")):
-        config, params, step, tok = load_trained(ckpt, args.step)
+        config, params, step, tok = checkpoints.load_trained(ckpt, args.step)
         if args.dtype != "float32":
             params = jax.tree.map(lambda x: x.astype(jnp.dtype(args.dtype)), params)
             config = config.replace(param_dtype=args.dtype, dtype=args.dtype)
@@ -369,9 +357,6 @@ def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str 
                     max_tokens: int = 512, seed: int = 0, name: str | None = None) -> "LocalChatModel":
     """A LocalChatModel from a HF directory or a training workdir, with the checkpoint's
     tokenizer unless `tokenizer` names one. What `serve` and `rollout` load models with."""
-    from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.rollout.endpoints import LocalChatModel
-
     args = argparse.Namespace(checkpoint=checkpoint, step=step, dtype=dtype)
     config, params, default_tok, source = _load_weights(args)
     spec = tokenizer or default_tok
@@ -399,9 +384,7 @@ def build_server(args) -> ChatServer:
                             generation_role=args.generation_role, enable_thinking=args.enable_thinking,
                             max_tokens=args.max_tokens, seed=args.seed, name=args.model_name)
     if args.engine:
-        from mimesis_jax.rollout.engine_chat import EngineChatModel
-
-        model = EngineChatModel(model.config, model.params, model.tok,
+        model = engine_chat.EngineChatModel(model.config, model.params, model.tok,
                                 engine_config=engine_config_from_args(args, model.config),
                                 generation_role=model.generation_role, enable_thinking=model.enable_thinking,
                                 max_tokens=model.max_tokens, seed=model.seed, name=model.name)

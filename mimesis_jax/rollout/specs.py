@@ -15,8 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from mimesis_jax.models.config import ConfigError
+import jax
+
+from mimesis_jax import models
+from mimesis_jax.data.tokenizer import load_tokenizer
+from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.rollout.base import SimulatorAsResponder
+from mimesis_jax.rollout.batching import BatchedChatModel
+from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, RemoteCompletionsAgent
+from mimesis_jax.rollout.serve import load_chat_model
 
 
 @dataclasses.dataclass
@@ -37,12 +44,6 @@ class ModelSpec:
 
 
 def tiny_model(model_type: str, seed: int):
-    import jax
-
-    from mimesis_jax import models
-    from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.models.config import ModelConfig
-
     tok = load_tokenizer("tiny")
     vocab = -(-tok.vocab_size // 64) * 64
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -62,9 +63,6 @@ def tiny_model(model_type: str, seed: int):
 def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3"):
     """A LocalChatModel for `s` generating `role` turns ("assistant" or "user"); DIR is a HF directory or a
     training workdir."""
-    from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.serve import load_chat_model
-
     if s.spec == "tiny":
         config, params, tok = tiny_model(model_type, s.seed)
         return LocalChatModel(config, params, tok, generation_role=role, enable_thinking=s.thinking,
@@ -76,9 +74,6 @@ def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3"):
 def agent_from_spec(s: ModelSpec):
     """A token-level agent for the episode runner."""
     if s.remote:
-        from mimesis_jax.data.tokenizer import load_tokenizer
-        from mimesis_jax.rollout.endpoints import RemoteCompletionsAgent
-
         if not s.tokenizer or not s.model_name:
             raise ConfigError(f"--agent {s.spec}: a remote agent needs --agent-model NAME and --agent-tokenizer SPEC "
                               "(its tokenizer, to decode prompts and encode replies)")
@@ -94,16 +89,12 @@ def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True):
     if style not in ("simulator", "assistant"):
         raise ConfigError(f"style must be 'simulator' or 'assistant', got {style!r}")
     if s.remote:
-        from mimesis_jax.rollout.endpoints import OpenAIChatModel
-
         if not s.model_name:
             raise ConfigError(f"{s.spec}: a remote model needs its model name (--user-model / --judge-model)")
         model = OpenAIChatModel(s.spec, s.model_name, api_key_env=s.api_key_env, max_tokens=s.max_tokens)
     else:
         model = local_model(s, role="user" if style == "simulator" else "assistant", model_type="qwen3_5")
         if batched:
-            from mimesis_jax.rollout.batching import BatchedChatModel
-
             model = BatchedChatModel(model)
     return SimulatorAsResponder(model) if style == "simulator" else model
 
@@ -118,9 +109,6 @@ def user_and_judge(user: ModelSpec, judge: ModelSpec | None, *, user_style: str 
     if user.remote:
         model = chat_model_from_spec(user, style="assistant")
         return (SimulatorAsResponder(model) if style == "simulator" else model), model
-    from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.batching import BatchedChatModel
-
     base = local_model(user, role="user" if style == "simulator" else "assistant", model_type="qwen3_5")
     as_judge = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
                               max_tokens=user.max_tokens, seed=user.seed, name=f"{base.name}-judge")
