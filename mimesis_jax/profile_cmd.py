@@ -60,8 +60,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mimesis_jax import models, profiling, sharding
+from mimesis_jax import config as config_lib, models, profiling, sharding
+from mimesis_jax.data.tokenizer import load_tokenizer
+from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.models.config import ConfigError
+from mimesis_jax.rollout import sampler
+from mimesis_jax.train.loop import compiled_functions
+from mimesis_jax.train.optim import make_optimizer
+from mimesis_jax.train.rl import agent as agent_stage
+from mimesis_jax.train.rl.step import make_rl_step, prepare_batch
+from mimesis_jax.train.state import model_config_for
 
 WHATS = ("grpo_step", "csd_step", "sampler", "midtrain_step")
 SCOPES = ("trunk", "csd_branches", "attention", "attention_core", "deltanet", "mlp", "logprob_head", "loss",
@@ -110,11 +118,7 @@ class Built:
 
 
 def _load(path: str, overrides, what: str):
-    from mimesis_jax import config as config_lib
-
     if what in ("grpo_step", "csd_step"):
-        from mimesis_jax.train.rl import agent as agent_stage
-
         return agent_stage.load(path, overrides)
     if what == "midtrain_step":
         return config_lib.load_config(path, overrides)
@@ -127,12 +131,8 @@ def _load(path: str, overrides, what: str):
 
 def _model_config(cfg):
     """The runtime model config the run would train (vocabulary from the tokenizer where the config says so)."""
-    from mimesis_jax.train.state import model_config_for
-
     tok = None
     if cfg.tokenizer.set_model_vocab:
-        from mimesis_jax.data.tokenizer import load_tokenizer
-
         tok = load_tokenizer(cfg.tokenizer.name)
     return model_config_for(cfg, tok)
 
@@ -153,8 +153,6 @@ def _key_sum(positions: np.ndarray, real: np.ndarray) -> float:
 def synthetic_dialogues(rng: np.random.RandomState, vocab: int, n: int, group_size: int, turns: int, *, prompt: int,
                         user: int, note: int, reply: int, coached: bool) -> list:
     """n dialogues (groups of group_size) of fixed lengths, random ids and rewards, rollout log-probs in [-3, 0]."""
-    from mimesis_jax.data.trajectory import Segment, Trajectory
-
     def toks(k):
         return rng.randint(1, vocab, size=k).tolist()
 
@@ -188,9 +186,6 @@ def reply_tokens(cfg, args, turns: int) -> int:
 
 
 def build_rl_step(cfg, args, what: str) -> Built:
-    from mimesis_jax.train.rl.step import make_rl_step, prepare_batch
-    from mimesis_jax.train.optim import make_optimizer
-
     rl, r = cfg.rl, cfg.rollout
     if what == "csd_step" and rl.alpha <= 0:
         raise ConfigError(f"{args.config}: --what csd_step needs rl.alpha > 0 (got {rl.alpha}): use --what "
@@ -265,8 +260,6 @@ def synthetic_rows(rng: np.random.RandomState, vocab: int, rows: int, seq_len: i
 
 
 def build_midtrain_step(cfg, args) -> Built:
-    from mimesis_jax.train.loop import compiled_functions
-
     mc = _model_config(cfg)
     mesh = _mesh(cfg)
     t = cfg.train
@@ -295,8 +288,6 @@ def build_midtrain_step(cfg, args) -> Built:
 
 # ------------------------------------------------------------------------------------------ sampler
 def build_sampler(cfg, args) -> Built:
-    from mimesis_jax.rollout import sampler
-
     mc = _model_config(cfg)
     mesh = _mesh(cfg)
     B, P, N = args.batch, args.prompt_tokens, args.new_tokens

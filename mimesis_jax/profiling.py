@@ -28,6 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mimesis_jax import models
+from mimesis_jax.models.layers import is_spec
+
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
@@ -150,9 +153,6 @@ def matmul_params(config) -> tuple[int, int]:
     N_layers sums every layer parameter with two or more dimensions per layer (projections, MLP matrices, and the
     depthwise causal conv of the DeltaNet layers, whose multiply-adds per token also equal its size); norms,
     biases and the DeltaNet decay vectors are left out, and so is the embedding (a lookup, not a matmul)."""
-    from mimesis_jax import models
-    from mimesis_jax.models.layers import is_spec
-
     specs = jax.tree.leaves(models.param_specs(config), is_leaf=is_spec)
     n_layers = sum(int(np.prod(s.shape)) for s in specs if s.axes[0] == "layers" and len(s.shape) >= 3)
     return n_layers, config.vocab_size * config.hidden_size

@@ -65,8 +65,14 @@ import shlex
 import sys
 from typing import Any
 
+from mimesis_jax.checkpoints import CheckpointError, Checkpointer, checkpoint_dir
+from mimesis_jax.config import load_config, split_variant
 from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.eval.report import as_number, read_metrics, write_report
 from mimesis_jax.models.config import ConfigError
+from mimesis_jax.train import midtrain, sft
+from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
+from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STAGE_ORDER = ("midtrain", "sft", "simrl", "agentrl")
@@ -268,30 +274,20 @@ def plan(matrix: Matrix, out: str, sets=()) -> list[Cell]:
 # ------------------------------------------------------------------------------------------ running
 def load_stage_config(run: StageRun):
     """The stage's config, loaded with its overrides by the stage's own loader (ConfigError names the key)."""
-    from mimesis_jax.config import split_variant
-
     if not os.path.isfile(split_variant(run.config_path)[0]):
         raise ConfigError(f"stage {run.stage}: config {run.config_path} does not exist")
     if run.stage in ("midtrain", "sft"):
-        from mimesis_jax.config import load_config
-
         cfg = load_config(run.config_path, run.overrides)
         if cfg.stage != run.stage:
             raise ConfigError(f"stage {run.stage}: {run.config} is a '{cfg.stage}' config")
         return cfg
     if run.stage == "simrl":
-        from mimesis_jax.train.rl import simulator as simulator_stage
-
         return simulator_stage.load(run.config_path, run.overrides)
-    from mimesis_jax.train.rl import agent as agent_stage
-
     return agent_stage.load(run.config_path, run.overrides)
 
 
 def finished(workdir: str, steps: int) -> bool:
     """Whether `workdir` holds a checkpoint at (or past) `steps`."""
-    from mimesis_jax.checkpoints import Checkpointer, checkpoint_dir
-
     if not os.path.isdir(checkpoint_dir(workdir)):
         return False
     ckpt = Checkpointer(workdir, read_only=True)
@@ -310,12 +306,8 @@ def run_stage(run: StageRun, log=print) -> str | None:
         log(f"{run.stage}: {run.workdir} already has its checkpoint at train.steps={cfg.train.steps}; not rerun")
         return None
     if run.stage in ("midtrain", "sft"):
-        from mimesis_jax.train import midtrain, sft
-
         res = {"midtrain": midtrain, "sft": sft}[run.stage].run(cfg, run.workdir)
     else:
-        from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage
-
         module = simulator_stage if run.stage == "simrl" else agent_stage
         res = module.run(cfg, run.workdir)
     return "preempted" if res.preempted else None
@@ -323,8 +315,6 @@ def run_stage(run: StageRun, log=print) -> str | None:
 
 def final_metrics(workdir: str) -> dict[str, Any]:
     """The last metrics.jsonl record of a workdir, plus reward_mean_last3 (mean of the last 3 reward_mean values)."""
-    from mimesis_jax.eval.report import as_number, read_metrics
-
     recs = read_metrics(os.path.join(workdir, "metrics.jsonl"))
     final = dict(recs[-1])
     rewards = [as_number(r["reward_mean"]) for r in recs if "reward_mean" in r]
@@ -353,8 +343,6 @@ def _write_json(path: str, obj: dict) -> None:
 def run_grid(matrix: Matrix, cells: list[Cell], out: str, log=print) -> tuple[dict, bool]:
     """Runs every cell (stages shared between cells run once), rewriting OUT/ablation.json after each cell.
     Returns (the ablation dict, whether a SIGTERM stopped the grid)."""
-    from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
-
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "ablation.json")
     entries = [_entry(c, "pending", {}) for c in cells]
@@ -394,8 +382,6 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args, log=print) -> int:
-    from mimesis_jax.checkpoints import CheckpointError
-
     try:
         matrix = load_matrix(args.matrix)
         cells = plan(matrix, args.out, args.overrides)
@@ -414,8 +400,6 @@ def run(args, log=print) -> int:
                     log(f"  {r.command()}")
             return 0
         doc, preempted = run_grid(matrix, cells, args.out, log)
-        from mimesis_jax.eval.report import write_report
-
         report = write_report([args.out], args.out)
     except (ConfigError, CheckpointError, EnvError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -43,7 +43,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.userrl import GYM_MODULES, load_tasks, scoring, shipped_tasks
+from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
+from mimesis_jax.episodes.rollout_cmd import retriever_from_args
+from mimesis_jax.episodes.userrl import episode_tasks
 from mimesis_jax.eval import metrics
+from mimesis_jax.models.config import ConfigError
+from mimesis_jax.rollout import specs  # module, not names: tests patch specs.agent_from_spec / user_and_judge
+from mimesis_jax.rollout.specs import ModelSpec, close_models
 
 CELLS_DIR = "cells"
 MATRIX_FILE = "matrix.json"
@@ -172,8 +179,6 @@ def read_cell(path: str, agent: str, user: str, gym: str, seed: int, task_ids: S
 
 def make_cell(agent: str, user: str, gym: str, seed: int, trajectories) -> dict:
     """The cell record of one (agent, user, gym, seed): its episodes' UserRL evaluation scores and their mean."""
-    from mimesis_jax.envs.userrl import scoring
-
     scores = [scoring.score_trajectory(t) for t in trajectories]
     summary = scoring.summarize(scores)[gym]
     return {
@@ -190,9 +195,6 @@ def _run_pair(agent, user, judge, a: str, u: str, pending: Sequence[tuple[str, i
               retriever, out_dir: str, cells: dict, log) -> None:
     """Runs the pending (gym, seed) cells of one agent and one user, seed by seed, `config.batch` episodes per
     runner call; each cell is written (and added to `cells`) as soon as its last episode ends."""
-    from mimesis_jax.episodes.userrl import episode_tasks
-    from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
-
     for seed, group in itertools.groupby(pending, key=lambda c: c[1]):
         gyms = [g for g, _ in group]
         work = [(g, i, t) for g in gyms for i, t in enumerate(tasks[g])]
@@ -222,8 +224,6 @@ def evaluate(out_dir: str, agents: Sequence[Entry], users: Sequence[Entry], task
     """Runs every missing cell of agents x users x gyms (the keys of `tasks`: gym -> its Task list) x seeds,
     then writes and returns OUT/summary.json. Models are loaded only for cells still to run (each agent once,
     each user once); bad names, changed specs/settings and cell files that do not fit raise EnvError."""
-    from mimesis_jax.rollout.specs import close_models
-
     config = config or EvalConfig()
     _check_names("agent", agents)
     _check_names("user", users)
@@ -341,8 +341,6 @@ def format_table(summary: Mapping) -> str:
 
 # ------------------------------------------------------------------------------------------ command line
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from mimesis_jax.envs.userrl import GYM_MODULES
-
     p.add_argument("--out", required=True, help="output folder (cells/, matrix.json, summary.json); resumed")
     p.add_argument("--agent", action="append", required=True, metavar="NAME=SPEC",
                    help="an agent: tiny | HF dir | training workdir | http(s)://host:port/v1 (repeatable)")
@@ -411,8 +409,6 @@ def _per_name(values: Sequence[str], names: Sequence[str], flag: str) -> dict[st
 
 def _model_spec(spec: str, flag: str, model_flag: str, *, model_name=None, tokenizer=None, key_env=None,
                 max_tokens=512, thinking=False):
-    from mimesis_jax.rollout.specs import ModelSpec
-
     s = ModelSpec(spec, model_name=model_name, tokenizer=tokenizer, api_key_env=key_env, max_tokens=max_tokens,
                   thinking=thinking)
     if not s.remote and spec != "tiny":
@@ -430,8 +426,6 @@ def _record(spec, **extra) -> dict:
 
 
 def _entries(args) -> tuple[list[Entry], list[Entry], dict | None]:
-    from mimesis_jax.rollout.specs import agent_from_spec, chat_model_from_spec, user_and_judge
-
     agent_specs, user_specs = _named(args.agent, "--agent"), _named(args.user, "--user")
     an, un = list(agent_specs), list(user_specs)
     a_model = _per_name(args.agent_model, an, "--agent-model")
@@ -452,7 +446,7 @@ def _entries(args) -> tuple[list[Entry], list[Entry], dict | None]:
         if s.remote and not s.tokenizer:
             raise EnvError(f"--agent {name}: a remote agent needs --agent-tokenizer (to decode prompts and encode "
                            "replies)")
-        agents.append(Entry(name, _record(s), lambda s=s: agent_from_spec(s)))
+        agents.append(Entry(name, _record(s), lambda s=s: specs.agent_from_spec(s)))
 
     judge_spec, judge_cache = None, []
     if args.judge:
@@ -461,7 +455,7 @@ def _entries(args) -> tuple[list[Entry], list[Entry], dict | None]:
 
     def shared_judge():
         if not judge_cache:
-            judge_cache.append(chat_model_from_spec(judge_spec, style="assistant"))
+            judge_cache.append(specs.chat_model_from_spec(judge_spec, style="assistant"))
         return judge_cache[0]
 
     users = []
@@ -473,10 +467,10 @@ def _entries(args) -> tuple[list[Entry], list[Entry], dict | None]:
             raise EnvError(f"--user-style {name}: expected simulator or assistant, got {style!r}")
         if judge_spec is None:
             def load(s=s, style=style):
-                return user_and_judge(s, None, user_style=style)
+                return specs.user_and_judge(s, None, user_style=style)
         else:
             def load(s=s, style=style):
-                return chat_model_from_spec(s, style=style), shared_judge()
+                return specs.chat_model_from_spec(s, style=style), shared_judge()
         users.append(Entry(name, _record(s, style=style), load))
     return agents, users, None if judge_spec is None else _record(judge_spec)
 
@@ -485,8 +479,6 @@ def load_gym_tasks(gyms: Sequence[str], sources: Sequence[str] | None, split: st
                    max_tasks: int | None) -> dict[str, list]:
     """gym -> its tasks (file order; the first `max_tasks`), from task files/folders or the shipped split. A gym
     without tasks is an error naming where they were looked for."""
-    from mimesis_jax.envs.userrl import GYM_MODULES, load_tasks, shipped_tasks
-
     unknown = [g for g in gyms if g not in GYM_MODULES]
     if unknown:
         raise EnvError(f"--gyms: unknown gyms {unknown}; known: {list(GYM_MODULES)}")
@@ -506,9 +498,6 @@ def load_gym_tasks(gyms: Sequence[str], sources: Sequence[str] | None, split: st
 
 
 def run(args) -> int:
-    from mimesis_jax.episodes.rollout_cmd import retriever_from_args
-    from mimesis_jax.models.config import ConfigError
-
     t0 = time.perf_counter()
     try:
         if args.seeds < 1:

@@ -36,7 +36,11 @@ import re
 import sys
 from typing import Any
 
+import numpy as np
+
 from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.behaviour import ALL_IDS
+from mimesis_jax.eval import metrics
 
 STAGES = ("midtrain", "sft", "simrl", "agentrl")
 BEHAVIOUR_PREFIX = "reward/behaviour/"
@@ -172,6 +176,7 @@ class _Figures:
     """Writes PNGs into the output folder with unique names; returns their names for markdown links."""
 
     def __init__(self, out: str):
+        # lazy (b): matplotlib only when plotting
         import matplotlib
 
         matplotlib.use("Agg")
@@ -202,8 +207,6 @@ class _Figures:
     def bars(self, name: str, title: str, ylabel: str, labels: list[str], groups: dict[str, list],
              errors: dict[str, list] | None = None) -> str:
         """Grouped bars: `groups` maps a series to one value per label (None: no bar)."""
-        import numpy as np
-
         fig, ax = self.plt.subplots(figsize=(max(6.4, 0.6 * len(labels) * max(1, len(groups))), 3.8))
         x = np.arange(len(labels))
         width = 0.8 / max(1, len(groups))
@@ -259,8 +262,6 @@ def _training(run_dir: str, figs: _Figures, prefix: str) -> list[str]:
 
 
 def _behaviour(recs: list[dict], keys: list[str], name: str, figs: _Figures, prefix: str) -> list[str]:
-    from mimesis_jax.envs.behaviour import ALL_IDS
-
     lines = ["### Behaviour task (simrl)", ""]
     ids = [k[len(BEHAVIOUR_PREFIX):] for k in keys if k.startswith(BEHAVIOUR_PREFIX)]
     ids.sort(key=lambda b: (ALL_IDS.index(b) if b in ALL_IDS else len(ALL_IDS), b))
@@ -287,8 +288,6 @@ def _behaviour(recs: list[dict], keys: list[str], name: str, figs: _Figures, pre
 
 
 def _evalagent(run_dir: str, figs: _Figures, prefix: str) -> list[str]:
-    from mimesis_jax.eval import metrics
-
     path = os.path.join(run_dir, "summary.json")
     s = read_json(path)
     agents = _need(s, "agents", path, list)

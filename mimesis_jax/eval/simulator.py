@@ -28,6 +28,15 @@ import json
 import os
 import sys
 
+from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.domains import SideModels, domain
+from mimesis_jax.eval import sim_judges, soul_eval, usi
+from mimesis_jax.eval.conversations import load_conversations, pair_by_task
+from mimesis_jax.eval.usi import DIMENSIONS
+from mimesis_jax.models.config import ConfigError
+from mimesis_jax.rollout import specs  # module, not the name: tests patch specs.chat_model_from_spec
+from mimesis_jax.rollout.specs import ModelSpec, close_models, local_model
+
 JUDGE_EVALS = ("fidelity", "turing", "style")
 
 
@@ -73,17 +82,12 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _spec(args, who: str):
-    from mimesis_jax.rollout.specs import ModelSpec
-
     return ModelSpec(getattr(args, who), model_name=getattr(args, f"{who}_model"),
                      api_key_env=getattr(args, f"{who}_key_env"), max_tokens=getattr(args, f"{who}_max_tokens"),
                      seed=args.seed)
 
 
 def _soul_records(args, tasks: list[str]) -> dict[str, list]:
-    from mimesis_jax.envs.agent_env import EnvError
-    from mimesis_jax.envs.domains import domain
-
     given: dict[str, str] = {}
     for item in args.soul_records:
         task, sep, path = item.partition("=")
@@ -100,8 +104,6 @@ def _soul_records(args, tasks: list[str]) -> dict[str, list]:
 
 
 def _soul_tasks(args, axes: dict[str, str]) -> list[str]:
-    from mimesis_jax.envs.agent_env import EnvError
-
     if args.soul_tasks.strip() == "all":
         return sorted(axes)
     tasks = [t.strip() for t in args.soul_tasks.split(",") if t.strip()]
@@ -112,8 +114,6 @@ def _soul_tasks(args, axes: dict[str, str]) -> list[str]:
 
 
 def _load_scores(path: str) -> dict:
-    from mimesis_jax.envs.agent_env import EnvError
-
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -128,11 +128,6 @@ def _load_scores(path: str) -> dict:
 
 def evaluate(args, log=print) -> dict:
     """Every requested section of evalsim.json (raises EnvError / ConfigError for bad input)."""
-    from mimesis_jax.envs.agent_env import EnvError
-    from mimesis_jax.eval import sim_judges, soul_eval, usi
-    from mimesis_jax.eval.conversations import load_conversations, pair_by_task
-    from mimesis_jax.rollout.specs import chat_model_from_spec, close_models
-
     if not (args.conversations or args.human or args.judge or args.simulator or args.soul_scores):
         raise EnvError("nothing to evaluate: give --conversations and --human, --simulator, or --soul-scores")
     if bool(args.conversations) != bool(args.human):
@@ -171,10 +166,10 @@ def evaluate(args, log=print) -> dict:
     models = []
     try:
         if args.judge:
-            judge = chat_model_from_spec(_spec(args, "judge"), style="assistant")
+            judge = specs.chat_model_from_spec(_spec(args, "judge"), style="assistant")
             models.append(judge)
         if args.partner:
-            partner = chat_model_from_spec(_spec(args, "partner"), style="assistant")
+            partner = specs.chat_model_from_spec(_spec(args, "partner"), style="assistant")
             models.append(partner)
         if pairs:
             for e in evals:
@@ -191,11 +186,6 @@ def evaluate(args, log=print) -> dict:
 
 
 def run_soul(args, tasks, records, axes, judge, partner, log) -> dict:
-    from mimesis_jax.envs.domains import SideModels
-    from mimesis_jax.eval import soul_eval
-    from mimesis_jax.models.config import ConfigError
-    from mimesis_jax.rollout.specs import ModelSpec, local_model
-
     spec = ModelSpec(args.simulator, tokenizer=args.simulator_tokenizer, step=args.simulator_step,
                      dtype=args.simulator_dtype, thinking=args.thinking, max_tokens=args.simulator_max_tokens)
     if spec.remote:
@@ -222,8 +212,6 @@ def format_report(result: dict) -> str:
     lines = [f"simulator: {result['simulator']}"]
     u = result.get("usi")
     if u:
-        from mimesis_jax.eval.usi import DIMENSIONS
-
         lines.append(f"\ntau-bench User-Sim Index ({u['n_simulator']} simulator / {u['n_human']} human "
                      f"conversations)")
         lines.append(f"  {'feature':<22}{'sim':>10}{'human':>10}{'dice':>8}")
@@ -261,9 +249,6 @@ def format_report(result: dict) -> str:
 
 
 def run(args) -> int:
-    from mimesis_jax.envs.agent_env import EnvError
-    from mimesis_jax.models.config import ConfigError
-
     try:
         result = evaluate(args)
     except (EnvError, ConfigError) as e:

@@ -28,8 +28,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mimesis_jax.envs import soul
 from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.domains import domain, make_domain_env
 from mimesis_jax.envs.model_io import read_toml
+from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
 from mimesis_jax.eval import metrics
 from mimesis_jax.eval.usi import DATA_DIR
 
@@ -39,8 +42,6 @@ AXES_PATH = DATA_DIR / "soul_axes.toml"
 
 def load_axes(path: str | pathlib.Path = AXES_PATH) -> dict[str, str]:
     """task -> axis from `path`: the axes must be exactly `AXES`, the tasks exactly the registered SOUL tasks."""
-    from mimesis_jax.envs import soul
-
     data = read_toml(path, "SOUL axes file")
     axes, tasks = data.get("axes"), data.get("tasks")
     if not isinstance(axes, dict) or sorted(axes) != sorted(AXES):
@@ -102,8 +103,6 @@ def aggregate(scores: Mapping[str, Sequence[float | None]], axes: Mapping[str, s
 
 def check_sides(tasks: Sequence[str], sides) -> None:
     """An error naming the first task whose fixed sides (judge, partner) are not all in `sides`."""
-    from mimesis_jax.envs.domains import domain
-
     for t in tasks:
         missing = [s for s in domain(t).sides if getattr(sides, s) is None]
         if missing:
@@ -119,9 +118,6 @@ def evaluate(policy, records: Mapping[str, Sequence[dict]], sides, seeds: Sequen
     policy: token-level sampler (`LocalChatModel` of the simulator); records: task -> parsed records
     (`domains.domain(task).load` / `.samples`); sides: `envs.domains.SideModels`; max_turns caps multi-turn
     tasks' policy turns (None: each task's own)."""
-    from mimesis_jax.envs.domains import domain, make_domain_env
-    from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
-
     names = list(records)
     check_sides(names, sides)
     for t in names:

@@ -19,6 +19,9 @@ import time
 
 import numpy as np
 
+from mimesis_jax.eval.metrics import mean_and_se
+from mimesis_jax.theory.claims import all_claims
+
 SWEEP_PLOT = "theory_e2_sweep.png"
 ADAMW_PLOT = "theory_adamw.png"
 
@@ -41,6 +44,7 @@ def format_table(results) -> str:
 def plot_sweep(sweep, path: str) -> None:
     """One heat map per step length: share of noise draws where GRPO + alpha CSD beats GRPO, over
     (lambda, epsilon); cells where the alignment inequality holds are outlined."""
+    # lazy (b): matplotlib only when plotting
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,12 +75,11 @@ def plot_sweep(sweep, path: str) -> None:
 
 def plot_adamw(curves, path: str) -> None:
     """Exact J per AdamW step after the shared branch point, mean +/- SE over the sampled runs, per arm."""
+    # lazy (b): matplotlib only when plotting
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mimesis_jax.eval.metrics import mean_and_se
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8), constrained_layout=True)
     steps = np.arange(curves.J.shape[2])
@@ -101,8 +104,6 @@ def run(args) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         print(f"error: --out {args.out} exists and is not a folder", file=sys.stderr)
         return 2
-    from mimesis_jax.theory.claims import all_claims
-
     t0 = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     results, sweep, curves = all_claims(args.seed)
