@@ -32,12 +32,14 @@ import json
 import logging
 import os
 import shutil
-import zlib
 from typing import Any, Callable
+import zlib
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
 
 from mimesis_jax import models, sharding
 from mimesis_jax.models.config import model_from_dict
@@ -93,8 +95,6 @@ def _path_names(path) -> tuple[str, ...]:
 def _stored_shapes(item_dir: str) -> dict[tuple[str, ...], tuple[int, ...]] | None:
     """{key path: global shape} of the arrays of one saved StandardSave item, from its metadata only (no array is
     read); None when the metadata cannot be read (the restore then reports what is wrong)."""
-    from etils import epath
-
     try:
         md = ocp.StandardCheckpointHandler().metadata(epath.Path(item_dir))
     except Exception:  # noqa: BLE001 - no metadata / an older layout: leave it to the restore
@@ -131,8 +131,6 @@ def gather_json(obj: Any) -> list:
     """Every process's JSON-serialisable `obj`, as a list indexed by process (a collective on many hosts)."""
     if jax.process_count() == 1:
         return [json.loads(json.dumps(obj))]
-    from jax.experimental import multihost_utils
-
     data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
     lengths = multihost_utils.process_allgather(np.asarray([data.size], np.int32))
     width = int(np.max(lengths))
@@ -321,8 +319,6 @@ class Checkpointer:
             if os.path.exists(record):
                 os.remove(record)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
         self.manager.reload()
 

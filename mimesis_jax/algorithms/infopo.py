@@ -57,6 +57,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mimesis_jax.algorithms import grpo
+from mimesis_jax.algorithms.rl_batch import pack_trajectories, unpack_turns
+from mimesis_jax.data.chat import render_turn
 from mimesis_jax.data.trajectory import Segment, Trajectory
 
 PLACEHOLDER_TEXT = "(the feedback to this turn is hidden)"
@@ -67,8 +69,6 @@ ScoreFn = Callable[[Sequence[Trajectory]], list]  # trajectories -> per trajecto
 def placeholder_tokens(tok) -> list[int]:
     """PH: the closing newline of the agent's turn, then a tool turn whose content is `PLACEHOLDER_TEXT`, rendered
     with the agent's chat template (data.chat.render_turn), so the masked context keeps the chat layout."""
-    from mimesis_jax.data.chat import render_turn
-
     return list(tok.encode("\n")) + list(render_turn(tok, {"role": "tool", "content": PLACEHOLDER_TEXT}).ids)
 
 
@@ -132,8 +132,6 @@ def rl_step_scorer(step_fn, params, *, row_len: int | None = None, max_per_call:
     `step_fn.recompute_old_logprobs(params, .)` -- log pi_T at RLConfig.temperature with `params`, sharded on the
     step's mesh. At most `max_per_call` trajectories per call (None: all at once); row_len fixes the row length
     when every sequence of the call fits it (else the packer's bucket of the longest)."""
-    from mimesis_jax.algorithms.rl_batch import pack_trajectories, unpack_turns
-
     def score(trajs: Sequence[Trajectory]) -> list:
         n = len(trajs) if not max_per_call else int(max_per_call)
         out = []

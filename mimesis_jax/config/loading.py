@@ -21,6 +21,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import traceback
 import types
 import typing
 from typing import Any, Literal, Sequence
@@ -100,8 +101,6 @@ def _exec_config_module(spec, module, path: str) -> None:
     except SyntaxError as e:
         raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
     except Exception as e:  # noqa: BLE001 - a user's config file may raise anything; name it in one line
-        import traceback
-
         frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename)
                   == os.path.abspath(path)]
         where = f"{path}:{frames[-1].lineno}" if frames else path

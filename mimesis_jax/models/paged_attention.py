@@ -125,6 +125,7 @@ def _paged_kernel(table_ref, len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, page
 
 
 def _tpu_paged(q, k_pages, v_pages, page_table, lengths, scale):
+    # lazy (b): the Pallas TPU kernel only on TPU
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_paged
     pps = page_table.shape[1]
     per_block = max(d for d in range(1, min(pps, 8) + 1) if pps % d == 0)

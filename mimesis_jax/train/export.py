@@ -12,6 +12,7 @@ import os
 
 from mimesis_jax import models
 from mimesis_jax.checkpoints import load_trained
+from mimesis_jax.data.tokenizer import load_tokenizer, save_hf_tokenizer
 from mimesis_jax.models.config import DTYPES, ConfigError
 
 
@@ -32,7 +33,5 @@ def _save_tokenizer(name: str, out: str, log) -> None:
     and `serve`/`rollout` give the run's ids (data.tokenizer.save_hf_tokenizer: a HF tokenizer directory's files,
     or for a sentencepiece model a tokenizer.json built from it plus the model as tokenizer.model), and records
     the tokenizer's fingerprint in mimesis_tokenizer.json."""
-    from mimesis_jax.data.tokenizer import load_tokenizer, save_hf_tokenizer
-
     written = save_hf_tokenizer(load_tokenizer(name), out, source=name)
     log(f"export: tokenizer {name!r}: wrote {', '.join(written)}")

@@ -28,15 +28,16 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from mimesis_jax import config as config_lib
-from mimesis_jax import sharding
+from mimesis_jax import config as config_lib, sharding
 from mimesis_jax.checkpoints import CheckpointError, Checkpointer
 from mimesis_jax.config import RunConfig
+from mimesis_jax.data.pipeline import check_data_files, make_iterator
+from mimesis_jax.data.tokenizer import load_tokenizer as _load
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
-                                     state_shardings)
+    state_shardings)
 from mimesis_jax.train.step import init_train_state, make_train_step
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "loss_mask")
@@ -66,8 +67,6 @@ class TrainResult:
 
 # ------------------------------------------------------------------------------------------ model
 def load_tokenizer(cfg: RunConfig):
-    from mimesis_jax.data.tokenizer import load_tokenizer as _load
-
     return _load(cfg.tokenizer.name)
 
 
@@ -78,8 +77,6 @@ def default_data_factory(cfg: RunConfig) -> DataFactory:
     own = getattr(cfg.data, "make_iterator", None)
     if callable(own):
         return lambda tok, b, seed, pi, pc: own(tok, batch_size=b, seed=seed, process_index=pi, process_count=pc)
-    from mimesis_jax.data.pipeline import make_iterator
-
     def make(tok, batch_size, seed, process_index, process_count):
         return make_iterator(cfg.data, tok, batch_size=batch_size, seed=seed, process_index=process_index,
                              process_count=process_count)
@@ -187,8 +184,6 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
     log = print if primary else (lambda *a, **k: None)
 
     if data is None and not hasattr(cfg.data, "make_iterator"):
-        from mimesis_jax.data.pipeline import check_data_files
-
         check_data_files(cfg.data)  # every data file read once up front: a bad line is named before any step
     needs_tokenizer = cfg.tokenizer.set_model_vocab or (data is None and not hasattr(cfg.data, "make_iterator"))
     if tokenizer is None and needs_tokenizer:

@@ -14,6 +14,7 @@ import sys
 import time
 
 import jax
+from tqdm import tqdm
 
 
 def read_metrics(workdir: str) -> list[dict]:
@@ -96,6 +97,7 @@ class MetricsLogger:
             self.write(f"metrics.jsonl: dropped {dropped} record(s) after step {start_step} (not in the checkpoint)")
         self.jsonl = open(path, "a")
         if tensorboard:
+            # lazy (b): tensorboardX (protobuf) only when TB logging is on
             from tensorboardX import SummaryWriter
 
             # A resumed run restarts after `start_step`: purge_step tells TensorBoard's reader to drop the events
@@ -104,8 +106,6 @@ class MetricsLogger:
             self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
                                     purge_step=start_step + 1 if start_step > 0 else None)
         if progress_bar:
-            from tqdm import tqdm
-
             tty = sys.stderr.isatty()
             self.bar = tqdm(total=total_steps, initial=start_step, desc=stage or "train", unit="step",
                             dynamic_ncols=True, mininterval=0.5 if tty else 30.0, file=sys.stderr)

@@ -18,10 +18,10 @@ import threading
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mimesis_jax import config as config_lib
-from mimesis_jax import models, sharding
+from mimesis_jax import config as config_lib, models, sharding
 from mimesis_jax.checkpoints import Checkpointer, abstract_like
 from mimesis_jax.models.config import RUNTIME_FIELDS, ConfigError, ModelConfig
 from mimesis_jax.train.optim import opt_state_shardings
@@ -147,8 +147,6 @@ class StopFlag:
     def is_set(self) -> bool:
         flag = self.event.is_set()
         if jax.process_count() > 1:  # every host must stop at the same step
-            from jax.experimental import multihost_utils
-
             flag = bool(np.max(multihost_utils.process_allgather(np.asarray([int(flag)], np.int32))))
         return flag
 

@@ -30,12 +30,13 @@ decorate with `@register`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+import importlib
 import json
 import os
 import pathlib
 import re
 import string
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from mimesis_jax.data import jsonio
@@ -93,8 +94,6 @@ TASK_MODULES = (
 
 def _load_all() -> None:
     """Imports every task module (each registers its tasks on import)."""
-    import importlib
-
     for m in TASK_MODULES:
         importlib.import_module(f"mimesis_jax.envs.soul.{m}")
 
@@ -127,6 +126,7 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
             raise EnvError(f"{p}: a .json record file must hold a list of records")
         return data
     if suffix == ".parquet":
+        # lazy (b): pyarrow only for .parquet rows
         import pyarrow.parquet as pq
         try:
             return pq.read_table(p).to_pylist()

@@ -94,6 +94,7 @@ def read_corpus(path: str | os.PathLike) -> list[Passage]:
 # ------------------------------------------------------------------------------------ BM25
 def _stemmer_available() -> bool:
     try:
+        # lazy (b): PyStemmer is optional (not in pyproject)
         import Stemmer  # noqa: F401  (PyStemmer)
     except ImportError:
         return False
@@ -113,12 +114,14 @@ _INDEX_CACHE_SIZE = 8
 
 
 def _build_index(path: str, stem: bool, k1: float, b: float) -> _Index:
+    # lazy (b): bm25s only when SearchGym builds its index
     import bm25s
     from bm25s.tokenization import Tokenizer
 
     passages = read_corpus(path)
     stemmer = None
     if stem:
+        # lazy (b): PyStemmer is optional (not in pyproject)
         import Stemmer
         stemmer = Stemmer.Stemmer("english").stemWords
     tokenizer = Tokenizer(lower=True, stopwords="english", stemmer=stemmer)

@@ -20,6 +20,7 @@ from mimesis_jax.config.mixture import USERRL_GYMS
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs import agent_env
 from mimesis_jax.envs.agent_env import EnvError, register
+from mimesis_jax.envs.userrl.common import TASKS_DIR
 
 # UserRL env name -> module under mimesis_jax.envs.userrl (imported when a task of that gym is built)
 GYM_MODULES = {name: name.removesuffix("Gym").lower() for name in USERRL_GYMS}  # TravelGym -> travel.py
@@ -131,6 +132,7 @@ def task_from_row(row: dict, where: str) -> Task:
 def _rows(path: pathlib.Path) -> Iterable[tuple[int, Any]]:
     suffix = "".join(path.suffixes[-1:]).lower()
     if suffix == ".parquet":
+        # lazy (b): pyarrow only for .parquet rows
         import pyarrow.parquet as pq
         try:
             table = pq.read_table(path)
@@ -178,7 +180,6 @@ def load_tasks(path: str | os.PathLike, *, gyms: Iterable[str] | None = None) ->
 
 def shipped_tasks(split: str = "train", gyms: Iterable[str] | None = None) -> list[Task]:
     """The project's own invented tasks (`tasks/<gym>_<split>.jsonl`), all gyms or `gyms`."""
-    from mimesis_jax.envs.userrl.common import TASKS_DIR
     if split not in ("train", "test"):
         raise EnvError(f"split must be 'train' or 'test', got {split!r}")
     wanted = list(GYM_MODULES) if gyms is None else list(gyms)

@@ -358,6 +358,7 @@ class TauBenchBackend:
 
     def __init__(self, category: str, split: str, index: int, user: ChatModelUser, where: str):
         try:
+            # lazy (b): tau_bench is optional (not in pyproject)
             from tau_bench.envs import get_env
             from tau_bench.types import RESPOND_ACTION_NAME, Action
         except ImportError as e:

@@ -16,6 +16,8 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from mimesis_jax.checkpoints import gather_json
 
@@ -68,14 +70,10 @@ def rollout_params(params):
     it with the same inputs."""
     if jax.process_count() == 1:
         return params
-    from jax.experimental import multihost_utils
-
     full = multihost_utils.process_allgather(params, tiled=True)
     return jax.device_put(full, jax.local_devices()[0])
 
 
 def step_array(step: int, mesh):
     """The train state's step counter as a replicated (global) array, as a checkpoint on many hosts needs."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     return jax.device_put(np.asarray(step, np.int32), NamedSharding(mesh, PartitionSpec()))

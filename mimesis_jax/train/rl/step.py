@@ -49,6 +49,7 @@ from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.config.rl import CREDITS, KL_ESTIMATORS, OLD_LOGPROBS, RLConfig  # noqa: F401 (re-exported)
 from mimesis_jax.models.config import ModelConfig
+import contextlib
 
 def prepare_batch(trajectories: Sequence, rl: RLConfig, **pack_kw) -> PackedRL:
     """Advantages (grpo) + packing (rl_batch) of one optimizer step's trajectories, on the host."""
@@ -232,7 +233,6 @@ class RLStep:
 
     # ------------------------------------------------------------------------------------- update
     def _mesh_ctx(self):
-        import contextlib
         return contextlib.nullcontext() if self.mesh is None else sharding.use_mesh(self.mesh)
 
     def _rl_update(self, params, opt_state, batch, ref_params):
