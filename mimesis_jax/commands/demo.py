@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import time
 
@@ -16,6 +15,7 @@ from mimesis_jax import models
 from mimesis_jax.commands.train import check_workdir, run_lm_stage
 from mimesis_jax.config import load_config
 from mimesis_jax.train.export import export_hf
+from mimesis_jax.train.metrics import read_metrics
 from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
@@ -109,7 +109,7 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
         if res.preempted:
             print(f"agent RL interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
             return None
-        arms[arm] = (_read_metrics(wd), time.perf_counter() - t)
+        arms[arm] = (read_metrics(wd), time.perf_counter() - t)
     table = _reward_table(arms)
     print(table)
     with open(os.path.join(root, "agent_rl_summary.md"), "w") as f:
@@ -117,11 +117,6 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
     _reward_plot(arms, os.path.join(root, "agent_rl_rewards.png"))
     print(f"reward curves: {os.path.join(root, 'agent_rl_rewards.png')}")
     return arms
-
-
-def _read_metrics(workdir: str) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _reward_table(arms: dict) -> str:
