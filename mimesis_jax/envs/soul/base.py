@@ -607,11 +607,20 @@ class JudgeEnv(SoulEnv):
         return SimTurn(done=True, reward=reward, info={"judge_score": raw, "end": end,
                                                        "policy_turns": len(self.replies)})
 
-    def step(self, thought: str | None, utterance: str | None) -> SimTurn:
+    def _take_reply(self, utterance: str | None, blank_ends: bool = False) -> SimTurn | None:
+        """Records the policy's reply and shows it in the dialogue; returns the episode's last turn instead when
+        there is no reply (None, or a blank one when `blank_ends`: judged as "empty_reply")."""
         self.replies.append(utterance)
         if utterance is None:
             return SimTurn(done=True, reward=0.0, info={"end": "no_utterance", "policy_turns": len(self.replies)})
+        if blank_ends and not utterance.strip():
+            return self._finish("empty_reply")
         self.view.append({"role": "assistant", "content": utterance})
+        return None
+
+    def step(self, thought: str | None, utterance: str | None) -> SimTurn:
+        if (last := self._take_reply(utterance)) is not None:
+            return last
         if not self.multi_turn or len(self.replies) >= self.max_policy_turns:
             return self._finish("judged")
         reply = self.ask_partner(self.partner_messages())

@@ -203,12 +203,8 @@ class CoSER(JudgeEnv):
 
     # -------------------------------------------------------------- protocol
     def step(self, thought, utterance):
-        self.replies.append(utterance)
-        if utterance is None:
-            return SimTurn(done=True, reward=0.0, info={"end": "no_utterance", "policy_turns": len(self.replies)})
-        if not utterance.strip():
-            return self._finish("empty_reply")
-        self.view.append({"role": "assistant", "content": utterance})
+        if (last := self._take_reply(utterance, blank_ends=True)) is not None:
+            return last
         self.log.append(("policy", utterance))
         if len(self.replies) >= self.max_policy_turns:
             return self._finish("judged")

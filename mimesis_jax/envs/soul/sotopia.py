@@ -166,12 +166,8 @@ class Sotopia(JudgeEnv):
 
     # -------------------------------------------------------------- protocol
     def step(self, thought, utterance):
-        self.replies.append(utterance)
-        if utterance is None:
-            return SimTurn(done=True, reward=0.0, info={"end": "no_utterance", "policy_turns": len(self.replies)})
-        if not utterance.strip():
-            return self._finish("empty_reply")
-        self.view.append({"role": "assistant", "content": utterance})
+        if (last := self._take_reply(utterance, blank_ends=True)) is not None:
+            return last
         mine = self._record_turn("policy", self.me["name"], utterance)
         if mine["kind"] == "leave" and mine["index"] >= MIN_TURNS_BEFORE_LEAVE:
             return self._finish("policy_left")
