@@ -266,20 +266,13 @@ class Checkpointer:
         _check_layout(os.path.join(self.directory, str(step)),
                       {"params": ab["params"], "opt_state": ab["opt_state"],
                        "train_state": {k: ab[k] for k in STATE_KEYS}})
-        try:
-            r = self.manager.restore(step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(ab["params"]),
-                opt_state=ocp.args.StandardRestore(ab["opt_state"]),
-                train_state=ocp.args.StandardRestore({k: ab[k] for k in STATE_KEYS}),
-                data_iter=ocp.args.JsonRestore(),
-                run_config=ocp.args.JsonRestore(),
-            ))
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{self.directory}/{step}: cannot restore the train state into the current "
-                                  f"model/optimizer layout ({_first_line(e)})") from None
-        except Exception as e:  # noqa: BLE001 - orbax / TensorStore read errors of a damaged step
-            raise CheckpointError(f"checkpoint step {step} is corrupt: {self.directory}/{step} cannot be read "
-                                  f"({_first_line(e)})") from None
+        r = self._restore(step, ocp.args.Composite(
+            params=ocp.args.StandardRestore(ab["params"]),
+            opt_state=ocp.args.StandardRestore(ab["opt_state"]),
+            train_state=ocp.args.StandardRestore({k: ab[k] for k in STATE_KEYS}),
+            data_iter=ocp.args.JsonRestore(),
+            run_config=ocp.args.JsonRestore(),
+        ), "the train state into the current model/optimizer layout")
         state = {"params": r.params, "opt_state": r.opt_state, **dict(r.train_state)}
         data = r.data_iter
         if data["process_count"] != jax.process_count():
@@ -327,15 +320,19 @@ class Checkpointer:
         step = self.resolve_step(step)
         self.verify(step)
         _check_layout(os.path.join(self.directory, str(step)), {"params": abstract_params})
+        r = self._restore(step, ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
+                          "params for this model")
+        return r.params, step
+
+    def _restore(self, step: int, args, what: str):
+        """`manager.restore(step, args)`; a layout mismatch or a damaged step becomes one CheckpointError."""
         try:
-            r = self.manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)))
+            return self.manager.restore(step, args=args)
         except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{self.directory}/{step}: cannot restore params for this model "
-                                  f"({_first_line(e)})") from None
+            raise CheckpointError(f"{self.directory}/{step}: cannot restore {what} ({_first_line(e)})") from None
         except Exception as e:  # noqa: BLE001 - orbax / TensorStore read errors of a damaged step
             raise CheckpointError(f"checkpoint step {step} is corrupt: {self.directory}/{step} cannot be read "
                                   f"({_first_line(e)})") from None
-        return r.params, step
 
     def run_config(self, step: int | None = None) -> dict:
         """The run config stored with a step (latest by default)."""
