@@ -41,7 +41,6 @@ import numpy as np
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.behaviour import ALL_IDS
 from mimesis_jax.eval import metrics
-from mimesis_jax.train.metrics import metric_records
 
 STAGES = ("midtrain", "sft", "simrl", "agentrl")
 BEHAVIOUR_PREFIX = "reward/behaviour/"
@@ -106,12 +105,19 @@ def read_metrics(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise EnvError(f"{path}: no such file")
     out = []
-    for i, rec in metric_records(path, error=EnvError):
-        if not isinstance(rec, dict):
-            raise EnvError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
-        if isinstance(rec.get("step"), bool) or not isinstance(rec.get("step"), int):
-            raise EnvError(f"{path}:{i}: field 'step' must be an integer, got {rec.get('step')!r}")
-        out.append(rec)
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EnvError(f"{path}:{i}: not a JSON record ({e})") from None
+            if not isinstance(rec, dict):
+                raise EnvError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
+            if isinstance(rec.get("step"), bool) or not isinstance(rec.get("step"), int):
+                raise EnvError(f"{path}:{i}: field 'step' must be an integer, got {rec.get('step')!r}")
+            out.append(rec)
     if not out:
         raise EnvError(f"{path}: no metric records")
     return out

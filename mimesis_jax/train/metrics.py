@@ -17,23 +17,19 @@ import jax
 from tqdm import tqdm
 
 
-def metric_records(path: str, error: type[Exception] = ValueError):
-    """(line number, decoded record) for every non-blank line of a metrics.jsonl file; a line that is not JSON
-    raises `error` ``PATH:LINE: not a JSON record (...)``."""
+def read_metrics(workdir: str) -> list[dict]:
+    """The records of WORKDIR/metrics.jsonl (a clear error naming the line if one is not JSON)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    out = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                out.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise error(f"{path}:{i}: not a JSON record ({e})") from None
-            yield i, rec
-
-
-def read_metrics(workdir: str) -> list[dict]:
-    """The records of WORKDIR/metrics.jsonl (a clear error naming the line if one is not JSON)."""
-    return [rec for _, rec in metric_records(os.path.join(workdir, "metrics.jsonl"))]
+                raise ValueError(f"{path}:{i}: not a JSON record ({e})") from None
+    return out
 
 
 def _truncate_after(path: str, step: int) -> int:
