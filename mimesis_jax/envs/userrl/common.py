@@ -78,6 +78,15 @@ def read_json(path: str | os.PathLike) -> Any:
     return _read_json(str(p), p.stat().st_mtime)
 
 
+def build_gym(cls, options: dict, *args, **kwargs):
+    """`cls(*args, **kwargs, **options)` for a gym's `from_task`: an option the gym does not take (a TypeError
+    from its constructor) is an EnvError naming the gym and the caller's options, not a traceback."""
+    try:
+        return cls(*args, **kwargs, **options)
+    except TypeError as e:
+        raise EnvError(f"{cls.name}: bad options {sorted(options)} ({e})") from None
+
+
 def index_records(records, key: str, where: str) -> dict[str, dict]:
     """{record[key]: record} for a list of records; duplicate or missing keys are errors naming the row."""
     if not isinstance(records, list):

@@ -46,7 +46,8 @@ import re
 
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import (USERRL_TOOL_MAX_TURNS, UserRLEnv, build_gym, data_file, index_records,
+                                            read_json)
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 DATA_FILE = "all_statements_refined.json"
@@ -204,7 +205,4 @@ class PersuadeEnv(UserRLEnv):
             raise EnvError(f"{path}: no statement with id {key!r} (task {task.source or task.id})")
         if max_steps is None and task.create_kwargs.get("max_turns") is not None:
             max_steps = int(task.create_kwargs["max_turns"])
-        try:
-            return cls(statements[key], user=user, judge=judge, seed=seed, max_steps=max_steps, **options)
-        except TypeError as e:
-            raise EnvError(f"{cls.name}: bad options {sorted(options)} ({e})") from None
+        return build_gym(cls, options, statements[key], user=user, judge=judge, seed=seed, max_steps=max_steps)

@@ -66,7 +66,8 @@ from typing import Callable
 
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field
-from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import (USERRL_TOOL_MAX_TURNS, UserRLEnv, build_gym, data_file, index_records,
+                                            read_json)
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 TRAIN_FILE, TEST_FILE = "tau_train.json", "tau_test.json"
@@ -566,11 +567,8 @@ class TauEnv(UserRLEnv):
             policy = data_file(POLICY_FILE, data_dir).read_text(encoding="utf-8")
         if max_steps is None and task.create_kwargs.get("max_turns") is not None:
             max_steps = int(task.create_kwargs["max_turns"])
-        try:
-            return cls(record, db=db, policy=policy, where=where, user=user, judge=judge, seed=seed,
-                       max_steps=max_steps, **options)
-        except TypeError as e:
-            raise EnvError(f"{cls.name}: bad options {sorted(options)} ({e})") from None
+        return build_gym(cls, options, record, db=db, policy=policy, where=where, user=user, judge=judge,
+                         seed=seed, max_steps=max_steps)
 
 
 __all__ = ["TauEnv", "TOOLS", "STOP_MARKER", "LOCAL_ENV", "ChatModelUser", "LocalRetailBackend", "TauBenchBackend",

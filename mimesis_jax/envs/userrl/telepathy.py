@@ -44,7 +44,8 @@ import pathlib
 
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, index_records, read_json
+from mimesis_jax.envs.userrl.common import (USERRL_TOOL_MAX_TURNS, UserRLEnv, build_gym, data_file, index_records,
+                                            read_json)
 from mimesis_jax.envs.userrl.tasks import register_gym
 from mimesis_jax.envs.userrl.turtle import check_shaping, host_answer, shaped_reward, turn_limit
 
@@ -169,8 +170,5 @@ class TelepathyGym(UserRLEnv):
         path = data_file(ENTITY_FILE, data_dir)
         title = task.create_kwargs.get("title", task.id)
         entity = find_entity(load_entities(path), title, path)
-        try:
-            return cls(entity, user=user, judge=judge, seed=seed, max_steps=turn_limit(cls.name, task, max_steps),
-                       **options)
-        except TypeError as e:
-            raise EnvError(f"{cls.name}: bad option ({e})") from None
+        limit = turn_limit(cls.name, task, max_steps)
+        return build_gym(cls, options, entity, user=user, judge=judge, seed=seed, max_steps=limit)

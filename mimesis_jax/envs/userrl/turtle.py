@@ -52,7 +52,7 @@ import pathlib
 
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import field, parse_json_object
-from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, data_file, read_json
+from mimesis_jax.envs.userrl.common import USERRL_TOOL_MAX_TURNS, UserRLEnv, build_gym, data_file, read_json
 from mimesis_jax.envs.userrl.tasks import register_gym
 
 STORY_FILE = "all_stories_refined.json"
@@ -262,8 +262,5 @@ class TurtleGym(UserRLEnv):
         path = data_file(STORY_FILE, data_dir)
         title = task.create_kwargs.get("title", task.id)
         story = find_story(load_stories(path), title, path)
-        try:
-            return cls(story, user=user, judge=judge, seed=seed, max_steps=turn_limit(cls.name, task, max_steps),
-                       **options)
-        except TypeError as e:
-            raise EnvError(f"{cls.name}: bad option ({e})") from None
+        limit = turn_limit(cls.name, task, max_steps)
+        return build_gym(cls, options, story, user=user, judge=judge, seed=seed, max_steps=limit)
