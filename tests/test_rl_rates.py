@@ -50,7 +50,7 @@ def test_agentrl_rollout_tokens_per_s_counts_the_agent_tokens():
                          task={"gym": "TurtleGym", "id": f"t{k}"}, rollout_id=k) for k in (1, 2)]
     trajs = run_episodes(ScriptedAgent(tok, [reply]), None, tasks, EpisodeConfig(max_turns=3))
     cfg = agent_rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", [])
-    rec = agent_rl_loop._step_record(trajs, [], 0, 0, 0, 0, [], scoring, grpo, cfg, rollout_s=0.25, coach_s=0.0,
+    rec = agent_rl_loop._step_record(trajs, [], 0, 0, 0, 0, scoring, grpo, cfg, rollout_s=0.25, coach_s=0.0,
                                      train_s=1.0)
     assert rec["rollout_tokens_per_s"] == pytest.approx(3 * n / 0.25, rel=1e-12)  # 1 + 2 agent turns
 

@@ -169,6 +169,8 @@ def _check_common(cfg, need) -> None:
     need(cfg.validation.every >= 0, "validation.every", "must be >= 0")
     need(cfg.train.steps >= 1, "train.steps", "must be >= 1")
     need(cfg.checkpoint.every >= 1, "checkpoint.every", "must be >= 1")
+    need(_is_int(cfg.train.metrics_sync_every) and cfg.train.metrics_sync_every >= 1, "train.metrics_sync_every",
+         "must be an integer >= 1 (1: fetch the update metrics every step)")
     need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
     need(cfg.optimizer.warmup_steps <= cfg.train.steps * cfg.updates_per_step(), "optimizer.warmup_steps",
          "counts optimizer updates and must be <= train.steps x updates per step")

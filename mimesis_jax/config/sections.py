@@ -48,6 +48,11 @@ class TrainConfig:
     nonfinite: Literal["stop", "skip"] = "stop"  # non-finite loss/grad norm: stop the run, or skip the update
     max_consecutive_skips: int = 10  # with nonfinite=skip: stop after this many skipped steps in a row
     log_every: int = 1  # stdout / TensorBoard every N steps (metrics.jsonl always gets every step)
+    # RL stages: the update metrics stay on the device and are fetched to the host every N steps (always at a
+    # checkpoint, a validation, SIGTERM and the end), one transfer for the N steps; every step is still logged
+    # under its own step number. 1 = fetch every step. The LM trainer reads every step's loss (train.nonfinite)
+    # and takes only 1.
+    metrics_sync_every: int = 1
     prefetch: int = 2  # batches prepared ahead on a host thread; 0 = none
     progress_bar: bool = True
     tensorboard: bool = True
@@ -141,6 +146,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     need(t.remat in REMAT_POLICIES, "train.remat", f"must be one of {REMAT_POLICIES}")
     need(t.max_consecutive_skips >= 1, "train.max_consecutive_skips", "must be >= 1")
     need(t.log_every >= 1, "train.log_every", "must be >= 1")
+    need(t.metrics_sync_every == 1, "train.metrics_sync_every",
+         "must be 1 for mid-training / SFT (the trainer checks every step's loss for train.nonfinite); "
+         "it applies to the RL stages")
     need(t.prefetch >= 0, "train.prefetch", "must be >= 0")
     for ax in ("data", "fsdp", "tensor"):
         v = getattr(cfg.mesh, ax)

@@ -60,8 +60,7 @@ from mimesis_jax.models.config import ConfigError
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import UserSide, build_user_side, simulator_engine_config
-from mimesis_jax.train.rl.learner import (VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero,
-                                         update_record)
+from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
@@ -207,12 +206,12 @@ class AgentLearner(RLLearner):
         return chunk, grpo.trajectory_turn_advantages(chunk, credit=rl.credit, score=rl.score, gamma=rl.gamma,
                                                       eps=rl.adv_eps, divide_std=rl.divide_std)
 
-    def record(self, outs, kept, counts, updates, times, lr):
+    def record(self, outs, kept, counts, times):
         c = counts
-        rec = _step_record(outs, kept, c["invalid"], c["skipped"], c["no_turn"], c["notes"], updates, scoring, grpo,
+        rec = _step_record(outs, kept, c["invalid"], c["skipped"], c["no_turn"], c["notes"], scoring, grpo,
                            self.cfg, rollout_s=times["rollouts"] - times["start"],
                            coach_s=times["prepared"] - times["rollouts"],
-                           train_s=times["trained"] - times["advantages"], lr=lr)
+                           train_s=times["trained"] - times["advantages"])
         if self.cfg.rl.credit == "infopo":
             rec.update(infopo_ig_mean=mean_or_zero(c["gains"]), infopo_turns=len(c["gains"]),
                        infopo_s=times["advantages"] - times["prepared"])
@@ -244,9 +243,10 @@ def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, 
                         on_rollouts=on_rollouts, log=log).run()
 
 
-def _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, ms, scoring, grpo, cfg, **timing) -> dict:
-    """One step's metrics over the episodes of EVERY process (gathered per episode, in rollout-id order, and the
-    counts summed), so all processes log the same numbers; `kept` is already the global list of kept groups."""
+def _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, scoring, grpo, cfg, **timing) -> dict:
+    """One step's rollout-side metrics over the episodes of EVERY process (gathered per episode, in rollout-id
+    order, and the counts summed), so all processes log the same numbers; `kept` is already the global list of
+    kept groups. The loop adds the update metrics (learner.update_record)."""
     def summary(t):
         ok = t.status == "ok" and t.num_agent_turns > 0  # a dialogue with no agent turn has no score (skipped)
         return {"rid": int(t.rollout_id), "ok": ok, "gym": t.task.get("gym", "?"),
@@ -263,7 +263,7 @@ def _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, ms, scorin
         "reward_mean": mean_or_zero(e["score"] for e in valid),
         "train_reward_mean": mean_or_zero(e["train"] for e in valid),
         "episodes": len(eps), "invalid": n_invalid, "invalid_frac": n_invalid / max(1, len(eps)),
-        "skipped_groups": skipped, "trained_groups": len(kept), "updates": len(ms), "coach_notes": n_notes,
+        "skipped_groups": skipped, "trained_groups": len(kept), "coach_notes": n_notes,
         "no_agent_turn": n_no_turn,  # ok dialogues whose prompt left no room for an agent turn (not trained)
         "context_cut": sum(e["cut"] > 0 for e in eps),  # dialogues whose trailing tool/user turn passed the limit
         "context_cut_tokens": sum(e["cut"] for e in eps),
@@ -274,5 +274,4 @@ def _step_record(trajs, kept, n_invalid, skipped, n_no_turn, n_notes, ms, scorin
     agent_tokens = sum(e["agent_tokens"] for e in eps)
     rec.update(timing)
     rec["rollout_tokens_per_s"] = agent_tokens / max(timing["rollout_s"], 1e-9)
-    rec.update(update_record(ms, timing["train_s"]))
     return rec

@@ -9,7 +9,7 @@ rollouts, its group filter, its advantages and its step record by overriding the
         def rollouts(self, model, items, **k): ...
         def filter_groups(self, outs): ...        # -> (kept groups, counts)
         def advantages(self, items, counts): ...  # -> (items, advantages) of one PPO mini-batch
-        def record(self, outs, kept, counts, updates, times, lr): ...
+        def record(self, outs, kept, counts, times): ...  # the step's rollout-side metrics
     result = MyStage(cfg, workdir).run()
 
 One step: draw `rollout.prompts_per_step` items; run `rollout.group_size` rollouts of each (the policy samples
@@ -20,6 +20,20 @@ PPO mini-batches of `rollout.mini_batch_prompts` groups with the stage's advanta
 log-probs for the whole step BEFORE the first update, then makes one optimizer update per mini-batch (Eq 5-6,
 train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on the console), validation runs every
 `validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM.
+
+Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
+updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
+exactly): a step whose groups were all skipped makes no update and does not advance it, and a step with fewer
+kept groups makes fewer updates. The logged `lr` is the rate the step's last update applied, computed in the
+update from that same count (train/rl/step.py), with `opt_steps` the updates applied so far; a step without an
+update logs neither.
+
+Metrics without a host sync per step. The update metrics stay on the device (on CPU the loop still waits for each
+update: sharded CPU programs are never queued) and are fetched to the host in one transfer every
+`train.metrics_sync_every` steps, and always before a validation, a checkpoint (so SIGTERM, a crash after a
+checkpoint and a resume lose no row) and at the end; each row is written with its own step number, so the file
+is the same whatever the setting. With a setting > 1 on an accelerator the host does not wait for the updates,
+so `train_s` is the host's time of the update phase (packing, dispatch) and `train_tokens_per_s` is not logged.
 
 Checkpoints (checkpoints.py) hold params, optimizer state, step, RNG and the data state (the stage's sampler, the
 next rollout id and the stage's own counters), so a resumed run reproduces the uninterrupted run's per-step
@@ -114,7 +128,7 @@ def setup(cfg, workdir: str, tok, log=print) -> RLRun:
     total_updates = cfg.train.steps * cfg.updates_per_step()
     tx = make_optimizer(cfg.optimizer, total_updates, model_config)
     schedule = make_schedule(cfg.optimizer, total_updates)
-    step_fn = make_rl_step(model_config, tx, mesh, cfg.rl)
+    step_fn = make_rl_step(model_config, tx, mesh, cfg.rl, schedule=schedule)
     if jax.process_count() > 1:
         if getattr(cfg.rl, "credit", "") == "infopo":
             raise ConfigError("config key 'rl.credit': infopo needs a scoring pass over the whole batch on one "
@@ -153,12 +167,23 @@ def abort_if_requested(step: int, ckpt: Checkpointer) -> None:
         os._exit(75)
 
 
+def fetch_metrics(tree):
+    """Device metrics -> host values: the loop's only transfer of update metrics (one per flush)."""
+    return jax.device_get(tree)
+
+
+def waits_for_updates(run: RLRun) -> bool:
+    """Whether the host waits for every update: on CPU (sharded CPU programs are never queued) or with
+    train.metrics_sync_every = 1 (the metrics are fetched every step anyway)."""
+    return run.cfg.train.metrics_sync_every == 1 or run.mesh.devices.flat[0].platform == "cpu"
+
+
 def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None
                 ) -> tuple[dict, list[dict]]:
     """One RL step's optimizer updates, one per mini-batch: chunks = [(trajectories, advantages per trajectory's
     agent turns)]. Old log-probs are fixed for the whole step BEFORE the first update (the sampler's, or
     recomputed with the pre-update parameters), so ratios move from the second mini-batch on (Eq 5-6).
-    Returns (the new state, each update's metrics on the host)."""
+    Returns (the new state, each update's metrics as device arrays: `fetch_metrics` brings them to the host)."""
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     teacher = rl.teacher if rl.alpha > 0 else "none"
     multi = jax.process_count() > 1
@@ -180,20 +205,30 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
         batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
     params, opt_state = state["params"], state["opt_state"]
+    on_cpu = run.mesh.devices.flat[0].platform == "cpu"
     ms = []
     for b in batches:
         params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
-        ms.append(jax.device_get(m))  # waits: never queue sharded CPU steps
+        if on_cpu:
+            jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
+        ms.append(m)
     return dict(state, params=params, opt_state=opt_state), ms
 
 
-def update_record(ms: list[dict], train_s: float) -> dict:
-    """Mean update metrics of one step (0.0 when it made no update) + the last update's clip fraction."""
+def update_record(ms: list[dict], train_s: float | None) -> dict:
+    """Mean update metrics of one step (0.0 when it made no update), how many updates it made, the last update's
+    clip fraction, the lr it applied and the updates applied so far (when the step reports them: a step without an
+    update has no lr), and the trained tokens per second of `train_s` (None: the update time was not measured)."""
     rec = {k: (float(np.mean([float(m[k]) for m in ms if k in m])) if any(k in m for m in ms) else 0.0)
            for k in UPDATE_METRICS}
+    rec["updates"] = len(ms)
     if ms:
         rec["clip_frac_last"] = float(ms[-1]["clip_frac"])
-        rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(train_s, 1e-9)
+        if "lr" in ms[-1]:
+            rec["lr"] = float(ms[-1]["lr"])
+            rec["opt_steps"] = int(ms[-1]["opt_steps"])
+        if train_s is not None:
+            rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(train_s, 1e-9)
     return rec
 
 
@@ -288,9 +323,10 @@ class RLLearner:
         """(trajectories or segments, their advantages) of one PPO mini-batch (`items`: its rollouts here)."""
         raise NotImplementedError
 
-    def record(self, outs: list, kept: list[list], counts: dict, updates: list[dict], times: dict, lr: float
-               ) -> dict:
-        """The step's metrics; times: perf_counter marks start, rollouts, prepared, advantages, trained."""
+    def record(self, outs: list, kept: list[list], counts: dict, times: dict) -> dict:
+        """The step's rollout-side metrics, with `train_s` (the stage's update seconds from `times`: perf_counter
+        marks start, rollouts, prepared, advantages, trained); the loop adds the update metrics
+        (update_record) when it fetches them."""
         raise NotImplementedError
 
     def validate(self, model, label: str) -> dict:
@@ -328,7 +364,19 @@ class RLLearner:
         in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-self.num_validation() // P))
         step, saved, preempted = start, latest, False
         history: dict[int, dict] = {}
+        pending: list[tuple[int, dict, list]] = []  # (step, host record, the step's device update metrics)
         logger = stop = None
+        sync_every, waited = cfg.train.metrics_sync_every, waits_for_updates(run_)
+
+        def flush():  # one host transfer for the pending steps' update metrics; each row under its own step
+            fetched = iter(fetch_metrics([ms for _, _, ms in pending if ms]) if any(ms for _, _, ms in pending)
+                           else [])
+            for s, rec, ms in pending:
+                rec.update(update_record(next(fetched) if ms else [], rec.get("train_s") if waited else None))
+                history[s] = rec
+                logger.log(s, rec)
+            pending.clear()
+
         try:
             self.open_models(in_flight)
             self.log(self.banner(start))
@@ -365,15 +413,17 @@ class RLLearner:
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
                 times["trained"] = time.perf_counter()
-                lr = float(run_.schedule(max(0, step * cfg.updates_per_step() - 1)))
-                rec = self.record(outs, kept, counts, ms, times, lr)
-                if cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation():
+                rec = self.record(outs, kept, counts, times)
+                validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
+                if validating:
                     rec.update(self.validate(policy.model(run_.state["params"]),
                                              f"{self.stage} step {step} validation"))
-                history[step] = rec
-                logger.log(step, rec)
+                pending.append((step, rec, ms))
                 preempted = stop.is_set()
-                if step % cfg.checkpoint.every == 0 or step == cfg.train.steps or preempted:
+                saving = step % cfg.checkpoint.every == 0 or step == cfg.train.steps or preempted
+                if len(pending) >= sync_every or validating or saving:
+                    flush()
+                if saving:
                     data = self.data_state()
                     data = {"sampler": data.pop("sampler"), "next_rollout_id": next_rid, **data}
                     ckpt.save(step, run_.state, data, run_.run_dict)
@@ -387,6 +437,11 @@ class RLLearner:
             if stop is not None:
                 stop.restore()
             if logger is not None:
+                if pending:  # an error mid-run: keep the rows of the steps that ran (they follow no checkpoint)
+                    try:
+                        flush()
+                    except Exception as e:  # the device failed: the error being raised says why
+                        logger.write(f"metrics of steps {[s for s, _, _ in pending]} not written: {e}")
                 logger.close()
             ckpt.close()
             self.close()

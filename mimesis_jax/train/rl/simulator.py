@@ -58,8 +58,7 @@ from mimesis_jax.models.config import ConfigError
 from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import build_sides
-from mimesis_jax.train.rl.learner import (VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero,
-                                         update_record)
+from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
@@ -205,12 +204,9 @@ class SimulatorLearner(RLLearner):
         return fold_advantages(items, fold=self.cfg.rollout.fold, eps=self.cfg.rl.adv_eps,
                                divide_std=self.cfg.rl.divide_std)
 
-    def record(self, outs, kept, counts, updates, times, lr):
-        train_s = times["trained"] - times["rollouts"]
-        rec = step_record(gathered_outcomes(outs), counts["skipped"], self.running,
-                          rollout_s=times["rollouts"] - times["start"], train_s=train_s, lr=lr)
-        rec.update(update_record(updates, train_s))
-        return rec
+    def record(self, outs, kept, counts, times):
+        return step_record(gathered_outcomes(outs), counts["skipped"], self.running,
+                           rollout_s=times["rollouts"] - times["start"], train_s=times["trained"] - times["rollouts"])
 
     def validate(self, model, label):
         """One rollout per held-out record at validation.temperature: the mean reward per domain."""

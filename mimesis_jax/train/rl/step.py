@@ -32,7 +32,10 @@ Metrics (global over the batch): loss, grpo_loss, csd_loss (L_CSD before alpha),
 coached tokens), frac_delta_pos (fraction of coached tokens with Delta > 0), clip_frac (agent tokens whose
 clip is active), entropy (mean -log pi_theta of the sampled agent tokens: a one-sample entropy estimate),
 approx_kl (mean log pi_old - log pi_theta), grad_norm (before the optimizer), agent_tokens, coached_tokens;
-kl_ref (L_KL before kl_coef) only when kl_coef > 0.
+kl_ref (L_KL before kl_coef) only when kl_coef > 0. Built with the optimizer's `schedule`
+(make_rl_step(..., schedule=s), as the learner does), the step also returns lr = s(n), the learning rate this
+update applied, read from the same count n the optimizer's schedule reads (optax's ScaleByScheduleState: the
+updates applied before this one), and opt_steps = n + 1.
 """
 
 from __future__ import annotations
@@ -145,6 +148,18 @@ def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None =
     return loss, sums
 
 
+def schedule_count(opt_state) -> jax.Array:
+    """The update count the optimizer's learning-rate schedule reads (optax's ScaleByScheduleState.count): the
+    number of updates applied so far; the next update uses schedule(count)."""
+    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
+    if len(found) != 1:
+        raise ValueError(f"RLStep(schedule=...): the optimizer state holds {len(found)} learning-rate schedule "
+                         "counts (optax ScaleByScheduleState), not one: build the optimizer with one schedule "
+                         "(train/optim.make_optimizer)")
+    return found[0].count
+
+
 def _zeros(tree):
     return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
 
@@ -153,8 +168,9 @@ class RLStep:
     """The jitted, sharded GRPO(+CSD) update; see the module docstring. Build with `make_rl_step`."""
 
     def __init__(self, config: ModelConfig, optimizer: optax.GradientTransformation, mesh=None,
-                 rl: RLConfig = RLConfig()):
+                 rl: RLConfig = RLConfig(), schedule=None):
         self.config, self.optimizer, self.mesh, self.rl = config, optimizer, mesh, rl
+        self.schedule = schedule  # the optimizer's lr schedule: the step then reports the lr it applied
         self._param_sh = None if mesh is None else models.param_shardings(config, mesh)
         self._opt_sh = None
         self._step = None
@@ -255,6 +271,10 @@ class RLStep:
                                    | {"loss": jnp.zeros(())}))
         (grads, s), _ = jax.lax.scan(body, (g0, s0), batch)
         with jax.named_scope("optimizer"):
+            applied = None
+            if self.schedule is not None:  # the count the schedule reads in this very update
+                n = schedule_count(opt_state)
+                applied = {"lr": jnp.asarray(self.schedule(n), jnp.float32), "opt_steps": n + 1}
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
         nz = lambda x: jnp.maximum(x, 1.0)  # noqa: E731
@@ -267,6 +287,8 @@ class RLStep:
         }
         if "kl_ref" in s:
             metrics["kl_ref"] = s["kl_ref"]
+        if applied is not None:
+            metrics |= applied
         return params, opt_state, metrics
 
     def _compiled(self, params):
@@ -348,6 +370,7 @@ class RLStep:
 
 
 def make_rl_step(config: ModelConfig, optimizer: optax.GradientTransformation, mesh=None,
-                 rl: RLConfig = RLConfig()) -> RLStep:
-    """The jitted, sharded GRPO(+CSD) update with micro-batched gradient accumulation (see RLStep)."""
-    return RLStep(config, optimizer, mesh, rl)
+                 rl: RLConfig = RLConfig(), schedule=None) -> RLStep:
+    """The jitted, sharded GRPO(+CSD) update with micro-batched gradient accumulation (see RLStep); with the
+    optimizer's `schedule` its metrics carry the lr it applied."""
+    return RLStep(config, optimizer, mesh, rl, schedule)
