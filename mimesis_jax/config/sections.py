@@ -50,8 +50,8 @@ class TrainConfig:
     log_every: int = 1  # stdout / TensorBoard every N steps (metrics.jsonl always gets every step)
     # RL stages: the update metrics stay on the device and are fetched to the host every N steps (always at a
     # checkpoint, a validation, SIGTERM and the end), one transfer for the N steps; every step is still logged
-    # under its own step number. 1 = fetch every step. The LM trainer reads every step's loss (train.nonfinite)
-    # and takes only 1.
+    # under its own step number. 1 = fetch (and wait for the updates) every step. The LM trainer reads every
+    # step's loss (train.nonfinite) and takes only 1.
     metrics_sync_every: int = 1
     prefetch: int = 2  # batches prepared ahead on a host thread; 0 = none
     progress_bar: bool = True

@@ -212,6 +212,8 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
         if on_cpu:
             jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
         ms.append(m)
+    if ms and waits_for_updates(run):  # train_s then covers the updates' device time (the last one ends last)
+        jax.block_until_ready(ms[-1])
     return dict(state, params=params, opt_state=opt_state), ms
 
 
