@@ -179,12 +179,13 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     # The Gumbel-max draw of jax.random.categorical(key, scaled) written out (the same noise, the same sum, the
     # same argmax: the same tokens), so that greedy rows share its one argmax over V (of the raw logits where
     # temperature is 0) instead of a second pass over the vocabulary; a batch with no sampled row draws no noise.
-    def noise():
-        return jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
-
     greedy = (temperature <= 0.0)[:, None]
-    gumbel = jax.lax.cond(jnp.all(greedy), lambda: jnp.zeros(logits.shape, jnp.float32), noise)
-    tok = first_argmax(jnp.where(greedy, logits, gumbel + scaled))
+
+    def draw():
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
+        return first_argmax(jnp.where(greedy, logits, gumbel + scaled))
+
+    tok = jax.lax.cond(jnp.all(greedy), lambda: first_argmax(logits), draw)
     lsm = jax.nn.log_softmax(logits / logprob_temperature[:, None], axis=-1)
     lp = jnp.take_along_axis(lsm, tok[:, None], axis=-1)[:, 0]
     return tok, lp
