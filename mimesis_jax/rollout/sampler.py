@@ -20,7 +20,9 @@ How a call runs
   `extend` calls that stops as soon as every row is finished (a stop id or its own max_new_tokens).
 * **Sampling** per row, from fp32 logits of the last position ([B, V], never [B, T, V]):
   temperature 0 = greedy (argmax); otherwise logits / temperature, then top-k (0 = off), then top-p (nucleus:
-  the smallest prefix of the sorted distribution whose mass reaches p; 1.0 = off), then a categorical draw.
+  the smallest prefix of the sorted distribution whose mass reaches p; 1.0 = off), then a categorical draw
+  (jax.random.categorical's Gumbel-max, written out: greedy rows share its single argmax over V, taken as a max
+  and a first-index min, `first_argmax`, which XLA vectorises where its (value, index) argmax reduce is not).
   Tokens tied with the top-k / top-p threshold logit are kept. No step sorts the vocabulary for top-k: the
   candidates come from `lax.top_k` with a static count (the largest requested k rounded up to a power of two,
   at least 64: `candidate_count`), each row masks beyond its own k, and top-p runs over those candidates. A request with
