@@ -148,6 +148,40 @@ def test_step_metrics_placement_donation_and_one_compile_per_bucket(trajectories
     assert np.isfinite(float(m2["loss"])) and step.num_compilations == 1
 
 
+def test_learner_state_update_compiles_only_on_its_first_step():
+    """The update as the learner runs it (train state from init_train_state under the state shardings, the
+    run's optimizer: clipping + AdamW with a warmup/cosine schedule and a decay mask, on a mesh): step 1 compiles
+    one update program; steps 2 and 3 (other dialogues, the same bucket, the state step 1 returned) compile
+    nothing at all, counted from jax's compile events, not by timing."""
+    from mimesis_jax.config.sections import OptimizerConfig
+    from mimesis_jax.profiling import count_compilations
+    from mimesis_jax.train.optim import make_optimizer
+    from mimesis_jax.train.state import state_shardings
+    from mimesis_jax.train.step import init_train_state
+
+    mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
+    tx = make_optimizer(OptimizerConfig(lr=1e-3, warmup_steps=2, weight_decay=0.1, clip_norm=1.0), 10, CFG)
+    rl = RLConfig(num_microbatches=1)
+    step = make_rl_step(CFG, tx, mesh, rl)
+    _, shardings = state_shardings(CFG, tx, mesh)
+    params = models.shard_params(CFG, scaled_params(CFG), mesh)
+    state = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings,
+                    donate_argnums=(0,))(params, jax.random.key(0))
+    params, opt_state = state["params"], state["opt_state"]
+    counts = []
+    for seed in (40, 41, 42):
+        trs = random_batch(seed, CFG.vocab_size, (2, 3, 1, 2), coach_prob=0.0)
+        packed = prepare_batch(trs, rl, rows_multiple=step.rows_multiple(), row_len=96, num_rows=8, pad_multiple=16)
+        with count_compilations() as c:
+            params, opt_state, m = step(params, opt_state, step.place(packed))
+            jax.block_until_ready(m)
+        counts.append(c)
+        assert np.isfinite(float(m["loss"]))
+    assert counts[0].count_of("_rl_update") == 1
+    assert [c.count for c in counts[1:]] == [0, 0], [c.names for c in counts[1:]]
+    assert step.num_compilations == 1
+
+
 def test_rl_config_errors_name_the_key():
     with pytest.raises(ValueError, match="'alpha'"):
         RLConfig(alpha=-1.0)

@@ -12,6 +12,7 @@ import pytest
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.profiling import count_compilations
 from mimesis_jax.rollout import sampler
 
 QWEN3 = dict(model_type="qwen3", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -288,6 +289,35 @@ def test_sampled_tokens_equal_the_sort_filter_path_for_fixed_keys():
     assert len(set(np.asarray(tok).tolist())) > 10  # real draws, not one argmax
 
 
+def test_first_argmax_equals_numpy_argmax_with_ties_and_filtered_entries():
+    rng = np.random.RandomState(3)
+    x = rng.randint(-3, 4, size=(32, 1000)).astype(np.float32)  # many ties at the row maximum
+    x[rng.rand(*x.shape) < 0.5] = -np.inf
+    x[5] = -np.inf
+    x[5, 7] = 0.0  # a row with one finite entry
+    np.testing.assert_array_equal(np.asarray(sampler.first_argmax(jnp.asarray(x))), np.argmax(x, axis=-1))
+
+
+@pytest.mark.parametrize("temps", [(0.0, 1.0, 0.7, 0.0, 1.3, 1.0, 0.0, 2.0), (0.0,) * 8])
+def test_choose_tokens_draws_what_jax_categorical_draws(temps):
+    """Unfiltered rows draw jax.random.categorical(key, logits / T) with their own keys (the token of the plain
+    loop, bit for bit); greedy rows (T = 0) take np.argmax of the raw logits; the log-prob is log_softmax at T."""
+    rng = np.random.RandomState(4)
+    B, V = len(temps), 3000
+    z = (rng.randn(B, V) * 3.0).astype(np.float32)
+    temp = jnp.asarray(temps, jnp.float32)
+    keys = jax.random.split(jax.random.key(11), B)
+    off_k, off_p = jnp.zeros((B,), jnp.int32), jnp.ones((B,), jnp.float32)
+    tok, lp = sampler.choose_tokens(jnp.asarray(z), keys, temp, off_k, off_p, 0)
+    tok = np.asarray(tok)
+    for r, t in enumerate(temps):
+        want = np.argmax(z[r]) if t == 0 else int(jax.random.categorical(keys[r], jnp.asarray(z[r]) / t))
+        assert tok[r] == want, r
+        zt = z[r].astype(np.float64) / (t if t > 0 else 1.0)
+        ref = zt[tok[r]] - (zt.max() + np.log(np.exp(zt - zt.max()).sum()))
+        assert float(lp[r]) == pytest.approx(ref, abs=1e-4)
+
+
 def test_max_batch_chunks_sample_what_one_call_samples(model):
     """max_batch splits the prompts into consecutive compiled calls (here two of batch 2 against one call of
     batch 8); an int seed keys row r by its global index, so the samples are those of the single call."""
@@ -338,10 +368,14 @@ def test_compiled_once_per_bucket():
     params = models.init_params(config, jax.random.key(1))
     gen(config, params, _prompts(config.vocab_size, (3, 9)), max_new_tokens=5, temperature=0.0)
     n = sampler.trace_count()
-    gen(config, params, _prompts(config.vocab_size, (31, 2, 4, 5, 6, 7, 8, 9), seed=9), max_new_tokens=16,
-        temperature=1.0)  # same bucket (8, 32, 16), same filtering flag
-    gen(config, params, _prompts(config.vocab_size, (1,), seed=8), max_new_tokens=1, temperature=0.0)
+    with count_compilations() as later_rounds:  # XLA compilations of anything, counted from jax's compile events
+        gen(config, params, _prompts(config.vocab_size, (31, 2, 4, 5, 6, 7, 8, 9), seed=9), max_new_tokens=16,
+            temperature=1.0)  # same bucket (8, 32, 16), same filtering flag
+        gen(config, params, _prompts(config.vocab_size, (1,), seed=8), max_new_tokens=1, temperature=0.0)
+        gen(config, params, _prompts(config.vocab_size, (4, 5), seed=7), max_new_tokens=9, temperature=0.8,
+            seed=[3, 4])
     assert sampler.trace_count() == n
+    assert later_rounds.count == 0, later_rounds.names
     gen(config, params, _prompts(config.vocab_size, (33,)), max_new_tokens=5, temperature=0.0)  # prompt bucket 64
     assert sampler.trace_count() == n + 1
     assert BK.batch(9) == 16 and BK.batch(3, multiple=4) == 8 and BK.prompt(33) == 64 and BK.new_tokens(17) == 32
