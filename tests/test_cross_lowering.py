@@ -163,9 +163,11 @@ def _export(program, platform):
     fn, args = PROGRAMS[program]()
     with lowering_for(platform), jax.sharding.use_abstract_mesh(MESH):
         assert kernel_platform() == platform
-        exp = export.export(jax.jit(fn), platforms=(platform,),
+        jitted = jax.jit(fn)
+        exp = export.export(jitted, platforms=(platform,),
                             disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON)])(*args)
-    return exp, args
+        jaxpr = jitted.trace(*args).jaxpr  # the trace export lowered (cached), for where the kernels sit
+    return exp, args, jaxpr
 
 
 def _sdy(a: jax.ShapeDtypeStruct) -> str:
@@ -186,6 +188,23 @@ def _main_args(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def _pallas_calls(jaxpr, in_shard_map: bool = False) -> tuple[int, int]:
+    """(pallas_calls inside a shard_map, outside any) in a jaxpr, nested jaxprs included."""
+    inside = outside = 0
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        name = eqn.primitive.name
+        if name == "pallas_call":
+            inside, outside = (inside + 1, outside) if in_shard_map else (inside, outside + 1)
+            continue
+        for p in eqn.params.values():
+            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    i, o = _pallas_calls(inner, in_shard_map or name == "shard_map")
+                    inside, outside = inside + i, outside + o
+    return inside, outside
+
+
 def _kernel_names(text, platform):
     if platform == "cuda":  # the Pallas call's name travels in the Triton call's name attribute
         return set(re.findall(r'name = "(mimesis_\w+)"', text))
@@ -195,7 +214,7 @@ def _kernel_names(text, platform):
 @pytest.mark.parametrize("program", list(PROGRAMS))
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_program_exports_for_accelerator(platform, program):
-    exp, args = _export(program, platform)
+    exp, args, jaxpr = _export(program, platform)
     text = exp.mlir_module()
     assert exp.platforms == (platform,)
     assert exp.nr_devices == MESH.size == 4
@@ -206,6 +225,10 @@ def test_program_exports_for_accelerator(platform, program):
     assert (n_triton, n_mosaic) == ((want, 0) if platform == "cuda" else (0, want)), (n_triton, n_mosaic)
     assert NAMES.get(platform, {}).get(program, set()) <= _kernel_names(text, platform), _kernel_names(text,
                                                                                                       platform)
+    if want:  # every kernel runs per device inside shard_map (XLA cannot partition a Triton / Mosaic call)
+        assert "sdy.manual_computation" in text
+        inside, outside = _pallas_calls(jaxpr)
+        assert outside == 0 and inside > 0, (inside, outside)
 
     # every input's exported sharding is the mesh sharding it was given (Shardy: the @main argument attributes)
     leaves = [a for a in jax.tree.leaves(args) if isinstance(a, jax.ShapeDtypeStruct)]

@@ -51,10 +51,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
+from jax.sharding import PartitionSpec as P
 
 from mimesis_jax.models.blockwise_attention import block_ranges
 from mimesis_jax.models.masks import MaskSpec, block_visible, pad_spec
 from mimesis_jax.models.splash_attention import splash_or_blockwise
+from mimesis_jax.sharding import logical_to_spec
 
 _F32 = jnp.float32
 _NT = (((1,), (1,)), ((), ()))  # a [m, d] x b [n, d] -> [m, n]
@@ -310,4 +312,24 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *
     interpret = default_interpret() if interpret is None else bool(interpret)
     if on_tpu():  # Splash where it expresses the spec, blockwise elsewhere (module docstring)
         return splash_or_blockwise(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k, interpret=interpret)
-    return _flash(q, k, v, spec, float(scale), int(block_q), int(block_k), interpret)
+    return _per_device(lambda q, k, v, spec: _flash(q, k, v, spec, float(scale), int(block_q), int(block_k),
+                                                    interpret), q, k, v, spec)
+
+
+def _per_device(fn, q, k, v, spec):
+    """`fn(q, k, v, spec)` on each device's rows and heads under the current mesh (`jax.set_mesh`), through
+    shard_map: XLA cannot partition a Pallas (Triton) call, so without it every device would gather the whole
+    batch and run every row's and head's attention. Rows split as act_batch, query and KV heads as act_heads /
+    act_kv_heads when both split over the same axes (contiguous chunks keep head h on KV head h // G), else
+    heads replicated; the mask spec follows the rows. No mesh or one device: `fn` as is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return fn(q, k, v, spec)
+    shape = dict(mesh.shape)
+    rows = logical_to_spec(("act_batch",), q.shape[:1], shape)[0]
+    heads = logical_to_spec(("act_heads",), q.shape[2:3], shape)[0]
+    kv_heads = logical_to_spec(("act_kv_heads",), k.shape[2:3], shape)[0]
+    heads = heads if heads == kv_heads else None
+    x, s = P(rows, None, heads, None), P(rows, None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(x, x, x, MaskSpec(s, s, s, s)), out_specs=(x, P(rows, None, heads)),
+                         check_vma=False)(q, k, v, spec)
