@@ -7,9 +7,12 @@ here.
 The kernels are chosen at trace time (models/pallas_attention.py `kernel_platform`), so each export runs under
 `lowering_for(platform)`: Triton kernels for CUDA (flash forward / dq / dk-dv, the paged decode kernel), Splash
 and jax's TPU paged-decode kernel (Mosaic `tpu_custom_call`) for TPU. Per platform and program the test checks
-which kernel custom calls the module holds, that the exported input shardings are the mesh shardings given
-(`in_shardings_hlo`), that the program is bf16 where intended (activations and KV pages) and fp32 where the master
-weights are, and that it is one 4-device SPMD program.
+`exp.platforms`, which kernel custom calls the module holds (how many, which kernels, none of the other
+platform's), that every pallas_call runs inside a shard_map (XLA cannot partition one: a bare Mosaic call does not
+lower under a multi-device mesh, a bare Triton call would gather every operand onto every GPU), that each @main
+argument carries the mesh sharding it was given (Shardy `sdy.sharding` attributes; `exp.in_shardings_hlo` is None
+under Shardy) and its dtype, that the program is bf16 where intended (activations, KV pages) and fp32 where the
+master weights are, and that it is one 4-device SPMD program on the fsdp x tensor mesh.
 
 Where TPU has no kernel: the static sampler's prefill and decode attend over a KV cache (queries != keys), which
 Splash does not express, so on TPU they run the blockwise backend (no custom call, checked); so do the CSD
