@@ -230,3 +230,49 @@ def test_kernels_lower_to_triton_for_cuda():
 def test_config_accepts_pallas():
     assert QWEN3.replace(attention_impl="pallas").attention_impl == "pallas"
     assert QWEN3.attention_impl == "dense"  # the default stays the dense reference
+
+
+def _mesh_objective(spec, r):
+    def objective(attn):
+        return jax.value_and_grad(lambda q, k, v: jnp.sum(attn(q, k, v) * r), (0, 1, 2))
+    return objective, lambda q, k, v: pallas_attention(q, k, v, spec, scale=8 ** -0.5, block_q=16, block_k=16)[0]
+
+
+@pytest.mark.parametrize("KVH", [2, 1])
+def test_kernels_are_per_device_under_a_mesh(KVH):
+    """Under a data x tensor mesh the kernels are called inside shard_map on each device's rows and heads (GQA:
+    query and KV heads split together; one KV head: heads replicated), so XLA never has to gather a Triton call's
+    operands onto every device (traced only; the slow test below runs it)."""
+    from mimesis_jax import sharding
+
+    mesh = sharding.make_mesh({"data": 2, "tensor": 2}, jax.devices()[:4])
+    rng = np.random.RandomState(5)
+    spec = causal_spec(jnp.asarray(_segments(rng, 2, 32, lead_pad=3)))
+    q, k, v = _qkv(rng, 2, 32, 32, 4, KVH)
+    objective, attn = _mesh_objective(spec, q)
+    heads = "'tensor'" if KVH == 2 else "None"
+    with sharding.use_mesh(mesh):
+        jaxpr = str(jax.make_jaxpr(objective(attn))(q, k, v))
+    assert f"P('data', None, {heads}, None), P('data', None, {heads}, None)" in jaxpr
+    assert jaxpr.count("shard_map") >= 2  # the forward and the backward kernels
+    assert "shard_map" not in str(jax.make_jaxpr(objective(attn))(q, k, v))  # no mesh: called as is
+
+
+@pytest.mark.slow
+def test_kernels_under_a_mesh_equal_the_formula():
+    """The per-device (shard_map) kernels under a data x tensor mesh: value and q/k/v gradients of a random linear
+    objective of o equal the masked formula's."""
+    from mimesis_jax import sharding
+
+    mesh = sharding.make_mesh({"data": 2, "tensor": 2}, jax.devices()[:4])
+    rng = np.random.RandomState(5)
+    spec = causal_spec(jnp.asarray(_segments(rng, 2, 32, lead_pad=3)))
+    q, k, v = _qkv(rng, 2, 32, 32, 4, 2)
+    r = jnp.asarray(rng.randn(*q.shape), jnp.float32)
+    objective, attn = _mesh_objective(spec, r)
+    want, gwant = objective(lambda q, k, v: masked_attention(q, k, v, dense_mask(spec)))(q, k, v)
+    with sharding.use_mesh(mesh):
+        got, ggot = objective(attn)(q, k, v)
+    np.testing.assert_allclose(float(got), float(want), atol=1e-4)  # a sum of ~2,000 O(1) terms
+    for name, a, b in zip("qkv", ggot, gwant):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=f"d{name}")

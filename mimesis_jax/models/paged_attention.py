@@ -18,8 +18,9 @@ online softmax of models/blockwise_attention.py (fp32 statistics and accumulator
 CPU it runs in interpret mode (the tests check it against `paged_attention_reference`, which gathers the pages
 into a dense [B, T, KVH, Dh] cache and calls the dense backend). On TPU, where the portable kernel would hold a
 head's whole page pool in VMEM, `paged_attention` hands the same arguments to jax's tuned TPU kernel
-(jax.experimental.pallas.ops.tpu.paged_attention, the same layout; q pre-scaled since that kernel does not scale);
-that path is not exercised by this repository's CPU tests.
+(jax.experimental.pallas.ops.tpu.paged_attention, the same layout; q pre-scaled since that kernel does not scale).
+Under a multi-device mesh either kernel runs per device in shard_map (XLA cannot partition a Pallas call). The TPU
+path is lowered for TPU from this CPU host by tests/test_cross_lowering.py but not run by this repository's tests.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
 from mimesis_jax.models.attention import dense_attention
 from mimesis_jax.models.masks import make_spec
-from mimesis_jax.models.pallas_attention import compiler_params
+from mimesis_jax.models.pallas_attention import compiler_params, kernel_platform
+from mimesis_jax.sharding import logical_to_spec
 
 _F32 = jnp.float32
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # a masked score (as models/paged_cache.py)
@@ -129,9 +132,31 @@ def _tpu_paged(q, k_pages, v_pages, page_table, lengths, scale):
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_paged
     pps = page_table.shape[1]
     per_block = max(d for d in range(1, min(pps, 8) + 1) if pps % d == 0)
-    o = tpu_paged((q * scale).astype(q.dtype), k_pages, v_pages, lengths, page_table,
-                  pages_per_compute_block=per_block)
+
+    def kernel(q, k_pages, v_pages, lengths, page_table):
+        return tpu_paged(q, k_pages, v_pages, lengths, page_table, pages_per_compute_block=per_block)
+
+    o = _per_device(kernel, (q * scale).astype(q.dtype), k_pages, v_pages, lengths, page_table)
     return jnp.where((lengths > 0)[:, None, None], o, 0).astype(q.dtype)
+
+
+def _per_device(kernel, q, k_pages, v_pages, lengths, page_table):
+    """`kernel` on each device's rows and KV heads under the current mesh (`jax.set_mesh`), through shard_map: XLA
+    cannot partition a Pallas call (a Mosaic one under a multi-device mesh does not even lower: "Mosaic kernels
+    cannot be automatically partitioned"; a Triton one would get every operand gathered onto every device). Rows split as act_batch, query and KV heads (with their pages) as
+    act_heads / act_kv_heads when both split over the same axes (contiguous chunks keep head h on KV head
+    h // G), else replicated; the page tables and lengths follow the rows."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return kernel(q, k_pages, v_pages, lengths, page_table)
+    shape = dict(mesh.shape)
+    rows = logical_to_spec(("act_batch",), q.shape[:1], shape)[0]
+    heads = logical_to_spec(("act_heads",), q.shape[1:2], shape)[0]
+    kv_heads = logical_to_spec(("act_kv_heads",), k_pages.shape[:1], shape)[0]
+    heads = heads if heads == kv_heads else None
+    pool = P(heads, None, None, None)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=(P(rows, heads, None), pool, pool, P(rows), P(rows, None)),
+                         out_specs=P(rows, heads, None), check_vma=False)(q, k_pages, v_pages, lengths, page_table)
 
 
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
@@ -139,16 +164,23 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_t
     """Decode attention over a paged cache (layout in the module docstring) -> out [B, H, Dh] in q's dtype.
     `interpret=None`: interpret mode on CPU; on TPU (interpret not forced) jax's TPU paged kernel is used."""
     _check(q, k_pages, v_pages, page_table, lengths)
-    B, H, Dh = q.shape
-    KVH, P, S, _ = k_pages.shape
-    G = H // KVH
+    Dh = q.shape[2]
     scale = Dh ** -0.5 if scale is None else float(scale)
     page_table, lengths = jnp.asarray(page_table, jnp.int32), jnp.asarray(lengths, jnp.int32)
-    backend = jax.default_backend()
+    backend = kernel_platform()
     if interpret is None and backend == "tpu":
         return _tpu_paged(q, k_pages, v_pages, page_table, lengths, scale)
     interpret = backend == "cpu" if interpret is None else bool(interpret)
-    pool = pl.BlockSpec((None, P, S, Dh), lambda b, h: (h, 0, 0, 0))
+    kernel = functools.partial(_portable, scale=scale, interpret=interpret)
+    return _per_device(kernel, q, k_pages, v_pages, lengths, page_table)
+
+
+def _portable(q, k_pages, v_pages, lengths, page_table, *, scale: float, interpret: bool):
+    """The portable Pallas kernel (Triton on GPUs, interpret mode on CPU) over grid (rows, KV heads)."""
+    B, H, Dh = q.shape
+    KVH, n_pages, S, _ = k_pages.shape
+    G = H // KVH
+    pool = pl.BlockSpec((None, n_pages, S, Dh), lambda b, h: (h, 0, 0, 0))
     o = pl.pallas_call(
         functools.partial(_paged_kernel, scale=scale, page_size=S), grid=(B, KVH),
         in_specs=[pl.BlockSpec(page_table.shape, lambda b, h: (0, 0)), pl.BlockSpec((B,), lambda b, h: (0,)),

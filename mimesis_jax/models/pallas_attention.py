@@ -28,7 +28,8 @@ are cast to the input dtype for their matmuls, as in the blockwise backend). Len
 with segment 0 (visible to nothing); a query that sees no key returns o = 0, lse = -inf and zero gradients.
 
 Backends: on CPU the kernels run in Pallas interpret mode (`interpret=None` picks it when
-``jax.default_backend() == "cpu"``), which is how the tests check them against the dense and blockwise paths. On
+``kernel_platform() == "cpu"``: the default backend, or the platform `lowering_for` names when a CPU host
+exports for an accelerator), which is how the tests check them against the dense and blockwise paths. On
 GPUs they are lowered through Triton (`compiler_params`; jax's default there, Mosaic GPU, wants warpgroup-level
 kernels): block sizes are powers of two >= 16 (Triton's smallest dot tile; head_dim should be >= 16 too), and the
 tests lower all three kernels for CUDA from a CPU host (jax.export), but compiling and running them on a GPU is not
@@ -43,16 +44,19 @@ GPUs keep these kernels for every spec.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
+from jax.sharding import PartitionSpec as P
 
 from mimesis_jax.models.blockwise_attention import block_ranges
 from mimesis_jax.models.masks import MaskSpec, block_visible, pad_spec
 from mimesis_jax.models.splash_attention import splash_or_blockwise
+from mimesis_jax.sharding import logical_to_spec
 
 _F32 = jnp.float32
 _NT = (((1,), (1,)), ((), ()))  # a [m, d] x b [n, d] -> [m, n]
@@ -260,17 +264,44 @@ def compiler_params():
     """Triton parameters except on TPU: jax lowers Pallas to Mosaic GPU on GPUs by default, whose warpgroup
     programming model these kernels are not written for; the parameters select Triton there (they are ignored in
     interpret mode, and also let a CPU host lower the kernels for CUDA, see the tests)."""
-    return None if jax.default_backend() == "tpu" else plt.CompilerParams(num_warps=4, num_stages=2)
+    return None if kernel_platform() == "tpu" else plt.CompilerParams(num_warps=4, num_stages=2)
+
+
+_TARGET: list[str] = []  # the platform `lowering_for` targets (innermost last); empty: the default backend
+
+
+def kernel_platform() -> str:
+    """The platform the attention kernels are traced for: jax's default backend, or the one `lowering_for`
+    names (a CPU host exporting a program for an accelerator)."""
+    return _TARGET[-1] if _TARGET else jax.default_backend()
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str):
+    """Trace the kernels for `platform` ("cpu", "cuda" or "tpu") instead of the default backend, e.g. on a CPU
+    host before `jax.export.export(fn, platforms=(platform,))`: the choice of kernel (Triton, Splash / TPU
+    paged, interpret mode) is made at trace time from `kernel_platform()`, and jax.export only lowers. jax's
+    trace caches do not see the choice, so they are cleared on entry and exit (a program traced under it is
+    never reused outside it, nor one traced outside reused under it)."""
+    if platform not in ("cpu", "cuda", "rocm", "tpu"):
+        raise ValueError(f"lowering_for: platform must be cpu, cuda, rocm or tpu, got {platform!r}")
+    jax.clear_caches()
+    _TARGET.append(platform)
+    try:
+        yield
+    finally:
+        _TARGET.pop()
+        jax.clear_caches()
 
 
 def on_tpu() -> bool:
-    """Whether the TPU path (Splash / blockwise) replaces these kernels: the default backend is a TPU."""
-    return jax.default_backend() == "tpu"
+    """Whether the TPU path (Splash / blockwise) replaces these kernels: the kernels target a TPU."""
+    return kernel_platform() == "tpu"
 
 
 def default_interpret() -> bool:
-    """Pallas interpret mode where no kernel compiler exists: the CPU backend."""
-    return jax.default_backend() == "cpu"
+    """Pallas interpret mode where no kernel compiler exists: the kernels target the CPU."""
+    return kernel_platform() == "cpu"
 
 
 def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *, scale: float, block_q: int,
@@ -281,4 +312,24 @@ def pallas_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec, *
     interpret = default_interpret() if interpret is None else bool(interpret)
     if on_tpu():  # Splash where it expresses the spec, blockwise elsewhere (module docstring)
         return splash_or_blockwise(q, k, v, spec, scale=scale, block_q=block_q, block_k=block_k, interpret=interpret)
-    return _flash(q, k, v, spec, float(scale), int(block_q), int(block_k), interpret)
+    return _per_device(lambda q, k, v, spec: _flash(q, k, v, spec, float(scale), int(block_q), int(block_k),
+                                                    interpret), q, k, v, spec)
+
+
+def _per_device(fn, q, k, v, spec):
+    """`fn(q, k, v, spec)` on each device's rows and heads under the current mesh (`jax.set_mesh`), through
+    shard_map: XLA cannot partition a Pallas (Triton) call, so without it every device would gather the whole
+    batch and run every row's and head's attention. Rows split as act_batch, query and KV heads as act_heads /
+    act_kv_heads when both split over the same axes (contiguous chunks keep head h on KV head h // G), else
+    heads replicated; the mask spec follows the rows. No mesh or one device: `fn` as is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return fn(q, k, v, spec)
+    shape = dict(mesh.shape)
+    rows = logical_to_spec(("act_batch",), q.shape[:1], shape)[0]
+    heads = logical_to_spec(("act_heads",), q.shape[2:3], shape)[0]
+    kv_heads = logical_to_spec(("act_kv_heads",), k.shape[2:3], shape)[0]
+    heads = heads if heads == kv_heads else None
+    x, s = P(rows, None, heads, None), P(rows, None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(x, x, x, MaskSpec(s, s, s, s)), out_specs=(x, P(rows, None, heads)),
+                         check_vma=False)(q, k, v, spec)
