@@ -8,6 +8,18 @@ if "xla_force_host_platform_device_count" not in _flags:
     _flags += " --xla_force_host_platform_device_count=8"
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
     _flags += " --xla_cpu_collective_call_terminate_timeout_seconds=15"
+# Tests check results, not LLVM's code quality: XLA's CPU backend at optimization level 0 compiles the same HLO
+# programs (same fusions, buffers, memory_analysis and cost_analysis) with far less LLVM time, which is most of a
+# tiny-model test's cost. Measured on tests/test_agent_rl_step.py with -n 0 and no cache: 101.5 -> 62.1 user CPU
+# seconds. MIMESIS_TEST_XLA_OPT=full compiles as users do. Subprocesses get the same flags through
+# helpers.subprocess_env.
+if os.environ.get("MIMESIS_TEST_XLA_OPT", "") != "full":
+    os.environ.setdefault("MIMESIS_TEST_XLA_COMPILE_FLAGS", "--xla_backend_optimization_level=0")
+else:
+    os.environ["MIMESIS_TEST_XLA_COMPILE_FLAGS"] = ""
+for _flag in os.environ["MIMESIS_TEST_XLA_COMPILE_FLAGS"].split():
+    if _flag.split("=")[0] not in _flags:
+        _flags += " " + _flag
 os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -94,3 +106,28 @@ def _cpu_seconds():
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _module_costs() -> dict:
+    """tests/module_costs.tsv: measured CPU seconds per test module (scripts/test_costs.py writes it)."""
+    path = os.path.join(os.path.dirname(__file__), "module_costs.tsv")
+    out = {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.startswith("#") or not line.strip():
+                continue
+            module, cost = line.rstrip("\n").split("\t")
+            out[os.path.basename(module)] = float(cost)
+    return out
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Dearest modules first. xdist's loadfile hands whole modules to workers in collection order (pyproject's
+    --no-loadscope-reorder keeps it), so this is longest-first scheduling: the run ends on small modules instead of
+    one worker finishing a 5-minute module while the other idles. A module not in the table costs 0 and keeps its
+    place among the others; tests keep their order inside a module (module fixtures are built once)."""
+    costs = _module_costs()
+    first_seen = {}
+    for item in items:
+        first_seen.setdefault(item.path.name, len(first_seen))
+    items.sort(key=lambda item: (-costs.get(item.path.name, 0.0), first_seen[item.path.name]))

@@ -1,7 +1,6 @@
 """Two local processes joined by jax.distributed (CPU, gloo collectives), 4 devices each, one global 8-device
 mesh: the sharded loss and a gradient checksum equal the single-process values."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -10,6 +9,8 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+
+from helpers import subprocess_env
 
 from mimesis_jax import models
 from mimesis_jax.models import ModelConfig
@@ -21,7 +22,7 @@ CFG = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_laye
 WORKER = textwrap.dedent('''
     import os, sys
     pid, port = int(sys.argv[1]), sys.argv[2]
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     from mimesis_jax import sharding
@@ -54,7 +55,7 @@ def test_two_process_mesh_equals_single_process(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER % {"cfg": CFG})
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env()
     procs = [subprocess.Popen([sys.executable, str(script), str(i), port], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
     outs = []
