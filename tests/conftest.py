@@ -8,23 +8,20 @@ if "xla_force_host_platform_device_count" not in _flags:
     _flags += " --xla_force_host_platform_device_count=8"
 if "xla_cpu_collective_call_terminate_timeout_seconds" not in _flags:
     _flags += " --xla_cpu_collective_call_terminate_timeout_seconds=15"
-# Tests check results, not LLVM's code quality: XLA's CPU backend at optimization level 0 compiles the same HLO
-# programs (same fusions, buffers, memory_analysis and cost_analysis) with far less LLVM time, which is most of a
-# tiny-model test's cost. Measured on tests/test_agent_rl_step.py with -n 0 and no cache: 101.5 -> 62.1 user CPU
-# seconds. MIMESIS_TEST_XLA_OPT=full compiles as users do. Subprocesses get the same flags through
-# helpers.subprocess_env.
-if os.environ.get("MIMESIS_TEST_XLA_OPT", "") != "full":
-    os.environ.setdefault("MIMESIS_TEST_XLA_COMPILE_FLAGS", "--xla_backend_optimization_level=0")
-else:
-    os.environ["MIMESIS_TEST_XLA_COMPILE_FLAGS"] = ""
-for _flag in os.environ["MIMESIS_TEST_XLA_COMPILE_FLAGS"].split():
-    if _flag.split("=")[0] not in _flags:
-        _flags += " " + _flag
 os.environ["XLA_FLAGS"] = _flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests check results, not LLVM's code quality: with jax_disable_most_optimizations JAX compiles the same HLO
+# programs (same fusions, buffers, memory_analysis and cost_analysis) at XLA's backend optimization level 0, with
+# far less LLVM time, which is most of a tiny-model test's cost. Measured per module (scripts/test_costs.py):
+# test_agent_rl_step 101 -> 72, test_engine 191 -> 120, test_sampler 93 -> 53 CPU seconds. Modules whose cost is
+# running programs rather than compiling them, or whose checks sit at the summation noise of optimized code, are
+# marked `optimized` and compile as users do (the fixture below; subprocesses inherit the variable).
+# MIMESIS_TEST_XLA_OPT=full compiles everything as users do.
+_FAST_COMPILE = os.environ.get("MIMESIS_TEST_XLA_OPT", "") != "full"
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if _FAST_COMPILE else "0"
 
 # One persistent XLA compilation cache per test run, shared by the xdist workers and the subprocesses tests start
 # (they inherit the variable): the same tiny programs recur across modules (jax.clear_caches() below drops the
@@ -66,6 +63,26 @@ def _release_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_optimized(request):
+    """A module marked `optimized` compiles with XLA's full optimization, in process and in the subprocesses it
+    starts. The flag is read at every compilation; the in-memory caches were emptied when the previous module ended
+    (above), and the persistent cache keys on the compile options, so no program crosses over."""
+    if not (_FAST_COMPILE and request.node.get_closest_marker("optimized")):
+        yield
+        return
+    import jax
+
+    jax.config.update("jax_disable_most_optimizations", False)
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
+    try:
+        yield
+    finally:
+        jax.clear_caches()
+        jax.config.update("jax_disable_most_optimizations", True)
+        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
 
 
 def _status_kib(*keys):

@@ -22,7 +22,7 @@ CFG = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_laye
 WORKER = textwrap.dedent('''
     import os, sys
     pid, port = int(sys.argv[1]), sys.argv[2]
-    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     from mimesis_jax import sharding

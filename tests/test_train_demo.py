@@ -14,6 +14,9 @@ from helpers import subprocess_env
 from mimesis_jax import models
 from mimesis_jax.train.metrics import read_metrics
 
+# the README's main job, whose cost is running all stages (unoptimized: 255 -> 283 CPU s)
+pytestmark = pytest.mark.optimized
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
