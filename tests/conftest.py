@@ -13,6 +13,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests check results, not LLVM's code quality: with jax_disable_most_optimizations JAX compiles the same HLO
+# programs (same fusions, buffers, memory_analysis and cost_analysis) at XLA's backend optimization level 0, with
+# far less LLVM time, which is most of a tiny-model test's cost. Measured per module (scripts/test_costs.py):
+# test_agent_rl_step 101 -> 72, test_engine 191 -> 120, test_sampler 93 -> 53 CPU seconds. Modules whose cost is
+# running programs rather than compiling them, or whose checks sit at the summation noise of optimized code, are
+# marked `optimized` and compile as users do (the fixture below; subprocesses inherit the variable).
+# MIMESIS_TEST_XLA_OPT=full compiles everything as users do.
+_FAST_COMPILE = os.environ.get("MIMESIS_TEST_XLA_OPT", "") != "full"
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if _FAST_COMPILE else "0"
 
 # One persistent XLA compilation cache per test run, shared by the xdist workers and the subprocesses tests start
 # (they inherit the variable): the same tiny programs recur across modules (jax.clear_caches() below drops the
@@ -56,6 +65,26 @@ def _release_compiled_programs():
     gc.collect()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _compile_optimized(request):
+    """A module marked `optimized` compiles with XLA's full optimization, in process and in the subprocesses it
+    starts. The flag is read at every compilation; the in-memory caches were emptied when the previous module ended
+    (above), and the persistent cache keys on the compile options, so no program crosses over."""
+    if not (_FAST_COMPILE and request.node.get_closest_marker("optimized")):
+        yield
+        return
+    import jax
+
+    jax.config.update("jax_disable_most_optimizations", False)
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
+    try:
+        yield
+    finally:
+        jax.clear_caches()
+        jax.config.update("jax_disable_most_optimizations", True)
+        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+
+
 def _status_kib(*keys):
     """VmRSS (resident now) and VmHWM (the process's peak so far: a test that raises it spiked inside) in KiB."""
     out = dict.fromkeys(keys, 0)
@@ -94,3 +123,28 @@ def _cpu_seconds():
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _module_costs() -> dict:
+    """tests/module_costs.tsv: measured CPU seconds per test module (scripts/test_costs.py writes it)."""
+    path = os.path.join(os.path.dirname(__file__), "module_costs.tsv")
+    out = {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.startswith("#") or not line.strip():
+                continue
+            module, cost = line.rstrip("\n").split("\t")
+            out[os.path.basename(module)] = float(cost)
+    return out
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Dearest modules first. xdist's loadfile hands whole modules to workers in collection order (pyproject's
+    --no-loadscope-reorder keeps it), so this is longest-first scheduling: the run ends on small modules instead of
+    one worker finishing a 5-minute module while the other idles. A module not in the table costs 0 and keeps its
+    place among the others; tests keep their order inside a module (module fixtures are built once)."""
+    costs = _module_costs()
+    first_seen = {}
+    for item in items:
+        first_seen.setdefault(item.path.name, len(first_seen))
+    items.sort(key=lambda item: (-costs.get(item.path.name, 0.0), first_seen[item.path.name]))

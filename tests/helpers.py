@@ -7,6 +7,20 @@ import os
 import numpy as np
 
 
+def subprocess_env(devices: int | None = None, collective_timeout_s: int = 60, **extra: str) -> dict:
+    """The environment for a CLI or worker subprocess a test starts: the test's own variables, JAX on CPU, and
+    XLA_FLAGS rebuilt (the compile setting travels in JAX_DISABLE_MOST_OPTIMIZATIONS, tests/conftest.py): with
+    ``devices``, that many fake CPU devices and a collective timeout so a hung peer fails the test instead of
+    blocking it; without ``devices`` the child sees one CPU device, as a user's laptop does."""
+    flags = []
+    if devices is not None:
+        flags += [f"--xla_force_host_platform_device_count={devices}",
+                  f"--xla_cpu_collective_call_terminate_timeout_seconds={collective_timeout_s}"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags))
+    env.update(extra)
+    return env
+
+
 def torch_available() -> bool:
     try:
         import torch  # noqa: F401

@@ -20,6 +20,8 @@ from mimesis_jax.rollout.base import ChatResponse, SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 
+pytestmark = pytest.mark.optimized  # its cost is running RL steps, which unoptimized code makes dearer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s")
 

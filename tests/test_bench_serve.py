@@ -10,6 +10,9 @@ import os
 
 import pytest
 
+# a serving load: its cost is running programs, and its latency ratios assume optimized code
+pytestmark = pytest.mark.optimized
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 20 uncancelled dropped streams of 128 tokens would keep every engine slot (16) and the default backend's batch

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from helpers import subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_engine_decode.py")
 LAST = re.compile(r"engine decode: (?P<eng>[\d.]+) tok/s at batch (?P<batch>\d+) \(sampler\.generate: "
@@ -18,9 +20,8 @@ LAST = re.compile(r"engine decode: (?P<eng>[\d.]+) tok/s at batch (?P<batch>\d+)
 
 
 def _env():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("XLA_FLAGS", None)  # one CPU device: the engine runs on one device
-    return env
+    # One CPU device: the engine runs on one device.
+    return subprocess_env(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def _bench(tmp_path, *extra):

@@ -28,6 +28,8 @@ from mimesis_jax.train.rl import chat_models as C
 from mimesis_jax.train.rl import simulator as S
 from mimesis_jax.checkpoints import load_trained
 
+pytestmark = pytest.mark.optimized  # its cost is running rollouts, which unoptimized code makes dearer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s")
 

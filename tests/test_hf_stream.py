@@ -13,7 +13,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from helpers import assert_trees_equal
+from helpers import assert_trees_equal, subprocess_env
 from mimesis_jax import models, sharding
 from mimesis_jax.models import ModelConfig, hf
 from mimesis_jax.models.hf import CheckpointError
@@ -183,7 +183,7 @@ _CHILD = textwrap.dedent("""
 
 def _peak_rss(src: str, out: str, shard_bytes: int, pythonpath: str | None = None) -> dict:
     """Runs load_hf(src) then save_hf(out) in a fresh single-device process; its RSS figures in bytes."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    env = subprocess_env()
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     r = subprocess.run([sys.executable, "-c", _CHILD, src, out, str(shard_bytes)], env=env, capture_output=True,

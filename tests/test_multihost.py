@@ -1,7 +1,6 @@
 """Two local processes joined by jax.distributed (CPU, gloo collectives), 4 devices each, one global 8-device
 mesh: the sharded loss and a gradient checksum equal the single-process values."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -10,6 +9,8 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+
+from helpers import subprocess_env
 
 from mimesis_jax import models
 from mimesis_jax.models import ModelConfig
@@ -54,7 +55,7 @@ def test_two_process_mesh_equals_single_process(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER % {"cfg": CFG})
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = subprocess_env()
     procs = [subprocess.Popen([sys.executable, str(script), str(i), port], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
     outs = []

@@ -9,6 +9,9 @@ from mimesis_jax import models, sharding
 from mimesis_jax.models import ModelConfig
 from mimesis_jax.train.step import make_grad_step
 
+# its sharded-vs-one-device checks sit at the summation noise of optimized code
+pytestmark = pytest.mark.optimized
+
 CONFIG = ModelConfig(model_type="qwen3_5_text", vocab_size=96, hidden_size=32, intermediate_size=64,
                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                      partial_rotary_factor=0.25, attn_output_gate=True, linear_conv_kernel_dim=4,

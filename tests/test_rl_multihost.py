@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 
+from helpers import subprocess_env
 from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax.algorithms import grpo, rl_batch
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step
@@ -116,9 +117,7 @@ def _free_port():
 
 def _two_processes(workdir, abort_after=None, timeout=900):
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4 "
-                         "--xla_cpu_collective_call_terminate_timeout_seconds=60", PYTHONUNBUFFERED="1")
+    env = subprocess_env(devices=4, PYTHONUNBUFFERED="1")
     env.pop("MIMESIS_ABORT_AFTER_STEP", None)
     if abort_after is not None:
         env["MIMESIS_ABORT_AFTER_STEP"] = str(abort_after)

@@ -16,7 +16,7 @@ import numpy as np
 import openai
 import pytest
 
-from helpers import assert_trees_equal
+from helpers import assert_trees_equal, subprocess_env
 from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ConfigError, ModelConfig
@@ -390,7 +390,7 @@ def test_cli_serve_command_serves(kind, request):
     stop it."""
     checkpoint = request.getfixturevalue("checkpoint" if kind == "hf" else "workdir")
     tok = ["--tokenizer", "tiny"] if kind == "hf" else []
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    env = subprocess_env()
     proc = subprocess.Popen([sys.executable, "-m", "mimesis_jax", "serve", "--checkpoint", checkpoint, *tok,
                              "--port", "0", "--max-tokens", "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

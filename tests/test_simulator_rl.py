@@ -3,8 +3,9 @@
 against a formula written here, resume == uninterrupted through the CLI, config errors named.
 
 The runs are marked slow: they compile the tiny Qwen3.5 RL step at 2,048-token rows, which twice crashed inside
-XLA's CPU compiler (SIGSEGV / SIGABRT, no message) late in the ~1,300-test default process on the CI machine while
-passing alone and in the slow pass; the slow pass runs them in a fresh, short process until that is understood."""
+XLA's CPU compiler (SIGSEGV / SIGABRT, no message) late in the ~1,300-test single default process on the CI machine
+while passing alone and in a short process. The suite now runs on three workers, dearest module first
+(tests/conftest.py), so this module starts a worker's life instead of ending a long one."""
 
 import json
 import os
@@ -20,6 +21,9 @@ from mimesis_jax.rollout.base import ChatResponse
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl import simulator as S
+
+# its cost is running 2,048-token RL steps, which unoptimized code makes dearer
+pytestmark = pytest.mark.optimized
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
@@ -61,7 +65,7 @@ def straight(tmp_path_factory):
     return res, seen
 
 
-@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
+@pytest.mark.slow  # early in a worker: see the module docstring
 def test_metrics_domains_and_unique_rollout_ids(straight):
     res, seen = straight
     assert sorted(res.metrics) == [1, 2, 3] and res.checkpoint_step == 3
@@ -92,7 +96,7 @@ def test_metrics_domains_and_unique_rollout_ids(straight):
     assert res.metrics[3]["reward_running/abcd_behaviour"] == pytest.approx(np.mean(allb))
 
 
-@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
+@pytest.mark.slow  # early in a worker: see the module docstring
 def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_path):
     res, _ = straight
     args = ["simrl", "--config", CONFIG, "--workdir", str(tmp_path), "--set"] + SMALL
@@ -106,7 +110,7 @@ def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_p
         assert got == pytest.approx(want), r["step"]
 
 
-@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
+@pytest.mark.slow  # early in a worker: see the module docstring
 def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
     """The hand-off: the simrl checkpoint exports to a HF directory that load_hf reads back exactly, and the
     agent stage's user spec accepts the workdir itself (rollout/specs.py via export.load_trained)."""
@@ -125,7 +129,7 @@ def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
+@pytest.mark.slow  # early in a worker: see the module docstring
 def test_invalid_rollouts_leave_their_group(tmp_path):
     sides = SideModels(judge=FlakyJudge(), partner=ToySupportAgent(), support_agent=ToySupportAgent())
     seen = {}
@@ -216,7 +220,7 @@ def test_rollouts_with_no_policy_turn_are_skipped_and_counted(tmp_path):
     assert (rec["no_policy_turn"], rec["skipped_groups"], rec["segments"], rec["invalid"]) == (4, 2, 0, 0)
 
 
-@pytest.mark.slow  # a fresh process (the slow pass): see the module docstring
+@pytest.mark.slow  # early in a worker: see the module docstring
 def test_row_len_equal_to_the_context_limit_trains(straight):
     """row_len == rollout.max_context_tokens (as the 9B config sets it): every policy turn's segment (its prompt and
     sample) fits one row and the step trains. Step 1 of the module's run, which sets both to 2048 (a run of its own

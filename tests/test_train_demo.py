@@ -9,8 +9,13 @@ import sys
 import numpy as np
 import pytest
 
+from helpers import subprocess_env
+
 from mimesis_jax import models
 from mimesis_jax.train.metrics import read_metrics
+
+# the README's main job, whose cost is running all stages (unoptimized: 255 -> 283 CPU s)
+pytestmark = pytest.mark.optimized
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,8 +26,7 @@ def test_demo_runs_both_stages_and_exports(tmp_path):
     """The README's demo command in a fresh process on one CPU device, as a user runs it: in the test process the 8
     fake devices of tests/conftest.py made every stage compile 8-way sharded programs (most of this test's time)."""
     root = str(tmp_path / "demo")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env = subprocess_env(PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "demo", "--workdir", root, "--set", "train.steps=12",
                            "train.progress_bar=false", "--simrl-steps", "1", "--agent-steps", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)

@@ -11,6 +11,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from helpers import subprocess_env
+
 from mimesis_jax.config import load_config
 from mimesis_jax.checkpoints import Checkpointer
 from mimesis_jax.train.loop import train
@@ -69,9 +71,7 @@ def test_two_processes_train_like_one(tmp_path):
     cfg_file.write_text(CONFIG)
     wd = tmp_path / "multi"
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4 "
-                         "--xla_cpu_collective_call_terminate_timeout_seconds=60", PYTHONUNBUFFERED="1")
+    env = subprocess_env(devices=4, PYTHONUNBUFFERED="1")
     procs = [subprocess.Popen([sys.executable, "-m", "mimesis_jax", "midtrain", "--config", str(cfg_file),
                                "--workdir", str(wd), "--distributed", "--coordinator", f"127.0.0.1:{port}",
                                "--num-processes", "2", "--process-id", str(i)],

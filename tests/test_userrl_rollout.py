@@ -17,6 +17,8 @@ from mimesis_jax.rollout.endpoints import LocalChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.rollout.specs import tiny_model
 
+pytestmark = pytest.mark.optimized  # its cost is running rollouts, which unoptimized code makes dearer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
