@@ -12,6 +12,7 @@ import argparse
 import collections
 import glob
 import os
+import sys
 
 
 def costs(log_dir: str):
@@ -51,4 +52,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # piped into head: the reader has what it wanted
+        sys.stderr.close()
