@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 from mimesis_jax.models.attention import dense_attention
 from mimesis_jax.models.masks import make_spec
 from mimesis_jax.models.pallas_attention import compiler_params, kernel_platform
-from mimesis_jax.sharding import logical_to_spec
+from mimesis_jax.sharding import kernel_split
 
 _F32 = jnp.float32
 _NEG = -0.7 * float(jnp.finfo(jnp.float32).max)  # a masked score (as models/paged_cache.py)
@@ -143,17 +143,13 @@ def _tpu_paged(q, k_pages, v_pages, page_table, lengths, scale):
 def _per_device(kernel, q, k_pages, v_pages, lengths, page_table):
     """`kernel` on each device's rows and KV heads under the current mesh (`jax.set_mesh`), through shard_map: XLA
     cannot partition a Pallas call (a Mosaic one under a multi-device mesh does not even lower: "Mosaic kernels
-    cannot be automatically partitioned"; a Triton one would get every operand gathered onto every device). Rows split as act_batch, query and KV heads (with their pages) as
-    act_heads / act_kv_heads when both split over the same axes (contiguous chunks keep head h on KV head
-    h // G), else replicated; the page tables and lengths follow the rows."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    cannot be automatically partitioned"; a Triton one would get every operand gathered onto every device).
+    Rows and heads split as sharding.kernel_split says, each KV head with its pages; the page tables and lengths
+    follow the rows."""
+    split = kernel_split(q.shape[0], q.shape[1], k_pages.shape[0])
+    if split is None:
         return kernel(q, k_pages, v_pages, lengths, page_table)
-    shape = dict(mesh.shape)
-    rows = logical_to_spec(("act_batch",), q.shape[:1], shape)[0]
-    heads = logical_to_spec(("act_heads",), q.shape[1:2], shape)[0]
-    kv_heads = logical_to_spec(("act_kv_heads",), k_pages.shape[:1], shape)[0]
-    heads = heads if heads == kv_heads else None
+    mesh, rows, heads = split
     pool = P(heads, None, None, None)
     return jax.shard_map(kernel, mesh=mesh, in_specs=(P(rows, heads, None), pool, pool, P(rows), P(rows, None)),
                          out_specs=P(rows, heads, None), check_vma=False)(q, k_pages, v_pages, lengths, page_table)

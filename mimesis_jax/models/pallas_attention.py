@@ -56,7 +56,7 @@ from jax.sharding import PartitionSpec as P
 from mimesis_jax.models.blockwise_attention import block_ranges
 from mimesis_jax.models.masks import MaskSpec, block_visible, pad_spec
 from mimesis_jax.models.splash_attention import splash_or_blockwise
-from mimesis_jax.sharding import logical_to_spec
+from mimesis_jax.sharding import kernel_split
 
 _F32 = jnp.float32
 _NT = (((1,), (1,)), ((), ()))  # a [m, d] x b [n, d] -> [m, n]
@@ -322,14 +322,10 @@ def _per_device(fn, q, k, v, spec):
     batch and run every row's and head's attention. Rows split as act_batch, query and KV heads as act_heads /
     act_kv_heads when both split over the same axes (contiguous chunks keep head h on KV head h // G), else
     heads replicated; the mask spec follows the rows. No mesh or one device: `fn` as is."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    split = kernel_split(q.shape[0], q.shape[2], k.shape[2])
+    if split is None:
         return fn(q, k, v, spec)
-    shape = dict(mesh.shape)
-    rows = logical_to_spec(("act_batch",), q.shape[:1], shape)[0]
-    heads = logical_to_spec(("act_heads",), q.shape[2:3], shape)[0]
-    kv_heads = logical_to_spec(("act_kv_heads",), k.shape[2:3], shape)[0]
-    heads = heads if heads == kv_heads else None
+    mesh, rows, heads = split
     x, s = P(rows, None, heads, None), P(rows, None)
     return jax.shard_map(fn, mesh=mesh, in_specs=(x, x, x, MaskSpec(s, s, s, s)), out_specs=(x, P(rows, None, heads)),
                          check_vma=False)(q, k, v, spec)

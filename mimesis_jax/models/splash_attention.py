@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 
 from mimesis_jax.models.blockwise_attention import blockwise_attention
 from mimesis_jax.models.masks import MaskSpec
-from mimesis_jax.sharding import logical_to_spec
+from mimesis_jax.sharding import kernel_split
 
 _LANES = 128  # Splash's key blocks (and so its padded lengths) are multiples of the TPU lane width
 
@@ -153,14 +153,10 @@ def _per_device(fn, q, k, v, seg):
     Rows split as the act_batch rule says, query and KV heads as act_heads / act_kv_heads when both split over
     the same mesh axes (contiguous head chunks keep head h on KV head h // G); otherwise heads are replicated.
     Default rules (attention gets no config); other placements are resharded at the boundary, never wrong."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    split = kernel_split(q.shape[0], q.shape[1], k.shape[1])
+    if split is None:
         return fn(q, k, v, seg)
-    shape = dict(mesh.shape)
-    rows = logical_to_spec(("act_batch",), q.shape[:1], shape)[0]
-    heads = logical_to_spec(("act_heads",), q.shape[1:2], shape)[0]
-    kv_heads = logical_to_spec(("act_kv_heads",), k.shape[1:2], shape)[0]
-    heads = heads if heads == kv_heads else None
+    mesh, rows, heads = split
     x, s = P(rows, heads, None, None), P(rows, heads, None)
     return jax.shard_map(fn, mesh=mesh, in_specs=(x, x, x, P(rows, None)), out_specs=(x, s), check_vma=False)(
         q, k, v, seg)

@@ -172,10 +172,15 @@ def fetch_metrics(tree):
     return jax.device_get(tree)
 
 
+def on_cpu(run: RLRun) -> bool:
+    """Whether the run's mesh is CPU devices (whose sharded programs must never be queued)."""
+    return run.mesh.devices.flat[0].platform == "cpu"
+
+
 def waits_for_updates(run: RLRun) -> bool:
     """Whether the host waits for every update: on CPU (sharded CPU programs are never queued) or with
     train.metrics_sync_every = 1 (the metrics are fetched every step anyway)."""
-    return run.cfg.train.metrics_sync_every == 1 or run.mesh.devices.flat[0].platform == "cpu"
+    return run.cfg.train.metrics_sync_every == 1 or on_cpu(run)
 
 
 def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None
@@ -205,11 +210,11 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
         batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
     params, opt_state = state["params"], state["opt_state"]
-    on_cpu = run.mesh.devices.flat[0].platform == "cpu"
+    cpu = on_cpu(run)
     ms = []
     for b in batches:
         params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
-        if on_cpu:
+        if cpu:
             jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
         ms.append(m)
     if ms and waits_for_updates(run):  # train_s then covers the updates' device time (the last one ends last)
