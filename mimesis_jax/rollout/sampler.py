@@ -43,7 +43,10 @@ How a call runs
   fold_in(key(seeds[r]), 0): a request's samples then do not depend on what else is in the batch, so one-by-one
   and batched generation agree. Same seeds, same samples.
 * **Sharding.** With a mesh, params are placed by `models.shard_params`, inputs are split over the batch mesh
-  axes, the cache follows `models.cache_axes`, and the program runs under `sharding.use_mesh(mesh)`.
+  axes, the cache follows `models.cache_axes`, and the program runs under `sharding.use_mesh(mesh)`. Calls on
+  a mesh from several threads (the RL loops' simulator and judge samplers, each behind its own batching thread)
+  run one at a time (`_MESH_LOCK`, held from dispatch to the fetched outputs): two multi-device programs
+  enqueued in different orders on different devices could wait on each other's collectives.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 from typing import Sequence
 
 import jax
@@ -203,6 +207,7 @@ def _constrain_cache(config: ModelConfig, cache):
                         is_leaf=is_axes)
 
 
+_MESH_LOCK = threading.Lock()  # one sampler program on a mesh at a time (module docstring, Sharding)
 _CANCEL: dict[int, np.ndarray] = {}  # call id -> bool [rows]: rows whose caller went away (set from any thread)
 _CANCEL_IDS = iter(range(1, 1 << 31))
 CANCEL_CHECK_EVERY = 4  # decode steps between looks at the cancel flags (one host callback each)
@@ -403,8 +408,9 @@ def _generate_chunk(config, params, prompts, max_new, temps, lp_temps, tps, tks,
             _CANCEL.pop(cid, None)
     else:
         placed = [jax.device_put(x, sharding.batch_sharding(mesh, x.shape, config)) for x in inputs]
-        with sharding.use_mesh(mesh):
+        with _MESH_LOCK, sharding.use_mesh(mesh):
             out_tok, out_lp, count = generate_bucket(config, params, N, filtering, *placed)
+            out_tok, out_lp, count = jax.device_get((out_tok, out_lp, count))
     out_tok, out_lp, count = jax.device_get((out_tok, out_lp, count))
     samples = []
     for i in range(n):

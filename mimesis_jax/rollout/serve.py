@@ -354,9 +354,10 @@ def _load_weights(args):
 
 def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str | None = None,
                     dtype: str = "float32", generation_role: str = "assistant", enable_thinking: bool = False,
-                    max_tokens: int = 512, seed: int = 0, name: str | None = None) -> "LocalChatModel":
+                    max_tokens: int = 512, seed: int = 0, name: str | None = None, mesh=None) -> "LocalChatModel":
     """A LocalChatModel from a HF directory or a training workdir, with the checkpoint's
-    tokenizer unless `tokenizer` names one. What `serve` and `rollout` load models with."""
+    tokenizer unless `tokenizer` names one. What `serve` and `rollout` load models with. mesh: the model samples
+    on it (its params sharded once, LocalChatModel)."""
     args = argparse.Namespace(checkpoint=checkpoint, step=step, dtype=dtype)
     config, params, default_tok, source = _load_weights(args)
     spec = tokenizer or default_tok
@@ -367,7 +368,7 @@ def load_chat_model(checkpoint: str, *, step: int | None = None, tokenizer: str 
     check_tokenizer(checkpoint, tok, spec, default_tok, config.vocab_size, source)
     name = name or os.path.basename(os.path.normpath(checkpoint))
     return LocalChatModel(config, params, tok, generation_role=generation_role, enable_thinking=enable_thinking,
-                          max_tokens=max_tokens, seed=seed, name=name)
+                          max_tokens=max_tokens, seed=seed, name=name, mesh=mesh)
 
 
 def api_keys_from(args) -> list[str]:

@@ -60,15 +60,15 @@ def tiny_model(model_type: str, seed: int):
     return config, models.init_params(config, jax.random.PRNGKey(seed)), tok
 
 
-def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3"):
+def local_model(s: ModelSpec, *, role: str, model_type: str = "qwen3", mesh=None):
     """A LocalChatModel for `s` generating `role` turns ("assistant" or "user"); DIR is a HF directory or a
-    training workdir."""
+    training workdir. mesh: sample on it (the params sharded once here, inputs split over its batch axes)."""
     if s.spec == "tiny":
         config, params, tok = tiny_model(model_type, s.seed)
         return LocalChatModel(config, params, tok, generation_role=role, enable_thinking=s.thinking,
-                              max_tokens=s.max_tokens, seed=s.seed, name=f"tiny-{model_type}")
+                              max_tokens=s.max_tokens, seed=s.seed, name=f"tiny-{model_type}", mesh=mesh)
     return load_chat_model(s.spec, step=s.step, tokenizer=s.tokenizer, dtype=s.dtype, generation_role=role,
-                           enable_thinking=s.thinking, max_tokens=s.max_tokens, seed=s.seed)
+                           enable_thinking=s.thinking, max_tokens=s.max_tokens, seed=s.seed, mesh=mesh)
 
 
 def agent_from_spec(s: ModelSpec):
@@ -82,10 +82,11 @@ def agent_from_spec(s: ModelSpec):
     return local_model(s, role="assistant", model_type="qwen3")
 
 
-def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True):
+def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True, mesh=None):
     """A ChatModel for a gym's user / judge side. style: "simulator" (the model writes user turns in its own
     framing; wrapped in SimulatorAsResponder) or "assistant" (asked as any chat model). Local models are wrapped
-    in a `BatchedChatModel` so the concurrent calls of many envs are sampled together."""
+    in a `BatchedChatModel` so the concurrent calls of many envs are sampled together; `mesh`: a local model
+    samples on it (`local_model`). Remote models ignore it."""
     if style not in ("simulator", "assistant"):
         raise ConfigError(f"style must be 'simulator' or 'assistant', got {style!r}")
     if s.remote:
@@ -93,7 +94,7 @@ def chat_model_from_spec(s: ModelSpec, *, style: str, batched: bool = True):
             raise ConfigError(f"{s.spec}: a remote model needs its model name (--user-model / --judge-model)")
         model = OpenAIChatModel(s.spec, s.model_name, api_key_env=s.api_key_env, max_tokens=s.max_tokens)
     else:
-        model = local_model(s, role="user" if style == "simulator" else "assistant", model_type="qwen3_5")
+        model = local_model(s, role="user" if style == "simulator" else "assistant", model_type="qwen3_5", mesh=mesh)
         if batched:
             model = BatchedChatModel(model)
     return SimulatorAsResponder(model) if style == "simulator" else model

@@ -145,7 +145,8 @@ class AgentLearner(RLLearner):
         sim_engine = None
         if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view
             sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight)
-        self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine)
+        self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine,
+                                                       mesh=distributed.rollout_mesh(self.run_state.mesh))
         self.ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
                                   agent_temperature=r.temperature, user_temperature=0.0,
                                   max_context_tokens=context_budget(r) or None,

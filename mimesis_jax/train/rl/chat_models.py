@@ -48,17 +48,25 @@ def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
 
 def engine_params(params):
     """The rollout engine's copy of the parameters: on one device (it runs there), gathered from the training
-    shards (several processes: the process-local copy of distributed.rollout_params)."""
-    return jax.device_put(distributed.rollout_params(params), jax.local_devices()[0])
+    shards (several processes: the host copy of distributed.host_params)."""
+    return jax.device_put(distributed.host_params(params), jax.local_devices()[0])
 
 
 class PolicySampler:
     """What the trained policy samples with. With `rollout.engine` one EngineChatModel for the run, its pool
     sized for `in_flight` dialogues at once, its weights set after every step's updates (`follow`); without it a
-    LocalChatModel over the current parameters (`model(params)`, built per rollout call)."""
+    LocalChatModel over the current parameters (`model(params)`, built per rollout call).
 
-    def __init__(self, model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int):
+    mesh: the training mesh. The LocalChatModel samples on `distributed.rollout_mesh(mesh)`: on one process the
+    training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
+    several, this process's devices (`distributed.local_rollout_mesh`), the params gathered to the host once per
+    `model` call and sharded there (`distributed.rollout_params`). None: one device (the whole batch there). The
+    engine keeps its one-device copy (`engine_params`)."""
+
+    def __init__(self, model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int,
+                 mesh=None):
         self.model_config, self.tok, self.r, self.name, self.max_tokens = model_config, tok, r, name, max_tokens
+        self.mesh = mesh
         self.engine = None
         if r.engine:
             self.engine = engine_chat.EngineChatModel(model_config, engine_params(params), tok, max_tokens=max_tokens,
@@ -68,8 +76,9 @@ class PolicySampler:
     def model(self, params):
         if self.engine is not None:
             return self.engine
-        return LocalChatModel(self.model_config, distributed.rollout_params(params), self.tok,
-                              max_tokens=self.max_tokens, name=self.name, max_batch=self.r.max_batch)
+        return LocalChatModel(self.model_config, distributed.rollout_params(self.model_config, params, self.mesh),
+                              self.tok, max_tokens=self.max_tokens, name=self.name, max_batch=self.r.max_batch,
+                              mesh=distributed.rollout_mesh(self.mesh))
 
     def follow(self, params) -> None:
         """The next rollouts sample from the updated policy."""
@@ -130,11 +139,13 @@ class _ReleaseEngine:
         self.model.engine.release_all()
 
 
-def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
+def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> UserSide:
     """The simulator, gym user, judge and coach of `u`. engine_config (`rollout.engine=true`): a function from the
     simulator's ModelConfig to its EngineConfig; an in-process model simulator then samples through its own
     rollout engine (rollout/engine.py), so each of the runner's user turns prefills only the dialogue's new tokens.
-    Remote simulators and the toy user ignore it."""
+    mesh (the process's rollout mesh, `distributed.rollout_mesh`): an in-process simulator's LocalChatModels (and
+    model judges / coaches) sample on it, their frozen params sharded once when built; the engine simulator stays
+    on one device. Remote simulators and the toy user ignore both."""
     key = u.key_env or None
     if u.coach == "toy-coach-shuffled" and u.simulator != "toy-user":
         raise ConfigError("config key 'users.coach': toy-coach-shuffled needs users.simulator=toy-user")
@@ -144,7 +155,7 @@ def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
             coach, closers = ToyCoach(shuffle_seed=0 if u.coach == "toy-coach-shuffled" else None), []
         else:  # a model as the coach (e.g. the trained tiny simulator, asked as an assistant)
             coach = chat_model_from_spec(ModelSpec(u.coach, model_name=u.coach_model or None, api_key_env=key,
-                                                   max_tokens=u.coach_max_tokens), style="assistant")
+                                                   max_tokens=u.coach_max_tokens), style="assistant", mesh=mesh)
             closers = [coach] if hasattr(coach, "close") else []
         return UserSide(toy, SimulatorAsResponder(toy), toy, coach, closers)
     sim_spec = ModelSpec(u.simulator, model_name=u.simulator_model or None, api_key_env=key,
@@ -156,7 +167,7 @@ def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
         as_assistant = sim
         gym_user = SimulatorAsResponder(sim) if style == "simulator" else sim
     else:
-        base = local_model(sim_spec, role="user", model_type="qwen3_5")
+        base = local_model(sim_spec, role="user", model_type="qwen3_5", mesh=mesh)
         sim = base
         if engine_config is not None:  # frozen: built once, never set_params
             sim = engine_chat.EngineChatModel(base.config, jax.device_put(base.params, jax.local_devices()[0]), base.tok,
@@ -164,7 +175,7 @@ def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
                                          enable_thinking=base.enable_thinking, max_tokens=base.max_tokens,
                                          seed=base.seed, name=base.name)
         assistant = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
-                                   max_tokens=u.coach_max_tokens, name=f"{base.name}-assistant")
+                                   max_tokens=u.coach_max_tokens, name=f"{base.name}-assistant", mesh=mesh)
         # The gyms' own user calls go through the same model: with the engine they are stateless requests (no
         # dialogue key: a gym rebuilds its user conversation per call) sharing the engine's compiled programs and
         # KV pool instead of a second, static sampler. The runner's user turns and the gyms' calls then share one
@@ -178,7 +189,8 @@ def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
     def other(spec, model_name):
         if not spec:
             return as_assistant
-        m = chat_model_from_spec(ModelSpec(spec, model_name=model_name or None, api_key_env=key), style="assistant")
+        m = chat_model_from_spec(ModelSpec(spec, model_name=model_name or None, api_key_env=key), style="assistant",
+                                 mesh=mesh)
         if hasattr(m, "close"):
             closers.append(m)
         return m
@@ -186,8 +198,9 @@ def build_user_side(u: UserSideConfig, *, engine_config=None) -> UserSide:
 
 
 # ------------------------------------------------------------------------------------------ Stage I.3
-def build_sides(s: SidesConfig):
-    """(SideModels, closers) from the config: toy-judge / toy-agent are the rule-based CPU sides (envs/toy.py)."""
+def build_sides(s: SidesConfig, *, mesh=None):
+    """(SideModels, closers) from the config: toy-judge / toy-agent are the rule-based CPU sides (envs/toy.py).
+    mesh: the process's rollout mesh; in-process model sides sample on it (frozen params sharded once)."""
     closers: list = []
     built: dict[tuple, Any] = {}
 
@@ -198,7 +211,7 @@ def build_sides(s: SidesConfig):
             return ToySupportAgent()
         if (spec, name) not in built:
             m = chat_model_from_spec(ModelSpec(spec, model_name=name or None, api_key_env=s.key_env or None,
-                                               max_tokens=s.max_tokens), style="assistant")
+                                               max_tokens=s.max_tokens), style="assistant", mesh=mesh)
             if hasattr(m, "close"):
                 closers.append(m)
             built[(spec, name)] = m

@@ -4,9 +4,9 @@ one-process run's episodes.
 
 Several processes (jax.distributed, `--distributed`; launch/*.sh): every process draws the same task list,
 samples only its share (`process_share`: task i on process i % P, every rollout of a group with it, so group
-statistics -- Eq 4-5 advantages, FoldGRPO -- are exact locally) with a process-local copy of the policy
-(`rollout_params`), and the kept groups of all processes, in group-id order, are cut into the same PPO
-mini-batches everywhere (`global_groups`). Step metrics are computed from per-episode summaries gathered from every
+statistics -- Eq 4-5 advantages, FoldGRPO -- are exact locally) with a process-local copy of the policy sharded
+over its own devices (`rollout_params` on `local_rollout_mesh`), and the kept groups of all processes, in
+group-id order, are cut into the same PPO mini-batches everywhere (`global_groups`). Step metrics are computed from per-episode summaries gathered from every
 process (`gather_list`, identical on all); process 0 logs (`primary_log`).
 """
 
@@ -17,8 +17,9 @@ from typing import Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from mimesis_jax import models
 from mimesis_jax.checkpoints import gather_json
 
 
@@ -63,15 +64,60 @@ def global_groups(local_ids: Sequence[int]) -> list[int]:
     return sorted({int(g) for g in gather_list(list(local_ids))})
 
 
-def rollout_params(params):
-    """The parameters the sampler uses. One process: the sharded training parameters as they are. Several: a
-    process-local copy (gathered from every process's shards, on this process's first device), because each
-    process samples its own episodes and a computation over the global arrays would need every process to run
-    it with the same inputs."""
+def local_rollout_mesh(mesh: Mesh) -> Mesh:
+    """This process's part of the training `mesh` as a mesh of its own: the same axis names, each axis as long as
+    the block of local devices spans it (2 processes x 4 devices under fsdp=8: fsdp=4 here; under data=2,fsdp=4:
+    data=1,fsdp=4), the local devices in the order they have in `mesh`. A layout whose local devices are not one
+    rectangular block of `mesh` (a hand-made device order) gets every local device on its largest axis that the
+    sampler splits rows over (fsdp, else data, else the first axis), the others 1."""
+    devs = np.asarray(mesh.devices)
+    me = jax.process_index()
+    local = np.vectorize(lambda d: d.process_index == me)(devs)
+    n_local = int(local.sum())
+    if n_local == 0:
+        raise ValueError(f"the mesh {dict(mesh.shape)} holds no device of process {me}")
+    spans = [np.unique(ix) for ix in np.nonzero(local)]
+    block = devs[np.ix_(*spans)]
+    if block.size == n_local:  # one rectangular block: its shape on the same axes
+        return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
+    names = mesh.axis_names
+    axis = next((a for a in ("fsdp", "data") if a in names), names[0])
+    shape = tuple(n_local if a == axis else 1 for a in names)
+    ordered = [d for d in devs.flat if d.process_index == me]
+    return Mesh(np.asarray(ordered, dtype=object).reshape(shape), names, axis_types=mesh.axis_types)
+
+
+def rollout_mesh(mesh: Mesh | None) -> Mesh | None:
+    """The mesh this process samples on. One process: the training mesh itself (the sampler's rows split over its
+    batch axes, its params sharded as the learner's). Several: this process's `local_rollout_mesh`, because each
+    process samples its own episodes (`process_share`): a program over the global mesh would need every process
+    to run it with the same inputs. None stays None (no mesh: one device)."""
+    if mesh is None or jax.process_count() == 1:
+        return mesh
+    return local_rollout_mesh(mesh)
+
+
+def host_params(params):
+    """The full parameters on this process: the sharded training arrays as they are on one process; on several,
+    a host (NumPy) copy gathered from every process's shards (a collective: every process calls it). What the
+    rollout engine is given (chat_models.engine_params) and what `rollout_params` shards again locally."""
     if jax.process_count() == 1:
         return params
-    full = multihost_utils.process_allgather(params, tiled=True)
-    return jax.device_put(full, jax.local_devices()[0])
+    return multihost_utils.process_allgather(params, tiled=True)
+
+
+def rollout_params(config, params, mesh: Mesh | None):
+    """The parameters the sampler uses, placed on `rollout_mesh(mesh)` as `models.shard_params` lays them out.
+
+    One process: the training parameters as they are (already sharded on the training mesh: no copy). Several:
+    gathered to the host once (`host_params`) and sharded over this process's local devices -- every device of
+    every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on the mesh").
+    Without a mesh: the parameters as `host_params` gives them (one device)."""
+    if jax.process_count() == 1:
+        return params
+    full = host_params(params)
+    local = rollout_mesh(mesh)
+    return full if local is None else models.shard_params(config, full, local)
 
 
 def step_array(step: int, mesh):

@@ -394,7 +394,7 @@ class RLLearner:
             stop = StopFlag(self.handle_signals)
             # one policy sampler for the run; with rollout.engine its weights follow the updates
             policy = PolicySampler(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
-                                   max_tokens=self.policy_max_tokens(), in_flight=in_flight)
+                                   max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh)
             while step < cfg.train.steps:
                 times = {"start": time.perf_counter()}
                 drawn = self.draw(r.prompts_per_step)

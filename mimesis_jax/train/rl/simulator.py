@@ -157,7 +157,7 @@ class SimulatorLearner(RLLearner):
 
     def open_models(self, in_flight):
         if self.sides is None:
-            self.sides, self.closers = build_sides(self.cfg.sides)
+            self.sides, self.closers = build_sides(self.cfg.sides, mesh=distributed.rollout_mesh(self.run_state.mesh))
 
     def banner(self, start):
         cfg, r = self.cfg, self.cfg.rollout
