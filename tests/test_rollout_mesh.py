@@ -8,6 +8,8 @@ rollout_params; docs/decisions.md, "Rollouts on the mesh").
   batch, as the loops sampled before);
 * its samples equal the unsharded sampler's (params on one device, no mesh) token for token, greedy and at
   temperature 1;
+* an in-process Stage II simulator (build_user_side) sharded once on the rollout mesh, its judge sharing the
+  arrays (its samples there equal the one-device engine's: test_engine_rl.py);
 * the sub-mesh of a process (local_rollout_mesh) on layouts of 2 processes x 4 devices;
 * slow: 2 jax.distributed processes x 4 CPU devices: each process's rollout params live sharded on its own 4
   devices (no leaf on one device, no full copy on a device) and its samples equal the one-process unsharded ones.
@@ -139,6 +141,28 @@ def test_mesh_samples_equal_the_unsharded_samples(temperature):
     assert sum(len(s.tokens) for s in ref) > len(prompts)  # several decode steps compared, not only the first
     np.testing.assert_allclose(np.concatenate([s.logprobs for s in got]), np.concatenate([s.logprobs for s in ref]),
                                atol=1e-4)
+
+
+def test_in_process_simulator_is_sharded_once_on_the_rollout_mesh():
+    from mimesis_jax.config.rl import UserSideConfig
+    from mimesis_jax.rollout.specs import tiny_model
+    from mimesis_jax.train.rl.chat_models import build_user_side
+
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+    side = build_user_side(UserSideConfig(simulator="tiny", simulator_thinking=False, simulator_max_tokens=4),
+                           mesh=distributed.rollout_mesh(mesh))
+    try:
+        sim, judge = side.simulator, side.judge.model
+        assert sim.mesh is mesh and judge.mesh is mesh
+        for a, b in zip(jax.tree.leaves(sim.params), jax.tree.leaves(judge.params)):
+            assert a is b and len(a.sharding.device_set) == 8  # one sharded copy, shared by the judge
+        assert sim.params["embed"].sharding.shard_shape(sim.params["embed"].shape)[1] == 64 // 4
+        config, params, _ = tiny_model("qwen3_5", 0)  # the unsharded simulator: same spec, same seed
+        for a, b in zip(jax.tree.leaves(sim.params), jax.tree.leaves(params)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same weights, only placed
+        # its samples on the mesh equal the one-device engine's: test_engine_rl.py, agentrl engine vs static
+    finally:
+        side.close()
 
 
 class _FakeDevice:

@@ -1,10 +1,15 @@
 """The chat models of both RL stages: the trained policy's sampler, and the frozen models it talks to.
 
-    policy = PolicySampler(model_config, tok, cfg.rollout, params, name="agent", max_tokens=..., in_flight=n)
+    policy = PolicySampler(model_config, tok, cfg.rollout, params, name="agent", max_tokens=..., in_flight=n,
+                           mesh=run.mesh)
     model = policy.model(state["params"])      # what this step's rollouts sample with
     policy.follow(state["params"])             # after the step's updates (the engine keeps its compiled programs)
-    side = build_user_side(cfg.users)          # Stage II: simulator, gym user, judge, coach (UserSide)
-    sides, closers = build_sides(cfg.sides)    # Stage I.3: the fixed judge / partner / support agent
+    m = distributed.rollout_mesh(run.mesh)
+    side = build_user_side(cfg.users, mesh=m)  # Stage II: simulator, gym user, judge, coach (UserSide)
+    sides, closers = build_sides(cfg.sides, mesh=m)  # Stage I.3: the fixed judge / partner / support agent
+
+The static sampler and the in-process models sample on the rollout mesh: the training mesh on one process, the
+process's own devices on several (distributed.rollout_mesh; docs/decisions.md, "Rollouts on the mesh").
 
 With `rollout.engine` the policy samples through one rollout engine for the whole run (rollout/engine.py), its
 weights following the updates; an in-process Stage II simulator gets its own engine, sized for its longer view

@@ -112,12 +112,13 @@ def rollout_params(config, params, mesh: Mesh | None):
     One process: the training parameters as they are (already sharded on the training mesh: no copy). Several:
     gathered to the host once (`host_params`) and sharded over this process's local devices -- every device of
     every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on the mesh").
-    Without a mesh: the parameters as `host_params` gives them (one device)."""
+    Without a mesh (several processes): the gathered copy on this process's first device, as before."""
     if jax.process_count() == 1:
         return params
     full = host_params(params)
-    local = rollout_mesh(mesh)
-    return full if local is None else models.shard_params(config, full, local)
+    if mesh is None:
+        return jax.device_put(full, jax.local_devices()[0])
+    return models.shard_params(config, full, local_rollout_mesh(mesh))
 
 
 def step_array(step: int, mesh):
