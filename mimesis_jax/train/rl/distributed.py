@@ -6,8 +6,9 @@ Several processes (jax.distributed, `--distributed`; launch/*.sh): every process
 samples only its share (`process_share`: task i on process i % P, every rollout of a group with it, so group
 statistics -- Eq 4-5 advantages, FoldGRPO -- are exact locally) with a process-local copy of the policy sharded
 over its own devices (`rollout_params` on `local_rollout_mesh`), and the kept groups of all processes, in
-group-id order, are cut into the same PPO mini-batches everywhere (`global_groups`). Step metrics are computed from per-episode summaries gathered from every
-process (`gather_list`, identical on all); process 0 logs (`primary_log`).
+group-id order, are cut into the same PPO mini-batches everywhere (`global_groups`). Step metrics are computed
+from per-episode summaries gathered from every process (`gather_list`, identical on all); process 0 logs
+(`primary_log`).
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def global_groups(local_ids: Sequence[int]) -> list[int]:
 def local_rollout_mesh(mesh: Mesh) -> Mesh:
     """This process's part of the training `mesh` as a mesh of its own: the same axis names, each axis as long as
     the block of local devices spans it (2 processes x 4 devices under fsdp=8: fsdp=4 here; under data=2,fsdp=4:
-    data=1,fsdp=4), the local devices in the order they have in `mesh`. A layout whose local devices are not one
-    rectangular block of `mesh` (a hand-made device order) gets every local device on its largest axis that the
-    sampler splits rows over (fsdp, else data, else the first axis), the others 1."""
+    data=1,fsdp=4), the local devices in the order they have in `mesh`. A layout whose local devices are no
+    sub-grid of `mesh` (a hand-made device order) gets every local device on one axis the sampler splits rows
+    over (fsdp, else data, else the first axis), the others 1."""
     devs = np.asarray(mesh.devices)
     me = jax.process_index()
     local = np.vectorize(lambda d: d.process_index == me)(devs)
@@ -78,7 +79,7 @@ def local_rollout_mesh(mesh: Mesh) -> Mesh:
         raise ValueError(f"the mesh {dict(mesh.shape)} holds no device of process {me}")
     spans = [np.unique(ix) for ix in np.nonzero(local)]
     block = devs[np.ix_(*spans)]
-    if block.size == n_local:  # one rectangular block: its shape on the same axes
+    if block.size == n_local:  # a sub-grid: its shape on the same axes
         return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
     names = mesh.axis_names
     axis = next((a for a in ("fsdp", "data") if a in names), names[0])
