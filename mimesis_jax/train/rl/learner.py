@@ -21,6 +21,11 @@ log-probs for the whole step BEFORE the first update, then makes one optimizer u
 train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on the console), validation runs every
 `validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM.
 
+Step shapes. With rollout.row_len fixed (a Stage II config) every mini-batch is packed to one program of the run's
+shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs), and each step's record
+carries `num_compilations`, the step programs this process has compiled so far (jax's compile events,
+RLStep.num_compilations; a resumed process counts from 0).
+
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
 exactly): a step whose groups were all skipped makes no update and does not advance it, and a step with fewer
