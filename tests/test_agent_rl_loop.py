@@ -23,7 +23,8 @@ from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 pytestmark = pytest.mark.optimized  # its cost is running RL steps, which unoptimized code makes dearer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s")
+TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s",
+          "num_compilations")  # process-local: a resumed process compiles again
 
 
 def _cfg(name="tiny_agentrl.py:csd", *sets):

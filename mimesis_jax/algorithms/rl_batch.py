@@ -33,6 +33,22 @@ per-row branch block sets the branch row length Tb (and the longest per-row coun
 are bucketed so that the jitted step compiles once per bucket: the trunk row length on the coarse `bucket`
 ladder (usually fixed: the context limit), the row count, Tb and the head counts on finer ladders of their own
 (`ROW_STEPS`, `BRANCH_STEPS`, `HEAD_STEPS`).
+
+Shape ladders (`ShapeLadder`, what the RL learner packs with when rollout.row_len is fixed): instead of each
+dimension on its own fine ladder (dozens of (rows, Ka, Tb, Kc) combinations, each a compilation of the step), a
+short ladder derived from the config gives a known, bounded set of step programs (`ShapeLadder.programs`):
+* rows: `ROW_RUNGS` fractions (1/2, 3/4, 1) of the most rows a mini-batch can need (one row per dialogue:
+  mini_batch_prompts x group_size, per process), each rounded up to rows_multiple;
+* head_idx: always the row length (the LM head's positions never set a shape of their own);
+* CSD (fused teacher): branch_tokens on `BRANCH_RUNGS` fractions (1/2, 1) of the longest branch block the config
+  allows, branch_head_idx coupled to it (min(Tb, row length)); a mini-batch without a coached turn is packed in
+  the fused layout with empty branches, so it reuses a CSD program.
+GRPO: 3 programs, CSD: 3 x 2 = 6. A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
+forward and backward of the trunk, the forward of the branches) whose shapes it fits (`_first_fit` under those
+caps); the rows are then balanced under the same caps. Padding is masked (zero masks and weights, segment and
+branch id 0, head index 0), so the loss and gradients are the unpadded batch's. A mini-batch that fits no program
+(a dialogue past the config's bounds) falls back to the fine ladders (`PackedRL.ladder_overflow`): one more
+program, counted by the step's num_compilations.
 All counts that normalise the loss are taken over the whole batch here, before it is split into micro-batches or
 over devices.
 """
@@ -56,6 +72,10 @@ HEAD_KEYS = ("head_idx", "branch_head_idx")  # [B, Ka] always; [B, Kc] with fuse
 ROW_STEPS = 8  # `bucket` ladder steps per octave of the row count: at most 1/9 of the rows left empty
 BRANCH_STEPS = 16  # ... of the branch row length: at most 1/17 padding from the ladder
 HEAD_STEPS = 8  # ... of the LM-head counts (head_idx, branch_head_idx)
+ROW_RUNGS = (1 / 2, 3 / 4, 1)  # `ShapeLadder` rows: fractions of the most rows a mini-batch can need
+BRANCH_RUNGS = (1 / 2, 1)  # `ShapeLadder` CSD branch row length: fractions of the longest branch block
+NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header
+SHAPE_FIELDS = ("rows", "row_len", "head", "branch", "branch_head")  # a shape key: B, T, Ka, Tb, Kc (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +98,11 @@ class PackedRL:
     teacher: str  # the teacher layout actually packed: fused | naive | none (none when nothing is coached)
     old_logp_from_rollout: bool
     dropped_tail_tokens: int = 0  # trailing public tokens (after a trajectory's last agent token) past row_len
+    ladder_overflow: bool = False  # packed with a ShapeLadder but fitting none of its programs (fine ladders)
+
+    @property
+    def shape_key(self) -> tuple[int, ...]:
+        return shape_key(self.arrays)
 
     @property
     def num_rows(self) -> int:
@@ -117,6 +142,108 @@ def bucket(n: int, multiple: int, steps: int = 2) -> int:
     while steps << (e + 1) < m:
         e += 1
     return -(-m // (1 << e)) * (1 << e) * multiple
+
+
+def shape_key(arrays: dict) -> tuple[int, ...]:
+    """(rows, row_len, head, branch, branch_head) of a packed batch's host arrays ([B, ...]): B, T, Ka, Tb, Kc,
+    0 for a layout it lacks (naive teacher rows: branch = K x Tn)."""
+    B, T = arrays["tokens"].shape
+    Ka = arrays["head_idx"].shape[1]
+    if "branch_tokens" in arrays:
+        return (B, T, Ka, arrays["branch_tokens"].shape[1], arrays["branch_head_idx"].shape[1])
+    if "naive_tokens" in arrays:
+        return (B, T, Ka, arrays["naive_tokens"].shape[1] * arrays["naive_tokens"].shape[2], 0)
+    return (B, T, Ka, 0, 0)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-int(n) // int(multiple)) * int(multiple)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeLadder:
+    """The fixed rungs a run's mini-batches are packed to (module docstring): row counts and, with fused CSD
+    branches, branch row lengths; the LM-head counts follow (head = row_len, branch_head = min(branch, row_len))."""
+
+    row_len: int
+    rows: tuple[int, ...]  # ascending
+    branch: tuple[int, ...] = ()  # ascending; () = no teacher branches (GRPO)
+
+    @property
+    def fused(self) -> bool:
+        return bool(self.branch)
+
+    def key(self, rows: int, branch: int = 0) -> tuple[int, ...]:
+        T = self.row_len
+        return (rows, T, T, branch, min(branch, T)) if branch else (rows, T, T, 0, 0)
+
+    def cost(self, key: tuple[int, ...]) -> int:
+        """Tokens through the model, weighted: the trunk's forward and backward (3 x), the branches' forward."""
+        return key[0] * (3 * key[1] + key[3])
+
+    def programs(self) -> list[tuple[int, ...]]:
+        """Every step program's shape key, cheapest first (the order a mini-batch tries them in)."""
+        keys = [self.key(B, Tb) for B in self.rows for Tb in (self.branch or (0,))]
+        return sorted(keys, key=lambda k: (self.cost(k), k))
+
+    def fit(self, sizes: np.ndarray, rows_multiple: int = 1) -> tuple[int, ...] | None:
+        """The cheapest program whose shapes the trajectories fit: sizes [D, N] as `_assign_rows` takes them
+        (trunk, then branch / agent / coached tokens with branches, else agent tokens). None: no program fits."""
+        for k in self.programs():
+            caps = np.array(_ladder_caps(k, self.fused), np.int64)
+            if k[0] % rows_multiple or np.any(sizes.max(1) > caps):
+                continue
+            if _first_fit(np.argsort(-sizes[0], kind="stable"), sizes, caps, max_rows=k[0]) is not None:
+                return k
+        return None
+
+
+def _ladder_caps(key: tuple[int, ...], fused: bool) -> list[int]:
+    B, T, Ka, Tb, Kc = key
+    return [T, Tb, Ka, Kc] if fused else [T, Ka]
+
+
+def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max: int = 0,
+                 pad_multiple: int = 64) -> ShapeLadder:
+    """The ladder of a run: rows at `ROW_RUNGS` of max_rows (the most rows a mini-batch can need: one per
+    dialogue), rounded up to rows_multiple; with branch_max > 0 (the longest CSD branch block of one dialogue)
+    branch rungs at `BRANCH_RUNGS` of it, rounded up to pad_multiple."""
+    if row_len < 1 or max_rows < 1 or rows_multiple < 1:
+        raise ValueError(f"shape_ladder: row_len={row_len}, max_rows={max_rows}, rows_multiple={rows_multiple} "
+                         "must be >= 1")
+    rows = tuple(sorted({_round_up(max(1, math.ceil(f * max_rows)), rows_multiple) for f in ROW_RUNGS}))
+    branch = ()
+    if branch_max > 0:
+        branch = tuple(sorted({_round_up(max(1, math.ceil(f * branch_max)), pad_multiple) for f in BRANCH_RUNGS}))
+    return ShapeLadder(int(row_len), rows, branch)
+
+
+def config_bounds(cfg) -> dict:
+    """What a Stage II config (AgentRLConfig) bounds per mini-batch: dialogues (mini_batch_prompts x
+    group_size), agent tokens of one dialogue (row_len - 1, turns x agent_max_tokens, and the context past the
+    longest prompt) and, with CSD, one dialogue's branch block (its agent tokens + per turn a coach note of
+    users.coach_max_tokens and `NOTE_TOKENS` of template)."""
+    r = cfg.rollout
+    T = int(r.row_len)
+    agent = min(T - 1, r.max_turns * r.agent_max_tokens)
+    if r.max_context_tokens and cfg.gyms.max_prompt_tokens:
+        agent = min(agent, r.max_context_tokens - cfg.gyms.max_prompt_tokens)
+    csd = cfg.rl.alpha > 0 and cfg.rl.teacher == "fused"
+    branch = agent + r.max_turns * (cfg.users.coach_max_tokens + NOTE_TOKENS) if csd else 0
+    return {"dialogues": r.mini_batch_prompts * r.group_size, "agent_tokens": agent, "branch_tokens": branch}
+
+
+def ladder_for_config(cfg, rows_multiple: int, processes: int = 1) -> ShapeLadder | None:
+    """The `ShapeLadder` of a Stage II run config (one process's share of a mini-batch with `processes`); None
+    where shapes stay on the fine ladders: rollout.row_len = 0 (bucketed from the batch), the naive teacher, or a
+    config without Stage II's gyms / users sections (Stage I's joint RL)."""
+    if not (hasattr(cfg, "users") and hasattr(cfg, "gyms")) or not cfg.rollout.row_len:
+        return None
+    if cfg.rl.alpha > 0 and cfg.rl.teacher != "fused":
+        return None
+    b = config_bounds(cfg)
+    return shape_ladder(cfg.rollout.row_len, -(-b["dialogues"] // max(1, processes)), rows_multiple,
+                        b["branch_tokens"])
 
 
 # --------------------------------------------------------------------------------- per trajectory
@@ -225,12 +352,53 @@ def _assign_rows(sizes: np.ndarray, caps: Sequence[int | None], num_rows: int | 
         scale *= 1 + 1 / 128
 
 
+def _choose_shapes(sizes: np.ndarray, caps: list, *, fused: bool, ladder: ShapeLadder | None, num_rows, head_len,
+                   branch_len, branch_head_len, rows_multiple: int, pad_multiple: int):
+    """Rows (`_assign_rows`) and the shape key (B, T, Ka, Tb, Kc; Tb = Kc = 0 without fused branches) of one
+    batch from its per-trajectory sizes (as `_assign_rows` takes them): a ladder's cheapest fitting program, or
+    the needs on the fine ladders (None arguments) / the fixed shapes given. Returns (rows, key, ladder overflow)."""
+    T = int(caps[0])
+    overflow = False
+    if ladder is not None:
+        key = ladder.fit(sizes, rows_multiple)
+        if key is None:  # past the config's bounds: the fine ladders (one more program)
+            overflow = True
+        else:
+            caps = _ladder_caps(key, fused)
+            num_rows, head_len = key[0], key[2]
+            branch_len, branch_head_len = (key[3], key[4]) if fused else (None, None)
+    rows, B = _assign_rows(sizes, caps, num_rows, rows_multiple)
+    need = [max(int(x[r].sum()) for r in rows) for x in sizes]  # the longest per-row trunk and loads
+
+    def head_count(need: int, fixed: int | None, cap: int) -> int:
+        return min(bucket(need, pad_multiple, HEAD_STEPS), cap) if fixed is None else int(fixed)
+
+    Ka = head_count(need[-2 if fused else 1], head_len, T)
+    Tb = Kc = 0
+    if fused:
+        Tb = bucket(need[1], pad_multiple, BRANCH_STEPS) if branch_len is None else int(branch_len)
+        Kc = head_count(need[3], branch_head_len, Tb)
+    return rows, (B, T, Ka, Tb, Kc), overflow
+
+
+def ladder_shape_key(sizes: np.ndarray, ladder: ShapeLadder, rows_multiple: int = 1) -> tuple[tuple[int, ...], bool]:
+    """(shape key, overflow) that `pack_trajectories(..., ladder=ladder)` gives trajectories of these sizes
+    ([4, N] trunk / branch / agent / coached tokens with a fused ladder, else [2, N] trunk / agent tokens),
+    without building any array: what the loop's packing picks, for counting programs over many mini-batches."""
+    sizes = np.asarray(sizes, np.int64)
+    caps = [ladder.row_len] + [None] * (len(sizes) - 1)
+    _, key, overflow = _choose_shapes(sizes, caps, fused=ladder.fused, ladder=ladder, num_rows=None, head_len=None,
+                                      branch_len=None, branch_head_len=None, rows_multiple=rows_multiple,
+                                      pad_multiple=64)
+    return key, overflow
+
+
 def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[float]] | None = None, *,
                       teacher: str = "fused", loss_agg: str = "token-mean", use_rollout_logprobs: bool = True,
                       row_len: int | None = None, branch_len: int | None = None, naive_len: int | None = None,
                       num_rows: int | None = None, head_len: int | None = None,
                       branch_head_len: int | None = None, rows_multiple: int = 1,
-                      pad_multiple: int = 64) -> PackedRL:
+                      pad_multiple: int = 64, ladder: ShapeLadder | None = None) -> PackedRL:
     """Packs trajectories into trunk rows, teacher branches, LM-head index arrays and per-token arrays.
 
     advantages[i][t]: the advantage of agent turn t of trajectory i (grpo.trajectory_turn_advantages); None
@@ -245,6 +413,8 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     num_rows: the `ROW_STEPS` ladder of rows_multiple, e.g. micro-batches x batch-sharding devices). In a
     training loop fix row_len (the context limit); the other shapes then vary over a handful of values each
     (fix them too for exactly one compiled step: a batch that does not fit is an error).
+    ladder: pack to the cheapest of its programs the batch fits (module docstring; row_len is the ladder's, the
+    other shape arguments must be None; a fused ladder packs the fused layout even without a coached turn).
     """
     if teacher not in TEACHER_MODES:
         raise ValueError(f"teacher must be one of {TEACHER_MODES}, got {teacher!r}")
@@ -252,6 +422,16 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
         raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
     if not len(trajectories):
         raise ValueError("pack_trajectories: no trajectories")
+    if ladder is not None:
+        fixed = dict(branch_len=branch_len, naive_len=naive_len, num_rows=num_rows, head_len=head_len,
+                     branch_head_len=branch_head_len)
+        given = [k for k, v in fixed.items() if v is not None]
+        if given or row_len not in (None, ladder.row_len):
+            raise ValueError(f"pack_trajectories: ladder sets the shapes; got {given or ['row_len']} too")
+        if ladder.fused != (teacher == "fused"):
+            raise ValueError(f"pack_trajectories: a {'fused' if ladder.fused else 'GRPO'} ladder with "
+                             f"teacher={teacher!r}")
+        row_len = ladder.row_len
     lays = [_layout(tr, i, teacher) for i, tr in enumerate(trajectories)]
     if advantages is not None:
         if len(advantages) != len(trajectories):
@@ -290,28 +470,25 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
         if branch_head_len is not None and n_coached_tr[i] > branch_head_len:
             raise ValueError(f"trajectory {i}: {n_coached_tr[i]} coached tokens > branch_head_len={branch_head_len}")
     any_coached = any(l.branches or l.naive for l in lays)
-    mode = teacher if any_coached else "none"
+    mode = teacher if any_coached or (ladder is not None and ladder.fused) else "none"
     fused = mode == "fused"
     if fused:  # balanced per row: branch tokens (-> Tb), agent tokens (-> Ka), coached tokens (-> Kc)
         sizes, caps = np.stack([trunk, blen, n_agent_tr, n_coached_tr]), [T, Tb_cap, head_len, branch_head_len]
     else:
         sizes, caps = np.stack([trunk, n_agent_tr]), [T, head_len]
-    rows, B = _assign_rows(sizes, caps, num_rows, rows_multiple)
-    need = [max(int(x[r].sum()) for r in rows) for x in sizes]  # the longest per-row trunk and loads
-
-    def head_count(need: int, fixed: int | None, cap: int) -> int:
-        return min(bucket(need, pad_multiple, HEAD_STEPS), cap) if fixed is None else int(fixed)
+    rows, (B, _, Ka, Tb, Kc), overflow = _choose_shapes(
+        sizes, caps, fused=fused, ladder=ladder, num_rows=num_rows, head_len=head_len, branch_len=Tb_cap,
+        branch_head_len=branch_head_len, rows_multiple=rows_multiple, pad_multiple=pad_multiple)
 
     arr = {k: np.zeros((B, T), np.int32) for k in TRUNK_KEYS}
     for k in TOKEN_KEYS:
         arr[k] = np.zeros((B, T), np.int32 if k == "teacher_src" else np.float32)
-    arr["head_idx"] = np.zeros((B, head_count(need[-2 if fused else 1], head_len, T)), np.int32)
+    arr["head_idx"] = np.zeros((B, Ka), np.int32)
     seq_ids = np.full((B, T), -1, np.int64)
     if fused:
-        Tb = bucket(need[1], pad_multiple, BRANCH_STEPS) if Tb_cap is None else Tb_cap
         for k in BRANCH_KEYS:
             arr[k] = np.zeros((B, Tb), np.int32)
-        arr["branch_head_idx"] = np.zeros((B, head_count(need[3], branch_head_len, Tb)), np.int32)
+        arr["branch_head_idx"] = np.zeros((B, Kc), np.int32)
     elif mode == "naive":
         K = max(sum(len(lays[i].naive) for i in row) for row in rows)
         need_n = max(len(s) for l in lays for s, _ in l.naive)
@@ -378,7 +555,8 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     arr["grpo_weight"] = loss_token_weights(arr["agent_mask"], seq_ids, loss_agg)
     arr["csd_weight"] = (arr["coached_mask"] / n_coached if n_coached else arr["coached_mask"]).astype(np.float32)
     n_seq = len({i for i in range(len(lays)) if any(n for _, n, _, _ in lays[i].turns)})
-    return PackedRL(arr, slots, n_agent, n_coached, n_seq, mode, bool(use_rollout_logprobs), dropped_tail)
+    return PackedRL(arr, slots, n_agent, n_coached, n_seq, mode, bool(use_rollout_logprobs), dropped_tail,
+                    overflow)
 
 
 def unpack_turns(packed: PackedRL, per_token: np.ndarray) -> list[list[np.ndarray]]:

@@ -11,7 +11,7 @@ from mimesis_jax.models.config import ConfigError
 from mimesis_jax.plan.budget import Plan, plan_config
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan.suggestions import suggest
-from mimesis_jax.plan.workload import batch_shards, load_run_config
+from mimesis_jax.plan.workload import batch_shards, load_run_config, programs_text
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -40,6 +40,7 @@ def format_plan(p: Plan, path: str = "") -> str:
         f"{w.microbatches} micro-batch(es)), remat {m.remat}, {m.attention_impl} attention, {m.dtype} compute",
     ]
     lines += [f"  note: {n}" for n in w.notes]
+    lines += programs_text(w)
     lines.append(f"  {'phase':8s}  {'component':28s} {'GiB':>9s}  formula")
     for it in p.items:
         lines.append(f"  {it.phase:8s}  {it.name:28s} {_gib(it.bytes)}  {it.formula}")

@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from mimesis_jax.algorithms.rl_batch import ROW_STEPS, bucket
+from mimesis_jax.algorithms.rl_batch import NOTE_TOKENS, ROW_STEPS, SHAPE_FIELDS, bucket, ladder_for_config
 from mimesis_jax.config import AgentRLConfig, RunConfig, SimRLConfig, load_config
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ConfigError, ModelConfig
@@ -16,7 +16,6 @@ from mimesis_jax.rollout.sampler import Buckets
 from mimesis_jax.sharding import rules_of
 from mimesis_jax.train.state import model_config_for
 
-NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +44,9 @@ class Workload:
     branch_head_len: int = 0
     rollout: Rollout | None = None
     notes: tuple[str, ...] = ()
+    # the RL step programs the run compiles (rl_batch.ShapeLadder.programs: (rows, row_len, head, branch,
+    # branch_head) per program, cheapest first); () = shapes on the fine ladders (rollout.row_len = 0), unbounded
+    programs: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_devices(self) -> int:
@@ -121,8 +123,21 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
                  f"{per_call} (rollout.max_batch={r.max_batch})")
     per = "given by --rows" if rows is not None else "one per " + ("dialogue" if kind == "agentrl" else "rollout")
     notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
+    ladder = ladder_for_config(cfg, multiple) if kind == "agentrl" else None
+    programs = tuple(ladder.programs()) if ladder is not None else ()
     return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
-                    head, True, branch, branch_head, roll, tuple(notes))
+                    head, True, branch, branch_head, roll, tuple(notes), programs)
+
+
+def programs_text(w: Workload) -> list[str]:
+    """The plan's lines naming the RL step programs a run compiles (one process)."""
+    if w.kind == "lm":
+        return []
+    if not w.programs:
+        return ["step programs: not bounded (rollout.row_len = 0 or the naive teacher: shapes on the fine "
+                "bucket ladders)"]
+    keys = ", ".join("x".join(str(v) for v in k) for k in w.programs)
+    return [f"step programs: {len(w.programs)} ({' x '.join(SHAPE_FIELDS)}, cheapest first): {keys}"]
 
 
 

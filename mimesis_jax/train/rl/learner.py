@@ -21,6 +21,11 @@ log-probs for the whole step BEFORE the first update, then makes one optimizer u
 train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on the console), validation runs every
 `validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM.
 
+Step shapes. With rollout.row_len fixed (a Stage II config) every mini-batch is packed to one program of the run's
+shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs), and each step's record
+carries `num_compilations`, the step programs this process has compiled so far (jax's compile events,
+RLStep.num_compilations; a resumed process counts from 0).
+
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
 exactly): a step whose groups were all skipped makes no update and does not advance it, and a step with fewer
@@ -183,11 +188,12 @@ def waits_for_updates(run: RLRun) -> bool:
     return run.cfg.train.metrics_sync_every == 1 or on_cpu(run)
 
 
-def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None
-                ) -> tuple[dict, list[dict]]:
+def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None,
+                ladder: rl_batch.ShapeLadder | None = None) -> tuple[dict, list[dict]]:
     """One RL step's optimizer updates, one per mini-batch: chunks = [(trajectories, advantages per trajectory's
     agent turns)]. Old log-probs are fixed for the whole step BEFORE the first update (the sampler's, or
     recomputed with the pre-update parameters), so ratios move from the second mini-batch on (Eq 5-6).
+    ladder: pack every mini-batch to one of its programs (rl_batch.ShapeLadder; row_len is then the ladder's).
     Returns (the new state, each update's metrics as device arrays: `fetch_metrics` brings them to the host)."""
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     teacher = rl.teacher if rl.alpha > 0 else "none"
@@ -199,7 +205,8 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
             packed = rl_batch.pack_trajectories(trajs, adv, teacher=teacher, loss_agg=rl.loss_agg,
                                                 use_rollout_logprobs=rl.old_logprobs == "rollout",
                                                 rows_multiple=step_fn.local_rows_multiple() if multi else
-                                                step_fn.rows_multiple(), row_len=row_len)
+                                                step_fn.rows_multiple(), row_len=None if ladder else row_len,
+                                                ladder=ladder)
         if multi:  # this process's share of the mini-batch, in the shapes and normalisers all processes agree on
             layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple())
             local = rl_batch.split_microbatches(rl_batch.conform(packed, layout, rl.loss_agg), rl.num_microbatches)
@@ -220,6 +227,14 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     if ms and waits_for_updates(run):  # train_s then covers the updates' device time (the last one ends last)
         jax.block_until_ready(ms[-1])
     return dict(state, params=params, opt_state=opt_state), ms
+
+
+def run_ladder(run: RLRun) -> rl_batch.ShapeLadder | None:
+    """The shape ladder this process packs its mini-batch shares to (rl_batch.ladder_for_config; None: the fine
+    ladders)."""
+    multi = jax.process_count() > 1
+    multiple = run.step_fn.local_rows_multiple() if multi else run.step_fn.rows_multiple()
+    return rl_batch.ladder_for_config(run.cfg, multiple, jax.process_count())
 
 
 def update_record(ms: list[dict], train_s: float | None) -> dict:
@@ -374,6 +389,7 @@ class RLLearner:
         pending: list[tuple[int, dict, list]] = []  # (step, host record, the step's device update metrics)
         logger = stop = None
         sync_every, waited = cfg.train.metrics_sync_every, waits_for_updates(run_)
+        ladder = run_ladder(run_)
 
         def flush():  # one host transfer for the pending steps' update metrics; each row under its own step
             fetched = iter(fetch_metrics([ms for _, _, ms in pending if ms]) if any(ms for _, _, ms in pending)
@@ -415,12 +431,13 @@ class RLLearner:
                 times["advantages"] = time.perf_counter()
                 ms: list[dict] = []
                 if chunks:
-                    run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None)
+                    run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder)
                     policy.follow(run_.state["params"])  # the next rollouts sample from the updated policy
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
                 times["trained"] = time.perf_counter()
                 rec = self.record(outs, kept, counts, times)
+                rec["num_compilations"] = run_.step_fn.num_compilations  # step programs compiled so far
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
                     rec.update(self.validate(policy.model(run_.state["params"]),

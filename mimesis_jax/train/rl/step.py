@@ -175,6 +175,7 @@ class RLStep:
         self._opt_sh = None
         self._step = None
         self._num_compilations = 0
+        self._shape_keys: set = set()
         self._lg = None
         self._score = jax.jit(self._score_fn)
 
@@ -335,12 +336,19 @@ class RLStep:
         with self._mesh_ctx(), profiling.count_compilations() as compiled:
             out = self._compiled(params)(params, opt_state, batch, ref_params)
         self._num_compilations += compiled.count_of("_rl_update")
+        self._shape_keys.add((ref_params is not None,) + tuple(sorted((k, tuple(v.shape)) for k, v in batch.items())))
         return out
 
     @property
     def num_compilations(self) -> int:
-        """How many XLA programs the update has compiled so far (one per shape bucket of the batch)."""
+        """How many XLA programs the update has compiled so far (counted from jax's compile events: one per shape
+        bucket of the batch)."""
         return self._num_compilations
+
+    @property
+    def shape_keys(self) -> set:
+        """The distinct batch layouts (array names and [M, B/M, ...] shapes) the update was called with."""
+        return set(self._shape_keys)
 
     def lower(self, params, opt_state, batch, ref_params=None):
         """The lowered update (for .compile().memory_analysis() / cost_analysis() in benchmarks)."""

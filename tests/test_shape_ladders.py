@@ -1,0 +1,292 @@
+"""Stable compiled shapes (algorithms/rl_batch.ShapeLadder): on a synthetic length mix with the paper's Stage II
+structure (configs/qwen3_8b_agentrl.py: rows of 9,344 tokens, 16 prompts x 8 dialogues per mini-batch, 16 turns,
+4 micro-batches on fsdp 8) 200 mini-batches pack to at most 4 GRPO and 6 CSD step programs, all of them listed by
+the ladder (what `plan` prints), with the padding cost of the ladders counted from the sizes and checked against
+the packed arrays; padding leaves the loss and gradients of the unpadded batch; the learner's logged
+num_compilations (jax's compile events) equals the distinct shapes its packing produced."""
+
+import dataclasses
+import os
+
+import numpy as np
+import optax
+import pytest
+
+from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
+from mimesis_jax.algorithms import rl_batch
+from mimesis_jax.data.trajectory import Segment, Trajectory
+from mimesis_jax.plan import workload
+from mimesis_jax.train.rl import agent as A, learner as L
+from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER = os.path.join(ROOT, "configs", "qwen3_8b_agentrl.py")
+MINIBATCHES = 200
+HEADER = 3  # assistant-header tokens before each agent turn
+
+
+def _paper(variant):
+    cfg = workload.load_run_config(f"{PAPER}:{variant}")
+    m = cfg.mesh
+    multiple = cfg.rl.num_microbatches * workload.batch_multiple(cfg.model, {"data": m.data, "fsdp": m.fsdp,
+                                                                              "tensor": m.tensor})
+    return cfg, multiple
+
+
+def _dialogue_plan(rng, cfg, coach_prob):
+    """One dialogue's segment lengths [(kind, n)]: a prompt of 300..max_prompt_tokens, up to max_turns turns of a
+    user / tool reply (20..300), an optional coach note (16 .. the config's note bound), the header and an agent
+    reply (log-normal around 200 tokens, <= agent_max_tokens), stopping before the context limit."""
+    r = cfg.rollout
+    plan = [("public", rng.randint(300, cfg.gyms.max_prompt_tokens + 1))]
+    used = plan[0][1]
+    for _ in range(rng.randint(1, r.max_turns + 1)):
+        env = rng.randint(20, 301)
+        agent = int(min(r.agent_max_tokens, max(1, rng.lognormal(np.log(200), 0.8))))
+        if used + env + HEADER + agent > r.max_context_tokens:
+            break
+        used += env + HEADER + agent
+        plan.append(("public", env))
+        if rng.rand() < coach_prob:
+            plan.append(("coach", rng.randint(16, cfg.users.coach_max_tokens + rl_batch.NOTE_TOKENS - HEADER + 1)))
+        plan += [("public", HEADER), ("agent", agent)]
+    return plan
+
+
+def _sizes(plans, fused):
+    """NumPy reference of the per-dialogue sizes: trunk, branch (coach + header + agent of coached turns), agent
+    and coached tokens."""
+    out = []
+    for plan in plans:
+        trunk = sum(n for k, n in plan if k != "coach")
+        agent = sum(n for k, n in plan if k == "agent")
+        branch = coached = 0
+        for i, (k, n) in enumerate(plan):
+            if k == "coach":
+                a = plan[i + 2][1]
+                branch, coached = branch + n + HEADER + a, coached + a
+        out.append((trunk, branch, agent, coached))
+    s = np.array(out, np.int64).T
+    return s if fused else s[[0, 2]]
+
+
+def _trajectory(rng, plan, rid):
+    segs = [Segment(k, rng.randint(1, 1000, size=n).tolist()) for k, n in plan]
+    turns = sum(k == "agent" for k, _ in plan)
+    return Trajectory(segs, turn_rewards=[0.0] * turns, group_id=rid // 8, rollout_id=rid)
+
+
+def _padding(key, s, fused):
+    """Padded / real tokens per dimension of one mini-batch: trunk, head (agent), branch, branch head (coached)."""
+    B, T, Ka, Tb, Kc = key
+    real = [s[0].sum(), s[-1].sum() if not fused else s[2].sum()]
+    padded = [B * T, B * Ka]
+    if fused:
+        real += [s[1].sum(), s[3].sum()]
+        padded += [B * Tb, B * Kc]
+    return np.array(padded, np.int64), np.array(real, np.int64)
+
+
+_MIX = {}
+
+
+def _paper_mix(cfg):
+    """The 200 mini-batches' sizes [4, 128] (fused: trunk, branch, agent, coached), drawn once for both variants
+    (they share every rollout setting)."""
+    if not _MIX:
+        n = cfg.rollout.mini_batch_prompts * cfg.rollout.group_size
+        rng = np.random.RandomState(2025)
+        _MIX["sizes"] = [_sizes([_dialogue_plan(rng, cfg, 0.5) for _ in range(n)], True) for _ in range(MINIBATCHES)]
+    return _MIX["sizes"]
+
+
+@pytest.mark.parametrize("variant,most", [("grpo", 4), ("csd", 6)])
+def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
+    cfg, multiple = _paper(variant)
+    ladder = rl_batch.ladder_for_config(cfg, multiple)
+    fused = variant == "csd"
+    assert ladder.fused == fused and ladder.row_len == cfg.rollout.row_len == 9344
+    assert ladder.rows == (64, 96, 128)  # 1/2, 3/4, 1 of 16 x 8 dialogues, multiples of 4 micro-batches x fsdp 8
+    # the longest branch block: 8,192 agent tokens + 16 turns x (256 + 32) note tokens = 12,800
+    assert ladder.branch == ((6400, 12800) if fused else ())
+    listed = ladder.programs()
+    assert len(listed) == (6 if fused else 3) and listed == list(workload.workload_from_config(
+        cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model).programs)
+    seen, before = {}, set()
+    padded, real = 0, 0
+    for s in _paper_mix(cfg):
+        s = s if fused else s[[0, 2]]
+        key, overflow = rl_batch.ladder_shape_key(s, ladder, multiple)
+        assert not overflow and key in listed
+        seen[key] = seen.get(key, 0) + 1
+        p, r = _padding(key, s, fused)
+        padded, real = padded + p, real + r
+        # the fine ladders the packer used before (rows, head and branch dims each on their own)
+        _, old, _ = rl_batch._choose_shapes(s, [ladder.row_len] + [None] * (len(s) - 1), fused=fused, ladder=None,
+                                            num_rows=None, head_len=None, branch_len=None, branch_head_len=None,
+                                            rows_multiple=multiple, pad_multiple=64)
+        before.add(old)
+    cost = padded / real
+    names = ["trunk", "head", "branch", "branch_head"][:len(cost)]
+    print(f"{variant}: {len(seen)} programs over {MINIBATCHES} mini-batches (fine ladders: {len(before)}); uses "
+          f"{dict(sorted(seen.items()))}; padded / real tokens: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in zip(names, cost)))
+    assert len(seen) <= most and len(before) > most
+
+
+@pytest.mark.parametrize("variant", ["grpo", "csd"])
+def test_packed_arrays_have_the_ladder_shape_and_the_counted_padding(variant):
+    """Two paper-size mini-batches packed for real: the arrays have the shape key `ladder_shape_key` gives from
+    the sizes, and their padding (zero segment ids, masks, branch ids) is the one counted from the sizes."""
+    cfg, multiple = _paper(variant)
+    ladder = rl_batch.ladder_for_config(cfg, multiple)
+    fused = variant == "csd"
+    rng = np.random.RandomState(5)
+    for _ in range(2):
+        plans = [_dialogue_plan(rng, cfg, 0.5) for _ in range(128)]
+        trs = [_trajectory(rng, p, i) for i, p in enumerate(plans)]
+        packed = rl_batch.pack_trajectories(trs, teacher="fused" if fused else "none", use_rollout_logprobs=False,
+                                            rows_multiple=multiple, ladder=ladder)
+        s = _sizes(plans, fused)
+        key, _ = rl_batch.ladder_shape_key(s, ladder, multiple)
+        a = packed.arrays
+        assert packed.shape_key == key and not packed.ladder_overflow
+        p, r = _padding(key, s, fused)
+        got_real = [(a["segment_ids"] > 0).sum(), a["agent_mask"].sum()]
+        got_padded = [a["tokens"].size, a["head_idx"].size]
+        if fused:
+            got_real += [(a["branch_ids"] > 0).sum(), a["coached_mask"].sum()]
+            got_padded += [a["branch_tokens"].size, a["branch_head_idx"].size]
+        assert list(r) == [int(x) for x in got_real] and list(p) == got_padded
+
+
+# ------------------------------------------------------------------------------ padding is masked
+CFG = tiny_config(num_hidden_layers=1)
+
+
+_STEPS = {}
+
+
+def _loss_and_grads(trs, rl, **pack):
+    step = _STEPS.setdefault(rl, make_rl_step(CFG, optax.sgd(1.0), None, rl))  # one jit cache for the module
+    packed = prepare_batch(trs, rl, pad_multiple=16, **pack)
+    loss, grads, sums = step.loss_and_grads(scaled_params(CFG), step.place(packed))
+    return packed, float(loss), grads, {k: float(v) for k, v in sums.items()}
+
+
+@pytest.mark.parametrize("alpha,coach_prob", [(0.3, 0.6), (0.3, 0.0)])
+def test_padding_to_a_rung_leaves_loss_and_grads(alpha, coach_prob):
+    """The unpadded packing (fine ladders at pad_multiple 16) against a ladder rung larger in every dimension
+    (rows, head_idx, branch_tokens, branch_head_idx): the same loss, gradients and counts. Without a coached turn:
+    the fused layout with empty branches against the batch without branches (the GRPO program, the unpadded
+    path)."""
+    trs = random_batch(3, CFG.vocab_size, (3, 2, 4, 1, 2, 3), coach_prob=coach_prob)
+    rl = RLConfig(alpha=alpha, beta=5.0, old_logprobs="rollout")
+    small, loss0, g0, s0 = _loss_and_grads(trs, rl, row_len=64)
+    ladder = rl_batch.ShapeLadder(64, (8,), (160,) if alpha > 0 else ())
+    big, loss, g, s = _loss_and_grads(trs, rl, ladder=ladder)
+    assert big.shape_key == ladder.programs()[0]
+    assert all(b > a for i, (a, b) in enumerate(zip(small.shape_key, big.shape_key)) if a and i != 1)
+    assert big.teacher == ("fused" if alpha > 0 else "none")
+    assert small.teacher == ("fused" if alpha > 0 and coach_prob > 0 else "none")
+    assert loss == pytest.approx(loss0, rel=1e-5, abs=1e-7)
+    assert tree_rel_err(g, g0) <= 1e-5
+    for k in ("agent", "coached", "clipped"):
+        assert s[k] == s0[k], k
+
+
+def test_ladder_errors_name_the_argument():
+    trs = random_batch(3, CFG.vocab_size, (2, 1))
+    ladder = rl_batch.ShapeLadder(64, (4,))
+    with pytest.raises(ValueError, match="num_rows"):
+        rl_batch.pack_trajectories(trs, teacher="none", ladder=ladder, num_rows=4)
+    with pytest.raises(ValueError, match="teacher='fused'"):
+        rl_batch.pack_trajectories(trs, teacher="fused", ladder=ladder)
+
+
+# ------------------------------------------------------------------------------ the learner's metric
+class VaryingStage(L.RLLearner):
+    """Scripted dialogues whose lengths change the row rung: short (several per row of 64) on odd steps, long
+    (one per row) on even steps."""
+
+    stage, policy_name = "ladders", "agent"
+    packed_keys: list = []
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.drawn = 0
+
+    def restore(self, data_state):
+        self.drawn = data_state["sampler"]["drawn"]
+
+    def data_state(self):
+        return {"sampler": {"drawn": self.drawn}}
+
+    def policy_max_tokens(self):
+        return 8
+
+    def banner(self, start):
+        return ""
+
+    def draw(self, n):
+        self.drawn += 1
+        return list(range(n))
+
+    def rollouts(self, model, items, *, group_size, first_group, first_rid, **kw):
+        rng = np.random.RandomState(self.drawn)
+        n = 5 if self.drawn % 2 else 20
+
+        def dialogue(group, rid):
+            segs = [Segment("public", rng.randint(1, 50, size=n).tolist())]
+            for _ in range(2):
+                segs += [Segment("public", rng.randint(1, 50, size=3).tolist()),
+                         Segment("agent", rng.randint(1, 50, size=5).tolist(), logprobs=(-rng.rand(5)).tolist())]
+            return Trajectory(segs, turn_rewards=[1.0, 0.0], group_id=group, rollout_id=rid)
+        return [[dialogue(first_group + i, first_rid + i * group_size + k) for k in range(group_size)]
+                for i in range(len(items))]
+
+    def filter_groups(self, outs):
+        return outs, {}
+
+    def advantages(self, items, counts):
+        return items, [[0.5, -0.25] if t.rollout_id % 2 else [-0.5, 0.25] for t in items]
+
+    def record(self, outs, kept, counts, times):
+        return {}
+
+
+def test_learner_logs_the_programs_it_compiled(tmp_path, monkeypatch):
+    """16 dialogues per mini-batch on one device: rows rungs (8, 12, 16); short dialogues pack in 8 rows, long
+    ones need 16: steps 1-2 compile 2 programs, counted from jax's compile events."""
+    sets = ["train.progress_bar=false", "train.tensorboard=false", "train.steps=2", "rollout.prompts_per_step=8",
+            "rollout.group_size=2", "rollout.mini_batch_prompts=8", "rollout.row_len=64", "rl.old_logprobs=rollout",
+            "checkpoint.async_save=false", "checkpoint.every=100", "mesh.fsdp=1"]
+    cfg = A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", sets)
+    cfg = cfg.replace(model=cfg.model.replace(num_hidden_layers=1, layer_types=("full_attention",)))  # cheap
+    keys = []
+    pack = rl_batch.pack_trajectories
+
+    def recording(*a, **kw):
+        p = pack(*a, **kw)
+        keys.append(p.shape_key)
+        return p
+    monkeypatch.setattr(rl_batch, "pack_trajectories", recording)
+    learner = VaryingStage(cfg, str(tmp_path), handle_signals=False, log=lambda *a: None)
+    res = learner.run()
+    ladder = L.run_ladder(learner.run_state)
+    assert ladder.rows == (8, 12, 16) and set(keys) == {ladder.key(8), ladder.key(16)}
+    counts = [res.metrics[s]["num_compilations"] for s in (1, 2)]
+    assert counts == [1, 2] == [len(set(keys[:s])) for s in (1, 2)]
+    assert len(learner.run_state.step_fn.shape_keys) == 2
+
+
+def test_paper_configs_plan_their_programs():
+    cfg, _ = _paper("csd")
+    w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
+    text = workload.programs_text(w)[0]
+    assert text.startswith("step programs: 6 (rows x row_len x head x branch x branch_head")
+    assert "64x9344x9344x6400x6400" in text and "128x9344x9344x12800x9344" in text
+    bare = workload.workload_from_config(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
+                                                                                            row_len=0)),
+                                         {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
+    assert bare.programs == () and "not bounded" in workload.programs_text(bare)[0]
