@@ -51,7 +51,9 @@ lives in the requests, so a request draws the same tokens whatever shares its ba
 program is the candidate count its rows need, exact for every row).
 
 Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / offered (decode-slot utilisation),
-evictions, recomputed dialogues.
+evictions, recomputed dialogues, reused (not re-prefilled) tokens, the most pages in use at once (`pages_peak`).
+The RL stages log them per step (`engine/*`, train/rl/chat_models.EngineMeter); the pools' sizes come from the
+`rollout.engine*` keys (rollout/engine_sizing.py).
 """
 
 
@@ -161,7 +163,8 @@ class RolloutEngine:
         self.decode_fn = decode_attention
         self.broken: str | None = None  # why the engine cannot serve (its pool was lost and not rebuilt)
         self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
-                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0)
+                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0,
+                          pages_peak=0)
         self.pool = PagePool(config, self.ec, self.stats)
         self._calls = 0
         self._lock = threading.RLock()  # envs on worker threads may share one engine (calls are serialised)

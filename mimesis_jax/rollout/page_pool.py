@@ -39,7 +39,8 @@ class Dialogue:
 
 class PagePool:
     """Pages and state slots of one EngineConfig (`ec`: num_pages, page_size, states), and the dialogues holding
-    them. `stats` is the engine's counter dict (reused_tokens, recomputed, evictions are counted here)."""
+    them. `stats` is the engine's counter dict (reused_tokens, recomputed, evictions and pages_peak -- the most
+    pages in use at once -- are kept here)."""
 
     def __init__(self, config: ModelConfig, ec, stats: dict):
         self.config, self.ec, self.stats = config, ec, stats
@@ -126,6 +127,7 @@ class PagePool:
             d.pages.append(self.free_pages.pop())
         if self.has_state and not d.state:
             d.state = self.free_states.pop()
+        self.stats["pages_peak"] = max(self.stats.get("pages_peak", 0), self.pages_in_use())
         return True
 
     def drop_if_empty(self, key) -> None:
