@@ -127,6 +127,7 @@ def rollout_sizing(r, config: ModelConfig, dialogues: int) -> EngineSizing:
     """The pools of `r` (an RL stage's rollout config: its `rollout.engine*` keys) for `dialogues` in flight at
     once. The page table holds the longest dialogue: `rollout.max_context_tokens` (the runners end a dialogue
     before a prompt + max_tokens would pass it) or, without that limit, the model's max_position_embeddings."""
-    return engine_sizing(config, dialogues=dialogues, max_context=r.max_context_tokens or config.max_position_embeddings,
+    longest = r.max_context_tokens or config.max_position_embeddings
+    return engine_sizing(config, dialogues=dialogues, max_context=longest,
                          page_size=r.engine_page_size, slots=r.engine_slots, pages=r.engine_pages,
                          states=r.engine_states, memory_gib=r.engine_memory_gib)

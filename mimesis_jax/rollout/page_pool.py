@@ -120,9 +120,11 @@ class PagePool:
             if len(self.free_pages) < need:
                 raise EngineError(f"request {index}: needs {need} more cache pages of {ps} tokens but the pool has "
                                   f"{len(self.free_pages)} free with nothing left to evict; raise "
-                                  f"EngineConfig.num_pages (now {self.ec.num_pages})")
+                                  f"EngineConfig.num_pages (RL: rollout.engine_pages / engine_memory_gib; now "
+                                  f"{self.ec.num_pages})")
             raise EngineError(f"request {index}: no free state slot and nothing to evict; raise "
-                              f"EngineConfig.num_states (now {self.ec.states})")
+                              f"EngineConfig.num_states (RL: rollout.engine_states / engine_memory_gib; now "
+                              f"{self.ec.states})")
         for _ in range(max(need, 0)):
             d.pages.append(self.free_pages.pop())
         if self.has_state and not d.state:
