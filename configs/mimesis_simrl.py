@@ -23,6 +23,11 @@ Chosen here (the paper is silent):
   the update's peak is 67.7 GiB for 9B (206 GiB with 1, 114 with 2) and 45.1 GiB for 4B (150 / 80 with 1 / 2).
   At most 256 rollouts per sampler call (`rollout.max_batch`; 512 per step as 2 calls, the same samples): the
   rollout phase's peak is 62.1 GiB for 9B and 51.5 for 4B (112 / 97 GiB with all 512 at once).
+* the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
+  rollout.max_batch=0` samples through the rollout engine on one device instead, its pool capped at
+  `rollout.engine_memory_gib` = 16 GiB (uncapped: 512 rollouts x 16,384 tokens + their state slots, 281 GiB for
+  9B); `plan`: rollout peak 69.9 GiB for 9B (the engine's whole fp32 parameters are 33.4 of it). 16 GiB holds
+  166 state slots and 263k tokens, so with 512 rollouts in flight the engine evicts (engine/evictions);
 * fixed sides: any OpenAI-compatible endpoint for the judge; the ABCD support agent and the SOUL interlocutors
   default to the same endpoint (sides.support_agent / sides.partner to change).
 Ablations (Appendix C): --set init.from_workdir=... (mid-trained / SFT) vs init.from_hf=<pretrained Qwen3.5 dir>;
@@ -47,7 +52,8 @@ def get_config(size: str = "4b") -> SimRLConfig:
         rl=RLConfig(alpha=0.0, kl_coef=0.0, eps_low=0.2, eps_high=0.2, loss_agg="token-mean", num_microbatches=4),
         rollout=SimRolloutConfig(prompts_per_step=64, group_size=8, mini_batch_prompts=16, max_tokens=2048,
                                  max_context_tokens=16_384, row_len=16_384, temperature=1.0, thinking=True,
-                                 fold=True, env_workers=64, max_batch=256),
+                                 fold=True, env_workers=64, max_batch=256,
+                                 engine_memory_gib=16.0),
         optimizer=OptimizerConfig(lr=8e-6, schedule="constant", warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.95,
                                   clip_norm=1.0),
         train=TrainConfig(steps=500, seed=0, remat="full", dtype="bfloat16", nonfinite="stop", log_every=1),

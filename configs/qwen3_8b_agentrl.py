@@ -25,6 +25,12 @@ Choices where the paper is silent (this project's):
   samples): the largest power of two whose rollout phase fits an A100-80GB on this mesh (`python -m mimesis_jax
   plan`: KV cache 22.5 GiB + prefill 12 GiB, peak 51.5 of 76 usable GiB; all 1,024 at once need 189 GiB). The
   update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
+* the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
+  rollout.max_batch=0` samples through the rollout engine instead, on one device: its pool is capped at
+  `rollout.engine_memory_gib` = 16 GiB (the uncapped rule, 1,024 dialogues x 9,344 tokens, asks 1,314 GiB);
+  `plan` then counts the engine's whole fp32 parameters (30.5 GiB), the pool and a decode burst's page copy
+  (20.6 GiB): rollout peak 72.8 of 76 usable GiB. The pool holds 116k tokens, 113 per dialogue in flight, so the
+  engine evicts (engine/evictions) -- the static sampler is the paper setting;
 * the simulator is served (e.g. `serve --generation-role user` on the exported MIMESIS-9B, or vLLM) and also
   plays the gyms' judge and classifier; validation every 10 steps on the shipped evaluation tasks.
 The csd variant differs in rl.alpha (0.01) only:
@@ -39,6 +45,7 @@ from mimesis_jax.config import (MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, AgentRLCon
 
 PROMPT, RESPONSE = MAX_PROMPT_TOKENS, 8192
 VARIANTS = ("grpo", "csd")
+ENGINE_GIB = 16.0  # the rollout engine's pool, when a run turns it on (see the docstring)
 ALPHA = {"grpo": 0.0, "csd": 0.01}  # Eq 11's CSD weight: the only difference between the variants
 
 
@@ -55,7 +62,8 @@ def get_config(variant: str = "grpo") -> AgentRLConfig:
                     credit="equalized", score="sum", old_logprobs="recompute", num_microbatches=4),
         rollout=RolloutConfig(prompts_per_step=128, group_size=8, mini_batch_prompts=16, max_turns=16,
                               agent_max_tokens=2048, max_context_tokens=PROMPT + RESPONSE,
-                              row_len=PROMPT + RESPONSE, temperature=1.0, env_workers=64, max_batch=256),
+                              row_len=PROMPT + RESPONSE, temperature=1.0, env_workers=64, max_batch=256,
+                              engine_memory_gib=ENGINE_GIB),
         optimizer=OptimizerConfig(lr=1e-6, schedule="constant", warmup_steps=3, weight_decay=0.0, clip_norm=1.0),
         train=TrainConfig(steps=100, seed=0, remat="full", dtype="bfloat16", log_every=1),
         mesh=MeshConfig(data=1, fsdp=8, tensor=2),

@@ -112,7 +112,11 @@ def _agent_run(wd, *sets, loader=None):
     return res, seen, load_trained(str(wd))[1]
 
 
+ENGINE_KEYS = ("engine/", "sim_engine/")  # the engine's own counters: logged only with rollout.engine=true
+
+
 def _metrics_close(a: dict, b: dict):
+    b = {k: v for k, v in b.items() if not k.startswith(ENGINE_KEYS)}
     assert a.keys() == b.keys()
     for k in a:
         if k in TIMING:
@@ -138,6 +142,11 @@ def test_agentrl_engine_equals_the_static_sampler(tmp_path, recording):
     assert sim.engine.stats["prefill_tokens"] > 0  # the runner's user turns went through the simulator's engine
     for e in (eng, sim):
         assert e.engine.pages_in_use() == 0  # every dialogue was released when its episode ended
+    for e, prefix in ((eng, "engine"), (sim, "sim_engine")):  # each step logs its share of the engines' counters
+        for k in ("evictions", "reused_tokens", "recomputed", "prefill_tokens"):
+            assert on.metrics[1][f"{prefix}/{k}"] + on.metrics[2][f"{prefix}/{k}"] == e.engine.stats[k], (prefix, k)
+        assert on.metrics[2][f"{prefix}/pages"] == 69 and 0 < on.metrics[2][f"{prefix}/pages_peak"] <= 69
+    assert not any(k.startswith(ENGINE_KEYS) for k in off.metrics[1])
     for step in (1, 2):
         a, b = seen_off[step], seen_on[step]
         assert [t.rollout_id for t in a] == [t.rollout_id for t in b]

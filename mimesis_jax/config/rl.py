@@ -89,13 +89,22 @@ class RolloutSection:
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
     # The policy samples through the rollout engine (rollout/engine.py: persistent per-dialogue caches, paged KV
     # pool, continuous batching) instead of the static sampler; so does an in-process model simulator in Stage II
-    # (its own frozen engine; a remote simulator is unchanged). Off by default: the engine runs on one device and
-    # compiles its prefill/decode programs for every page-table width (~40 programs), which tiny CPU runs do not
-    # earn back; the paper configs turn it on. Same seeds -> the same tokens as the static sampler.
+    # (its own frozen engine; a remote simulator is unchanged). Off by default, and off in every shipped config
+    # (configs/): the engine runs on one device and compiles its prefill/decode programs for every page-table
+    # width (~40 programs), which tiny CPU runs do not earn back; a paper run turns it on with
+    # `--set rollout.engine=true rollout.max_batch=0 rollout.engine_memory_gib=<GiB>` (docs/engine.md, sizing).
+    # Same seeds -> the same tokens as the static sampler.
     engine: bool = False
     engine_slots: int = 16  # decode slots (EngineConfig.slots): requests decoded together
     engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
-    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = dialogues in flight x max context / page
+    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = derived (rollout/engine_sizing.py)
+    # Qwen3.5 state slots (EngineConfig.num_states); 0 = derived: one per dialogue in flight + one per decode slot
+    # + the trash slot, so no dialogue is evicted for want of a slot
+    engine_states: int = 0
+    # per-engine cap on the pool's bytes (KV pages + state slots), GiB; 0 = no cap (every dialogue in flight at
+    # the longest length). With a cap the pool holds as many longest dialogues as fit; the engine evicts (and
+    # logs engine/evictions) only once it is full
+    engine_memory_gib: float = 0.0
 
     # the stage's per-turn token budget (a field of the subclass) and its key, for the context-budget check
     turn_tokens_key = ""
@@ -132,6 +141,12 @@ class RolloutSection:
             need(_is_int(v) and v >= lo, f"rollout.{key}", f"must be an int >= {lo}")
         need(self.engine_pages != 1, "rollout.engine_pages", "must be 0 (sized from the rollout) or >= 2 (page 0 "
              "is the engine's trash page)")
+        need(_is_int(self.engine_states) and (self.engine_states == 0 or self.engine_states >= 2),
+             "rollout.engine_states", "must be an int: 0 (one per dialogue in flight) or >= 2 (slot 0 is the "
+             "engine's trash slot)")
+        m = self.engine_memory_gib
+        need(isinstance(m, (int, float)) and not isinstance(m, bool) and 0 <= m < float("inf"),
+             "rollout.engine_memory_gib", "must be a finite number of GiB >= 0 (0 = no cap)")
         need(not (self.engine and self.max_batch), "rollout.max_batch", "must be 0 with rollout.engine=true (the "
              "engine's rollout.engine_slots bound the batch; rollout.engine_pages the KV memory)")
 

@@ -36,6 +36,18 @@ def init_pages(num_layers: int, kv_heads: int, num_pages: int, page_size: int, h
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
+def pool_axes(cache: dict) -> dict:
+    """Logical axes of the engine's cache leaves (sharding.py rules) for running it on a mesh: the page pools
+    [L, KVH, N, page, Dh] split over KV heads (act_kv_heads), the Qwen3.5 state slots over their heads -- conv
+    windows [L_lin, slots, K-1, Hk, Cg] over key heads (act_kv_heads), DeltaNet states [L_lin, slots, Hv, Dk, Dv]
+    over value heads (act_heads), as the static sampler's cache (qwen3_5.cache_axes). Pages and slots are never
+    split: every device holds every page and slot of its heads. A heads dim the tensor axis does not divide
+    stays replicated (sharding.logical_to_spec)."""
+    axes = {"k": ("layers", "act_kv_heads", None, None, None), "v": ("layers", "act_kv_heads", None, None, None),
+            "conv": ("layers", None, None, "act_kv_heads", None), "state": ("layers", None, "act_heads", None, None)}
+    return {name: axes[name] for name in cache}
+
+
 def token_slots(page_table: jax.Array, starts: jax.Array, n_valid: jax.Array, T: int, page_size: int) -> jax.Array:
     """Flat pool slot (page * page_size + offset) of every new token [B, T]; padding goes to the trash page."""
     pos = starts[:, None] + jnp.arange(T, dtype=jnp.int32)[None]

@@ -13,6 +13,7 @@ from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, head_bytes, 
                                      layer_weight_bytes, optimizer_bytes, param_bytes, prefill_bytes, saved_bytes,
                                      table_bytes, widths)
 from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
+from mimesis_jax.rollout.engine import EngineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +193,23 @@ def plan(w: Workload, device: Device) -> Plan:
     }
     train_peak = P + O + batch + max(phases.values())
     rollout_peak = 0
-    if w.rollout is not None:
+    if w.engine is not None:  # rollout.engine: every dialogue of the step on one device's engine
+        e = w.engine
+        ep = add("rollout", "engine parameters", param_bytes(m, {}),
+                 "the engine's copy of the fp32 parameters, whole, on its device (chat_models.engine_params)")
+        pool = add("rollout", "engine pool", e.pool_bytes,
+                   f"{e.num_pages} KV pages x {e.page_bytes} bytes ({e.page_size} tokens, full-attention layers, "
+                   f"compute dtype) + {e.num_states} state slots x {e.state_bytes} bytes (rollout/engine_sizing.py)")
+        W1 = widths(m, {})
+        S = e.max_pages_per_seq * e.page_size
+        ec = EngineConfig()
+        pf = max(prefill_bytes(m, W1, lt, ec.prefill_rows, ec.prefill_chunk, S) for lt in _layer_types(m))
+        work = add("rollout", "engine programs", max(pf, e.slots * (e.max_pages_per_seq + 1) * e.page_bytes),
+                   f"the larger of one prefill layer's forward ({ec.prefill_rows} rows x {ec.prefill_chunk} tokens "
+                   f"attending {S}) and a decode burst's slot-major copy of its rows' pages ({e.slots} slots x "
+                   f"{e.max_pages_per_seq + 1} pages)")
+        rollout_peak = P + O + ep + pool + work
+    elif w.rollout is not None:
         r = w.rollout
         S = r.prompt_len + r.new_tokens
         caches = cache_bytes(m, mesh, r.batch, S)

@@ -12,6 +12,7 @@ from mimesis_jax.config import AgentRLConfig, RunConfig, SimRLConfig, load_confi
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.plan.memory import divisor
+from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.sampler import Buckets
 from mimesis_jax.sharding import rules_of
 from mimesis_jax.train.state import model_config_for
@@ -47,6 +48,7 @@ class Workload:
     # the RL step programs the run compiles (rl_batch.ShapeLadder.programs: (rows, row_len, head, branch,
     # branch_head) per program, cheapest first); () = shapes on the fine ladders (rollout.row_len = 0), unbounded
     programs: tuple[tuple[int, ...], ...] = ()
+    engine: object = None  # rollout.engine=true: the policy engine's pools (rollout/engine_sizing.EngineSizing)
 
     @property
     def num_devices(self) -> int:
@@ -123,10 +125,17 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
                  f"{per_call} (rollout.max_batch={r.max_batch})")
     per = "given by --rows" if rows is not None else "one per " + ("dialogue" if kind == "agentrl" else "rollout")
     notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
+    engine = None
+    if r.engine:  # the policy samples through one rollout engine on one device instead of the sampler
+        engine = rollout_sizing(r, model, rollout_batch)
+        notes[-2] = f"rollout: {rollout_batch} dialogues in flight on the rollout engine (one process)"
+        notes.append(f"rollout engine pool: {engine.describe()}")
+        if kind == "agentrl" and "://" not in cfg.users.simulator and cfg.users.simulator != "toy-user":
+            notes.append("an in-process simulator's own engine (same rollout.engine* keys) is not counted")
     ladder = ladder_for_config(cfg, multiple) if kind == "agentrl" else None
     programs = tuple(ladder.programs()) if ladder is not None else ()
     return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
-                    head, True, branch, branch_head, roll, tuple(notes), programs)
+                    head, True, branch, branch_head, roll, tuple(notes), programs, engine)
 
 
 def programs_text(w: Workload) -> list[str]:

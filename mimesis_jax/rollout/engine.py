@@ -51,12 +51,15 @@ lives in the requests, so a request draws the same tokens whatever shares its ba
 program is the candidate count its rows need, exact for every row).
 
 Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / offered (decode-slot utilisation),
-evictions, recomputed dialogues.
+evictions, recomputed dialogues, reused (not re-prefilled) tokens, the most pages in use at once (`pages_peak`).
+The RL stages log them per step (`engine/*`, train/rl/chat_models.EngineMeter); the pools' sizes come from the
+`rollout.engine*` keys (rollout/engine_sizing.py).
 """
 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -66,7 +69,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from mimesis_jax import models
+from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import engine_programs, sampler
 from mimesis_jax.rollout.endpoints import derive_seed
@@ -149,8 +152,9 @@ class RolloutEngine:
     plus `keys` (one hashable per prompt, None = stateless). See the module docstring."""
 
     def __init__(self, config: ModelConfig, params, engine_config: EngineConfig | None = None, *,
-                 stop_ids: Sequence[int] = (), seed: int = 0, decode_attention=None):
-        self.config, self.params = config, params
+                 stop_ids: Sequence[int] = (), seed: int = 0, decode_attention=None, mesh=None):
+        self.config, self.mesh = config, mesh
+        self.params = params  # placed on the mesh (the property's setter)
         self.ec = engine_config or EngineConfig()
         self.ec.validate()
         fam = models.family(config, "paged")
@@ -161,8 +165,9 @@ class RolloutEngine:
         self.decode_fn = decode_attention
         self.broken: str | None = None  # why the engine cannot serve (its pool was lost and not rebuilt)
         self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
-                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0)
-        self.pool = PagePool(config, self.ec, self.stats)
+                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0,
+                          pages_peak=0)
+        self.pool = PagePool(config, self.ec, self.stats, mesh)
         self._calls = 0
         self._lock = threading.RLock()  # envs on worker threads may share one engine (calls are serialised)
         self._submit_lock, self._serial_lock = threading.Lock(), threading.Lock()
@@ -172,6 +177,21 @@ class RolloutEngine:
         self._wake = threading.Event()  # set by submit / cancel: an EngineLoop waiting for work wakes up
         self._submitted = 0
         self._serial = 0
+
+    @property
+    def params(self):
+        return self._params
+
+    @params.setter
+    def params(self, params) -> None:
+        """New weights; with a mesh they are placed as models.shard_params says (tensor-parallel heads, MLP and
+        vocab on the tensor axis, embed on fsdp)."""
+        self._params = params if self.mesh is None else models.shard_params(self.config, params, self.mesh)
+
+    def _on_mesh(self):
+        """The context the programs run in: the engine's mesh made current (XLA partitions them by the params'
+        and pool's shardings and the activation rules), or nothing without one."""
+        return contextlib.nullcontext() if self.mesh is None else sharding.use_mesh(self.mesh)
 
     def _new_pools(self) -> None:
         """A fresh KV pool (and Qwen3.5 state slots), every page and slot free, no dialogue cached."""
@@ -519,9 +539,10 @@ class RolloutEngine:
             tokens[i, :len(chunk)] = chunk
             starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
         pool = self.pool
-        pool.cache, tok, lp = engine_programs.prefill_program(
-            self.config, self._filtering(rows), self.decode_fn, self.params, pool.cache, tokens, starts, nval,
-            self._table(rows), sslots, self._samp(rows))
+        with self._on_mesh():
+            pool.cache, tok, lp = engine_programs.prefill_program(
+                self.config, self._filtering(rows), self.decode_fn, self.params, pool.cache, tokens, starts, nval,
+                self._table(rows), sslots, self._samp(rows))
         tok, lp = jax.device_get((tok, lp))
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += int(nval.sum())
@@ -555,9 +576,11 @@ class RolloutEngine:
                 stop_arr[i, :len(r.stops)] = r.stops
         stop_early = bool(self._waiting) or bool(self._inbox) or prefilling
         pool = self.pool
-        pool.cache, out_tok, out_lp, count, _, n_run = engine_programs.decode_program(
-            self.config, self._filtering(dec), self.decode_fn, self.ec.decode_steps, self.params, pool.cache, tok,
-            pos, live, self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr, np.bool_(stop_early))
+        with self._on_mesh():
+            pool.cache, out_tok, out_lp, count, _, n_run = engine_programs.decode_program(
+                self.config, self._filtering(dec), self.decode_fn, self.ec.decode_steps, self.params, pool.cache,
+                tok, pos, live, self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr,
+                np.bool_(stop_early))
         out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += int(n_run)
@@ -579,20 +602,28 @@ class RolloutEngine:
         static argument matched by type as well as value, so it is normalised to the int `_filtering` passes
         (a bool False would compile programs no call uses)."""
         filtering = int(filtering)
+        with self._on_mesh():
+            self._warmup(filtering)
+        jax.block_until_ready(self.pool.cache)
+
+    def decode_args(self, width: int, filtering: int = 0) -> tuple:
+        """The arguments of an all-idle decode burst over page tables `width` wide (warmup; what a test lowers
+        to read the compiled program's memory_analysis)."""
+        ec, S = self.ec, self.ec.slots
+        zs = np.zeros((S,), np.int32)
+        return (self.config, int(filtering), self.decode_fn, ec.decode_steps, self.params, self.pool.cache, zs, zs,
+                np.zeros((S,), bool), np.zeros((S, width), np.int32), zs, self._samp([None] * S), zs, zs + 1,
+                np.full((S, sampler.Buckets().stops(0)), -1, np.int32), np.bool_(False))
+
+    def _warmup(self, filtering: int) -> None:
         ec, pool = self.ec, self.pool
-        S = ec.slots
         for w in self.table_widths():
             for R in self.prefill_row_counts():
                 pool.cache, tok, _ = engine_programs.prefill_program(
                     self.config, filtering, self.decode_fn, self.params, pool.cache,
                     np.zeros((R, ec.prefill_chunk), np.int32), np.zeros((R,), np.int32), np.zeros((R,), np.int32),
                     np.zeros((R, w), np.int32), np.zeros((R,), np.int32), self._samp([None] * R))
-            zs = np.zeros((S,), np.int32)
-            pool.cache, *_ = engine_programs.decode_program(
-                self.config, filtering, self.decode_fn, ec.decode_steps, self.params, pool.cache, zs, zs,
-                np.zeros((S,), bool), np.zeros((S, w), np.int32), zs, self._samp([None] * S), zs, zs + 1,
-                np.full((S, sampler.Buckets().stops(0)), -1, np.int32), np.bool_(False))
-        jax.block_until_ready(pool.cache)
+            pool.cache, *_ = engine_programs.decode_program(*self.decode_args(w, filtering))
 
 
 class EngineLoop:

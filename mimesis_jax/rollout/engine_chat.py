@@ -14,17 +14,17 @@ class EngineChatModel:
     whose `chat_batch` takes `keys` (one dialogue key per conversation).
 
     Built like LocalChatModel plus `engine_config`; `set_params` swaps in new weights (after an RL step) and
-    drops every cached dialogue, whose keys/values were computed with the old ones.
+    drops every cached dialogue, whose keys/values were computed with the old ones. `mesh` (a process-local
+    mesh, None = one device): the engine's params, KV pool and state slots are sharded over it
+    (RolloutEngine's `mesh`; docs/engine.md "On a mesh").
     """
 
     def __init__(self, config, params, tokenizer, *, engine_config: EngineConfig | None = None, decode_attention=None,
-                 **local_kwargs):
-        if local_kwargs.get("mesh") is not None:
-            raise ValueError("EngineChatModel: the rollout engine runs on one device (mesh must be None)")
+                 mesh=None, **local_kwargs):
         self.local = LocalChatModel(config, params, tokenizer, **local_kwargs)
         self.tok = tokenizer
         self.engine = RolloutEngine(config, params, engine_config, stop_ids=self.local.stop_ids,
-                                    seed=self.local.seed, decode_attention=decode_attention)
+                                    seed=self.local.seed, decode_attention=decode_attention, mesh=mesh)
         self._call = threading.local()  # the keys of the chat_batch running on this thread
         self.local.generate_tokens = self.generate_tokens  # chat_batch samples through the engine
 

@@ -10,11 +10,18 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from mimesis_jax import models
+from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.paged_attention import slot_major_decode_attention
-from mimesis_jax.models.paged_cache import TRASH_PAGE
+from mimesis_jax.models.paged_cache import TRASH_PAGE, pool_axes
 from mimesis_jax.rollout.sampler import choose_tokens
+
+
+def _pin(config, cache):
+    """The cache constrained to its mesh layout (paged_cache.pool_axes) under the current mesh, so a program's
+    output pool has its input's sharding (donation reuses the buffers; the next call takes it as is). A no-op
+    without a mesh (the one-device engine)."""
+    return {k: sharding.constrain(x, pool_axes(cache)[k], config) for k, x in cache.items()}
 
 
 def _row_keys(seeds, salts):
@@ -34,11 +41,11 @@ def prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, to
     """One prefill chunk [R, C]; returns (cache, first token [R], its log-prob [R]) sampled after each row's
     last real token (used only for rows whose prompt ends in this chunk)."""
     fam = models.family(config, "paged")
-    h, cache = fam.forward_paged(config, params, cache, tokens, starts, n_valid, page_tables, state_slots,
-                                 decode_fn)
+    h, cache = fam.forward_paged(config, params, _pin(config, cache), tokens, starts, n_valid, page_tables,
+                                 state_slots, decode_fn)
     last = jnp.take_along_axis(h, jnp.maximum(n_valid - 1, 0)[:, None, None], axis=1)[:, 0]
     tok, lp = _pick(config, params, last, samp, jnp.zeros_like(n_valid), filtering)
-    return cache, tok, lp
+    return _pin(config, cache), tok, lp
 
 
 def _burst_copy(cache, page_tables):
@@ -84,6 +91,7 @@ def decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, para
     the end. Rows that are not active write their token to their own scratch page of the copy (position
     W * page_size) and to state slot 0."""
     fam = models.family(config, "paged")
+    cache = _pin(config, cache)
     S = tok.shape[0]
     burst = decode_fn is None and "k" in cache
     if burst:
@@ -118,4 +126,4 @@ def decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, para
          done0, jnp.zeros((S,), jnp.int32), jnp.bool_(False))
     i, _, work, out_tok, out_lp, done, count, _ = jax.lax.while_loop(cond, body, c)
     cache = _burst_write_back(cache, work, page_tables, pos, count, n_steps) if burst else work
-    return cache, out_tok, out_lp, count, done, i
+    return _pin(config, cache), out_tok, out_lp, count, done, i

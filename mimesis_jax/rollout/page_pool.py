@@ -12,13 +12,15 @@ the EngineConfig key to raise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import OrderedDict
 
 import jax
 import numpy as np
 
-from mimesis_jax import models
+from mimesis_jax import models, sharding
+from mimesis_jax.models import paged_cache
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.paged_cache import TRASH_PAGE
 
@@ -39,10 +41,13 @@ class Dialogue:
 
 class PagePool:
     """Pages and state slots of one EngineConfig (`ec`: num_pages, page_size, states), and the dialogues holding
-    them. `stats` is the engine's counter dict (reused_tokens, recomputed, evictions are counted here)."""
+    them. `stats` is the engine's counter dict (reused_tokens, recomputed, evictions and pages_peak -- the most
+    pages in use at once -- are kept here). With a `mesh` the buffers are created sharded as
+    `paged_cache.pool_axes` says (`shardings`), each device allocating only its heads' part."""
 
-    def __init__(self, config: ModelConfig, ec, stats: dict):
-        self.config, self.ec, self.stats = config, ec, stats
+    def __init__(self, config: ModelConfig, ec, stats: dict, mesh=None):
+        self.config, self.ec, self.stats, self.mesh = config, ec, stats, mesh
+        self.shardings = None
         self.has_state = config.model_type == "qwen3_5_text"
         self._clock = 0
         self.cache = None
@@ -51,8 +56,16 @@ class PagePool:
     def reset(self) -> None:
         """A fresh KV pool (and Qwen3.5 state slots), every page and slot free, no dialogue cached."""
         self.cache = None  # the old buffers go first: a rebuild after an OOM needs their memory
-        self.cache = models.family(self.config, "paged").init_paged_cache(self.config, self.ec.num_pages, self.ec.page_size,
-                                                                 self.ec.states)
+        init = functools.partial(models.family(self.config, "paged").init_paged_cache, self.config,
+                                 self.ec.num_pages, self.ec.page_size, self.ec.states)
+        if self.mesh is None:
+            self.cache = init()
+        else:
+            if self.shardings is None:
+                shapes = jax.eval_shape(init)
+                self.shardings = sharding.tree_shardings(self.mesh, paged_cache.pool_axes(shapes), shapes,
+                                                         self.config)
+            self.cache = jax.jit(init, out_shardings=self.shardings)()
         self.free_pages = list(range(self.ec.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
         self.free_states = list(range(self.ec.states - 1, 0, -1))
         self.dialogues: OrderedDict = OrderedDict()  # key -> Dialogue, least recently used first
@@ -119,13 +132,16 @@ class PagePool:
             if len(self.free_pages) < need:
                 raise EngineError(f"request {index}: needs {need} more cache pages of {ps} tokens but the pool has "
                                   f"{len(self.free_pages)} free with nothing left to evict; raise "
-                                  f"EngineConfig.num_pages (now {self.ec.num_pages})")
+                                  f"EngineConfig.num_pages (RL: rollout.engine_pages / engine_memory_gib; now "
+                                  f"{self.ec.num_pages})")
             raise EngineError(f"request {index}: no free state slot and nothing to evict; raise "
-                              f"EngineConfig.num_states (now {self.ec.states})")
+                              f"EngineConfig.num_states (RL: rollout.engine_states / engine_memory_gib; now "
+                              f"{self.ec.states})")
         for _ in range(max(need, 0)):
             d.pages.append(self.free_pages.pop())
         if self.has_state and not d.state:
             d.state = self.free_states.pop()
+        self.stats["pages_peak"] = max(self.stats.get("pages_peak", 0), self.pages_in_use())
         return True
 
     def drop_if_empty(self, key) -> None:

@@ -59,7 +59,7 @@ from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.train.rl import distributed
-from mimesis_jax.train.rl.chat_models import UserSide, build_user_side, simulator_engine_config
+from mimesis_jax.train.rl.chat_models import UserSide, build_user_side, engine_of, simulator_engine_config
 from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
@@ -229,6 +229,9 @@ class AgentLearner(RLLearner):
         rec["val/overall"] = scoring.overall_score(summ)
         rec["val/invalid"] = sum(s.invalid for s in summ.values())
         return rec
+
+    def engines(self):
+        return {"sim_engine": engine_of(self.side.simulator)} if self.side is not None else {}
 
     def close(self):
         if self.given_side is None and self.side is not None:

@@ -28,7 +28,8 @@ from mimesis_jax.config.rl import AgentRLConfig, SidesConfig, UserSideConfig
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.rollout import engine, engine_chat
+from mimesis_jax.rollout import engine_chat
+from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.base import SimulatorAsResponder
 from mimesis_jax.rollout.endpoints import LocalChatModel
 from mimesis_jax.rollout.batching import BatchedChatModel
@@ -38,17 +39,11 @@ from mimesis_jax.train.rl import distributed
 
 # ------------------------------------------------------------------------------------------ the policy
 def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
-    """The EngineConfig of `r` (an RL stage's rollout config) for `dialogues` dialogues in flight at once.
-
-    The page table holds the longest dialogue: `rollout.max_context_tokens` (the runners end a dialogue before a
-    prompt + max_tokens would pass it) or, without that limit, the model's max_position_embeddings. The pool
-    (`rollout.engine_pages` = 0) holds every dialogue in flight at that length, so no dialogue is evicted and
-    recomputed; a smaller explicit pool bounds memory at the price of recomputation (engine.py, pool policy)."""
-    max_ctx = r.max_context_tokens or model_config.max_position_embeddings
-    per_seq = -(-max_ctx // r.engine_page_size)
-    pages = r.engine_pages or max(1, dialogues) * per_seq + 1  # + the trash page
-    return engine.EngineConfig(slots=r.engine_slots, page_size=r.engine_page_size, num_pages=pages,
-                        max_pages_per_seq=per_seq)
+    """The EngineConfig of `r` (an RL stage's rollout config) for `dialogues` dialogues in flight at once
+    (`engine_sizing.rollout_sizing`: the longest dialogue, `rollout.engine_pages` / `engine_states` /
+    `engine_memory_gib`). Derived pools hold every dialogue in flight at its longest, each with its state slot
+    (Qwen3.5), so none is evicted and recomputed; `rollout.engine_memory_gib` caps them."""
+    return rollout_sizing(r, model_config, dialogues).engine_config()
 
 
 def engine_params(params):
@@ -91,6 +86,42 @@ class PolicySampler:
             self.engine.set_params(engine_params(params))
 
 
+class EngineMeter:
+    """Per-step engine metrics of the RL stages: for each engine (prefix -> RolloutEngine, e.g. "engine" for the
+    policy's, "sim_engine" for an in-process simulator's), the step's evictions, reused tokens (cached prefix
+    tokens not prefilled again), recomputed dialogues and prefill tokens (differences of `engine.stats` since
+    `start`), the most pages in use at once during the step, and the pool's pages and state slots. This process's
+    engines only (each process runs its own)."""
+
+    COUNTERS = ("evictions", "reused_tokens", "recomputed", "prefill_tokens")
+
+    def __init__(self, engines: dict):
+        self.engines = {k: e for k, e in engines.items() if e is not None}
+        self._last: dict = {}
+
+    def start(self) -> None:
+        for name, e in self.engines.items():
+            self._last[name] = {k: e.stats[k] for k in self.COUNTERS}
+            e.stats["pages_peak"] = e.pages_in_use()
+
+    def record(self) -> dict:
+        rec = {}
+        for name, e in self.engines.items():
+            last = self._last.get(name, {})
+            for k in self.COUNTERS:
+                rec[f"{name}/{k}"] = e.stats[k] - last.get(k, 0)
+            rec[f"{name}/pages_peak"] = e.stats["pages_peak"]
+            rec[f"{name}/pages"] = e.ec.num_pages - 1
+            if e.pool.has_state:
+                rec[f"{name}/states"] = e.ec.states - 1
+        return rec
+
+
+def engine_of(model):
+    """The RolloutEngine a chat model samples through (an EngineChatModel's), else None."""
+    return model.engine if isinstance(model, engine_chat.EngineChatModel) else None
+
+
 # ------------------------------------------------------------------------------------------ Stage II
 @dataclasses.dataclass
 class UserSide:
@@ -127,8 +158,9 @@ def simulator_context_tokens(cfg: AgentRLConfig, sim_config: ModelConfig) -> int
 
 def simulator_engine_config(cfg: AgentRLConfig, sim_config: ModelConfig, dialogues: int):
     """The EngineConfig of an in-process simulator (rollout.engine=true): `rollout_engine_config` with the
-    simulator's own context bound (`simulator_context_tokens`). An explicit `rollout.engine_pages` /
-    `rollout.engine_slots` applies to each engine (the agent's and the simulator's pools are separate)."""
+    simulator's own context bound (`simulator_context_tokens`). `rollout.engine_pages`, `engine_states`,
+    `engine_slots` and `engine_memory_gib` apply to each engine (the agent's and the simulator's pools are
+    separate: two engines take up to twice the budget)."""
     sim_r = dataclasses.replace(cfg.rollout, max_context_tokens=simulator_context_tokens(cfg, sim_config))
     return rollout_engine_config(sim_r, sim_config, dialogues)
 

@@ -72,7 +72,7 @@ from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import distributed
-from mimesis_jax.train.rl.chat_models import PolicySampler
+from mimesis_jax.train.rl.chat_models import EngineMeter, PolicySampler, engine_of
 from mimesis_jax.train.rl.step import make_rl_step
 from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
                                      state_shardings)
@@ -355,6 +355,11 @@ class RLLearner:
         """The validation metrics (val/...) with the current policy `model`."""
         return {}
 
+    def engines(self) -> dict:
+        """The rollout engines of the frozen models `open_models` built (metric prefix -> RolloutEngine); the
+        policy's is logged as engine/*."""
+        return {}
+
     def close(self) -> None:
         """Closes the models `open_models` built."""
 
@@ -411,8 +416,10 @@ class RLLearner:
             # one policy sampler for the run; with rollout.engine its weights follow the updates
             policy = PolicySampler(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
                                    max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh)
+            meter = EngineMeter({"engine": engine_of(policy.engine), **self.engines()})
             while step < cfg.train.steps:
                 times = {"start": time.perf_counter()}
+                meter.start()
                 drawn = self.draw(r.prompts_per_step)
                 outs = self.rollouts(policy.model(run_.state["params"]), drawn, group_size=r.group_size,
                                      temperature=r.temperature, seed=distributed.step_seed(cfg.train.seed, step),
@@ -438,6 +445,7 @@ class RLLearner:
                 times["trained"] = time.perf_counter()
                 rec = self.record(outs, kept, counts, times)
                 rec["num_compilations"] = run_.step_fn.num_compilations  # step programs compiled so far
+                rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
                     rec.update(self.validate(policy.model(run_.state["params"]),

@@ -1,0 +1,138 @@
+"""The rollout engine on a mesh (RolloutEngine(mesh=...), docs/engine.md "On a mesh") on 8 fake CPU devices,
+data=4 x tensor=2: the tiny Qwen3 and Qwen3.5 draw the one-device engine's tokens (greedy and seeded
+temperature-1 rows, two turns of three dialogues on two slots, the second turn reusing each prefix), every
+device holds exactly half of the KV pool, of the state slots and of each attention weight, and the compiled decode
+burst's per-device arguments are exactly the shard bytes (so half the pool and weights) with its donated pool
+aliased to its output."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from mimesis_jax import models, sharding
+from mimesis_jax.config import tiny_qwen3, tiny_qwen3_5
+from mimesis_jax.rollout import engine_programs
+from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
+
+# one page-table width (8) and one prefill row count (1): two programs per engine
+EC = EngineConfig(slots=2, page_size=4, num_pages=32, max_pages_per_seq=8, prefill_chunk=8, prefill_rows=1,
+                  decode_steps=4, num_states=6)
+TENSOR = 2
+# tiny_qwen3_5 cut to one linear + one full layer (the engine's programs run layers unrolled: compile time
+# follows the layer count; one of each is the structure under test)
+CONFIGS = {"qwen3": tiny_qwen3,
+           "qwen3_5": lambda: tiny_qwen3_5().replace(num_hidden_layers=2,
+                                                     layer_types=("linear_attention", "full_attention"))}
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name):
+    config = CONFIGS[name]()
+    return config, models.init_params(config, jax.random.key(1))
+
+
+def _mesh():
+    return sharding.make_mesh({"data": 4, "tensor": TENSOR})
+
+
+def _turns(eng, vocab):
+    """Two turns of three dialogues (greedy, and two seeded temperature-1 rows); the second turn's prompts extend
+    the first's, so only their suffixes are prefilled."""
+    rng = np.random.RandomState(0)
+    ctx = [list(rng.randint(0, vocab, size=n)) for n in (5, 9, 3)]
+    out = []
+    for turn in range(2):
+        samples = eng.generate_tokens(ctx, keys="abc", max_tokens=[5, 3, 6], temperature=[0.0, 1.0, 1.0],
+                                      seed=[7 + turn, 8 + turn, 9 + turn])
+        out.append(samples)
+        ctx = [c + s.tokens + list(rng.randint(0, vocab, size=3)) for c, s in zip(ctx, samples)]
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_mesh_engine_draws_the_one_device_engines_tokens(name):
+    config, params = _model(name)
+    ref_eng, mesh_eng = RolloutEngine(config, params, EC), RolloutEngine(config, params, EC, mesh=_mesh())
+    ref, got = _turns(ref_eng, config.vocab_size), _turns(mesh_eng, config.vocab_size)
+    for ta, tb in zip(ref, got):
+        for a, b in zip(ta, tb):
+            assert b.tokens == a.tokens and b.finish_reason == a.finish_reason
+            # the tensor-parallel sums (heads, MLP, vocab) round differently: fp32 noise only
+            np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+    assert mesh_eng.stats["reused_tokens"] == ref_eng.stats["reused_tokens"] > 0
+    assert mesh_eng.stats["evictions"] == 0 and mesh_eng.stats["recomputed"] == 0
+    # the pool stayed sharded (the programs pin their output cache to the input layout)
+    for key, x in mesh_eng.pool.cache.items():
+        assert x.sharding.is_equivalent_to(mesh_eng.pool.shardings[key], x.ndim)
+        assert x.sharding.spec[HEADS_DIM[key]] == "tensor"
+
+
+def _shard_bytes(x):
+    sizes = {s.data.nbytes for s in x.addressable_shards}
+    assert len(sizes) == 1, sizes
+    return sizes.pop()
+
+
+# which dim of each cache leaf is the heads dim (paged_cache.pool_axes)
+HEADS_DIM = {"k": 1, "v": 1, "conv": 3, "state": 2}
+ATTN = ("q", "k", "v", "o", "q_gate")
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_pool_slots_and_attention_weights_are_split_over_tensor(name):
+    config, params = _model(name)
+    eng = RolloutEngine(config, params, EC, mesh=_mesh())
+    cache = eng.pool.cache
+    assert set(cache) == ({"k", "v"} if name == "qwen3" else {"k", "v", "conv", "state"})
+    for key, x in cache.items():
+        assert len(x.addressable_shards) == 8
+        assert _shard_bytes(x) * TENSOR == x.nbytes
+        shape = list(x.shape)
+        shape[HEADS_DIM[key]] //= TENSOR
+        assert {s.data.shape for s in x.addressable_shards} == {tuple(shape)}
+    layers = eng.params["layers" if name == "qwen3" else "full_layers"]["attn"]
+    leaves = {k: v for k, v in layers.items() if k in ATTN}
+    assert len(leaves) == 4
+    for k, w in leaves.items():
+        assert _shard_bytes(w) * TENSOR == w.nbytes, k
+    if name == "qwen3_5":  # the linear layers' head-split weights too
+        mixer = eng.params["linear_layers"]["mixer"]
+        for k in ("qkv", "z", "out"):
+            assert _shard_bytes(mixer[k]) * TENSOR == mixer[k].nbytes, k
+
+
+def _decode_memory(eng):
+    with eng._on_mesh():  # noqa: SLF001
+        args = eng.decode_args(EC.max_pages_per_seq)
+        return engine_programs.decode_program.lower(*args).compile().memory_analysis(), args
+
+
+def _per_device_bytes(tree):
+    """Bytes one device holds of every array argument: its shard of a jax.Array, the whole of a NumPy one."""
+    return sum(_shard_bytes(x) if isinstance(x, jax.Array) else np.asarray(x).nbytes
+               for x in jax.tree.leaves(tree))
+
+
+def test_decode_burst_memory_per_device_follows_the_shards():
+    config, params = _model("qwen3_5")
+    ref, sharded = RolloutEngine(config, params, EC), RolloutEngine(config, params, EC, mesh=_mesh())
+    (m0, _), (m1, a1) = _decode_memory(ref), _decode_memory(sharded)
+    pool0, pool1 = _per_device_bytes(ref.pool.cache), _per_device_bytes(sharded.pool.cache)
+    params0, params1 = _per_device_bytes(ref.params), _per_device_bytes(sharded.params)
+    assert pool1 * TENSOR == pool0
+    # a device's arguments shrink by exactly what it no longer holds of the params and the pool (the other
+    # inputs are the same small replicated NumPy arrays; jit drops the unused ones alike in both)
+    assert m0.argument_size_in_bytes - m1.argument_size_in_bytes == (params0 - params1) + (pool0 - pool1)
+    assert m1.argument_size_in_bytes <= _per_device_bytes(a1[4:])
+    # the donated pool is the output's pool, on every device
+    assert (m0.alias_size_in_bytes, m1.alias_size_in_bytes) == (pool0, pool1)
+    # what is not split: norms, biases, gates' per-head scalars replicated on tensor, and the NumPy inputs
+    assert 0.5 < params1 / params0 < 0.52
+    # the burst's working copy and activations follow the heads: within 5% of half the one-device temp bytes
+    # (measured 38,352 / 72,064 = 0.532: the replicated per-row sampling buffers)
+    assert abs(m1.temp_size_in_bytes / m0.temp_size_in_bytes - 1 / TENSOR) < 0.05
+    total0 = m0.argument_size_in_bytes + m0.temp_size_in_bytes + m0.output_size_in_bytes - m0.alias_size_in_bytes
+    total1 = m1.argument_size_in_bytes + m1.temp_size_in_bytes + m1.output_size_in_bytes - m1.alias_size_in_bytes
+    assert abs(total1 / total0 - 1 / TENSOR) < 0.03
