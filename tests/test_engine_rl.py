@@ -172,7 +172,10 @@ def test_simrl_engine_equals_the_static_sampler(tmp_path, recording):
             "rollout.engine_slots=4", "checkpoint.async_save=false", "rl.old_logprobs=recompute",
             # one device, as test_simulator_rl.py: the 8 fake devices only add compile time (the agentrl test above
             # keeps the default 8-device mesh, so the sharded parameters -> one-device engine hand-off stays covered)
-            "mesh.fsdp=1"]
+            "mesh.fsdp=1",
+            # rows of 1,536 = the context budget, as tests/test_simulator_rl.py: the sampled dialogues reach 1,338
+            # tokens, and the config's 2,048 cost ~1.8x the attention work in both runs
+            "rollout.row_len=1536", "rollout.max_context_tokens=1536"]
     path = os.path.join(ROOT, "configs", "tiny_simrl.py")
     runs = {}
     for name, extra in (("off", []), ("on", ["rollout.engine=true"])):

@@ -28,7 +28,10 @@ def test_demo_runs_both_stages_and_exports(tmp_path):
     root = str(tmp_path / "demo")
     env = subprocess_env(PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "demo", "--workdir", root, "--set", "train.steps=12",
-                           "train.progress_bar=false", "--simrl-steps", "1", "--agent-steps", "2"],
+                           "train.progress_bar=false", "--simrl-steps", "1", "--agent-steps", "2",
+                           # half the demo's RL batches (the stages' own tests cover the full ones): 2 prompts x 4
+                           # rollouts for simrl (one update of 4 micro-batches), 4 tasks per agent step
+                           "--simrl-set", "rollout.prompts_per_step=2", "--agent-set", "rollout.prompts_per_step=4"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -50,6 +53,9 @@ def test_demo_runs_both_stages_and_exports(tmp_path):
         sim_run = json.load(f)
     assert sim_run["init"]["from_workdir"] == os.path.join(root, "sft")
     assert sim_run["rl"]["num_microbatches"] == 4  # the demo's simrl updates in 4 micro-batches (its peak RSS)
+    assert sim_run["rollout"]["prompts_per_step"] == 2 and sim[0]["rollouts"] == 8  # --simrl-set reached the run
+    with open(os.path.join(root, "agent_csd", "run_config.json")) as f:
+        assert json.load(f)["rollout"]["prompts_per_step"] == 4  # --agent-set reached both arms
     config, params = models.load_hf(os.path.join(root, "hf"))
     assert config.model_type == "qwen3_5_text" and config.vocab_size == 1024
     assert os.path.isfile(os.path.join(root, "hf", "tokenizer.model"))

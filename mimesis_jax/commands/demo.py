@@ -26,7 +26,11 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--midtrain-config", default=os.path.join(REPO_CONFIGS, "tiny_midtrain.py"))
     p.add_argument("--sft-config", default=os.path.join(REPO_CONFIGS, "tiny_sft.py"))
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="overrides applied to both Stage I runs")
+                   help="overrides applied to both Stage I LM runs (midtrain, SFT)")
+    p.add_argument("--simrl-set", dest="simrl_overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="overrides of the joint RL run (configs/tiny_simrl.py keys), after the demo's own")
+    p.add_argument("--agent-set", dest="agent_overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="overrides of both agent RL arms (configs/tiny_agentrl.py keys), after the demo's own")
     p.add_argument("--simrl-steps", type=int, default=6,
                    help="joint multi-domain RL steps of the simulator (0 skips it: the SFT run is exported)")
     p.add_argument("--agent-steps", type=int, default=20, help="agent RL steps per arm (0 skips Stage II)")
@@ -60,7 +64,8 @@ def run(args) -> int:
         # attention took this stage to a 7.7 GB peak RSS on a CPU (3.0 GB in four)
         res = simulator_stage.run(simulator_stage.load(path, [f"init.from_workdir={sft_dir}",
                                                               f"train.steps={args.simrl_steps}",
-                                                              "rl.num_microbatches=4"]), sim_dir)
+                                                              "rl.num_microbatches=4"]
+                                                             + list(args.simrl_overrides)), sim_dir)
         if res.preempted:
             print(f"simrl interrupted; rerun `python -m mimesis_jax demo --workdir {root}` to resume")
             return 0
@@ -83,7 +88,7 @@ def run(args) -> int:
                   f"checkpoint step {res.checkpoint_step}")
     if args.agent_steps > 0:
         release_stage_memory()
-        if _demo_agent_rl(root, sim_dir, args.agent_steps) is None:
+        if _demo_agent_rl(root, sim_dir, args.agent_steps, list(args.agent_overrides)) is None:
             return 0
     print(f"demo done in {time.perf_counter() - t0:.0f} s: {os.path.abspath(root)}")
     return 0
@@ -95,7 +100,7 @@ def release_stage_memory() -> None:
     jax.clear_caches()
 
 
-def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
+def _demo_agent_rl(root: str, simulator_dir: str, steps: int, overrides=()):
     """Stage II of the demo: the frozen tiny simulator (after simrl, else the SFT run) coaches; a tiny agent is
     trained on the toy gym with GRPO and with GRPO + CSD; a table and a PNG of the reward curves go to the workdir."""
     arms = {}
@@ -103,7 +108,7 @@ def _demo_agent_rl(root: str, simulator_dir: str, steps: int):
         wd = os.path.join(root, f"agent_{arm}")
         print(f"=== agent RL ({arm}): configs/tiny_agentrl.py:{arm} -> {wd}", flush=True)
         cfg = agent_stage.load(os.path.join(REPO_CONFIGS, f"tiny_agentrl.py:{arm}"),
-                                 [f"train.steps={steps}", f"users.coach={simulator_dir}"])
+                                 [f"train.steps={steps}", f"users.coach={simulator_dir}"] + list(overrides))
         t = time.perf_counter()
         res = agent_stage.run(cfg, wd)
         if res.preempted:
