@@ -46,10 +46,14 @@ def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
     return rollout_sizing(r, model_config, dialogues).engine_config()
 
 
-def engine_params(params):
-    """The rollout engine's copy of the parameters: on one device (it runs there), gathered from the training
-    shards (several processes: the host copy of distributed.host_params)."""
-    return jax.device_put(distributed.host_params(params), jax.local_devices()[0])
+def engine_params(params, config=None, mesh=None):
+    """The rollout engine's copy of the parameters. Without a mesh: on one device (the engine runs there),
+    gathered from the training shards (several processes: the host copy of distributed.host_params). With the
+    training mesh: `distributed.rollout_params` -- as they are on one process, sharded over this process's
+    devices on several; the engine places them on its mesh as models.shard_params says."""
+    if mesh is None:
+        return jax.device_put(distributed.host_params(params), jax.local_devices()[0])
+    return distributed.rollout_params(config, params, mesh)
 
 
 class PolicySampler:
@@ -61,7 +65,8 @@ class PolicySampler:
     training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
     several, this process's devices (`distributed.local_rollout_mesh`), the params gathered to the host once per
     `model` call and sharded there (`distributed.rollout_params`). None: one device (the whole batch there). The
-    engine keeps its one-device copy (`engine_params`)."""
+    engine runs on the same `rollout_mesh` (rollout/engine.py, "On a mesh" in docs/engine.md: weights as
+    models.shard_params lays them out, the page pool and state slots split over heads on `tensor`)."""
 
     def __init__(self, model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int,
                  mesh=None):
@@ -69,7 +74,8 @@ class PolicySampler:
         self.mesh = mesh
         self.engine = None
         if r.engine:
-            self.engine = engine_chat.EngineChatModel(model_config, engine_params(params), tok, max_tokens=max_tokens,
+            self.engine = engine_chat.EngineChatModel(model_config, engine_params(params, model_config, mesh), tok,
+                                                 max_tokens=max_tokens, mesh=distributed.rollout_mesh(mesh),
                                                  name=name,
                                                  engine_config=rollout_engine_config(r, model_config, in_flight))
 
@@ -83,7 +89,7 @@ class PolicySampler:
     def follow(self, params) -> None:
         """The next rollouts sample from the updated policy."""
         if self.engine is not None:
-            self.engine.set_params(engine_params(params))
+            self.engine.set_params(engine_params(params, self.model_config, self.mesh))
 
 
 class EngineMeter:
