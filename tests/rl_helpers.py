@@ -163,3 +163,41 @@ def check_bf16_long_attention(impl: str) -> None:
 
     carries = loop_carry_float_dtypes(jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v))
     assert len(carries) >= 6 and set(carries) == {"float32"}, carries  # m, l, acc; dq; dk, dv at least
+
+
+class ScriptedDraws:
+    """Mixin for a scripted RL stage over train/rl/learner.RLLearner (`class S(ScriptedDraws, RLLearner)`): the
+    data sampler is a counter of draws (checkpointed as the sampler state, so a resume continues it), the policy
+    turn is 8 tokens, and advantages alternate (+0.5, -0.25) / (-0.5, +0.25) by rollout id. Subclasses give
+    `rollouts` (and may replace `filter_groups`, `record`, `banner`)."""
+
+    stage, policy_name = "scripted", "agent"
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.drawn = 0
+
+    def restore(self, data_state):
+        self.drawn = data_state["sampler"]["drawn"]
+
+    def data_state(self):
+        return {"sampler": {"drawn": self.drawn}}
+
+    def policy_max_tokens(self):
+        return 8
+
+    def banner(self, start):
+        return ""
+
+    def draw(self, n):
+        self.drawn += 1
+        return list(range(n))
+
+    def filter_groups(self, outs):
+        return outs, {}
+
+    def advantages(self, items, counts):
+        return items, [[0.5, -0.25] if t.rollout_id % 2 else [-0.5, 0.25] for t in items]
+
+    def record(self, outs, kept, counts, times):
+        return {}

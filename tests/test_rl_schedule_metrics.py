@@ -11,6 +11,7 @@ import signal
 import numpy as np
 import pytest
 
+from rl_helpers import ScriptedDraws
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.train.rl import agent as A, learner as L
@@ -42,31 +43,16 @@ def _dialogue(rng, group, rid):
     return Trajectory(segs, turn_rewards=[1.0, 0.0], group_id=group, rollout_id=rid)
 
 
-class ScriptedStage(L.RLLearner):
+class ScriptedStage(ScriptedDraws, L.RLLearner):
     """Rollouts are fixed random dialogues; step s keeps its first KEPT[s - 1] groups; SIGTERM during step
     `term_at` (the process signals itself; the loop's handler sets the stop flag)."""
 
-    stage, policy_name = "scripted", "agent"
-
     def __init__(self, *a, term_at=None, **kw):
         super().__init__(*a, **kw)
-        self.drawn, self.term_at = 0, term_at
-
-    def restore(self, data_state):
-        self.drawn = data_state["sampler"]["drawn"]
-
-    def data_state(self):
-        return {"sampler": {"drawn": self.drawn}}
-
-    def policy_max_tokens(self):
-        return 8
+        self.term_at = term_at
 
     def banner(self, start):
         return f"scripted from {start}"
-
-    def draw(self, n):
-        self.drawn += 1
-        return list(range(n))
 
     def rollouts(self, model, items, *, group_size, first_group, first_rid, **kw):
         rng = np.random.RandomState(self.drawn)
@@ -78,9 +64,6 @@ class ScriptedStage(L.RLLearner):
             os.kill(os.getpid(), signal.SIGTERM)
         n = KEPT[self.drawn - 1]
         return outs[:n], {"skipped": len(outs) - n}
-
-    def advantages(self, items, counts):
-        return items, [[0.5, -0.25] if t.rollout_id % 2 else [-0.5, 0.25] for t in items]
 
     def record(self, outs, kept, counts, times):
         return {"skipped_groups": counts["skipped"], "train_s": times["trained"] - times["advantages"]}

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
+from rl_helpers import ScriptedDraws, random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.plan import workload
@@ -205,32 +205,12 @@ def test_ladder_errors_name_the_argument():
 
 
 # ------------------------------------------------------------------------------ the learner's metric
-class VaryingStage(L.RLLearner):
+class VaryingStage(ScriptedDraws, L.RLLearner):
     """Scripted dialogues whose lengths change the row rung: short (several per row of 64) on odd steps, long
     (one per row) on even steps."""
 
-    stage, policy_name = "ladders", "agent"
+    stage = "ladders"
     packed_keys: list = []
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.drawn = 0
-
-    def restore(self, data_state):
-        self.drawn = data_state["sampler"]["drawn"]
-
-    def data_state(self):
-        return {"sampler": {"drawn": self.drawn}}
-
-    def policy_max_tokens(self):
-        return 8
-
-    def banner(self, start):
-        return ""
-
-    def draw(self, n):
-        self.drawn += 1
-        return list(range(n))
 
     def rollouts(self, model, items, *, group_size, first_group, first_rid, **kw):
         rng = np.random.RandomState(self.drawn)
@@ -244,15 +224,6 @@ class VaryingStage(L.RLLearner):
             return Trajectory(segs, turn_rewards=[1.0, 0.0], group_id=group, rollout_id=rid)
         return [[dialogue(first_group + i, first_rid + i * group_size + k) for k in range(group_size)]
                 for i in range(len(items))]
-
-    def filter_groups(self, outs):
-        return outs, {}
-
-    def advantages(self, items, counts):
-        return items, [[0.5, -0.25] if t.rollout_id % 2 else [-0.5, 0.25] for t in items]
-
-    def record(self, outs, kept, counts, times):
-        return {}
 
 
 def test_learner_logs_the_programs_it_compiled(tmp_path, monkeypatch):
