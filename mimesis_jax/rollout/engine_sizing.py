@@ -29,19 +29,21 @@ from mimesis_jax.models.config import ConfigError, ModelConfig
 GiB = 2 ** 30
 
 
-def _itemsize(dtype) -> int:
-    import numpy as np
-    return np.dtype(dtype).itemsize
+def _leaf_bytes(config: ModelConfig, page_size: int, *, pages: int, states: int, names) -> int:
+    """Bytes of the named leaves of the cache the engine allocates (`init_paged_cache` of the model's family,
+    evaluated for its shapes only) with `pages` KV pages and `states` state slots."""
+    import jax
+
+    from mimesis_jax import models
+
+    init = models.family(config, "paged").init_paged_cache
+    shapes = jax.eval_shape(lambda: init(config, pages, page_size, states))
+    return sum(v.size * v.dtype.itemsize for k, v in shapes.items() if k in names)
 
 
 def page_bytes(config: ModelConfig, page_size: int) -> int:
     """Bytes of one KV page: 2 (K, V) x full-attention layers x KV heads x page_size x head_dim x compute dtype."""
-    if config.model_type == "qwen3_5_text":
-        from mimesis_jax.models.qwen3_5 import layer_counts
-        n_full = layer_counts(config)[1]
-    else:
-        n_full = config.num_hidden_layers
-    return 2 * n_full * config.num_key_value_heads * page_size * config.head_dim * _itemsize(config.compute_dtype)
+    return _leaf_bytes(config, page_size, pages=1, states=0, names=("k", "v"))
 
 
 def state_bytes(config: ModelConfig) -> int:
@@ -49,11 +51,7 @@ def state_bytes(config: ModelConfig) -> int:
     in the compute dtype + the DeltaNet state [Hv, Dk, Dv] in fp32. 0 for a model without recurrent state."""
     if config.model_type != "qwen3_5_text":
         return 0
-    from mimesis_jax.models.qwen3_5 import layer_counts, linear_dims
-    n_lin = layer_counts(config)[0]
-    Hk, Hv, Dk, Dv, _, Cg = linear_dims(config)
-    conv = (config.linear_conv_kernel_dim - 1) * Hk * Cg * _itemsize(config.compute_dtype)
-    return n_lin * (conv + Hv * Dk * Dv * 4)
+    return _leaf_bytes(config, 1, pages=1, states=1, names=("conv", "state"))
 
 
 @dataclasses.dataclass(frozen=True)
