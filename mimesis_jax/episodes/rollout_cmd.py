@@ -94,10 +94,6 @@ def retriever_from_args(args):
 def run(args) -> int:
     gyms = tuple(g.strip() for g in args.gyms.split(",")) if args.gyms else ()
     try:
-        agent = agent_from_spec(_spec(args, "agent"))
-        judge_spec = None if args.judge is None else _spec(args, "judge")
-        user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
-                                     user_style=args.user_style)
         if args.mixture:
             cfg = load_config(args.mixture, args.overrides, kind=mixture.MixtureConfig)
             args.max_prompt_tokens, args.max_turns = cfg.max_prompt_tokens, cfg.max_turns
@@ -106,6 +102,11 @@ def run(args) -> int:
                                         weights=tuple(mixture.USERRL_TRAIN_ROWS.items()) if (
                                             args.split == "train" and not args.tasks and not gyms) else (),
                                         gyms=gyms, max_prompt_tokens=args.max_prompt_tokens)
+        mixture.check_gyms(cfg)  # a mistyped gym fails in a second, before the models load
+        agent = agent_from_spec(_spec(args, "agent"))
+        judge_spec = None if args.judge is None else _spec(args, "judge")
+        user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
+                                     user_style=args.user_style)
         tasks, dropped = mixture.build_tasks(cfg, agent.tok)
         if args.n is not None:
             tasks = mixture.MixtureSampler(tasks, cfg.weight_map() or None, seed=args.seed).sample(args.n)

@@ -67,8 +67,9 @@ def filter_long_prompts(tasks: Sequence[Task], tokenizer, max_tokens: int = MAX_
     return kept, dropped
 
 
-def build_tasks(cfg: MixtureConfig, tokenizer=None) -> tuple[list[Task], dict[str, int]]:
-    """The mixture's tasks (after gym selection and, with a tokenizer, the prompt-length filter) and drop counts."""
+def check_gyms(cfg: MixtureConfig) -> None:
+    """The mixture's gym names and weights, checked without reading any task or model (so a command can reject a
+    typo before it loads its models)."""
     weights = cfg.weight_map()
     known = set(GYM_MODULES) | {"ToyKeyword"}
     unknown = sorted(set(weights) - known) + sorted(set(cfg.gyms) - known)
@@ -76,6 +77,12 @@ def build_tasks(cfg: MixtureConfig, tokenizer=None) -> tuple[list[Task], dict[st
         raise EnvError(f"mixture: unknown gyms {unknown}; known: {sorted(known)}")
     if any(w < 0 for w in weights.values()):
         raise EnvError(f"mixture: weights must be >= 0, got {weights}")
+
+
+def build_tasks(cfg: MixtureConfig, tokenizer=None) -> tuple[list[Task], dict[str, int]]:
+    """The mixture's tasks (after gym selection and, with a tokenizer, the prompt-length filter) and drop counts."""
+    check_gyms(cfg)
+    weights = cfg.weight_map()
     gyms = list(cfg.gyms) or ([g for g, w in weights.items() if w > 0] if weights else None)
     tasks = resolve_sources(cfg.sources, gyms)
     dropped: dict[str, int] = {}
