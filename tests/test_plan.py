@@ -5,35 +5,20 @@ import argparse
 import math
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from mimesis_jax import models, sharding
 from mimesis_jax.config import OptimizerConfig
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.plan import budget, devices, memory, suggestions, workload
+from mimesis_jax.plan.compiled import lm_step_memory, rl_step_memory, sampler_memory, within
 from mimesis_jax.plan import cli as plan_cli
-from mimesis_jax.profiling import memory_bytes
 
 GiB = 2 ** 30
-# CPU code generation options only (LLVM effort): XLA's buffer assignment, hence the memory analysis, is unchanged;
-# the compiles take half the time.
-FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def parse(argv):
     return plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)
-
-
-def compiled_total(compiled) -> int:
-    """Peak bytes of one call per device: arguments + results - results aliased to donated arguments + scratch."""
-    temp, output = memory_bytes(compiled)
-    m = compiled.memory_analysis()
-    return int(m.argument_size_in_bytes) + output - int(m.alias_size_in_bytes) + temp
-
-
-def abstract(tree, shardings):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
 
 
 # ------------------------------------------------------------------------------------------- exact state
@@ -85,64 +70,6 @@ def test_activation_formulas_by_hand():
 
 
 # ------------------------------------------------------------------------- formulas vs compiled memory
-def lm_step_memory(mc: ModelConfig, rows: int, T: int, axes: dict, grad_accum: int, opt_cfg) -> int:
-    from mimesis_jax.train.loop import compiled_functions
-
-    mesh = sharding.make_mesh(axes)
-    _, _, abs_state, shard, _, step = compiled_functions(mc, opt_cfg, 10, mesh, grad_accum, False)
-    batch = {k: jax.ShapeDtypeStruct((rows, T), jnp.float32 if k == "loss_mask" else jnp.int32,
-                                     sharding=sharding.batch_sharding(mesh, (rows, T)))
-             for k in ("tokens", "positions", "segment_ids", "loss_mask")}
-    with sharding.use_mesh(mesh):
-        return compiled_total(step.jitted.lower(abstract(abs_state, shard), batch).compile(FAST))
-
-
-def rl_step_memory(w: workload.Workload, rl) -> int:
-    from mimesis_jax.train.rl.step import make_rl_step
-    from mimesis_jax.train.optim import make_optimizer
-
-    mesh = sharding.make_mesh(w.mesh)
-    tx = make_optimizer(w.optimizer, w.total_updates, w.model)
-    step = make_rl_step(w.model, tx, mesh, rl)
-    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, mesh))
-    opt = abstract(jax.eval_shape(tx.init, models.abstract_params(w.model)), step._opt_shardings(params))
-    M, B = w.microbatches, w.rows // w.microbatches
-    shapes = {k: ((M, B, w.row_len), jnp.int32) for k in ("tokens", "positions", "segment_ids", "teacher_src")}
-    shapes |= {k: ((M, B, w.row_len), jnp.float32)
-               for k in ("agent_mask", "coached_mask", "advantages", "old_logp", "grpo_weight", "csd_weight")}
-    shapes["head_idx"] = ((M, B, w.head_len), jnp.int32)
-    if w.branch_len:
-        shapes |= {k: ((M, B, w.branch_len), jnp.int32) for k in ("branch_tokens", "branch_positions", "branch_ids",
-                                                                 "branch_trunk_segment", "branch_prefix_len")}
-        shapes["branch_head_idx"] = ((M, B, w.branch_head_len), jnp.int32)
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step._batch_sharding(s)) for k, (s, d) in shapes.items()}
-    return compiled_total(step.lower(params, opt, batch).compile(FAST))
-
-
-def sampler_memory(w: workload.Workload) -> int:
-    from mimesis_jax.rollout import sampler
-
-    mesh = sharding.make_mesh(w.mesh)
-    r = w.rollout
-    B, Pl = r.batch, r.prompt_len
-    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, mesh))
-
-    def arr(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, shape, w.model))
-
-    i32, f32 = jnp.int32, jnp.float32
-    inputs = (arr((B, Pl), i32), arr((B, Pl), i32), arr((B, Pl), i32), arr((B,), i32), arr((B,), f32), arr((B,), f32),
-              arr((B,), i32), arr((B,), f32), arr((B,), i32), arr((B, 4), i32), arr((B,), jnp.uint32),
-              arr((B,), jnp.uint32), arr((B,), jnp.bool_))
-    with sharding.use_mesh(mesh):
-        lowered = sampler.generate_bucket.lower(w.model, params, r.new_tokens, False, *inputs)
-    return compiled_total(lowered.compile(FAST))
-
-
-def within(planned: int, compiled: int, tol: float = 0.15) -> bool:
-    return abs(planned / compiled - 1) <= tol
-
-
 def test_lm_train_step_matches_compiled_memory():
     # tiny_midtrain's Qwen3.5 (3 DeltaNet + 1 attention layer, no remat, dense attention) on fsdp 8
     cfg = workload.load_run_config("configs/tiny_midtrain.py", ["data.seq_len=256"])
