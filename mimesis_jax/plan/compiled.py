@@ -1,5 +1,6 @@
 """The programs a run compiles, built by the loops' own code on abstract inputs, with the per-device bytes of
-XLA's memory analysis next to the planner's (`python -m mimesis_jax plan --compiled`, tests/test_plan_compiled.py).
+XLA's memory analysis next to the planner's (tests/test_plan.py compares them; a `plan --compiled` command is
+planned, not built yet).
 
 Nothing is allocated: every program is lowered on jax.ShapeDtypeStruct inputs carrying the NamedShardings the
 loop places its arrays with, and compiled ahead of time. The programs, per stage:
