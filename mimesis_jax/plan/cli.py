@@ -9,6 +9,7 @@ import jax
 
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.plan.budget import Plan, plan_config
+from mimesis_jax.plan.compiled import format_programs, need_devices, program_memory
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan.suggestions import suggest
 from mimesis_jax.plan.workload import batch_shards, load_run_config, programs_text
@@ -21,6 +22,11 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=None,
                    help="rows per optimizer update (default: train.global_batch; RL: one per dialogue / rollout)")
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
+    p.add_argument("--compiled", action="store_true",
+                   help="also build and compile (abstract inputs, nothing allocated) the programs the loop compiles "
+                        "and print their per-device bytes from XLA's memory analysis next to the plan's; needs the "
+                        "mesh's devices (fake CPU ones: XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                        "JAX_PLATFORMS=cpu)")
     return p
 
 
@@ -66,8 +72,15 @@ def run(args) -> int:
             mesh = config_mesh(cfg.mesh, jax.device_count())
         if args.rows is not None and args.rows < 1:
             raise ConfigError(f"--rows {args.rows}: must be >= 1")
+        if getattr(args, "compiled", False):
+            if args.rows is not None:
+                raise ConfigError("--compiled: builds the loop's own shapes; drop --rows")
+            need_devices(mesh)  # before the plan is printed: the one-line error names the flag to set
         p = plan_config(cfg, mesh, args.device, args.rows)
         print(format_plan(p, args.config))
+        if getattr(args, "compiled", False):
+            print(f"compiled programs ({jax.default_backend()} backend, {jax.device_count()} devices):")
+            print(format_programs(program_memory(cfg, mesh, p.device), p.workload.model))
         if not p.fits:
             s = suggest(args.config, args.overrides, mesh, args.device, args.rows)
             if s is None:

@@ -1,24 +1,28 @@
 """The programs a run compiles, built by the loops' own code on abstract inputs, with the per-device bytes of
-XLA's memory analysis next to the planner's (tests/test_plan.py compares them; a `plan --compiled` command is
-planned, not built yet).
+XLA's memory analysis next to the planner's (`python -m mimesis_jax plan --compiled`, tests/test_plan_compiled.py).
 
-Nothing is allocated: each program is lowered on jax.ShapeDtypeStruct inputs carrying the NamedShardings the loop
-places its arrays with, and compiled ahead of time:
+Nothing is allocated: every program is lowered on jax.ShapeDtypeStruct inputs carrying the NamedShardings the
+loop places its arrays with, and compiled ahead of time. The programs, per stage:
 
-* `lm_step_memory`: the LM train step of train/loop.py `compiled_functions` (its state shardings, the batch over the
-  batch mesh axes);
-* `rl_step_memory`: the RL update of train/rl/step.py `make_rl_step`, built as the learner builds it (with the
-  optimizer's schedule), on one Workload's shapes;
-* `sampler_memory`: the static sampler's `generate_bucket` on the training mesh (params as the learner shards
-  them, inputs over the batch axes).
+* LM stages (mid-training, SFT): the train step of train/loop.py `compiled_functions` (its state shardings, the
+  batch over the batch mesh axes as `sharding.global_batch` places it), rows = train.global_batch;
+* RL stages: the update of train/rl/step.py `make_rl_step` (built as the learner builds it, with the optimizer's
+  schedule), once per program of the run's shape ladder (Workload.programs: Stage II with rollout.row_len set),
+  else once on the planner's worst-case shapes; and the static sampler's `generate_bucket` on the training mesh
+  (PolicySampler's LocalChatModel: params as the learner shards them, inputs over the batch axes).
 
-Not built here yet: the old-log-prob scoring pass and the rollout engine's programs.
+Not compiled here: the old-log-prob scoring pass (rl.old_logprobs=recompute; a no-gradient forward, smaller than
+the update) and the rollout engine's programs (rollout.engine=true): the engine runs beside the training state,
+its programs are not built from the config alone (its pool is sized at run time).
 
-Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch.
+Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
+the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
+stays resident but is no argument of the sampler).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -27,13 +31,26 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.plan.workload import Workload
+from mimesis_jax.plan.budget import plan
+from mimesis_jax.plan.devices import Device, device_for
+from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
 from mimesis_jax.profiling import memory_bytes
 
 # CPU code generation options only (LLVM effort): XLA's buffer assignment, hence the memory analysis, is unchanged;
 # the compiles take half the time.
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 TOLERANCE = 0.15  # |planned / compiled - 1| the tests accept
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+    name: str
+    planned: int  # bytes per device, budget.plan
+    compiled: int  # bytes per device, compiled.memory_analysis()
+
+    @property
+    def ratio(self) -> float:
+        return self.planned / self.compiled
 
 
 def compiled_total(compiled) -> int:
@@ -128,3 +145,57 @@ def sampler_memory(w: Workload, filtering: int = 0) -> int:
     with sharding.use_mesh(mesh):
         lowered = sampler.generate_bucket.lower(w.model, params, r.new_tokens, filtering, *inputs)
     return compiled_total(lowered.compile(FAST))
+
+
+# ----------------------------------------------------------------------------------------- per config
+def program_workloads(w: Workload) -> list[tuple[str, Workload]]:
+    """(name, workload) of each update program: one per ladder program (rows x row_len x head x branch x
+    branch_head), else the planner's worst-case shapes."""
+    if w.kind == "lm" or not w.programs:
+        return [("train step" if w.kind == "lm" else "rl update", w)]
+    out = []
+    for k in w.programs:
+        rows, T, head, branch, branch_head = k
+        name = "rl update " + "x".join(str(v) for v in k)
+        out.append((name, dataclasses.replace(w, rows=rows, row_len=T, head_len=head, branch_len=branch,
+                                              branch_head_len=branch_head)))
+    return out
+
+
+def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: bool = False,
+                   sampler: bool = True) -> list[ProgramMemory]:
+    """Planned and compiled per-device bytes of every program `cfg`'s loop compiles on `mesh` (a dict of axis
+    sizes; this process must see that many devices). largest_only: of the update ladder, its last (largest)
+    program only; sampler=False leaves the sampler out."""
+    need_devices(mesh)
+    w = workload_from_config(cfg, mesh, runtime_model(cfg))
+    dev = device if isinstance(device, Device) else device_for(device, w.num_devices)
+    out = []
+    progs = program_workloads(w)
+    for name, wp in (progs[-1:] if largest_only else progs):
+        planned = plan(wp, dev).train_peak
+        if w.kind == "lm":
+            t = cfg.train
+            compiled = lm_step_memory(wp.model, wp.rows, wp.row_len, mesh, wp.microbatches, cfg.optimizer,
+                                      t.steps, t.nonfinite == "skip")
+        else:
+            compiled = rl_step_memory(wp, cfg.rl)
+        out.append(ProgramMemory(name, planned, compiled))
+    if sampler and w.kind != "lm" and w.engine is None:
+        p = plan(w, dev)
+        r = w.rollout
+        out.append(ProgramMemory(f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
+                                 p.rollout_peak - p.item("optimizer state"), sampler_memory(w)))
+    return out
+
+
+def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
+    """The `plan --compiled` table: program | planned GiB | compiled GiB | planned / compiled."""
+    lines = [f"  {'program':40s} {'planned GiB':>12s} {'compiled GiB':>13s} {'ratio':>7s}"]
+    for r in rows:
+        lines.append(f"  {r.name:40s} {r.planned / 2 ** 30:12.2f} {r.compiled / 2 ** 30:13.2f} {r.ratio:7.3f}")
+    if jax.default_backend() == "cpu" and model.dtype != "float32":
+        lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32: its float "
+                     "normalization adds float32 copies of the saved-activation stack and of the KV cache that a GPU "
+                     "program does not hold; --set train.dtype=float32 compares like with like")
+    return "\n".join(lines)
