@@ -22,7 +22,7 @@ Chosen here (the paper is silent):
   micro-batches per update (`rl.num_microbatches`; 128 rows of 16,384 tokens = 4 rows per device per micro-batch):
   the update's peak is 67.7 GiB for 9B (206 GiB with 1, 114 with 2) and 45.1 GiB for 4B (150 / 80 with 1 / 2).
   At most 256 rollouts per sampler call (`rollout.max_batch`; 512 per step as 2 calls, the same samples): the
-  rollout phase's peak is 62.1 GiB for 9B and 51.5 for 4B (112 / 97 GiB with all 512 at once).
+  rollout phase's peak is 75.4 GiB for 9B and 63.8 for 4B (135 / 120 GiB with all 512 at once).
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
   rollout.max_batch=0` samples through the rollout engine on one device instead, its pool capped at
   `rollout.engine_memory_gib` = 16 GiB (uncapped: 512 rollouts x 16,384 tokens + their state slots, 281 GiB for

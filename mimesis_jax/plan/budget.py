@@ -103,7 +103,8 @@ def plan(w: Workload, device: Device) -> Plan:
     forward (saved activations + the gathered [V, D] tables + CSD branches + the last layer's attention: 2 fp32
     dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the fp32 gradient of
     the hidden states), embedding backward and the optimizer update; the backward phases with the gradient
-    buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill.
+    buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill + the
+    sampler's gathered [V, D] tables (static sampler).
     """
     m, mesh = w.model, w.mesh
     c = DTYPES[m.dtype].dtype.itemsize
@@ -225,7 +226,10 @@ def plan(w: Workload, device: Device) -> Plan:
         pf = add("rollout", "prefill + logits", pf + 2 * bp * W.V * 4 + bp * r.prompt_len * W.D * c,
                  f"one layer's forward over {bp} prompts x {r.prompt_len} tokens per device (attending {S} cache "
                  "slots) + the final hidden states + 2 fp32 [B, V] logit buffers")
-        rollout_peak = P + O + kv + kv // 2 + rec + pf
+        st = add("rollout", "sampler tables", 3 * (table_bytes(m, mesh) * c // 4),
+                 "3 [V, D] tables in the compute dtype gathered over fsdp: the prefill's LM head and the decode "
+                 "loop's embedding and LM head (loop invariants, hoisted out of the loop, live from the start)")
+        rollout_peak = P + O + kv + kv // 2 + rec + pf + st
     return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
 
 

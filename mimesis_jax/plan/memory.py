@@ -17,6 +17,7 @@ from mimesis_jax.models import abstract_params, param_specs
 from mimesis_jax.models.blockwise_attention import block_layout
 from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.models.layers import is_spec
+from mimesis_jax.models.qwen3_5 import CHUNK_SIZE
 from mimesis_jax.sharding import logical_to_spec
 from mimesis_jax.train.optim import make_optimizer
 
@@ -159,13 +160,13 @@ def prefill_bytes(model: ModelConfig, w: Widths, layer_type: str, b: int, P: int
     """Working set of one layer's forward over b prompts of P tokens with no gradient (the sampler's prefill):
     the residual stream and its norm (2 [b,P,D]) plus the larger of the MLP (2 [b,P,I]) and the mixer: attention
     = q/k/v (+ gate) + the attention over S cache slots (dense: 2 fp32 [b,H,P,S] and the boolean mask;
-    blockwise: its blocks; `attention` replaces this term); DeltaNet = 2 [b,P,Hk,Cg] + 4 fp32 [b,P,Hv,Dv] + 3 fp32
-    [b,Hv,P,C] chunk matrices."""
+    blockwise: its blocks; `attention` replaces this term); DeltaNet = the larger of its two stages
+    (`deltanet_prefill`)."""
     c = DTYPES[model.dtype].dtype.itemsize
     bp = b * P
     mlp = 2 * bp * w.I * c
     if layer_type == "linear_attention":
-        mixer = 2 * bp * w.Hk * w.Cg * c + 4 * bp * w.Hv * w.Dv * 4 + 3 * bp * w.Hv * min(64, P) * 4
+        mixer = deltanet_prefill(model, w, b, P)
     else:
         mixer = bp * (w.H * (3 if model.attn_output_gate else 1) + 2 * w.KVH) * w.Dh * c
         if attention is not None:
@@ -175,6 +176,27 @@ def prefill_bytes(model: ModelConfig, w: Widths, layer_type: str, b: int, P: int
         else:
             mixer += attention_blocks(model, w, b, P, S)
     return 2 * bp * w.D * c + max(mlp, mixer)
+
+
+def deltanet_prefill(model: ModelConfig, w: Widths, b: int, P: int) -> int:
+    """Working set of one gated-DeltaNet mixer (models/qwen3_5.py `_gated_deltanet`) over b prompts of P tokens
+    with no gradient, beyond the layer input: the larger of
+    * the projection stage: the fused q/k/v projection, the conv's padded input and its output (3 [b,P,Hk,Cg],
+      compute dtype) + l2-normalised q and k before the head repeat (2 [b,P,Hk,Dk]) + 2 fp32 [b,P,Hv,Dv] (v * beta
+      and the chunk scan's output buffer, allocated up front);
+    * the chunked rule's solve (models/gated_delta.py `chunk_gated_delta_rule`, all fp32, at the concatenation of
+      its right-hand side): chunked q and k, k * beta, the scan inputs Qs and Ks, k * beta * e^gamma and the
+      right-hand side's key half (7 [b,P,Hv,Dk]); v * beta, the right-hand side's value half and the scan output
+      (3 [b,P,Hv,Dv]); the decay matrix Gamma (1 [b,Hv,P,C], C-token chunks).
+    Counted from XLA's buffer assignment of the sampler's prefill (mimesis_simrl.py:4b on 16 fake CPU devices:
+    the solve is the program's peak)."""
+    c = DTYPES[model.dtype].dtype.itemsize
+    bp = b * P
+    C = min(CHUNK_SIZE, P)
+    uk, uv = bp * w.Hv * w.Dk * 4, bp * w.Hv * w.Dv * 4
+    projection = 3 * bp * w.Hk * w.Cg * c + 2 * bp * w.Hk * w.Dk * c + 2 * uv
+    solve = 7 * uk + 3 * uv + bp * w.Hv * C * 4
+    return max(projection, solve)
 
 
 def attention_blocks(model: ModelConfig, w: Widths, b: int, Tq: int, Tk: int) -> int:
