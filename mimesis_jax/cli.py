@@ -16,6 +16,8 @@
     ablate   --matrix configs/ablations/<name>.py --out DIR [--dry-run]   a grid of runs, tabulated
     theory   [--out DIR] [--seed N]   Proposition E.1 / Theorem E.2 on finite problems; exit 0 iff every claim holds
     plan     --config configs/<name>.py [--mesh data=A,fsdp=B,tensor=C] --device a100-80g   memory per device
+    rehearse --config configs/<paper RL config>.py[:variant] [--engine off|on|both] [--steps N] [--json FILE]
+                                    the config at tiny width, paper structure, 1-2 steps here: memory vs plan
     profile  --config configs/<name>.py --what grpo_step|csd_step|sampler|midtrain_step --steps N --out DIR
 
 A config file with variants takes one after a colon (``--config configs/mimesis_simrl.py:9b``; the file's VARIANTS,
@@ -55,6 +57,8 @@ COMMANDS = {
     "ablate": ("mimesis_jax.eval.ablate", "run a grid of runs differing in named switches and tabulate them"),
     "theory": ("mimesis_jax.theory.cli", "check the CSD theory (paper Appendix E) on small finite problems"),
     "plan": ("mimesis_jax.plan.cli", "per-device memory plan of a config on a mesh and device: fits or not"),
+    "rehearse": ("mimesis_jax.plan.rehearse_cli", "run a paper RL config narrowed to tiny widths: compiled memory "
+                 "vs plan, compilations, seconds, tokens"),
     "profile": ("mimesis_jax.profile_cmd", "profile a step: trace with named scopes, HLO, cost analysis, MFU"),
     "config": ("mimesis_jax.commands.show_config", "print the resolved run config as JSON"),
 }

@@ -129,9 +129,10 @@ def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
     return compiled_total(step.lower(params, opt, batch, ref).compile(options))
 
 
-def sampler_memory(w: Workload, filtering: int = 0, options: dict = FAST) -> int:
+def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dict = FAST) -> int:
     """One `generate_bucket` call of w.rollout's shapes on the training mesh, inputs as sampler._generate_chunk
-    places them (`filtering`: the static candidate count; 0 with the policy's top_k = 0, top_p = 1)."""
+    places them (`filtering`: the static candidate count; 0 with the policy's top_k = 0, top_p = 1; `stops`: the
+    stop-token columns, 0 = the bucket of one stop token)."""
     from mimesis_jax.rollout import sampler
 
     mesh = _mesh(w.mesh)
@@ -143,7 +144,7 @@ def sampler_memory(w: Workload, filtering: int = 0, options: dict = FAST) -> int
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, shape, w.model))
 
     i32, f32 = jnp.int32, jnp.float32
-    S = sampler.Buckets().stops(1)
+    S = stops or sampler.Buckets().stops(1)
     inputs = (arr((B, Pl), i32), arr((B, Pl), i32), arr((B, Pl), i32), arr((B,), i32), arr((B,), f32), arr((B,), f32),
               arr((B,), i32), arr((B,), f32), arr((B,), i32), arr((B, S), i32), arr((B,), jnp.uint32),
               arr((B,), jnp.uint32), arr((B,), jnp.bool_))

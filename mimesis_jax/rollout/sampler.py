@@ -66,6 +66,7 @@ from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 
 _TRACES = {"count": 0}
+_CALL_SHAPES: set = set()  # (batch, prompt, new tokens, stops, filtering) of every generate_bucket call
 MIN_CANDIDATES = 64  # the fewest top-k candidates a filtering program takes: top_k 1..64 share one program
 
 
@@ -112,6 +113,12 @@ def _next_pow2(n: int) -> int:
 def trace_count() -> int:
     """How many times the bucketed generation program has been traced (compiled) in this process."""
     return _TRACES["count"]
+
+
+def call_shapes() -> set:
+    """The bucketed shapes (batch, prompt, new tokens, stops, candidate count) `generate_bucket` has been called with
+    in this process (the rehearse command compiles each again to read its memory)."""
+    return set(_CALL_SHAPES)
 
 
 # ----------------------------------------------------------------------------------------- sampling
@@ -393,6 +400,7 @@ def _generate_chunk(config, params, prompts, max_new, temps, lp_temps, tps, tks,
         return np.asarray(list(vals) + [fill] * (B - n), dtype)
 
     filtering = candidate_count(tks, tps, config.vocab_size)
+    _CALL_SHAPES.add((B, P, N, S, filtering))
     inputs = (tokens, positions, segments, lengths, pad(temps, 0.0, np.float32), pad(lp_temps, 1.0, np.float32),
               pad(tks, 0, np.int32), pad(tps, 1.0, np.float32), pad(max_new, 1, np.int32), stop_arr,
               pad([s % (1 << 32) for s in seeds], 0, np.uint32), pad(salts, 0, np.uint32), live)

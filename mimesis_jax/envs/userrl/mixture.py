@@ -33,21 +33,27 @@ def resolve_sources(sources: Sequence[str], gyms: Sequence[str] | None = None) -
     for src in sources:
         if src.startswith("shipped:"):
             tasks.extend(shipped_tasks(src.split(":", 1)[1], gyms))
-        elif src.startswith("toy:"):  # toy:N[:letter] -- N ToyKeyword tasks (envs/toy.py), for CPU runs
+        elif src.startswith("toy:"):  # toy:N[:letter[:turns]] -- N ToyKeyword tasks (envs/toy.py), for CPU runs
             parts = src.split(":")
             try:
                 n = int(parts[1])
+                turns = int(parts[3]) if len(parts) > 3 else 2
+                if len(parts) > 4 or turns < 1:
+                    raise ValueError
             except (IndexError, ValueError):
-                raise EnvError(f"mixture source {src!r}: expected toy:N or toy:N:letter") from None
-            tasks.extend(toy_tasks(n, letter=parts[2] if len(parts) > 2 else "s"))
+                raise EnvError(f"mixture source {src!r}: expected toy:N, toy:N:letter or toy:N:letter:turns "
+                               "(turns >= 1)") from None
+            tasks.extend(toy_tasks(n, letter=parts[2] if len(parts) > 2 else "s", max_steps=turns))
         else:
             tasks.extend(load_tasks(src, gyms=gyms))
     return tasks
 
 
 def prompt_tokens(task: Task, tokenizer) -> int:
-    """The agent's prompt length in tokens: the task's messages with the tool schema and the assistant header."""
-    return len(render_messages(tokenizer, task.prompt, add_generation_prompt=True, tools=[INTERACT_TOOL]).ids)
+    """The agent's prompt length in tokens: the task's messages with the tool schema (a tool-mode gym's; the
+    free-text ToyKeyword's prompt has none, as the episode runner renders it) and the assistant header."""
+    tools = None if task.gym == "ToyKeyword" else [INTERACT_TOOL]
+    return len(render_messages(tokenizer, task.prompt, add_generation_prompt=True, tools=tools).ids)
 
 
 def filter_long_prompts(tasks: Sequence[Task], tokenizer, max_tokens: int = MAX_PROMPT_TOKENS

@@ -1,0 +1,241 @@
+"""`python -m mimesis_jax rehearse`: a paper RL config narrowed to tiny widths with its structure kept
+(plan/rehearse.py `narrow_config`), run for a step or two on this machine's devices, with what it cost.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \\
+        python -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd [--engine off|on|both] [--steps 1]
+
+Prints, per rollout mode (rollout.engine off / on):
+* every program the loop compiled: the RL update once per batch shape (the shape ladder's programs for Stage II),
+  the static sampler once per bucket -- each program's compiled bytes per device (XLA's memory analysis of the
+  same program compiled again ahead of time on abstract inputs, plan/compiled.py `compiled_total`) next to the
+  planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak less the optimizer state)
+  and their ratio, marked `ok` within plan/compiled.py TOLERANCE. The rollout engine's programs are counted, not
+  measured (plan/compiled.py does not build them);
+* the compilations of the run (jax's compile events, profiling.count_compilations): the update's, the old-log-prob
+  scoring's, the sampler's, the engine's and the rest (eager ops, initialisation, checkpointing);
+* per step: rollout / coach / train seconds and the tokens generated and trained.
+`--json FILE` writes the same as JSON. The run happens in --workdir (default: a temporary directory, removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+
+import jax
+
+from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, SHAPE_FIELDS
+from mimesis_jax.models.config import ConfigError
+from mimesis_jax.plan.budget import plan
+from mimesis_jax.plan.devices import DEVICES, mesh_text
+from mimesis_jax.plan.rehearse import narrow_config
+from mimesis_jax.plan.workload import Rollout, load_run_config, workload_from_config
+
+MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+MiB = 2 ** 20
+
+
+def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--config", required=True, help="configs/<name>.py[:variant] (AgentRLConfig or SimRLConfig)")
+    p.add_argument("--engine", default="off", choices=sorted(MODES), help="rollout.engine: off (the static "
+                   "sampler, as the paper configs), on, or both one after the other")
+    p.add_argument("--steps", type=int, default=1, help="RL steps per mode (default 1)")
+    p.add_argument("--width", type=int, default=64, help="hidden size of the narrowed model (default 64)")
+    p.add_argument("--tokens", type=int, default=16, help="the token budgets are divided by this (default 16)")
+    p.add_argument("--batch", type=int, default=16, help="prompts per step are divided by this (default 16)")
+    p.add_argument("--workdir", default=None, help="run here (default: a temporary directory, removed)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override the paper config before it is narrowed")
+    return p
+
+
+def mesh_size(cfg) -> int:
+    axes = cfg.mesh.axes()
+    if any(v < 1 for v in axes.values()):
+        raise ConfigError(f"config section 'mesh': rehearse needs fixed axis sizes, got {axes}")
+    return math.prod(axes.values())
+
+
+# ------------------------------------------------------------------------------------------- measuring
+def _step_shapes(key) -> dict[str, tuple[int, ...]]:
+    """RLStep.shape_keys entry -> {array name: [M, B/M, ...] shape}."""
+    return {k: tuple(v) for k, v in key[1:]}
+
+
+def _program_workload(w, shapes: dict):
+    M, B, T = shapes["tokens"]
+    branch = shapes[BRANCH_KEYS[0]][2] if BRANCH_KEYS[0] in shapes else 0
+    branch_head = shapes["branch_head_idx"][2] if "branch_head_idx" in shapes else 0
+    return dataclasses.replace(w, rows=M * B, microbatches=M, row_len=T, head_len=shapes["head_idx"][2],
+                               branch_len=branch, branch_head_len=branch_head)
+
+
+def _update_memory(step_fn, model, w) -> int:
+    """The loop's own RL update (`step_fn`) compiled ahead of time on abstract inputs of workload w's shapes."""
+    from mimesis_jax import models
+    from mimesis_jax.plan.compiled import abstract, compiled_total, rl_batch_shapes
+
+    params = abstract(models.abstract_params(model), models.param_shardings(model, step_fn.mesh))
+    opt = abstract(jax.eval_shape(step_fn.optimizer.init, models.abstract_params(model)),
+                   step_fn._opt_shardings(params))
+    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step_fn._batch_sharding(s))
+             for k, (s, d) in rl_batch_shapes(w).items()}
+    return compiled_total(step_fn.lower(params, opt, batch).compile())
+
+
+def _programs(run_state, cfg, sampler_shapes) -> tuple[list[dict], object]:
+    from mimesis_jax.plan.compiled import sampler_memory, within
+
+    model, step_fn = run_state.model_config, run_state.step_fn
+    axes = {k: int(v) for k, v in run_state.mesh.shape.items()}
+    w = workload_from_config(cfg, axes, model)
+    device = DEVICES["cpu"]
+    out = []
+    for key in sorted(step_fn.shape_keys, key=lambda k: [s for _, s in k[1:]]):
+        wp = _program_workload(w, _step_shapes(key))
+        planned, compiled = plan(wp, device).train_peak, _update_memory(step_fn, model, wp)
+        shape = dict(zip(SHAPE_FIELDS, (wp.rows, wp.row_len, wp.head_len, wp.branch_len, wp.branch_head_len)))
+        out.append({"program": "rl_update", "shape": shape, "compiled_bytes": compiled, "plan_bytes": planned,
+                    "ok": within(planned, compiled)})
+    for B, P, N, S, filtering in sorted(sampler_shapes):
+        wp = dataclasses.replace(w, rollout=Rollout(B, P, N))
+        p = plan(wp, device)
+        planned = p.rollout_peak - p.item("optimizer state")
+        compiled = sampler_memory(wp, filtering, S)
+        out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N},
+                    "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)})
+    return out, w
+
+
+def _count(names, *parts) -> int:
+    return sum(any(p in n for p in parts) for n in names)
+
+
+def rehearse_once(cfg, workdir: str, log=print) -> dict:
+    """Runs the narrowed config `cfg` in `workdir`; the report of one mode (module docstring)."""
+    from mimesis_jax import profiling
+    from mimesis_jax.plan.compiled import TOLERANCE
+    from mimesis_jax.rollout import sampler
+    from mimesis_jax.train.rl import agent, simulator
+
+    stage = agent.AgentLearner if hasattr(cfg, "users") else simulator.SimulatorLearner
+    before = sampler.call_shapes()
+    learner = stage(cfg, workdir, handle_signals=False, log=log)
+    with profiling.count_compilations() as comp:
+        result = learner.run()
+    names = list(comp.names)
+    run_state = learner.run_state
+    t0 = time.perf_counter()
+    programs, w = _programs(run_state, learner.cfg, sampler.call_shapes() - before)
+    measure_s = time.perf_counter() - t0
+    r = cfg.rollout
+    steps = []
+    for s in sorted(result.metrics):
+        rec = result.metrics[s]
+        steps.append({"step": s, "rollout_s": rec.get("rollout_s", 0.0), "coach_s": rec.get("coach_s", 0.0),
+                      "train_s": rec.get("train_s", 0.0),
+                      "generated_tokens": round(rec.get("rollout_tokens_per_s", 0.0) * rec.get("rollout_s", 0.0)),
+                      "trained_tokens": round(rec.get("train_tokens_per_s", 0.0) * rec.get("train_s", 0.0)),
+                      "updates": rec.get("updates", 0)})
+    rl_update = _count(names, "_rl_update")
+    counts = {"total": len(names), "rl_update": rl_update, "old_logprobs": _count(names, "_score_fn"),
+              "sampler": _count(names, "generate_bucket"), "engine": _count(names, "engine", "paged", "_decode",
+                                                                          "_prefill")}
+    counts["other"] = counts["total"] - sum(v for k, v in counts.items() if k != "total")
+    return {
+        "name": cfg.name, "stage": learner.stage, "engine": bool(r.engine),
+        "model": {"type": run_state.model_config.model_type, "layers": run_state.model_config.num_hidden_layers,
+                  "layer_types": list(run_state.model_config.layer_types or ()),
+                  "hidden": run_state.model_config.hidden_size,
+                  "heads": run_state.model_config.num_attention_heads,
+                  "kv_heads": run_state.model_config.num_key_value_heads,
+                  "intermediate": run_state.model_config.intermediate_size,
+                  "vocab": run_state.model_config.vocab_size},
+        "mesh": {k: int(v) for k, v in run_state.mesh.shape.items()}, "num_devices": int(run_state.mesh.size),
+        "group_size": r.group_size, "prompts_per_step": r.prompts_per_step,
+        "mini_batch_prompts": r.mini_batch_prompts, "updates_per_step": cfg.updates_per_step(),
+        "max_turns": getattr(r, "max_turns", getattr(getattr(cfg, "domains", None), "max_user_turns", 0)),
+        "row_len": r.row_len, "max_context_tokens": r.max_context_tokens, "csd": cfg.rl.alpha > 0,
+        "plan_programs": [dict(zip(SHAPE_FIELDS, k)) for k in w.programs],
+        "programs": programs, "tolerance": TOLERANCE, "compilations": counts, "compiled_names": names,
+        "steps": steps, "measure_s": measure_s,
+    }
+
+
+def format_report(rep: dict, path: str) -> str:
+    m = rep["model"]
+    lines = [
+        f"rehearse: {path} ({rep['stage']}, rollout.engine {'on' if rep['engine'] else 'off'}): {m['type']} "
+        f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']}/{m['kv_heads']} heads, MLP {m['intermediate']}, "
+        f"vocab {m['vocab']}; mesh {mesh_text(rep['mesh'])} ({rep['num_devices']} devices)",
+        f"  {rep['prompts_per_step']} prompts x group {rep['group_size']}, mini-batch {rep['mini_batch_prompts']} "
+        f"({rep['updates_per_step']} updates/step), max turns {rep['max_turns']}, row_len {rep['row_len']}, "
+        f"max_context_tokens {rep['max_context_tokens']}, CSD {'on' if rep['csd'] else 'off'}",
+    ]
+    if rep["plan_programs"]:
+        lines.append(f"  plan lists {len(rep['plan_programs'])} update program(s): "
+                     + ", ".join("x".join(str(v) for v in p.values()) for p in rep["plan_programs"]))
+    else:
+        lines.append("  plan lists no bounded update programs (rollout.row_len = 0 or Stage I.3: fine ladders)")
+    lines.append(f"  {'program':10s} {'shape':44s} {'compiled MiB':>12s} {'plan MiB':>9s} {'plan/comp':>9s}")
+    for p in rep["programs"]:
+        shape = " ".join(f"{k}={v}" for k, v in p["shape"].items() if v)
+        ratio = p["plan_bytes"] / p["compiled_bytes"]
+        lines.append(f"  {p['program']:10s} {shape:44s} {p['compiled_bytes'] / MiB:12.2f} "
+                     f"{p['plan_bytes'] / MiB:9.2f} {ratio:9.3f} {'ok' if p['ok'] else 'OFF'}")
+    if rep["engine"]:
+        lines.append("  rollout engine programs: counted below, memory not measured (plan/compiled.py)")
+    lines.append(f"  (the programs above compiled again ahead of time to read their memory: {rep['measure_s']:.1f} s)")
+    c = rep["compilations"]
+    lines.append(f"  compilations: {c['total']} (update {c['rl_update']}, old log-probs {c['old_logprobs']}, "
+                 f"sampler {c['sampler']}, engine {c['engine']}, other {c['other']})")
+    for s in rep["steps"]:
+        lines.append(f"  step {s['step']}: rollout {s['rollout_s']:.1f} s, coach {s['coach_s']:.1f} s, train "
+                     f"{s['train_s']:.1f} s ({s['updates']} updates); tokens generated {s['generated_tokens']}, "
+                     f"trained {s['trained_tokens']}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """`python -m mimesis_jax rehearse`: 0, or 2 for a bad config / flag or too few devices (one line)."""
+    try:
+        if args.steps < 1:
+            raise ConfigError(f"--steps {args.steps}: must be >= 1")
+        cfg = load_run_config(args.config, args.overrides)
+        if not hasattr(cfg, "rollout"):
+            raise ConfigError(f"--config {args.config}: rehearse runs RL configs (AgentRLConfig, SimRLConfig)")
+        narrowed = narrow_config(cfg, width=args.width, tokens=args.tokens, batch=args.batch, steps=args.steps)
+        n, have = mesh_size(narrowed), len(jax.devices())
+        if have < n:
+            raise ConfigError(f"--config {args.config}: the mesh {mesh_text(narrowed.mesh.axes())} needs {n} "
+                              f"devices, this process sees {have}; run with "
+                              f"XLA_FLAGS=--xla_force_host_platform_device_count={n} JAX_PLATFORMS=cpu")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    reports = []
+    for on in MODES[args.engine]:
+        c = narrowed
+        if on:
+            c = c.replace(rollout=dataclasses.replace(c.rollout, engine=True, max_batch=0))
+        with contextlib.ExitStack() as stack:
+            if args.workdir is None:
+                wd = tempfile.mkdtemp(prefix="rehearse_")
+                stack.callback(shutil.rmtree, wd, True)
+            else:
+                wd = f"{args.workdir}/engine_{'on' if on else 'off'}"
+            rep = rehearse_once(c, wd, log=lambda *a, **k: None)
+        reports.append(rep)
+        print(format_report(rep, args.config), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": args.config, "reports": reports}, f, indent=2)
+    return 0
