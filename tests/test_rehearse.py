@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
-
-import os
 
 import pytest
 
