@@ -22,6 +22,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # MIMESIS_TEST_XLA_OPT=full compiles everything as users do.
 _FAST_COMPILE = os.environ.get("MIMESIS_TEST_XLA_OPT", "") != "full"
 os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if _FAST_COMPILE else "0"
+# The same modules also compile with the CPU backend's older (non-MLIR) fusion emitters: the same fused HLO in about
+# half the compile time (the planner's QUICK options, mimesis_jax/plan/compiled.py), the same operations, buffer
+# sizes within 1%. Measured on a whole -n 3 run: 2,505 -> ~2,000 CPU seconds; with -n 0, test_sampler +
+# test_train_loop 135 -> 72. It is a per-compile option (the hook below) rather than an XLA_FLAGS entry so that
+# `optimized` modules, and tests marked `user_emitters` (comparisons of two summation orders at fp32 noise, which
+# the other emitters' fusions move), compile exactly as users do; CLI subprocesses get it in XLA_FLAGS
+# (tests/helpers.py subprocess_env reads MIMESIS_TEST_QUICK_EMITTERS).
+_QUICK_EMITTERS = [_FAST_COMPILE]
+os.environ["MIMESIS_TEST_QUICK_EMITTERS"] = "1" if _FAST_COMPILE else "0"
 
 # One persistent XLA compilation cache per test run, shared by the xdist workers and the subprocesses tests start
 # (they inherit the variable): the same tiny programs recur across modules (jax.clear_caches() below drops the
@@ -65,10 +74,54 @@ def _release_compiled_programs():
     gc.collect()
 
 
+def pytest_configure(config):
+    """Every compilation goes through jax's compiler.get_compile_options (one call site, interpreters/pxla.py, in
+    the pinned jax): the hook adds the quick-emitter option unless the caller set it, and the persistent cache keys
+    on these options, so programs of the two settings never share an entry."""
+    if not _FAST_COMPILE:
+        return
+    import functools
+
+    from jax._src import compiler
+
+    original = compiler.get_compile_options
+
+    @functools.wraps(original)
+    def get_compile_options(*args, env_options_overrides=None, **kwargs):
+        if _QUICK_EMITTERS[0]:
+            env_options_overrides = {"xla_cpu_use_fusion_emitters": False, **(env_options_overrides or {})}
+        return original(*args, env_options_overrides=env_options_overrides, **kwargs)
+
+    compiler.get_compile_options = get_compile_options
+
+
+def _set_quick_emitters(on: bool) -> None:
+    _QUICK_EMITTERS[0] = on
+    os.environ["MIMESIS_TEST_QUICK_EMITTERS"] = "1" if on else "0"
+
+
+@pytest.fixture(autouse=True)
+def _user_emitters(request):
+    """A test marked `user_emitters` compiles with XLA's default fusion emitters (its programs are compiled afresh:
+    the in-memory caches are dropped before and after it)."""
+    if not (_QUICK_EMITTERS[0] and request.node.get_closest_marker("user_emitters")):
+        yield
+        return
+    import jax
+
+    jax.clear_caches()
+    _set_quick_emitters(False)
+    try:
+        yield
+    finally:
+        jax.clear_caches()
+        _set_quick_emitters(True)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _compile_optimized(request):
-    """A module marked `optimized` compiles with XLA's full optimization, in process and in the subprocesses it
-    starts. The flag is read at every compilation; the in-memory caches were emptied when the previous module ended
+    """A module marked `optimized` compiles with XLA's full optimization and default emitters, in process and in
+    the subprocesses it starts. The flag is read at every compilation; the in-memory caches were emptied when the previous module ended
     (above), and the persistent cache keys on the compile options, so no program crosses over."""
     if not (_FAST_COMPILE and request.node.get_closest_marker("optimized")):
         yield
@@ -77,12 +130,14 @@ def _compile_optimized(request):
 
     jax.config.update("jax_disable_most_optimizations", False)
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
+    _set_quick_emitters(False)
     try:
         yield
     finally:
         jax.clear_caches()
         jax.config.update("jax_disable_most_optimizations", True)
         os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+        _set_quick_emitters(True)
 
 
 def _status_kib(*keys):

@@ -9,10 +9,11 @@ import numpy as np
 
 def subprocess_env(devices: int | None = None, collective_timeout_s: int = 60, **extra: str) -> dict:
     """The environment for a CLI or worker subprocess a test starts: the test's own variables, JAX on CPU, and
-    XLA_FLAGS rebuilt (the compile setting travels in JAX_DISABLE_MOST_OPTIMIZATIONS, tests/conftest.py): with
-    ``devices``, that many fake CPU devices and a collective timeout so a hung peer fails the test instead of
-    blocking it; without ``devices`` the child sees one CPU device, as a user's laptop does."""
-    flags = []
+    XLA_FLAGS rebuilt (the compile setting travels in JAX_DISABLE_MOST_OPTIMIZATIONS and, for the fusion emitters,
+    MIMESIS_TEST_QUICK_EMITTERS, tests/conftest.py): with ``devices``, that many fake CPU devices and a collective
+    timeout so a hung peer fails the test instead of blocking it; without ``devices`` the child sees one CPU
+    device, as a user's laptop does."""
+    flags = ["--xla_cpu_use_fusion_emitters=false"] if os.environ.get("MIMESIS_TEST_QUICK_EMITTERS") == "1" else []
     if devices is not None:
         flags += [f"--xla_force_host_platform_device_count={devices}",
                   f"--xla_cpu_collective_call_terminate_timeout_seconds={collective_timeout_s}"]

@@ -112,6 +112,7 @@ def test_logits_match_transformers(checkpoint):
     assert err <= 1e-4
 
 
+@pytest.mark.user_emitters  # two summation orders compared at 1e-5: the quick emitters' fusions give 1.3e-5
 def test_python_loop_equals_scan(tmp_path):
     """On the 8-layer model, where the layer scan runs over two repeats of the block."""
     config, params = models.load_hf(make_hf_qwen3_5(str(tmp_path), seed=len("l8_tied"), **CONFIGS["l8_tied"]))
