@@ -35,7 +35,7 @@ from mimesis_jax.data.pipeline import check_data_files, make_iterator
 from mimesis_jax.data.tokenizer import load_tokenizer as _load
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.train.metrics import MetricsLogger
-from mimesis_jax.train.optim import make_optimizer, make_schedule
+from mimesis_jax.train.optim import make_optimizer, make_schedule, schedule_hparams
 from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
     state_shardings)
 from mimesis_jax.train.step import init_train_state, make_train_step
@@ -163,14 +163,18 @@ def compiled_functions(model_config: ModelConfig, opt_cfg, total_steps: int, mes
     """(tx, schedule, abstract state, state shardings, jitted init, jitted step) for one run setup.
 
     Cached on the (hashable) settings, so a run resumed in the same process -- and the tests -- reuse the
-    compiled step instead of compiling it again.
+    compiled step instead of compiling it again. The learning-rate numbers and the weight decay are inputs of the
+    step (optim.schedule_hparams), not constants in it: the demo's SFT run, whose optimizer differs from
+    mid-training's only in them, gets mid-training's compiled step from XLA's persistent cache (~20 CPU s).
     """
     tx = make_optimizer(opt_cfg, total_steps, model_config)
     schedule = make_schedule(opt_cfg, total_steps)
     abs_state, shardings = state_shardings(model_config, tx, mesh)
     init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
-    step = make_train_step(model_config, tx, mesh, shardings, grad_accum=grad_accum,
-                           skip_nonfinite=skip_nonfinite, schedule=schedule)
+    step = make_train_step(model_config, lambda hp: make_optimizer(opt_cfg, total_steps, model_config, hp), mesh,
+                           shardings, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
+                           schedule=lambda hp: make_schedule(opt_cfg, total_steps, hp),
+                           hparams=schedule_hparams(opt_cfg, total_steps))
     return tx, schedule, abs_state, shardings, init, step
 
 

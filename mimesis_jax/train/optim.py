@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -20,25 +21,50 @@ from mimesis_jax.models import is_spec, param_specs
 from mimesis_jax.models.config import ModelConfig
 
 
-def make_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
+def schedule_hparams(cfg: OptimizerConfig, total_steps: int) -> dict:
+    """The numbers of a run's schedule and weight decay as float32 / int32 scalars, each converted as the
+    constant it replaces would be (a Python scalar meeting a float32 array): `make_schedule` and `make_optimizer`
+    given them (traced) compute what they compute from `cfg`, and runs that differ only in these numbers (the
+    demo's mid-training and SFT) trace one program, which XLA's persistent compilation cache then serves."""
+    warm = int(cfg.warmup_steps)
+    return {"lr": np.float32(cfg.lr), "warmup": np.int32(warm), "warmup_f": np.float32(warm),
+            "decay_steps": np.float32(float(max(1, total_steps - warm))),
+            "one_minus_alpha": np.float32(1 - cfg.min_lr_ratio), "alpha": np.float32(cfg.min_lr_ratio),
+            "weight_decay": np.float32(cfg.weight_decay)}
+
+
+def make_schedule(cfg: OptimizerConfig, total_steps: int, hparams: dict | None = None) -> optax.Schedule:
     """Linear warmup 0 -> lr over `warmup_steps`, then cosine to lr * min_lr_ratio at `total_steps`, or constant.
 
     The paper (Table 4) gives only the peak LR; the warmup and decay shape are this project's defaults and
-    are written in each config file.
+    are written in each config file. With `hparams` (`schedule_hparams`, traced) the numbers are read from it and
+    only the shape (schedule kind, warmup or not) from `cfg`.
     """
-    peak = float(cfg.lr)
     warm = int(cfg.warmup_steps)
-    if cfg.schedule == "constant":
-        after = optax.constant_schedule(peak)
-    elif cfg.schedule == "cosine":
-        after = optax.cosine_decay_schedule(peak, decay_steps=max(1, total_steps - warm), alpha=cfg.min_lr_ratio)
-    else:
+    if cfg.schedule not in ("constant", "cosine"):
         raise ValueError(f"config key 'optimizer.schedule': unknown schedule {cfg.schedule!r}")
+    if hparams is None:
+        peak = float(cfg.lr)
+        if cfg.schedule == "constant":
+            after = optax.constant_schedule(peak)
+        else:
+            after = optax.cosine_decay_schedule(peak, decay_steps=max(1, total_steps - warm), alpha=cfg.min_lr_ratio)
+        boundary, warm_last, warm_div = warm, warm - 1, warm
+    else:
+        h = hparams
+        peak, boundary, warm_last, warm_div = h["lr"], h["warmup"], h["warmup"] - 1, h["warmup_f"]
+        if cfg.schedule == "constant":
+            after = lambda s: peak  # noqa: E731
+        else:
+            def after(s):  # optax.cosine_decay_schedule's arithmetic, in its order, on the traced numbers
+                s = jnp.minimum(s, h["decay_steps"])
+                cosine = 0.5 * (1 + jnp.cos(jnp.pi * s / h["decay_steps"]))
+                return peak * (h["one_minus_alpha"] * cosine ** 1.0 + h["alpha"])
     if warm == 0:
         return after
     # Step s (0-based) trains with warmup lr * (s + 1) / warm, so the first step does move the weights.
-    warmup = lambda s: peak * (jnp.minimum(s, warm - 1) + 1.0) / warm  # noqa: E731
-    return optax.join_schedules([warmup, after], [warm])
+    warmup = lambda s: peak * (jnp.minimum(s, warm_last) + 1.0) / warm_div  # noqa: E731
+    return optax.join_schedules([warmup, after], [boundary])
 
 
 def decay_mask(config: ModelConfig):
@@ -48,13 +74,17 @@ def decay_mask(config: ModelConfig):
     return jax.tree.map(lambda s: s.init == "normal", param_specs(config), is_leaf=is_spec)
 
 
-def make_optimizer(cfg: OptimizerConfig, total_steps: int, config: ModelConfig) -> optax.GradientTransformation:
-    """Global-norm clipping (if clip_norm > 0) followed by AdamW with the schedule above."""
+def make_optimizer(cfg: OptimizerConfig, total_steps: int, config: ModelConfig,
+                   hparams: dict | None = None) -> optax.GradientTransformation:
+    """Global-norm clipping (if clip_norm > 0) followed by AdamW with the schedule above. With `hparams`
+    (`schedule_hparams`, traced) the schedule and the weight decay read it: a traced decay of 0 adds 0 x weight
+    to each update, which leaves it unchanged, where a constant 0 skips the addition."""
     parts = []
     if cfg.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(cfg.clip_norm))
-    parts.append(optax.adamw(make_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, mask=decay_mask(config)))
+    parts.append(optax.adamw(make_schedule(cfg, total_steps, hparams), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay if hparams is None else hparams["weight_decay"],
+                             mask=decay_mask(config)))
     return optax.chain(*parts)
 
 

@@ -172,25 +172,43 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
     return new_state, metrics
 
 
-def make_train_step(config: ModelConfig, tx: optax.GradientTransformation, mesh, state_shardings, *,
-                    grad_accum: int = 1, skip_nonfinite: bool = False, schedule=None):
+def make_train_step(config: ModelConfig, tx, mesh, state_shardings, *, grad_accum: int = 1,
+                    skip_nonfinite: bool = False, schedule=None, hparams=None):
     """The jitted, sharded `train_step`: (state, batch) -> (state, metrics), state donated.
 
     `state_shardings` is the state's pytree of NamedShardings (params by the rules, optimizer moments like
     their params, scalars replicated); the batch comes in already placed over the batch mesh axes
-    (`sharding.batch_sharding`), metrics come back replicated.
+    (`sharding.batch_sharding`), metrics come back replicated. With `hparams` (a dict of scalars:
+    train/optim.schedule_hparams) `tx` and `schedule` are functions of it, called inside the program on its traced
+    values: the numbers are inputs of the compiled step, not constants in it, so runs that differ only in them
+    share one program (in memory when the same, on disk through XLA's persistent compilation cache).
     """
     grad_shardings = state_shardings["params"]
     replicated = NamedSharding(mesh, P())
 
-    def fn(state, batch):
-        return train_step(config, tx, state, batch, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
-                          schedule=schedule, grad_shardings=grad_shardings)
+    def fn(state, batch, hp=None):
+        t, s = (tx, schedule) if hparams is None else (tx(hp), schedule and schedule(hp))
+        return train_step(config, t, state, batch, grad_accum=grad_accum, skip_nonfinite=skip_nonfinite,
+                          schedule=s, grad_shardings=grad_shardings)
 
     jitted = jax.jit(fn, out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    bound = jitted if hparams is None else _BoundHparams(jitted, hparams)
 
     def step(state, batch):
         with use_mesh(mesh):
-            return jitted(state, batch)
-    step.jitted = jitted
+            return bound(state, batch)
+    step.jitted = bound
     return step
+
+
+class _BoundHparams:
+    """A jitted (state, batch, hparams) seen as (state, batch): calls and `lower` pass the run's hparams."""
+
+    def __init__(self, jitted, hparams):
+        self.jitted, self.hparams = jitted, hparams
+
+    def __call__(self, state, batch):
+        return self.jitted(state, batch, self.hparams)
+
+    def lower(self, state, batch):
+        return self.jitted.lower(state, batch, self.hparams)
