@@ -104,12 +104,13 @@ def run(args) -> int:
                                         gyms=gyms, max_prompt_tokens=args.max_prompt_tokens)
         mixture.check_gyms(cfg)  # a mistyped gym fails in a second, before the models load
         agent = agent_from_spec(_spec(args, "agent"))
-        judge_spec = None if args.judge is None else _spec(args, "judge")
-        user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
-                                     user_style=args.user_style)
+        # the prompt filter needs only the agent's tokenizer: a split it empties fails before the user model loads
         tasks, dropped = mixture.build_tasks(cfg, agent.tok)
         if args.n is not None:
             tasks = mixture.MixtureSampler(tasks, cfg.weight_map() or None, seed=args.seed).sample(args.n)
+        judge_spec = None if args.judge is None else _spec(args, "judge")
+        user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
+                                     user_style=args.user_style)
         retriever = retriever_from_args(args)
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
