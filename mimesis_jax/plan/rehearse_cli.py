@@ -78,21 +78,17 @@ def _program_workload(w, shapes: dict):
                                branch_len=branch, branch_head_len=branch_head)
 
 
-def _update_memory(step_fn, model, w) -> int:
-    """The loop's own RL update (`step_fn`) compiled ahead of time on abstract inputs of workload w's shapes."""
-    from mimesis_jax import models
-    from mimesis_jax.plan.compiled import abstract, compiled_total, rl_batch_shapes
+def _update_shapes(key, w) -> dict:
+    """A RLStep.shape_keys entry -> update_memory's {name: (shape, dtype)} (the dtypes the packer gives them)."""
+    import jax.numpy as jnp
+    from mimesis_jax.plan.compiled import rl_batch_shapes
 
-    params = abstract(models.abstract_params(model), models.param_shardings(model, step_fn.mesh))
-    opt = abstract(jax.eval_shape(step_fn.optimizer.init, models.abstract_params(model)),
-                   step_fn._opt_shardings(params))
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step_fn._batch_sharding(s))
-             for k, (s, d) in rl_batch_shapes(w).items()}
-    return compiled_total(step_fn.lower(params, opt, batch).compile())
+    dtypes = {k: d for k, (_, d) in rl_batch_shapes(w).items()}
+    return {k: (s, dtypes.get(k, jnp.int32)) for k, s in _step_shapes(key).items()}
 
 
 def _programs(run_state, cfg, sampler_shapes) -> tuple[list[dict], object]:
-    from mimesis_jax.plan.compiled import sampler_memory, within
+    from mimesis_jax.plan.compiled import QUICK, sampler_memory, update_memory, within
 
     model, step_fn = run_state.model_config, run_state.step_fn
     axes = {k: int(v) for k, v in run_state.mesh.shape.items()}
@@ -101,7 +97,8 @@ def _programs(run_state, cfg, sampler_shapes) -> tuple[list[dict], object]:
     out = []
     for key in sorted(step_fn.shape_keys, key=lambda k: [s for _, s in k[1:]]):
         wp = _program_workload(w, _step_shapes(key))
-        planned, compiled = plan(wp, device).train_peak, _update_memory(step_fn, model, wp)
+        planned = plan(wp, device).train_peak
+        compiled = update_memory(step_fn, _update_shapes(key, wp), ref=key[0], options=QUICK)
         shape = dict(zip(SHAPE_FIELDS, (wp.rows, wp.row_len, wp.head_len, wp.branch_len, wp.branch_head_len)))
         out.append({"program": "rl_update", "shape": shape, "compiled_bytes": compiled, "plan_bytes": planned,
                     "ok": within(planned, compiled)})
@@ -109,7 +106,7 @@ def _programs(run_state, cfg, sampler_shapes) -> tuple[list[dict], object]:
         wp = dataclasses.replace(w, rollout=Rollout(B, P, N))
         p = plan(wp, device)
         planned = p.rollout_peak - p.item("optimizer state")
-        compiled = sampler_memory(wp, filtering, S)
+        compiled = sampler_memory(wp, filtering, S, options=QUICK)
         out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N},
                     "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)})
     return out, w
