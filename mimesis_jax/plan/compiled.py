@@ -114,6 +114,22 @@ def rl_batch_shapes(w: Workload) -> dict[str, tuple[tuple[int, ...], object]]:
     return shapes
 
 
+def update_memory(step, shapes: dict[str, tuple[tuple[int, ...], object]], ref: bool | None = None,
+                  options: dict | None = QUICK) -> int:
+    """Compiled bytes per device of the RLStep `step`'s update (train/rl/step.py) on a batch of `shapes` ({name:
+    ([M, B/M, ...], dtype)}, as `rl_batch_shapes` gives them): params and optimizer state sharded as the step
+    places them, the batch over the mesh's batch axes (RLStep._batch_sharding), the reference params (ref; default:
+    rl.kl_coef > 0) like the params. options: XLA compile options; None compiles as the loop's own call does, so
+    after the loop has run the update on these shapes the program is jax's cached one, not compiled again."""
+    model = step.config
+    params = abstract(models.abstract_params(model), models.param_shardings(model, step.mesh))
+    opt = abstract(jax.eval_shape(step.optimizer.init, models.abstract_params(model)), step._opt_shardings(params))
+    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step._batch_sharding(s)) for k, (s, d) in shapes.items()}
+    if ref is None:
+        ref = getattr(step.rl, "kl_coef", 0.0) > 0
+    return compiled_total(step.lower(params, opt, batch, params if ref else None).compile(options))
+
+
 def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
     """The RL update of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
     from mimesis_jax.train.optim import make_optimizer, make_schedule
@@ -122,11 +138,7 @@ def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
     mesh = _mesh(w.mesh)
     tx = make_optimizer(w.optimizer, w.total_updates, w.model)
     step = make_rl_step(w.model, tx, mesh, rl, schedule=make_schedule(w.optimizer, w.total_updates))
-    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, mesh))
-    opt = abstract(jax.eval_shape(tx.init, models.abstract_params(w.model)), step._opt_shardings(params))
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step._batch_sharding(s)) for k, (s, d) in rl_batch_shapes(w).items()}
-    ref = params if getattr(rl, "kl_coef", 0.0) > 0 else None
-    return compiled_total(step.lower(params, opt, batch, ref).compile(options))
+    return update_memory(step, rl_batch_shapes(w), options=options)
 
 
 def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dict = FAST) -> int:

@@ -23,8 +23,8 @@ narrowed
 * the sides: Stage II's user, judge and coach are the rule-based toy user and coach on `toy:N:s:turns`
   ToyKeyword tasks with the paper's turn limit (envs/toy.py); Stage I.3 draws two single-turn SOUL domains
   (`SIM_DOMAINS`) with the toy judge and support agent configured; nothing is served or read from disk;
-* train.steps, no validation, no checkpoint before the end; rollout.engine_memory_gib = 0 (no cap: the tiny
-  engine's whole pool is small).
+* train.steps, no validation, no checkpoint (rehearse_cli builds the learner with save_checkpoints=False);
+  rollout.engine_memory_gib = 0 (no cap: the tiny engine's whole pool is small).
 """
 
 from __future__ import annotations

@@ -7,14 +7,16 @@
 Prints, per rollout mode (rollout.engine off / on):
 * every program the loop compiled: the RL update once per batch shape (the shape ladder's programs for Stage II),
   the static sampler once per bucket -- each program's compiled bytes per device (XLA's memory analysis of the
-  same program compiled again ahead of time on abstract inputs, plan/compiled.py `compiled_total`) next to the
-  planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak less the optimizer state)
+  executable the run compiled, lowered again on abstract inputs of its shapes and shardings, which jax answers
+  from its cache: plan/compiled.py `update_memory`, `sampler_memory`, `compiled_total`; any it compiles again
+  are named) next to the planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak less the optimizer state)
   and their ratio, marked `ok` within plan/compiled.py TOLERANCE. The rollout engine's programs are counted, not
   measured (plan/compiled.py does not build them);
 * the compilations of the run (jax's compile events, profiling.count_compilations): the update's, the old-log-prob
   scoring's, the sampler's, the engine's and the rest (eager ops, initialisation, checkpointing);
 * per step: rollout / coach / train seconds and the tokens generated and trained.
-`--json FILE` writes the same as JSON. The run happens in --workdir (default: a temporary directory, removed).
+`--json FILE` writes the same as JSON. The run happens in --workdir (default: a temporary directory, removed) and
+writes no checkpoint.
 """
 
 from __future__ import annotations
@@ -78,21 +80,20 @@ def _program_workload(w, shapes: dict):
                                branch_len=branch, branch_head_len=branch_head)
 
 
-def _update_memory(step_fn, model, w) -> int:
-    """The loop's own RL update (`step_fn`) compiled ahead of time on abstract inputs of workload w's shapes."""
-    from mimesis_jax import models
-    from mimesis_jax.plan.compiled import abstract, compiled_total, rl_batch_shapes
+def _update_shapes(key, w) -> dict:
+    """A RLStep.shape_keys entry -> update_memory's {name: (shape, dtype)} (the dtypes the packer gives them)."""
+    import jax.numpy as jnp
+    from mimesis_jax.plan.compiled import rl_batch_shapes
 
-    params = abstract(models.abstract_params(model), models.param_shardings(model, step_fn.mesh))
-    opt = abstract(jax.eval_shape(step_fn.optimizer.init, models.abstract_params(model)),
-                   step_fn._opt_shardings(params))
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step_fn._batch_sharding(s))
-             for k, (s, d) in rl_batch_shapes(w).items()}
-    return compiled_total(step_fn.lower(params, opt, batch).compile())
+    dtypes = {k: d for k, (_, d) in rl_batch_shapes(w).items()}
+    return {k: (s, dtypes.get(k, jnp.int32)) for k, s in _step_shapes(key).items()}
 
 
-def _programs(run_state, cfg, sampler_shapes) -> tuple[list[dict], object]:
-    from mimesis_jax.plan.compiled import sampler_memory, within
+def _programs(run_state, cfg, sampler_shapes, options=None) -> tuple[list[dict], object]:
+    """The memory of the programs the run compiled. options=None: each is lowered as the loop called it, so jax
+    hands back the executable the loop compiled (an input that differs from the loop's compiles it again, and
+    rehearse_once counts that); else compiled again with these XLA options (plan/compiled.py QUICK)."""
+    from mimesis_jax.plan.compiled import sampler_memory, update_memory, within
 
     model, step_fn = run_state.model_config, run_state.step_fn
     axes = {k: int(v) for k, v in run_state.mesh.shape.items()}
@@ -101,7 +102,8 @@ def _programs(run_state, cfg, sampler_shapes) -> tuple[list[dict], object]:
     out = []
     for key in sorted(step_fn.shape_keys, key=lambda k: [s for _, s in k[1:]]):
         wp = _program_workload(w, _step_shapes(key))
-        planned, compiled = plan(wp, device).train_peak, _update_memory(step_fn, model, wp)
+        planned = plan(wp, device).train_peak
+        compiled = update_memory(step_fn, _update_shapes(key, wp), ref=key[0], options=options)
         shape = dict(zip(SHAPE_FIELDS, (wp.rows, wp.row_len, wp.head_len, wp.branch_len, wp.branch_head_len)))
         out.append({"program": "rl_update", "shape": shape, "compiled_bytes": compiled, "plan_bytes": planned,
                     "ok": within(planned, compiled)})
@@ -109,7 +111,7 @@ def _programs(run_state, cfg, sampler_shapes) -> tuple[list[dict], object]:
         wp = dataclasses.replace(w, rollout=Rollout(B, P, N))
         p = plan(wp, device)
         planned = p.rollout_peak - p.item("optimizer state")
-        compiled = sampler_memory(wp, filtering, S)
+        compiled = sampler_memory(wp, filtering, S, options=options)
         out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N},
                     "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)})
     return out, w
@@ -128,13 +130,16 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
 
     stage = agent.AgentLearner if hasattr(cfg, "users") else simulator.SimulatorLearner
     before = sampler.call_shapes()
-    learner = stage(cfg, workdir, handle_signals=False, log=log)
+    # no checkpoint: nothing of the run is kept, and orbax's save compiles a slice per sharded leaf (288 programs
+    # for the 9B simulator's rehearsal)
+    learner = stage(cfg, workdir, handle_signals=False, log=log, save_checkpoints=False)
     with profiling.count_compilations() as comp:
         result = learner.run()
     names = list(comp.names)
     run_state = learner.run_state
     t0 = time.perf_counter()
-    programs, w = _programs(run_state, learner.cfg, sampler.call_shapes() - before)
+    with profiling.count_compilations() as again:
+        programs, w = _programs(run_state, learner.cfg, sampler.call_shapes() - before)
     measure_s = time.perf_counter() - t0
     r = cfg.rollout
     steps = []
@@ -166,7 +171,8 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
         "row_len": r.row_len, "max_context_tokens": r.max_context_tokens, "csd": cfg.rl.alpha > 0,
         "plan_programs": [dict(zip(SHAPE_FIELDS, k)) for k in w.programs],
         "programs": programs, "tolerance": TOLERANCE, "compilations": counts, "compiled_names": names,
-        "steps": steps, "measure_s": measure_s,
+        "steps": steps, "measure_s": measure_s, "measure_compilations": list(again.names),
+        "compile_s": comp.seconds,
     }
 
 
@@ -193,10 +199,12 @@ def format_report(rep: dict, path: str) -> str:
                      f"{p['plan_bytes'] / MiB:9.2f} {ratio:9.3f} {'ok' if p['ok'] else 'OFF'}")
     if rep["engine"]:
         lines.append("  rollout engine programs: counted below, memory not measured (plan/compiled.py)")
-    lines.append(f"  (the programs above compiled again ahead of time to read their memory: {rep['measure_s']:.1f} s)")
+    again = rep["measure_compilations"]
+    lines.append(f"  (their memory read from the executables the run compiled, {len(again)} compiled again"
+                 f"{': ' + ', '.join(again) if again else ''}: {rep['measure_s']:.1f} s)")
     c = rep["compilations"]
     lines.append(f"  compilations: {c['total']} (update {c['rl_update']}, old log-probs {c['old_logprobs']}, "
-                 f"sampler {c['sampler']}, engine {c['engine']}, other {c['other']})")
+                 f"sampler {c['sampler']}, engine {c['engine']}, other {c['other']}), {rep['compile_s']:.1f} s")
     for s in rep["steps"]:
         lines.append(f"  step {s['step']}: rollout {s['rollout_s']:.1f} s, coach {s['coach_s']:.1f} s, train "
                      f"{s['train_s']:.1f} s ({s['updates']} updates); tokens generated {s['generated_tokens']}, "

@@ -19,7 +19,8 @@ derives from (train.seed, step, rollout id)); the stage drops invalid rollouts a
 PPO mini-batches of `rollout.mini_batch_prompts` groups with the stage's advantages; `ppo_updates` fixes the old
 log-probs for the whole step BEFORE the first update, then makes one optimizer update per mini-batch (Eq 5-6,
 train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on the console), validation runs every
-`validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM.
+`validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM
+(a learner built with save_checkpoints=False, as `rehearse` builds it, writes one on SIGTERM only).
 
 Step shapes. With rollout.row_len fixed (a Stage II config) every mini-batch is packed to one program of the run's
 shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs), and each step's record
@@ -286,9 +287,10 @@ class RLLearner:
     stdout_keys: tuple = ()  # the record's keys printed on the console
 
     def __init__(self, cfg, workdir: str, *, tokenizer=None, handle_signals: bool = True, on_rollouts=None,
-                 log=print):
+                 log=print, save_checkpoints: bool = True):
         self.cfg, self.workdir = cfg, os.path.abspath(workdir)
         self.handle_signals, self.on_rollouts = handle_signals, on_rollouts
+        self.save_checkpoints = save_checkpoints  # False: no checkpoint but on SIGTERM (a run that keeps nothing)
         self.log = distributed.primary_log(log)
         self.tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
         self.run_state: RLRun | None = None
@@ -452,7 +454,8 @@ class RLLearner:
                                              f"{self.stage} step {step} validation"))
                 pending.append((step, rec, ms))
                 preempted = stop.is_set()
-                saving = step % cfg.checkpoint.every == 0 or step == cfg.train.steps or preempted
+                saving = preempted or self.save_checkpoints and (step % cfg.checkpoint.every == 0
+                                                                 or step == cfg.train.steps)
                 if len(pending) >= sync_every or validating or saving:
                     flush()
                 if saving:

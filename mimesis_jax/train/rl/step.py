@@ -246,6 +246,8 @@ class RLStep:
         with self._mesh_ctx():
             keys = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")
             old = self._score(params, {k: batch[k] for k in keys if k in batch})
+        if self.mesh is not None:  # laid out as `place` lays out the batch: the update compiles for one input
+            old = jax.device_put(old, self._batch_sharding(old.shape))  # sharding (a no-op where XLA chose it)
         return dict(batch, old_logp=old)
 
     # ------------------------------------------------------------------------------------- update
