@@ -493,6 +493,9 @@ def test_engine_streams_as_sampled_batches_across_calls_and_cancels(checkpoint):
         # a seed whose completion runs the full 400 tokens (the weights are fixed: found once, deterministically)
         probe = local.generate_tokens([prompt] * 16, max_tokens=400, temperature=1.0, seed=list(range(16)))
         seed = next(s for s, p in enumerate(probe) if p.finish_reason == "length")
+        # the short request's reference, computed before the long stream starts: done later, its compile (seconds
+        # on a loaded machine) let the long completion run to its end before the stream was closed
+        ref = local.generate_tokens([prompt], max_tokens=3, temperature=1.0, seed=[seed + 1000])[0]
         client = _client(srv)
         stream = client.chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=400, temperature=1.0,
                                                 seed=seed, stream=True, extra_body={"return_token_ids": True})
@@ -515,7 +518,6 @@ def test_engine_streams_as_sampled_batches_across_calls_and_cancels(checkpoint):
                 peak.append(sum(s is not None for s in eng._slots))  # noqa: SLF001
         assert max(peak) == 2  # both requests in the decode slots at once
         assert eng.has_work()  # the long one is still running after the short one was answered
-        ref = local.generate_tokens([prompt], max_tokens=3, temperature=1.0, seed=[seed + 1000])[0]
         assert done.result().choices[0].token_ids == ref.tokens
         stream.close()  # the client goes away: its request is cancelled
         for _ in range(3000):
