@@ -11,8 +11,10 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   else once on the planner's worst-case shapes; and the static sampler's `generate_bucket` on the training mesh
   (PolicySampler's LocalChatModel: params as the learner shards them, inputs over the batch axes).
 
-Not compiled here: the old-log-prob scoring pass (rl.old_logprobs=recompute; a no-gradient forward, smaller than
-the update) and the rollout engine's programs (rollout.engine=true): the engine runs beside the training state,
+  With rl.old_logprobs=recompute, the old-log-prob scoring pass (RLStep._score_fn: a no-gradient forward) on the
+  largest update program's batch, planned by budget.scoring_peak.
+
+Not compiled here: the rollout engine's programs (rollout.engine=true): the engine runs beside the training state,
 its programs are not built from the config alone (its pool is sized at run time).
 
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
@@ -31,7 +33,7 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.plan.budget import plan
+from mimesis_jax.plan.budget import plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
 from mimesis_jax.profiling import memory_bytes
@@ -130,15 +132,32 @@ def update_memory(step, shapes: dict[str, tuple[tuple[int, ...], object]], ref: 
     return compiled_total(step.lower(params, opt, batch, params if ref else None).compile(options))
 
 
-def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
-    """The RL update of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
+def _rl_step(w: Workload, rl):
+    """The RLStep of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
     from mimesis_jax.train.optim import make_optimizer, make_schedule
     from mimesis_jax.train.rl.step import make_rl_step
 
-    mesh = _mesh(w.mesh)
     tx = make_optimizer(w.optimizer, w.total_updates, w.model)
-    step = make_rl_step(w.model, tx, mesh, rl, schedule=make_schedule(w.optimizer, w.total_updates))
-    return update_memory(step, rl_batch_shapes(w), options=options)
+    return make_rl_step(w.model, tx, _mesh(w.mesh), rl, schedule=make_schedule(w.optimizer, w.total_updates))
+
+
+def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
+    """The RL update of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
+    return update_memory(_rl_step(w, rl), rl_batch_shapes(w), options=options)
+
+
+SCORE_KEYS = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")  # RLStep.recompute_old_logprobs'
+
+
+def scoring_memory(w: Workload, rl, options: dict = FAST) -> int:
+    """The old-log-prob scoring pass (RLStep._score_fn, as recompute_old_logprobs calls it) on w's update batch:
+    params sharded as the step places them, the batch's scoring arrays over the batch axes."""
+    step = _rl_step(w, rl)
+    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, step.mesh))
+    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step._batch_sharding(s))
+             for k, (s, d) in rl_batch_shapes(w).items() if k in SCORE_KEYS}
+    with sharding.use_mesh(step.mesh):
+        return compiled_total(step._score.lower(params, batch).compile(options))
 
 
 def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dict = FAST) -> int:
@@ -199,6 +218,10 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         else:
             compiled = rl_step_memory(wp, cfg.rl, options)
         out.append(ProgramMemory(name, planned, compiled))
+    if w.kind != "lm" and getattr(cfg.rl, "old_logprobs", None) == "recompute":
+        name, wp = progs[-1]
+        out.append(ProgramMemory("old log-probs " + name.removeprefix("rl update").strip() if w.programs
+                                 else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
     if sampler and w.kind != "lm" and w.engine is None:
         p = plan(w, dev)
         r = w.rollout
