@@ -14,8 +14,17 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   With rl.old_logprobs=recompute, the old-log-prob scoring pass (RLStep._score_fn: a no-gradient forward) on the
   largest update program's batch, planned by budget.scoring_peak.
 
-Not compiled here: the rollout engine's programs (rollout.engine=true): the engine runs beside the training state,
-its programs are not built from the config alone (its pool is sized at run time).
+* RL stages with rollout.engine=true: instead of the sampler, the rollout engine's decode burst
+  (rollout/engine_programs.py `decode_program`, the jnp path) on one device, its pool as rollout/engine_sizing.py
+  sizes it for the config, page tables max_pages_per_seq wide. Planned: the plan's engine parameters + pool +
+  programs rows. On the CPU backend the compiled program also holds a copy of every layer's weights: the paged
+  forward unrolls the layers (models/qwen3_paged.py), and XLA hoists their static slices of the stacked weights
+  out of the decode loop as loop invariants (measured on qwen3_8b_agentrl.py:grpo, float32: 87.64 planned /
+  114.58 compiled GiB, the 26.9 GiB difference the 25.9 GiB of layer weights + two [KVH, S, W * page, Dh]
+  slices of the burst copy); the planner leaves the copy out until a GPU compile shows whether it is there.
+
+Not compiled here: the engine's prefill program (its plan row is the larger of the two; for the paper configs the
+decode burst's copy).
 
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
 the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
@@ -184,6 +193,29 @@ def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dic
     return compiled_total(lowered.compile(options))
 
 
+def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
+    """One decode burst of the rollout engine sized for w (w.engine): fp32 params whole on one device, the
+    paged pool of `init_paged_cache`, page tables max_pages_per_seq wide, no sampling filter, the jnp attention
+    path (rollout/engine.py `decode_args` gives a real engine's arguments of the same shapes)."""
+    from mimesis_jax.rollout import engine_programs, sampler
+
+    m, ec = w.model, w.engine.engine_config()
+    init = models.family(m, "paged").init_paged_cache
+    cache = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
+    S = ec.slots
+
+    def arr(dtype, *shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
+    samp = (arr(u32, S), arr(u32, S), arr(f32, S), arr(f32, S), arr(i32, S), arr(f32, S))
+    lowered = engine_programs.decode_program.lower(
+        m, 0, None, ec.decode_steps, models.abstract_params(m), cache, arr(i32, S), arr(i32, S),
+        arr(jnp.bool_, S), arr(i32, S, ec.max_pages_per_seq), arr(i32, S), samp, arr(i32, S), arr(i32, S),
+        arr(i32, S, sampler.Buckets().stops(0)), arr(jnp.bool_))
+    return compiled_total(lowered.compile(options))
+
+
 # ----------------------------------------------------------------------------------------- per config
 def program_workloads(w: Workload) -> list[tuple[str, Workload]]:
     """(name, workload) of each update program: one per ladder program (rows x row_len x head x branch x
@@ -222,6 +254,11 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         name, wp = progs[-1]
         out.append(ProgramMemory("old log-probs " + name.removeprefix("rl update").strip() if w.programs
                                  else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
+    if sampler and w.kind != "lm" and w.engine is not None:
+        p, e = plan(w, dev), w.engine
+        planned = sum(p.item(n) for n in ("engine parameters", "engine pool", "engine programs"))
+        out.append(ProgramMemory(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
+                                 engine_decode_memory(w, options)))
     if sampler and w.kind != "lm" and w.engine is None:
         p = plan(w, dev)
         r = w.rollout
