@@ -11,7 +11,7 @@ from mimesis_jax.models.qwen3_5 import layer_block
 from mimesis_jax.plan.devices import GiB, HEADROOM, Device, device_for
 from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, head_bytes, layer_residuals,
                                      layer_weight_bytes, optimizer_bytes, param_bytes, prefill_bytes, saved_bytes,
-                                     table_bytes, widths)
+                                     table_bytes, vocab_layout, widths)
 from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
 from mimesis_jax.rollout.engine import EngineConfig
 
@@ -232,6 +232,32 @@ def plan(w: Workload, device: Device) -> Plan:
         rollout_peak = P + O + kv + kv // 2 + rec + pf + st
     return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
 
+
+
+def scoring_peak(w: Workload) -> int:
+    """Per-device bytes of the old-log-prob scoring pass (rl.old_logprobs=recompute: train/rl/step.py
+    `RLStep._score_fn`, a no-gradient forward mapped over the update's micro-batches): the parameters + its inputs
+    (4 [rows, T] arrays and the head index) + its fp32 [rows, T] output + one micro-batch's forward at its peak: the
+    residual stream between layers, the gathered [V, D] tables (compute dtype, loop invariants live throughout) and
+    the larger of one layer's forward (`prefill_bytes` over T tokens attending T, with its weights gathered over
+    fsdp) and the LM head's (its kept inputs + 3 fp32 logit blocks)."""
+    m, mesh = w.model, w.mesh
+    c = DTYPES[m.dtype].dtype.itemsize
+    W = widths(m, mesh)
+    rows_mb = w.rows // w.microbatches
+    shards = batch_shards(m, mesh, rows_mb)
+    b, T, rows_dev = rows_mb // shards, w.row_len, w.rows // shards
+    io = rows_dev * 4 * (4 * T + w.head_len) + rows_dev * T * 4
+    tables = (1 if m.tie_word_embeddings else 2) * (table_bytes(m, mesh) * c // 4)
+    layer = 0
+    for lt in _layer_types(m):
+        weights = layer_weight_bytes(m, mesh, lt)
+        gather = weights + (weights * c // 4 if layer_weight_bytes(m, mesh, lt, split=True) < weights else 0)
+        layer = max(layer, prefill_bytes(m, W, lt, b, T, T) + gather)
+    kept, _ = head_bytes(m, W, b, w.head_len)
+    _, vc = vocab_layout(W.V, m.logits_vocab_chunk)
+    head = kept + 3 * b * min(m.logits_seq_chunk, w.head_len) * vc * 4
+    return int(param_bytes(m, mesh) + io + b * T * W.D * c + tables + max(layer, head))
 
 
 def plan_config(cfg, mesh: dict, device: str, rows: int | None = None) -> Plan:

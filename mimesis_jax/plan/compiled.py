@@ -11,9 +11,20 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   else once on the planner's worst-case shapes; and the static sampler's `generate_bucket` on the training mesh
   (PolicySampler's LocalChatModel: params as the learner shards them, inputs over the batch axes).
 
-Not compiled here: the old-log-prob scoring pass (rl.old_logprobs=recompute; a no-gradient forward, smaller than
-the update) and the rollout engine's programs (rollout.engine=true): the engine runs beside the training state,
-its programs are not built from the config alone (its pool is sized at run time).
+  With rl.old_logprobs=recompute, the old-log-prob scoring pass (RLStep._score_fn: a no-gradient forward) on the
+  largest update program's batch, planned by budget.scoring_peak.
+
+* RL stages with rollout.engine=true: instead of the sampler, the rollout engine's decode burst
+  (rollout/engine_programs.py `decode_program`, the jnp path) on one device, its pool as rollout/engine_sizing.py
+  sizes it for the config, page tables max_pages_per_seq wide. Planned: the plan's engine parameters + pool +
+  programs rows. On the CPU backend the compiled program also holds a copy of every layer's weights: the paged
+  forward unrolls the layers (models/qwen3_paged.py), and XLA hoists their static slices of the stacked weights
+  out of the decode loop as loop invariants (measured on qwen3_8b_agentrl.py:grpo, float32: 87.64 planned /
+  114.58 compiled GiB, the 26.9 GiB difference the 25.9 GiB of layer weights + two [KVH, S, W * page, Dh]
+  slices of the burst copy); the planner leaves the copy out until a GPU compile shows whether it is there.
+
+Not compiled here: the engine's prefill program (its plan row is the larger of the two; for the paper configs the
+decode burst's copy).
 
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
 the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
@@ -31,7 +42,7 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.plan.budget import plan
+from mimesis_jax.plan.budget import plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
 from mimesis_jax.profiling import memory_bytes
@@ -130,15 +141,32 @@ def update_memory(step, shapes: dict[str, tuple[tuple[int, ...], object]], ref: 
     return compiled_total(step.lower(params, opt, batch, params if ref else None).compile(options))
 
 
-def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
-    """The RL update of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
+def _rl_step(w: Workload, rl):
+    """The RLStep of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
     from mimesis_jax.train.optim import make_optimizer, make_schedule
     from mimesis_jax.train.rl.step import make_rl_step
 
-    mesh = _mesh(w.mesh)
     tx = make_optimizer(w.optimizer, w.total_updates, w.model)
-    step = make_rl_step(w.model, tx, mesh, rl, schedule=make_schedule(w.optimizer, w.total_updates))
-    return update_memory(step, rl_batch_shapes(w), options=options)
+    return make_rl_step(w.model, tx, _mesh(w.mesh), rl, schedule=make_schedule(w.optimizer, w.total_updates))
+
+
+def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
+    """The RL update of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
+    return update_memory(_rl_step(w, rl), rl_batch_shapes(w), options=options)
+
+
+SCORE_KEYS = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")  # RLStep.recompute_old_logprobs'
+
+
+def scoring_memory(w: Workload, rl, options: dict = FAST) -> int:
+    """The old-log-prob scoring pass (RLStep._score_fn, as recompute_old_logprobs calls it) on w's update batch:
+    params sharded as the step places them, the batch's scoring arrays over the batch axes."""
+    step = _rl_step(w, rl)
+    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, step.mesh))
+    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step._batch_sharding(s))
+             for k, (s, d) in rl_batch_shapes(w).items() if k in SCORE_KEYS}
+    with sharding.use_mesh(step.mesh):
+        return compiled_total(step._score.lower(params, batch).compile(options))
 
 
 def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dict = FAST) -> int:
@@ -162,6 +190,29 @@ def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dic
               arr((B,), jnp.uint32), arr((B,), jnp.bool_))
     with sharding.use_mesh(mesh):
         lowered = sampler.generate_bucket.lower(w.model, params, r.new_tokens, filtering, *inputs)
+    return compiled_total(lowered.compile(options))
+
+
+def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
+    """One decode burst of the rollout engine sized for w (w.engine): fp32 params whole on one device, the
+    paged pool of `init_paged_cache`, page tables max_pages_per_seq wide, no sampling filter, the jnp attention
+    path (rollout/engine.py `decode_args` gives a real engine's arguments of the same shapes)."""
+    from mimesis_jax.rollout import engine_programs, sampler
+
+    m, ec = w.model, w.engine.engine_config()
+    init = models.family(m, "paged").init_paged_cache
+    cache = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
+    S = ec.slots
+
+    def arr(dtype, *shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
+    samp = (arr(u32, S), arr(u32, S), arr(f32, S), arr(f32, S), arr(i32, S), arr(f32, S))
+    lowered = engine_programs.decode_program.lower(
+        m, 0, None, ec.decode_steps, models.abstract_params(m), cache, arr(i32, S), arr(i32, S),
+        arr(jnp.bool_, S), arr(i32, S, ec.max_pages_per_seq), arr(i32, S), samp, arr(i32, S), arr(i32, S),
+        arr(i32, S, sampler.Buckets().stops(0)), arr(jnp.bool_))
     return compiled_total(lowered.compile(options))
 
 
@@ -199,6 +250,15 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         else:
             compiled = rl_step_memory(wp, cfg.rl, options)
         out.append(ProgramMemory(name, planned, compiled))
+    if w.kind != "lm" and getattr(cfg.rl, "old_logprobs", None) == "recompute":
+        name, wp = progs[-1]
+        out.append(ProgramMemory("old log-probs " + name.removeprefix("rl update").strip() if w.programs
+                                 else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
+    if sampler and w.kind != "lm" and w.engine is not None:
+        p, e = plan(w, dev), w.engine
+        planned = sum(p.item(n) for n in ("engine parameters", "engine pool", "engine programs"))
+        out.append(ProgramMemory(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
+                                 engine_decode_memory(w, options)))
     if sampler and w.kind != "lm" and w.engine is None:
         p = plan(w, dev)
         r = w.rollout
