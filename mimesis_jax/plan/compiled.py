@@ -132,13 +132,18 @@ def update_memory(step, shapes: dict[str, tuple[tuple[int, ...], object]], ref: 
     places them, the batch over the mesh's batch axes (RLStep._batch_sharding), the reference params (ref; default:
     rl.kl_coef > 0) like the params. options: XLA compile options; None compiles as the loop's own call does, so
     after the loop has run the update on these shapes the program is jax's cached one, not compiled again."""
-    model = step.config
-    params = abstract(models.abstract_params(model), models.param_shardings(model, step.mesh))
-    opt = abstract(jax.eval_shape(step.optimizer.init, models.abstract_params(model)), step._opt_shardings(params))
+    params = _abstract_params(step)
+    opt = abstract(jax.eval_shape(step.optimizer.init, models.abstract_params(step.config)),
+                   step._opt_shardings(params))
     batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step._batch_sharding(s)) for k, (s, d) in shapes.items()}
     if ref is None:
         ref = getattr(step.rl, "kl_coef", 0.0) > 0
     return compiled_total(step.lower(params, opt, batch, params if ref else None).compile(options))
+
+
+def _abstract_params(step):
+    """The RLStep's params as abstract arrays, sharded as the step places them."""
+    return abstract(models.abstract_params(step.config), models.param_shardings(step.config, step.mesh))
 
 
 def _rl_step(w: Workload, rl):
@@ -155,14 +160,13 @@ def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
     return update_memory(_rl_step(w, rl), rl_batch_shapes(w), options=options)
 
 
-SCORE_KEYS = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")  # RLStep.recompute_old_logprobs'
-
-
 def scoring_memory(w: Workload, rl, options: dict = FAST) -> int:
     """The old-log-prob scoring pass (RLStep._score_fn, as recompute_old_logprobs calls it) on w's update batch:
     params sharded as the step places them, the batch's scoring arrays over the batch axes."""
+    from mimesis_jax.train.rl.step import SCORE_KEYS
+
     step = _rl_step(w, rl)
-    params = abstract(models.abstract_params(w.model), models.param_shardings(w.model, step.mesh))
+    params = _abstract_params(step)
     batch = {k: jax.ShapeDtypeStruct(s, d, sharding=step._batch_sharding(s))
              for k, (s, d) in rl_batch_shapes(w).items() if k in SCORE_KEYS}
     with sharding.use_mesh(step.mesh):

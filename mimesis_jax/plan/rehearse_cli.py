@@ -9,9 +9,10 @@ Prints, per rollout mode (rollout.engine off / on):
   the static sampler once per bucket -- each program's compiled bytes per device (XLA's memory analysis of the
   executable the run compiled, lowered again on abstract inputs of its shapes and shardings, which jax answers
   from its cache: plan/compiled.py `update_memory`, `sampler_memory`, `compiled_total`; any it compiles again
-  are named) next to the planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak less the optimizer state)
-  and their ratio, marked `ok` within plan/compiled.py TOLERANCE. The rollout engine's programs are counted, not
-  measured (plan/compiled.py does not build them);
+  are named) next to the planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak
+  less the optimizer state) and their ratio, marked `ok` within plan/compiled.py TOLERANCE. The rollout engine's
+  programs are counted, not measured here (`plan --compiled` compiles the engine's decode burst: plan/compiled.py
+  engine_decode_memory);
 * the compilations of the run (jax's compile events, profiling.count_compilations): the update's, the old-log-prob
   scoring's, the sampler's, the engine's and the rest (eager ops, initialisation, checkpointing);
 * per step: rollout / coach / train seconds and the tokens generated and trained.
@@ -198,7 +199,8 @@ def format_report(rep: dict, path: str) -> str:
         lines.append(f"  {p['program']:10s} {shape:44s} {p['compiled_bytes'] / MiB:12.2f} "
                      f"{p['plan_bytes'] / MiB:9.2f} {ratio:9.3f} {'ok' if p['ok'] else 'OFF'}")
     if rep["engine"]:
-        lines.append("  rollout engine programs: counted below, memory not measured (plan/compiled.py)")
+        lines.append("  rollout engine programs: counted below, memory not measured here "
+                     "(plan --compiled measures the decode burst)")
     again = rep["measure_compilations"]
     lines.append(f"  (their memory read from the executables the run compiled, {len(again)} compiled again"
                  f"{': ' + ', '.join(again) if again else ''}: {rep['measure_s']:.1f} s)")

@@ -54,6 +54,10 @@ from mimesis_jax.config.rl import CREDITS, KL_ESTIMATORS, OLD_LOGPROBS, RLConfig
 from mimesis_jax.models.config import ModelConfig
 import contextlib
 
+# the batch arrays the old-log-prob scoring pass reads (recompute_old_logprobs; plan/compiled.py compiles it)
+SCORE_KEYS = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")
+
+
 def prepare_batch(trajectories: Sequence, rl: RLConfig, **pack_kw) -> PackedRL:
     """Advantages (grpo) + packing (rl_batch) of one optimizer step's trajectories, on the host."""
     if rl.credit == "infopo":
@@ -244,8 +248,7 @@ class RLStep:
         """batch with old_logp = log pi_theta of the current params at rl.temperature (a no-gradient scoring
         pass)."""
         with self._mesh_ctx():
-            keys = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")
-            old = self._score(params, {k: batch[k] for k in keys if k in batch})
+            old = self._score(params, {k: batch[k] for k in SCORE_KEYS if k in batch})
         if self.mesh is not None:  # laid out as `place` lays out the batch: the update compiles for one input
             old = jax.device_put(old, self._batch_sharding(old.shape))  # sharding (a no-op where XLA chose it)
         return dict(batch, old_logp=old)
