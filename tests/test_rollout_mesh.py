@@ -9,7 +9,8 @@ rollout_params; docs/decisions.md, "Rollouts on the mesh").
 * its samples equal the unsharded sampler's (params on one device, no mesh) token for token, greedy and at
   temperature 1;
 * an in-process Stage II simulator (build_user_side) sharded once on the rollout mesh, its judge sharing the
-  arrays (its samples there equal the one-device engine's: test_engine_rl.py);
+  arrays (its samples there equal the one-device engine's: test_engine_rl.py), and with rollout.engine its own
+  engine on that mesh: weights and pool split over `tensor`;
 * the sub-mesh of a process (local_rollout_mesh) on layouts of 2 processes x 4 devices;
 * slow: 2 jax.distributed processes x 4 CPU devices: each process's rollout params live sharded on its own 4
   devices (no leaf on one device, no full copy on a device) and its samples equal the one-process unsharded ones.
@@ -161,6 +162,36 @@ def test_in_process_simulator_is_sharded_once_on_the_rollout_mesh():
         for a, b in zip(jax.tree.leaves(sim.params), jax.tree.leaves(params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same weights, only placed
         # its samples on the mesh equal the one-device engine's: test_engine_rl.py, agentrl engine vs static
+    finally:
+        side.close()
+
+
+def test_in_process_engine_simulator_runs_on_the_rollout_mesh():
+    """rollout.engine=true: the Stage II simulator's own engine is built on the rollout mesh (data=4 x tensor=2),
+    its weights laid out as models.shard_params says and each device holding exactly half of every KV page, conv
+    window and DeltaNet state (the heads split over `tensor`); the same engine on one mesh equals the one-device
+    engine's tokens: test_engine_mesh.py."""
+    from mimesis_jax.config.rl import UserSideConfig
+    from mimesis_jax.rollout.engine import EngineConfig
+    from mimesis_jax.train.rl.chat_models import build_user_side
+
+    mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+    ec = EngineConfig(slots=2, page_size=4, num_pages=16, max_pages_per_seq=8, prefill_chunk=8, prefill_rows=1,
+                      decode_steps=2, num_states=5)
+    side = build_user_side(UserSideConfig(simulator="tiny", simulator_thinking=False, simulator_max_tokens=4),
+                           engine_config=lambda config: ec, mesh=distributed.rollout_mesh(mesh))
+    try:
+        eng = side.simulator.engine
+        assert eng.mesh is mesh and eng.ec == ec
+        want = models.shard_params(eng.config, side.simulator.local.params, mesh)
+        for a, b in zip(jax.tree.leaves(eng.params), jax.tree.leaves(want)):
+            assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        heads = {"k": 1, "v": 1, "conv": 3, "state": 2}  # paged_cache.pool_axes' heads dim of each leaf
+        assert set(eng.pool.cache) == set(heads)  # the tiny Qwen3.5: attention pages and linear-attention states
+        for key, x in eng.pool.cache.items():
+            assert x.sharding.spec[heads[key]] == "tensor", key
+            assert {s.data.nbytes for s in x.addressable_shards} == {x.nbytes // 2}, key
+            assert len(x.sharding.device_set) == 8
     finally:
         side.close()
 

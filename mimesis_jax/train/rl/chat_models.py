@@ -187,8 +187,9 @@ def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> User
     simulator's ModelConfig to its EngineConfig; an in-process model simulator then samples through its own
     rollout engine (rollout/engine.py), so each of the runner's user turns prefills only the dialogue's new tokens.
     mesh (the process's rollout mesh, `distributed.rollout_mesh`): an in-process simulator's LocalChatModels (and
-    model judges / coaches) sample on it, their frozen params sharded once when built; the engine simulator stays
-    on one device. Remote simulators and the toy user ignore both."""
+    model judges / coaches) sample on it, their frozen params sharded once when built, and the engine simulator
+    runs its programs there (params as models.shard_params lays them out, KV pages and Qwen3.5 states split over
+    heads on `tensor`: docs/engine.md, "On a mesh"). Remote simulators and the toy user ignore both."""
     key = u.key_env or None
     if u.coach == "toy-coach-shuffled" and u.simulator != "toy-user":
         raise ConfigError("config key 'users.coach': toy-coach-shuffled needs users.simulator=toy-user")
@@ -213,10 +214,13 @@ def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> User
         base = local_model(sim_spec, role="user", model_type="qwen3_5", mesh=mesh)
         sim = base
         if engine_config is not None:  # frozen: built once, never set_params
-            sim = engine_chat.EngineChatModel(base.config, jax.device_put(base.params, jax.local_devices()[0]), base.tok,
+            # on the rollout mesh the engine lays the (already sharded) params out as models.shard_params says and
+            # splits its pool over heads; without one, everything on this process's first device
+            params = base.params if mesh is not None else jax.device_put(base.params, jax.local_devices()[0])
+            sim = engine_chat.EngineChatModel(base.config, params, base.tok,
                                          engine_config=engine_config(base.config), generation_role="user",
                                          enable_thinking=base.enable_thinking, max_tokens=base.max_tokens,
-                                         seed=base.seed, name=base.name)
+                                         seed=base.seed, name=base.name, mesh=mesh)
         assistant = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
                                    max_tokens=u.coach_max_tokens, name=f"{base.name}-assistant", mesh=mesh)
         # The gyms' own user calls go through the same model: with the engine they are stateless requests (no
