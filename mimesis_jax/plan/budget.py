@@ -9,11 +9,10 @@ import itertools
 from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 from mimesis_jax.plan.devices import GiB, HEADROOM, Device, device_for
-from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, head_bytes, layer_residuals,
-                                     layer_weight_bytes, optimizer_bytes, param_bytes, prefill_bytes, saved_bytes,
-                                     table_bytes, vocab_layout, widths)
+from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, engine_pool_bytes, head_bytes, kv_head_split,
+                                     layer_residuals, layer_weight_bytes, optimizer_bytes, param_bytes, prefill_bytes,
+                                     saved_bytes, table_bytes, vocab_layout, widths)
 from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
-from mimesis_jax.rollout.engine import EngineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,21 +193,25 @@ def plan(w: Workload, device: Device) -> Plan:
     }
     train_peak = P + O + batch + max(phases.values())
     rollout_peak = 0
-    if w.engine is not None:  # rollout.engine: every dialogue of the step on one device's engine
+    if w.engine is not None:  # rollout.engine: every dialogue of the step on the engine, on the training mesh
         e = w.engine
-        ep = add("rollout", "engine parameters", param_bytes(m, {}),
-                 "the engine's copy of the fp32 parameters, whole, on its device (chat_models.engine_params)")
-        pool = add("rollout", "engine pool", e.pool_bytes,
-                   f"{e.num_pages} KV pages x {e.page_bytes} bytes ({e.page_size} tokens, full-attention layers, "
-                   f"compute dtype) + {e.num_states} state slots x {e.state_bytes} bytes (rollout/engine_sizing.py)")
-        W1 = widths(m, {})
+        ep = add("rollout", "engine parameters", 0,
+                 "none beyond the parameters: on one process the engine samples with the training arrays, laid out "
+                 "as the learner's (chat_models.engine_params -> distributed.rollout_params, no copy)")
+        pool = add("rollout", "engine pool", engine_pool_bytes(m, mesh, e.num_pages, e.page_size, e.num_states),
+                   f"{e.num_pages} KV pages x {e.page_size} tokens (full-attention layers, compute dtype)"
+                   + (f" + {e.num_states} state slots" if e.state_bytes else "")
+                   + f" (rollout/engine_sizing.py: {e.pool_bytes / 2 ** 30:.2f} GiB in all), split over heads on "
+                   "`tensor` (paged_cache.pool_axes)")
         S = e.max_pages_per_seq * e.page_size
-        ec = EngineConfig()
-        pf = max(prefill_bytes(m, W1, lt, ec.prefill_rows, ec.prefill_chunk, S) for lt in _layer_types(m))
-        work = add("rollout", "engine programs", max(pf, e.slots * (e.max_pages_per_seq + 1) * e.page_bytes),
+        ec = e.engine_config()
+        pf = max(prefill_bytes(m, W, lt, ec.prefill_rows, ec.prefill_chunk, S) for lt in _layer_types(m))
+        kvs = kv_head_split(m, mesh)
+        burst = e.slots * (e.max_pages_per_seq + 1) * e.page_bytes // kvs
+        work = add("rollout", "engine programs", max(pf, burst),
                    f"the larger of one prefill layer's forward ({ec.prefill_rows} rows x {ec.prefill_chunk} tokens "
                    f"attending {S}) and a decode burst's slot-major copy of its rows' pages ({e.slots} slots x "
-                   f"{e.max_pages_per_seq + 1} pages)")
+                   f"{e.max_pages_per_seq + 1} pages, its KV heads split {kvs} ways)")
         rollout_peak = P + O + ep + pool + work
     elif w.rollout is not None:
         r = w.rollout

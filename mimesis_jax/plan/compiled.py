@@ -15,13 +15,15 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   largest update program's batch, planned by budget.scoring_peak.
 
 * RL stages with rollout.engine=true: instead of the sampler, the rollout engine's decode burst
-  (rollout/engine_programs.py `decode_program`, the jnp path) on one device, its pool as rollout/engine_sizing.py
-  sizes it for the config, page tables max_pages_per_seq wide. Planned: the plan's engine parameters + pool +
-  programs rows. On the CPU backend the compiled program also holds a copy of every layer's weights: the paged
-  forward unrolls the layers (models/qwen3_paged.py), and XLA hoists their static slices of the stacked weights
-  out of the decode loop as loop invariants (measured on qwen3_8b_agentrl.py:grpo, float32: 87.64 planned /
-  114.58 compiled GiB, the 26.9 GiB difference the 25.9 GiB of layer weights + two [KVH, S, W * page, Dh]
-  slices of the burst copy); the planner leaves the copy out until a GPU compile shows whether it is there.
+  (rollout/engine_programs.py `decode_program`, the jnp path) on the training mesh, as the loops run the engine on
+  one process (PolicySampler: the learner's params, no copy; the pool as rollout/engine_sizing.py sizes it for the
+  config, split over KV heads as rollout/page_pool.py splits it), page tables max_pages_per_seq wide. Planned: the
+  plan's parameters + engine pool + engine programs rows (measured on qwen3_8b_agentrl.py:grpo, float32, 16
+  devices: 30.47 planned / 30.27 compiled GiB). On one device the program also held a copy of every layer's
+  weights (the paged forward unrolls the layers, models/qwen3_paged.py, and XLA hoisted their static slices out of
+  the decode loop: 87.64 planned / 114.58 compiled GiB); on the mesh, at the paper's 36 layers, the compiled
+  bytes are within 1% of the plan without it (a 4-layer cut still shows ~3 GiB of gathered weights and tables
+  beyond its plan: the hoisting depends on the layer count, so tests compile the paper's 36).
 
 Not compiled here: the engine's prefill program (its plan row is the larger of the two; for the paper configs the
 decode burst's copy).
@@ -198,14 +200,21 @@ def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dic
 
 
 def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
-    """One decode burst of the rollout engine sized for w (w.engine): fp32 params whole on one device, the
-    paged pool of `init_paged_cache`, page tables max_pages_per_seq wide, no sampling filter, the jnp attention
-    path (rollout/engine.py `decode_args` gives a real engine's arguments of the same shapes)."""
+    """One decode burst of the rollout engine sized for w (w.engine) on the training mesh, as the RL loops run it
+    on one process (PolicySampler: RolloutEngine(mesh=rollout_mesh)): the params in the learner's layout
+    (models.param_shardings; the engine's shard_params keeps it), the paged pool of `init_paged_cache` split as
+    rollout/page_pool.py splits it (paged_cache.pool_axes), page tables max_pages_per_seq wide, no sampling
+    filter, the jnp attention path (rollout/engine.py `decode_args` gives a real engine's arguments of the same
+    shapes)."""
+    from mimesis_jax.models import paged_cache
     from mimesis_jax.rollout import engine_programs, sampler
 
     m, ec = w.model, w.engine.engine_config()
+    mesh = _mesh(w.mesh)
     init = models.family(m, "paged").init_paged_cache
-    cache = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
+    shapes = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
+    cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes), shapes, m))
+    params = abstract(models.abstract_params(m), models.param_shardings(m, mesh))
     S = ec.slots
 
     def arr(dtype, *shape):
@@ -213,10 +222,11 @@ def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
 
     i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
     samp = (arr(u32, S), arr(u32, S), arr(f32, S), arr(f32, S), arr(i32, S), arr(f32, S))
-    lowered = engine_programs.decode_program.lower(
-        m, 0, None, ec.decode_steps, models.abstract_params(m), cache, arr(i32, S), arr(i32, S),
-        arr(jnp.bool_, S), arr(i32, S, ec.max_pages_per_seq), arr(i32, S), samp, arr(i32, S), arr(i32, S),
-        arr(i32, S, sampler.Buckets().stops(0)), arr(jnp.bool_))
+    with sharding.use_mesh(mesh):
+        lowered = engine_programs.decode_program.lower(
+            m, 0, None, ec.decode_steps, params, cache, arr(i32, S), arr(i32, S), arr(jnp.bool_, S),
+            arr(i32, S, ec.max_pages_per_seq), arr(i32, S), samp, arr(i32, S), arr(i32, S),
+            arr(i32, S, sampler.Buckets().stops(0)), arr(jnp.bool_))
     return compiled_total(lowered.compile(options))
 
 
@@ -260,7 +270,7 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
                                  else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
     if sampler and w.kind != "lm" and w.engine is not None:
         p, e = plan(w, dev), w.engine
-        planned = sum(p.item(n) for n in ("engine parameters", "engine pool", "engine programs"))
+        planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine pool", "engine programs"))
         out.append(ProgramMemory(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
                                  engine_decode_memory(w, options)))
     if sampler and w.kind != "lm" and w.engine is None:

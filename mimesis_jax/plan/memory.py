@@ -237,6 +237,23 @@ def table_bytes(model: ModelConfig, mesh: dict) -> int:
     return V * D * 4 // divisor(("vocab", None), (V, D), {"tensor": mesh.get("tensor", 1)}, model)
 
 
+def engine_pool_bytes(model: ModelConfig, mesh: dict, num_pages: int, page_size: int, states: int) -> int:
+    """Per-device bytes of the rollout engine's pool on `mesh` (RolloutEngine(mesh=...), rollout/page_pool.py):
+    its KV pages and Qwen3.5 state slots split over heads as paged_cache.pool_axes lays them out (exact,
+    jax.eval_shape); every device holds every page and slot of its heads."""
+    from mimesis_jax.models import paged_cache
+
+    init = models.family(model, "paged").init_paged_cache
+    shapes = jax.eval_shape(lambda: init(model, num_pages, page_size, states))
+    axes = paged_cache.pool_axes(shapes)
+    return sum(v.size * v.dtype.itemsize // divisor(axes[k], v.shape, mesh, model) for k, v in shapes.items())
+
+
+def kv_head_split(model: ModelConfig, mesh: dict) -> int:
+    """How many ways the KV heads are split on `mesh` (1 where `tensor` does not divide them)."""
+    return divisor(("act_kv_heads",), (model.num_key_value_heads,), mesh, model)
+
+
 def cache_bytes(model: ModelConfig, mesh: dict, batch: int, length: int) -> dict[str, int]:
     """Per-device bytes of the sampler's cache arrays (KV cache, DeltaNet state and conv window)."""
     shapes = jax.eval_shape(lambda: models.init_cache(model, batch, length))

@@ -126,7 +126,7 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
     per = "given by --rows" if rows is not None else "one per " + ("dialogue" if kind == "agentrl" else "rollout")
     notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
     engine = None
-    if r.engine:  # the policy samples through one rollout engine on one device instead of the sampler
+    if r.engine:  # the policy samples through one rollout engine on the training mesh instead of the sampler
         engine = rollout_sizing(r, model, rollout_batch)
         notes[-2] = f"rollout: {rollout_batch} dialogues in flight on the rollout engine (one process)"
         notes.append(f"rollout engine pool: {engine.describe()}")
