@@ -22,11 +22,13 @@ Chosen here (the paper is silent):
   micro-batches per update (`rl.num_microbatches`; 128 rows of 16,384 tokens = 4 rows per device per micro-batch):
   the update's peak is 67.7 GiB for 9B (206 GiB with 1, 114 with 2) and 45.1 GiB for 4B (150 / 80 with 1 / 2).
   At most 256 rollouts per sampler call (`rollout.max_batch`; 512 per step as 2 calls, the same samples): the
-  rollout phase's peak is 75.4 GiB for 9B and 63.8 for 4B (135 / 120 GiB with all 512 at once).
+  rollout phase's peak is 75.4 GiB for 9B and 63.8 for 4B (135 / 120 GiB with all 512 at once). On 2 processes
+  x 8 each holds its own parameter copy too: 9B then needs `--set rollout.max_batch=128` (`plan --processes 2`:
+  79.6 GiB with 256, 49.6 with 128).
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine on one device instead, its pool capped at
+  rollout.max_batch=0` samples through the rollout engine on the training mesh instead, its pool capped at
   `rollout.engine_memory_gib` = 16 GiB (uncapped: 512 rollouts x 16,384 tokens + their state slots, 281 GiB for
-  9B); `plan`: rollout peak 69.9 GiB for 9B (the engine's whole fp32 parameters are 33.4 of it). 16 GiB holds
+  9B), split over tensor=2; `plan`: rollout peak 24.5 GiB for 9B (28.7 on 2 processes x 8). 16 GiB holds
   166 state slots and 263k tokens, so with 512 rollouts in flight the engine evicts (engine/evictions);
 * fixed sides: any OpenAI-compatible endpoint for the judge; the ABCD support agent and the SOUL interlocutors
   default to the same endpoint (sides.support_agent / sides.partner to change).

@@ -23,13 +23,15 @@ Choices where the paper is silent (this project's):
   at 1.0, AdamW without weight decay;
 * at most 256 dialogues per sampler call (`rollout.max_batch`; 1,024 per step run as 4 calls with the same
   samples): the largest power of two whose rollout phase fits an A100-80GB on this mesh (`python -m mimesis_jax
-  plan`: KV cache 22.5 GiB + prefill 12 GiB, peak 53.2 of 76 usable GiB; all 1,024 at once need 191 GiB). The
+  plan`: KV cache 22.5 GiB + prefill 12 GiB, peak 53.2 of 76 usable GiB; all 1,024 at once need 191 GiB); on 2
+  processes x 8 each calls with 128 (`plan --processes 2`: 57.0 GiB, its own parameter copy included). The
   update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine instead, on one device: its pool is capped at
+  rollout.max_batch=0` samples through the rollout engine instead, on the training mesh: its pool is capped at
   `rollout.engine_memory_gib` = 16 GiB (the uncapped rule, 1,024 dialogues x 9,344 tokens, asks 1,314 GiB);
-  `plan` then counts the engine's whole fp32 parameters (30.5 GiB), the pool and a decode burst's page copy
-  (20.6 GiB): rollout peak 72.8 of 76 usable GiB. The pool holds 116k tokens, 113 per dialogue in flight, so the
+  `plan` then counts the pool split over tensor=2 (8 GiB per device) and a decode burst's page copy (10.3 GiB),
+  next to the training state: rollout peak 24.0 of 76 usable GiB (27.8 on 2 processes x 8, each with its own
+  parameter copy: `plan --processes 2`). The pool holds 116k tokens, 113 per dialogue in flight, so the
   engine evicts (engine/evictions) -- the static sampler is the paper setting;
 * the simulator is served (e.g. `serve --generation-role user` on the exported MIMESIS-9B, or vLLM) and also
   plays the gyms' judge and classifier; validation every 10 steps on the shipped evaluation tasks.

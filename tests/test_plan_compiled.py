@@ -141,3 +141,38 @@ def test_compiled_needs_the_mesh_devices(capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: --compiled") and "needs 16 devices" in err
     assert "XLA_FLAGS=--xla_force_host_platform_device_count=16" in err
+
+
+@pytest.mark.parametrize("config,extra", [("qwen3_8b_agentrl.py:grpo", []),
+                                          ("qwen3_8b_agentrl.py:grpo", ["rollout.engine=true", "rollout.max_batch=0"])])
+def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
+    """The paper Stage II config on 2 processes x 8 devices (2 nodes of 8 GPUs): each process samples its 64 of the
+    128 tasks on its own sub-mesh data=1,fsdp=4,tensor=2 with its own parameter copy (distributed.rollout_params)
+    and at most ceil(max_batch / 2) = 128 sequences per sampler call (distributed.process_max_batch) -- the
+    program that process compiles, built here on 8 devices, against `plan --processes 2`'s number for it
+    (measured, float32 compute, QUICK: sampler 98.81 planned / 98.37 compiled GiB; engine decode 32.38 / 33.46)."""
+    cfg = workload.load_run_config("configs/" + config, F32 + extra)
+    local = workload.process_mesh(dict(cfg.mesh.axes()), 2)
+    assert local == {"data": 1, "fsdp": 4, "tensor": 2}
+    cfg_p = workload.process_config(cfg, 2)
+    assert (cfg_p.rollout.prompts_per_step, cfg_p.rollout.max_batch) == (64, 0 if extra else 128)
+    (p,) = program_memory(cfg_p, local, "a100-80g", updates=False, options=QUICK)
+    assert p.name == ("engine decode 16x584 pages" if extra else "sampler 128x8192+2048")
+    assert within(p.planned, p.compiled), (p.planned / 2 ** 30, p.compiled / 2 ** 30)
+
+
+def test_plan_on_processes_names_the_key_that_fits(capsys):
+    """The 9B simulator config fits one 16-device process by 0.59 GiB; on 2 processes each holds its own parameter
+    copy (4.17 GiB per device) and no longer fits: `plan --processes 2` says so and names rollout.max_batch."""
+    args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(
+        ["--config", "configs/mimesis_simrl.py:9b", "--processes", "2"])
+    assert plan_cli.run(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-4].startswith("rollout on each of 2 processes: its sub-mesh data=1,fsdp=4,tensor=2, sampler calls "
+                              "of 128 x (14336 + 2048) tokens (32 of 64 tasks per step)")
+    assert out[-1].startswith("suggestion: --set rollout.max_batch=128 -> ")
+    assert "DOES NOT FIT on 2 processes" in out[-2]
+    args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(
+        ["--config", "configs/mimesis_simrl.py:9b", "--processes", "3"])
+    assert plan_cli.run(args) == 2
+    assert capsys.readouterr().err == "error: --processes 3: must be >= 1 and divide the mesh's 16 devices\n"

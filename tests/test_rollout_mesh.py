@@ -290,3 +290,29 @@ def test_two_processes_sample_on_their_own_devices(tmp_path):
         assert on_first < full / 3  # far from the whole fp32 model on one device
         print(f"process {i}: rollout params on its first device {on_first / MiB:.3f} of {full / MiB:.3f} MiB")
         assert got["tokens"] == [ref[r].tokens for r in got["rows"]]
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 2), (2, 4, 2), (1, 16, 1), (4, 2, 2)])
+@pytest.mark.parametrize("processes", [2, 4])
+def test_the_plans_process_mesh_is_the_loops(shape, processes, monkeypatch):
+    """workload.process_mesh (what `plan --processes` plans a process's rollout on) is the sub-mesh
+    distributed.local_rollout_mesh builds on every process, for the paper meshes and process-major devices."""
+    from mimesis_jax.plan.workload import process_mesh
+    n = int(np.prod(shape))
+    devs = np.asarray([_FakeDevice(i, i // (n // processes)) for i in range(n)], dtype=object).reshape(shape)
+    names = ("data", "fsdp", "tensor")
+    fake = types.SimpleNamespace(devices=devs, axis_names=names, axis_types=None, shape=dict(zip(names, shape)))
+    monkeypatch.setattr(distributed, "Mesh", lambda d, names, axis_types=None: d)
+    want = process_mesh(dict(zip(names, shape)), processes)
+    for me in range(processes):
+        monkeypatch.setattr(jax, "process_index", lambda me=me: me)
+        local = distributed.local_rollout_mesh(fake)
+        assert local.shape == tuple(want.values()), (me, local.shape, want)
+        assert sorted(d.id for d in local.flat) == list(range(me * n // processes, (me + 1) * n // processes))
+
+
+def test_each_process_caps_its_sampler_calls_at_its_share_of_max_batch(monkeypatch):
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert [distributed.process_max_batch(b) for b in (256, 5, 1, 0)] == [128, 3, 1, 0]
+    monkeypatch.setattr(jax, "process_count", lambda: 1)
+    assert distributed.process_max_batch(256) == 256

@@ -267,3 +267,13 @@ def plan_config(cfg, mesh: dict, device: str, rows: int | None = None) -> Plan:
     model = runtime_model(cfg)
     w = workload_from_config(cfg, mesh, model, rows)
     return plan(w, device_for(device, w.num_devices))
+
+
+def process_rollout_peak(global_plan: Plan, local_plan: Plan) -> int:
+    """Per-device bytes of the rollout phase on one of several jax.distributed processes: the training state each
+    device keeps (parameters and optimizer state, on the global mesh) + that process's rollout program on its own
+    sub-mesh -- its copy of the parameters (distributed.rollout_params: gathered to the host, sharded over its
+    devices) and the sampler's caches or the engine's pool. local_plan: the plan of workload.process_config on
+    workload.process_mesh."""
+    return (global_plan.item("parameters") + global_plan.item("optimizer state") + local_plan.rollout_peak
+            - local_plan.item("optimizer state"))

@@ -8,11 +8,11 @@ import sys
 import jax
 
 from mimesis_jax.models.config import ConfigError
-from mimesis_jax.plan.budget import Plan, plan_config
+from mimesis_jax.plan.budget import Plan, plan_config, process_rollout_peak
 from mimesis_jax.plan.compiled import format_programs, need_devices, program_memory
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan.suggestions import suggest
-from mimesis_jax.plan.workload import batch_shards, load_run_config, programs_text
+from mimesis_jax.plan.workload import batch_shards, load_run_config, process_config, process_mesh, programs_text
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -22,6 +22,10 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=None,
                    help="rows per optimizer update (default: train.global_batch; RL: one per dialogue / rollout)")
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
+    p.add_argument("--processes", type=int, default=1,
+                   help="RL stages: the run's jax.distributed processes (default 1); with N > 1 each process rolls "
+                        "out its share of the tasks on its own sub-mesh, with its own copy of the parameters, and "
+                        "the plan adds that rollout phase per device (and, with --compiled, its programs)")
     p.add_argument("--compiled", action="store_true",
                    help="also build and compile (abstract inputs, nothing allocated) the programs the loop compiles "
                         "and print their per-device bytes from XLA's memory analysis next to the plan's; needs the "
@@ -59,6 +63,44 @@ def format_plan(p: Plan, path: str = "") -> str:
     return "\n".join(lines)
 
 
+def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int) -> str:
+    """The rollout phase on each of `processes` processes (pp: the plan of one process's share on its sub-mesh)."""
+    peak = process_rollout_peak(p, pp)
+    rollout = pp.rollout_peak - pp.item("optimizer state")
+    total = max(p.train_peak, peak)
+    w = pp.workload
+    if w.engine is not None:
+        what = f"an engine for {w.engine.dialogues} dialogues in flight ({w.engine.pool_bytes / GiB:.2f} GiB pool)"
+    else:
+        what = f"sampler calls of {w.rollout.batch} x ({w.rollout.prompt_len} + {w.rollout.new_tokens}) tokens"
+    verdict = "FITS" if total <= p.usable else "DOES NOT FIT"
+    return "\n".join([
+        f"rollout on each of {processes} processes: its sub-mesh {mesh_text(pp.workload.mesh)}, "
+        f"{what} ({-(-tasks // processes)} of {tasks} tasks per step)",
+        f"  its rollout program {rollout / GiB:.2f} GiB per device (of which its own parameter copy "
+        f"{pp.item('parameters') / GiB:.2f} GiB) + the training state kept on every device "
+        f"{(p.item('parameters') + p.item('optimizer state')) / GiB:.2f} GiB = rollout peak {peak / GiB:.2f} GiB",
+        f"total {total / GiB:.2f} GiB of {p.device.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable): "
+        f"margin {(p.usable - total) / GiB:+.2f} GiB -> {verdict} on {processes} processes"])
+
+
+def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int) -> str:
+    """The largest rollout.max_batch (halving the config's) under which the rollout phase fits on `processes`
+    processes, or what to try instead."""
+    cap = cfg.rollout.max_batch or cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    if not cfg.rollout.engine:
+        local = process_mesh(mesh, processes)
+        while cap > 1:
+            cap //= 2
+            c = load_run_config(args.config, list(args.overrides) + [f"rollout.max_batch={cap}"])
+            pp = plan_config(process_config(c, processes), local, args.device, args.rows)
+            if max(p.train_peak, process_rollout_peak(p, pp)) <= p.usable:
+                return (f"suggestion: --set rollout.max_batch={cap} -> rollout peak "
+                        f"{process_rollout_peak(p, pp) / GiB:.2f} GiB -> FITS on {processes} processes")
+    return (f"suggestion: no rollout.max_batch fits on {processes} processes; lower rollout.engine_memory_gib "
+            "(engine) or add devices (--mesh)")
+
+
 def run(args) -> int:
     """`python -m mimesis_jax plan`: prints the plan (and a change that fits when it does not). 0, or 2 for a bad
     config, --mesh or --device (the message names it)."""
@@ -76,11 +118,25 @@ def run(args) -> int:
             if args.rows is not None:
                 raise ConfigError("--compiled: builds the loop's own shapes; drop --rows")
             need_devices(mesh)  # before the plan is printed: the one-line error names the flag to set
+        processes = getattr(args, "processes", 1)
+        local = process_mesh(mesh, processes)  # the one-line error for a count that does not divide the mesh
         p = plan_config(cfg, mesh, args.device, args.rows)
+        if processes > 1 and p.workload.kind == "lm":
+            raise ConfigError(f"--processes {processes}: only the RL stages roll out per process; an LM stage's "
+                              "plan is the same on any number of processes")
         print(format_plan(p, args.config))
+        if processes > 1:
+            cfg_p = process_config(cfg, processes)
+            pp = plan_config(cfg_p, local, args.device, args.rows)
+            print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step))
+            if max(p.train_peak, process_rollout_peak(p, pp)) > p.usable:
+                print(process_suggestion(args, cfg, mesh, p, processes))
         if getattr(args, "compiled", False):
             print(f"compiled programs ({jax.default_backend()} backend, {jax.device_count()} devices):")
             print(format_programs(program_memory(cfg, mesh, p.device), p.workload.model))
+            if processes > 1:
+                print(f"compiled rollout program of one process (its sub-mesh {mesh_text(local)}):")
+                print(format_programs(program_memory(cfg_p, local, p.device, updates=False), p.workload.model))
         if not p.fits:
             s = suggest(args.config, args.overrides, mesh, args.device, args.rows)
             if s is None:

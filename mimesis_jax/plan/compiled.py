@@ -246,15 +246,17 @@ def program_workloads(w: Workload) -> list[tuple[str, Workload]]:
 
 
 def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: bool = False,
-                   sampler: bool = True, options: dict = FAST) -> list[ProgramMemory]:
+                   sampler: bool = True, options: dict = FAST, updates: bool = True) -> list[ProgramMemory]:
     """Planned and compiled per-device bytes of every program `cfg`'s loop compiles on `mesh` (a dict of axis
     sizes; this process must see that many devices). largest_only: of the update ladder, its last (largest)
-    program only; sampler=False leaves the sampler out; options: XLA compile options (FAST or QUICK)."""
+    program only; sampler=False leaves the sampler (or engine) out, updates=False the update and scoring programs
+    (one process's rollout of several: cfg = workload.process_config, mesh = workload.process_mesh); options: XLA
+    compile options (FAST or QUICK)."""
     need_devices(mesh)
     w = workload_from_config(cfg, mesh, runtime_model(cfg))
     dev = device if isinstance(device, Device) else device_for(device, w.num_devices)
     out = []
-    progs = program_workloads(w)
+    progs = program_workloads(w) if updates else []
     for name, wp in (progs[-1:] if largest_only else progs):
         planned = plan(wp, dev).train_peak
         if w.kind == "lm":
@@ -264,7 +266,7 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         else:
             compiled = rl_step_memory(wp, cfg.rl, options)
         out.append(ProgramMemory(name, planned, compiled))
-    if w.kind != "lm" and getattr(cfg.rl, "old_logprobs", None) == "recompute":
+    if updates and w.kind != "lm" and getattr(cfg.rl, "old_logprobs", None) == "recompute":
         name, wp = progs[-1]
         out.append(ProgramMemory("old log-probs " + name.removeprefix("rl update").strip() if w.programs
                                  else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))

@@ -74,6 +74,38 @@ def batch_shards(model: ModelConfig, mesh: dict, rows: int) -> int:
     return divisor(("act_batch",), (rows,), mesh, model)
 
 
+def process_mesh(mesh: dict, processes: int) -> dict:
+    """One process's part of `mesh` (axis sizes) when `processes` jax.distributed processes hold equal shares of
+    its devices in process-major order, as jax.devices() lists them: the sub-mesh distributed.local_rollout_mesh
+    builds, on which that process samples. Its block is the innermost axes whole and a divisor of the next; a
+    block that is no sub-grid gets every local device on fsdp (else data), as local_rollout_mesh does."""
+    n = math.prod(mesh.values())
+    if processes < 1 or n % processes:
+        raise ConfigError(f"--processes {processes}: must be >= 1 and divide the mesh's {n} devices")
+    left, out = n // processes, {a: 1 for a in mesh}
+    for a in reversed(list(mesh)):
+        size = mesh[a]
+        if left >= size and left % size == 0:
+            out[a], left = size, left // size
+        elif left < size and size % left == 0:
+            out[a], left = left, 1
+        else:
+            break
+    if left != 1:  # no sub-grid: every local device on the axis the sampler splits rows over
+        out = {a: 1 for a in mesh}
+        out["fsdp" if "fsdp" in mesh else "data" if "data" in mesh else next(iter(mesh))] = n // processes
+    return out
+
+
+def process_config(cfg, processes: int):
+    """The config one of `processes` processes rolls out: its share of each step's tasks (distributed.process_share:
+    task i on process i % processes, so process 0 gets the most) and of rollout.max_batch
+    (distributed.process_max_batch), every other key the same."""
+    r = cfg.rollout
+    share, cap = -(-r.prompts_per_step // processes), -(-r.max_batch // processes)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(r, prompts_per_step=share, max_batch=cap))
+
+
 def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None = None) -> Workload:
     """The per-update workload of a RunConfig, AgentRLConfig or SimRLConfig on `mesh`.
 

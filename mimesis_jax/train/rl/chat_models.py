@@ -83,7 +83,8 @@ class PolicySampler:
         if self.engine is not None:
             return self.engine
         return LocalChatModel(self.model_config, distributed.rollout_params(self.model_config, params, self.mesh),
-                              self.tok, max_tokens=self.max_tokens, name=self.name, max_batch=self.r.max_batch,
+                              self.tok, max_tokens=self.max_tokens, name=self.name,
+                              max_batch=distributed.process_max_batch(self.r.max_batch),
                               mesh=distributed.rollout_mesh(self.mesh))
 
     def follow(self, params) -> None:

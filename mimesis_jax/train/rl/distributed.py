@@ -53,6 +53,14 @@ def process_share(n: int) -> list[int]:
     return [k for k in range(n) if k % p == i]
 
 
+def process_max_batch(max_batch: int) -> int:
+    """`rollout.max_batch` on this process. The key caps the sequences of one sampler call on the whole mesh; each
+    of P processes samples on its 1/P of the devices (`rollout_mesh`), so it calls with at most
+    ceil(max_batch / P): the per-device batch, hence the KV cache `plan` sized, is the one-process run's whatever
+    the process count (docs/decisions.md, "Rollouts on the mesh"). 0 (no cap) stays 0."""
+    return -(-max_batch // jax.process_count()) if max_batch else 0
+
+
 def gather_list(items: Sequence) -> list:
     """Every process's JSON-ready `items`, concatenated in process order (the list itself on one process)."""
     if jax.process_count() == 1:
