@@ -22,9 +22,9 @@ import pytest
 from helpers import subprocess_env
 from mimesis_jax.plan import cli as plan_cli
 from mimesis_jax.plan import workload
-from mimesis_jax.plan.budget import plan, scoring_peak
-from mimesis_jax.plan.compiled import (QUICK, engine_decode_memory, program_memory, program_workloads, scoring_memory,
-                                       within)
+from mimesis_jax.plan.budget import engine_prefill_bytes, engine_prefill_peak, plan, scoring_peak
+from mimesis_jax.plan.compiled import (QUICK, engine_decode_memory, engine_prefill_memory, program_memory,
+                                       program_workloads, scoring_memory, within)
 from mimesis_jax.plan.devices import device_for
 from mimesis_jax.plan.memory import param_bytes, table_bytes
 
@@ -118,6 +118,34 @@ def test_engine_decode_is_the_plan_plus_the_hoisted_layer_weights():
     gap = engine_decode_memory(w, QUICK) - planned
     layer_weights = param_bytes(m, {}) - 2 * table_bytes(m, {})
     assert within(gap, layer_weights + burst // 4), (gap / 2 ** 30, layer_weights / 2 ** 30, burst / 2 ** 32)
+
+
+def test_engine_prefill_is_the_plan_plus_the_layer_weights():
+    """The rollout engine's largest prefill chunk (4 rows x 64 tokens over 584-page tables; Qwen3 8B widths, 4
+    layers to keep the unrolled compile short, the engine sized for qwen3_8b_agentrl.py:grpo with
+    rollout.engine=true). Planned: the engine's params + pool + one layer's forward (budget.engine_prefill_bytes).
+    The CPU program holds beyond it a copy of every layer's weights: XLA's CPU schedule materialises all the
+    layers' static slices of the stacked weights (models/qwen3_paged.py unrolls the layers) at the program's
+    start, before the first layer runs, so every copy is live at once -- like the decode burst's hoisted copy, the
+    planner leaves it out until a GPU compile shows whether it is there (measured at 36 layers, float32: 47.38
+    planned / 73.29 compiled GiB, ratio 0.646; the gap 25.88 GiB of layer weights + 0.04 GiB)."""
+    cfg = workload.load_run_config("configs/qwen3_8b_agentrl.py:grpo",
+                                   F32 + ["rollout.engine=true", "rollout.max_batch=0"])
+    m = dataclasses.replace(workload.runtime_model(cfg), num_hidden_layers=4, layer_types=("full_attention",) * 4)
+    w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), m)
+    # by hand: gathered K and V 2 [4 rows, 8 KV heads, 9,344, 128] + fp32 scores and softmax 2 [4, 32 heads, 64,
+    # 9,344] + the mask [4, 64, 9,344] + q/k/v [4, 64, 32 + 16 heads, 128] + the residual stream 2 [4, 64, 4,096]
+    R, C, S = 4, 64, 9344
+    work = 2 * R * 8 * S * 128 * 4 + 2 * R * 32 * C * S * 4 + R * C * S + R * C * 48 * 128 * 4 + 2 * R * C * 4096 * 4
+    assert engine_prefill_bytes(w) == work
+    planned = engine_prefill_peak(w)
+    assert planned == param_bytes(m, {}) + w.engine.num_pages * w.engine.page_bytes + work
+    compiled = engine_prefill_memory(w, QUICK)
+    layer_weights = param_bytes(m, {}) - 2 * table_bytes(m, {})
+    assert within(compiled - planned, layer_weights), ((compiled - planned) / 2 ** 30, layer_weights / 2 ** 30)
+    # and what is left of the program beyond params, pool and the weight copy is the planned working set
+    rest = compiled - param_bytes(m, {}) - w.engine.pool_bytes - layer_weights
+    assert within(rest, work), (rest / 2 ** 20, work / 2 ** 20)
 
 
 def test_compiled_needs_the_mesh_devices(capsys):

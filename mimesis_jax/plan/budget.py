@@ -201,14 +201,14 @@ def plan(w: Workload, device: Device) -> Plan:
         pool = add("rollout", "engine pool", e.pool_bytes,
                    f"{e.num_pages} KV pages x {e.page_bytes} bytes ({e.page_size} tokens, full-attention layers, "
                    f"compute dtype) + {e.num_states} state slots x {e.state_bytes} bytes (rollout/engine_sizing.py)")
-        W1 = widths(m, {})
         S = e.max_pages_per_seq * e.page_size
         ec = EngineConfig()
-        pf = max(prefill_bytes(m, W1, lt, ec.prefill_rows, ec.prefill_chunk, S) for lt in _layer_types(m))
-        work = add("rollout", "engine programs", max(pf, e.slots * (e.max_pages_per_seq + 1) * e.page_bytes),
-                   f"the larger of one prefill layer's forward ({ec.prefill_rows} rows x {ec.prefill_chunk} tokens "
-                   f"attending {S}) and a decode burst's slot-major copy of its rows' pages ({e.slots} slots x "
-                   f"{e.max_pages_per_seq + 1} pages)")
+        pf, burst = engine_prefill_bytes(w), e.slots * (e.max_pages_per_seq + 1) * e.page_bytes
+        work = add("rollout", "engine programs", max(pf, burst),
+                   f"the larger of a prefill chunk's working set ({pf / GiB:.2f} GiB: one layer's forward over "
+                   f"{ec.prefill_rows} rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values) "
+                   f"and a decode burst's slot-major copy of its rows' pages ({burst / GiB:.2f} GiB: {e.slots} slots "
+                   f"x {e.max_pages_per_seq + 1} pages)")
         rollout_peak = P + O + ep + pool + work
     elif w.rollout is not None:
         r = w.rollout
@@ -232,6 +232,28 @@ def plan(w: Workload, device: Device) -> Plan:
         rollout_peak = P + O + kv + kv // 2 + rec + pf + st
     return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
 
+
+
+def engine_prefill_bytes(w: Workload) -> int:
+    """Working set of the rollout engine's largest prefill chunk (rollout/engine_programs.py `prefill_program`,
+    prefill_rows x prefill_chunk tokens over page tables max_pages_per_seq wide) on its one device, beyond its
+    params and pool: one layer's no-gradient forward (`prefill_bytes`, nothing split); an attention layer's
+    attention is the paged one whatever model.attention_impl says (models/paged_cache.py `paged_attention`): the
+    rows' keys and values gathered from their pages (2 [R, KVH, S, Dh], compute dtype), 2 fp32 [R, H, C, S]
+    (scores, softmax) and the boolean mask [R, C, S]."""
+    m, e, ec = w.model, w.engine, EngineConfig()
+    c = DTYPES[m.dtype].dtype.itemsize
+    W1 = widths(m, {})
+    R, C, S = ec.prefill_rows, ec.prefill_chunk, e.max_pages_per_seq * e.page_size
+    paged = 2 * R * W1.KVH * S * W1.Dh * c + 2 * R * W1.H * C * S * 4 + R * C * S
+    return max(prefill_bytes(m, W1, lt, R, C, S, paged if lt == "full_attention" else None)
+               for lt in _layer_types(m))
+
+
+def engine_prefill_peak(w: Workload) -> int:
+    """Per-device bytes of the engine's largest prefill chunk: the engine's fp32 params (whole), its pool and
+    `engine_prefill_bytes` (the plan's engine parameters + pool + the prefill part of engine programs)."""
+    return int(param_bytes(w.model, {}) + w.engine.pool_bytes + engine_prefill_bytes(w))
 
 
 def scoring_peak(w: Workload) -> int:

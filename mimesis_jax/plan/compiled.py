@@ -23,8 +23,12 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   114.58 compiled GiB, the 26.9 GiB difference the 25.9 GiB of layer weights + two [KVH, S, W * page, Dh]
   slices of the burst copy); the planner leaves the copy out until a GPU compile shows whether it is there.
 
-Not compiled here: the engine's prefill program (its plan row is the larger of the two; for the paper configs the
-decode burst's copy).
+  And the engine's largest prefill chunk (rollout/engine_programs.py `prefill_program`: prefill_rows x
+  prefill_chunk tokens, page tables max_pages_per_seq wide), planned by budget.engine_prefill_peak (the engine's
+  params + pool + one layer's forward over the gathered pages). The CPU program holds a copy of every layer's
+  weights here too: with the layers unrolled and no loop, XLA's CPU schedule materialises all the layers' static
+  weight slices at the program's start (measured on qwen3_8b_agentrl.py:grpo, float32: 47.38 planned / 73.29
+  compiled GiB, the 25.9 GiB difference the layer weights + 0.04 GiB); left out of the plan like the decode copy.
 
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
 the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
@@ -42,7 +46,7 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.plan.budget import plan, scoring_peak
+from mimesis_jax.plan.budget import engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
 from mimesis_jax.profiling import memory_bytes
@@ -203,9 +207,8 @@ def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
     path (rollout/engine.py `decode_args` gives a real engine's arguments of the same shapes)."""
     from mimesis_jax.rollout import engine_programs, sampler
 
-    m, ec = w.model, w.engine.engine_config()
-    init = models.family(m, "paged").init_paged_cache
-    cache = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
+    m = w.model
+    ec, cache = _engine_cache(w)
     S = ec.slots
 
     def arr(dtype, *shape):
@@ -217,6 +220,34 @@ def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
         m, 0, None, ec.decode_steps, models.abstract_params(m), cache, arr(i32, S), arr(i32, S),
         arr(jnp.bool_, S), arr(i32, S, ec.max_pages_per_seq), arr(i32, S), samp, arr(i32, S), arr(i32, S),
         arr(i32, S, sampler.Buckets().stops(0)), arr(jnp.bool_))
+    return compiled_total(lowered.compile(options))
+
+
+def _engine_cache(w: Workload):
+    """The engine's paged pool for w (w.engine), abstract: `init_paged_cache` of the model's family."""
+    m, ec = w.model, w.engine.engine_config()
+    init = models.family(m, "paged").init_paged_cache
+    return ec, jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
+
+
+def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
+    """One prefill chunk of the rollout engine sized for w (w.engine): rollout/engine_programs.py `prefill_program`
+    on its largest call, prefill_rows x prefill_chunk tokens over page tables max_pages_per_seq wide, fp32 params
+    whole on one device, no sampling filter, the jnp attention path (as rollout/engine.py `_warmup` calls it)."""
+    from mimesis_jax.rollout import engine_programs
+
+    m = w.model
+    ec, cache = _engine_cache(w)
+    R, C = ec.prefill_rows, ec.prefill_chunk
+
+    def arr(dtype, *shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
+    samp = (arr(u32, R), arr(u32, R), arr(f32, R), arr(f32, R), arr(i32, R), arr(f32, R))
+    lowered = engine_programs.prefill_program.lower(
+        m, 0, None, models.abstract_params(m), cache, arr(i32, R, C), arr(i32, R), arr(i32, R),
+        arr(i32, R, ec.max_pages_per_seq), arr(i32, R), samp)
     return compiled_total(lowered.compile(options))
 
 
@@ -260,6 +291,9 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
                                  else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
     if sampler and w.kind != "lm" and w.engine is not None:
         p, e = plan(w, dev), w.engine
+        ec = e.engine_config()
+        out.append(ProgramMemory(f"engine prefill {ec.prefill_rows}x{ec.prefill_chunk}, {e.max_pages_per_seq} pages",
+                                 engine_prefill_peak(w), engine_prefill_memory(w, options)))
         planned = sum(p.item(n) for n in ("engine parameters", "engine pool", "engine programs"))
         out.append(ProgramMemory(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
                                  engine_decode_memory(w, options)))
