@@ -23,8 +23,9 @@ from helpers import subprocess_env
 from mimesis_jax.plan import cli as plan_cli
 from mimesis_jax.plan import workload
 from mimesis_jax.plan.budget import engine_prefill_bytes, engine_prefill_peak, plan, scoring_peak
-from mimesis_jax.plan.compiled import (QUICK, engine_decode_memory, engine_prefill_memory, program_memory,
-                                       program_workloads, scoring_memory, within)
+from mimesis_jax.plan.compiled import (PALLAS_ON_CPU, QUICK, ProgramMemory, engine_decode_memory,
+                                       engine_prefill_memory, format_programs, program_memory, program_workloads,
+                                       scoring_memory, within)
 from mimesis_jax.plan.devices import device_for
 from mimesis_jax.plan.memory import param_bytes, table_bytes
 
@@ -146,6 +147,25 @@ def test_engine_prefill_is_the_plan_plus_the_layer_weights():
     # and what is left of the program beyond params, pool and the weight copy is the planned working set
     rest = compiled - param_bytes(m, {}) - w.engine.pool_bytes - layer_weights
     assert within(rest, work), (rest / 2 ** 20, work / 2 ** 20)
+
+
+def test_pallas_attention_is_planned_as_blockwise_and_the_cpu_compile_says_it_interprets(capsys):
+    """attention_impl=pallas: the plan counts the blockwise backend's blocks (a note says so), and the --compiled
+    table notes that the CPU backend compiles the kernels' interpreter, not the kernels (plan/compiled.py)."""
+    argv = ["--config", "configs/tiny_sft.py", "--device", "cpu", "--set", "model.attention_impl=pallas"]
+    assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)) == 0
+    out = capsys.readouterr().out
+    assert "pallas attention" in out and "note: attention_impl=pallas is planned as blockwise" in out
+    cfg = workload.load_run_config("configs/tiny_sft.py", ["model.attention_impl=pallas"])
+    w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 1}, workload.runtime_model(cfg))
+    blockwise = dataclasses.replace(w, model=dataclasses.replace(w.model, attention_impl="blockwise"))
+    dev = device_for("cpu", 8)
+    assert plan(w, dev).train_peak == plan(blockwise, dev).train_peak
+    table = format_programs([ProgramMemory("train step", 3 * 2 ** 30, 2 * 2 ** 30)], w.model)
+    assert table.splitlines()[1].split()[-3:] == ["3.00", "2.00", "1.500"]
+    assert table.splitlines()[-1] == f"  note: {PALLAS_ON_CPU}"
+    assert "interpret mode" in PALLAS_ON_CPU
+    assert "note" not in format_programs([ProgramMemory("train step", 1, 1)], blockwise.model)
 
 
 def test_compiled_needs_the_mesh_devices(capsys):

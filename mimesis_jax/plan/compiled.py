@@ -60,6 +60,9 @@ FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes"
 # --compiled` reports FAST's.
 QUICK = FAST | {"xla_cpu_use_fusion_emitters": False}
 TOLERANCE = 0.15  # |planned / compiled - 1| the tests accept
+PALLAS_ON_CPU = ("attention_impl=pallas: the CPU backend cannot compile its GPU (Triton) or TPU (Splash) kernels and "
+                 "runs them in Pallas interpret mode (models/pallas_attention.py), so these compiled bytes are the "
+                 "interpreter's; a GPU or TPU compile decides the kernels' own")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,4 +317,6 @@ def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
         lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32: its float "
                      "normalization adds float32 copies of the saved-activation stack and of the KV cache that a GPU "
                      "program does not hold; --set train.dtype=float32 compares like with like")
+    if jax.default_backend() == "cpu" and model.attention_impl == "pallas":
+        lines.append(f"  note: {PALLAS_ON_CPU}")
     return "\n".join(lines)
