@@ -13,7 +13,6 @@ from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, head_bytes, 
                                      layer_weight_bytes, optimizer_bytes, param_bytes, prefill_bytes, saved_bytes,
                                      table_bytes, vocab_layout, widths)
 from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
-from mimesis_jax.rollout.engine import EngineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +201,7 @@ def plan(w: Workload, device: Device) -> Plan:
                    f"{e.num_pages} KV pages x {e.page_bytes} bytes ({e.page_size} tokens, full-attention layers, "
                    f"compute dtype) + {e.num_states} state slots x {e.state_bytes} bytes (rollout/engine_sizing.py)")
         S = e.max_pages_per_seq * e.page_size
-        ec = EngineConfig()
+        ec = e.engine_config()
         pf, burst = engine_prefill_bytes(w), e.slots * (e.max_pages_per_seq + 1) * e.page_bytes
         work = add("rollout", "engine programs", max(pf, burst),
                    f"the larger of a prefill chunk's working set ({pf / GiB:.2f} GiB: one layer's forward over "
@@ -241,7 +240,8 @@ def engine_prefill_bytes(w: Workload) -> int:
     attention is the paged one whatever model.attention_impl says (models/paged_cache.py `paged_attention`): the
     rows' keys and values gathered from their pages (2 [R, KVH, S, Dh], compute dtype), 2 fp32 [R, H, C, S]
     (scores, softmax) and the boolean mask [R, C, S]."""
-    m, e, ec = w.model, w.engine, EngineConfig()
+    m, e = w.model, w.engine
+    ec = e.engine_config()
     c = DTYPES[m.dtype].dtype.itemsize
     W1 = widths(m, {})
     R, C, S = ec.prefill_rows, ec.prefill_chunk, e.max_pages_per_seq * e.page_size
