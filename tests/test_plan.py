@@ -8,6 +8,7 @@ import jax
 import pytest
 
 from mimesis_jax import models, sharding
+from mimesis_jax.algorithms.rl_batch import ladder_for_config
 from mimesis_jax.config import OptimizerConfig
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.plan import budget, devices, memory, suggestions, workload
@@ -97,7 +98,8 @@ def test_rl_step_and_sampler_match_compiled_memory():
     # GRPO as configs/tiny_agentrl.py:grpo runs it (no remat, dense attention), and its sampler
     cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo")
     w = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
-    assert (w.rows, w.row_len, w.head_len, w.rollout) == (8, 256, 64, workload.Rollout(32, 256, 32))
+    # the head is the ladder's: the whole row (rl_batch.ShapeLadder), not the 2 x 24 agent tokens bucketed to 64
+    assert (w.rows, w.row_len, w.head_len, w.rollout) == (8, 256, 256, workload.Rollout(32, 256, 32))
     p = budget.plan(w, devices.DEVICES["cpu"])
     compiled = rl_step_memory(w, cfg.rl)
     assert within(p.train_peak, compiled), (p.train_peak, compiled)
@@ -118,7 +120,7 @@ def test_rl_step_and_sampler_match_compiled_memory():
                  "model.attention_block_k=64"]
     cfg = workload.load_run_config("configs/tiny_agentrl.py:csd", paper_way)
     w = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
-    assert (w.branch_len, w.branch_head_len) == (640, 64)
+    assert (w.branch_len, w.branch_head_len) == (640, 256)
     planned = budget.plan(w, devices.DEVICES["cpu"]).train_peak
     compiled = rl_step_memory(w, cfg.rl)
     assert within(planned, compiled), (planned, compiled)
@@ -185,6 +187,23 @@ def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
         assert one.train_peak > p.usable > p.train_peak
         # 4 rows per device per micro-batch instead of 16: the saved activations shrink 4x
         assert one.item("activations (saved)") == 4 * p.item("activations (saved)")
+
+
+@pytest.mark.parametrize("name,top", [("qwen3_8b_agentrl.py:grpo", (128, 9344, 9344, 0, 0)),
+                                      ("qwen3_8b_agentrl.py:csd", (128, 9344, 9344, 12800, 9344))])
+def test_paper_stage2_plan_is_the_ladders_top_rung(name, top):
+    """The plan's update shapes are the largest rung of each field of the shape ladder the loop compiles (rows,
+    row_len, head, branch, branch_head; rl_batch.ShapeLadder), not the agent-token bound: the head is the whole
+    9,344-token row, not the 8,192 agent tokens the context leaves past the 1,152-token prompt."""
+    cfg = workload.load_run_config(f"configs/{name}")
+    mesh = dict(cfg.mesh.axes())
+    p = budget.plan_config(cfg, mesh, "a100-80g")
+    w = p.workload
+    assert (w.rows, w.row_len, w.head_len, w.branch_len, w.branch_head_len) == top
+    ladder = ladder_for_config(cfg, 4 * 8)  # 4 micro-batches x the 8 fsdp batch shards
+    assert ladder.programs()[-1] == top == w.programs[-1]
+    # kept LM-head inputs: 4 rows per device x 9,344 positions x (4,096 bf16 hidden + fp32 log-sum-exp, 8 bytes)
+    assert p.item("LM head (kept)") == 4 * 9344 * (4096 * 2 + 8)
 
 
 def test_paper_rl_configs_get_a_change_that_fits():

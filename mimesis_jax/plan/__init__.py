@@ -29,11 +29,17 @@ joint RL):
   (`init_cache` shapes placed by `cache_axes`) for one sampler call -- rollout.max_batch sequences (0: the whole
   rollout batch, prompts_per_step x group_size), bucketed, at the longest context -- one prefill layer's working
   set and the logits, next to the parameters and optimizer state (resident while the policy samples). Chunked
-  calls run one after another, so only one chunk's cache is live.
+  calls run one after another, so only one chunk's cache is live. With rollout.engine=true instead: the engine
+  on the training mesh -- the learner's parameters (no copy on one process), its page pool split over KV heads,
+  and the larger of a prefill chunk (one layer over the rows' gathered pages, with the layers' weight shards and
+  the gathered LM head the CPU program copies) and a decode burst's slot-major copy of its rows' pages.
+  `--processes N` adds, per process, its own parameter copy over its sub-mesh and its share of the tasks.
 
 RL row counts depend on the data; the default is the worst case Stage II allows (every dialogue fills a row of
 rollout.row_len tokens) and one row per rollout for Stage I's joint RL (a rollout's segments pack into one row);
-`--rows` overrides it.
+`--rows` overrides it. With a shape ladder (Stage II with rollout.row_len set) every update shape is the ladder's
+top rung (`workload.ladder_top`: rows, row length, LM-head positions = the whole row, CSD branch and branch-head
+lengths), the largest program the loop compiles.
 
 The peak is the larger of the train step and the rollout phase; a config FITS when the peak is at most the
 device's memory less `HEADROOM`. When it does not, `suggest` re-plans single changes and pairs of them (remat

@@ -205,13 +205,15 @@ def plan(w: Workload, device: Device) -> Plan:
                    "`tensor` (paged_cache.pool_axes)")
         S = e.max_pages_per_seq * e.page_size
         ec = e.engine_config()
-        pf = max(prefill_bytes(m, W, lt, ec.prefill_rows, ec.prefill_chunk, S) for lt in _layer_types(m))
         kvs = kv_head_split(m, mesh)
+        pf = engine_prefill_bytes(w) + engine_prefill_copies(w)
         burst = e.slots * (e.max_pages_per_seq + 1) * e.page_bytes // kvs
         work = add("rollout", "engine programs", max(pf, burst),
-                   f"the larger of one prefill layer's forward ({ec.prefill_rows} rows x {ec.prefill_chunk} tokens "
-                   f"attending {S}) and a decode burst's slot-major copy of its rows' pages ({e.slots} slots x "
-                   f"{e.max_pages_per_seq + 1} pages, its KV heads split {kvs} ways)")
+                   f"the larger of a prefill chunk's ({pf / GiB:.2f} GiB: one layer's forward over {ec.prefill_rows} "
+                   f"rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values, a copy of the "
+                   "layers' weight shards and the gathered LM head) "
+                   f"and a decode burst's slot-major copy of its rows' pages ({burst / GiB:.2f} GiB: {e.slots} slots "
+                   f"x {e.max_pages_per_seq + 1} pages), heads split {kvs} ways on `tensor`")
         rollout_peak = P + O + ep + pool + work
     elif w.rollout is not None:
         r = w.rollout
@@ -235,6 +237,44 @@ def plan(w: Workload, device: Device) -> Plan:
         rollout_peak = P + O + kv + kv // 2 + rec + pf + st
     return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
 
+
+
+def engine_prefill_bytes(w: Workload) -> int:
+    """Working set of the rollout engine's largest prefill chunk (rollout/engine_programs.py `prefill_program`,
+    prefill_rows x prefill_chunk tokens over page tables max_pages_per_seq wide) on the training mesh, beyond its
+    params and pool: one layer's no-gradient forward (`prefill_bytes`, heads split over `tensor` as the engine's
+    weights and pool are; rows and tokens are not split); an attention layer's
+    attention is the paged one whatever model.attention_impl says (models/paged_cache.py `paged_attention`): the
+    rows' keys and values gathered from their pages (2 [R, KVH, S, Dh], compute dtype), 2 fp32 [R, H, C, S]
+    (scores, softmax) and the boolean mask [R, C, S]."""
+    m, e = w.model, w.engine
+    ec = e.engine_config()
+    c = DTYPES[m.dtype].dtype.itemsize
+    W = widths(m, w.mesh)
+    R, C, S = ec.prefill_rows, ec.prefill_chunk, e.max_pages_per_seq * e.page_size
+    paged = 2 * R * W.KVH * S * W.Dh * c + 2 * R * W.H * C * S * 4 + R * C * S
+    return max(prefill_bytes(m, W, lt, R, C, S, paged if lt == "full_attention" else None)
+               for lt in _layer_types(m))
+
+
+def engine_prefill_copies(w: Workload) -> int:
+    """What the engine's prefill program holds beyond its working set on the CPU backend: a copy of every layer's
+    weight shards (the paged forward unrolls the layers, models/qwen3_paged.py, and XLA materialises every layer's
+    static slice of the stacked weights at the program's start) and the LM head's table gathered over fsdp
+    (compute dtype). Counted, so the plan errs high where a GPU compile may not keep them (none was lent here)."""
+    m, mesh = w.model, w.mesh
+    c = DTYPES[m.dtype].dtype.itemsize
+    layers = sum(n * layer_weight_bytes(m, mesh, lt, split=True) for lt, n in _layer_types(m).items())
+    return int(layers + table_bytes(m, mesh) * c // 4)
+
+
+def engine_prefill_peak(w: Workload) -> int:
+    """Per-device bytes of the engine's largest prefill chunk on the training mesh: the parameters (the learner's
+    shards), its pool's shard, `engine_prefill_bytes` and `engine_prefill_copies` (the plan's parameters + engine
+    pool + the prefill part of engine programs)."""
+    e = w.engine
+    pool = engine_pool_bytes(w.model, w.mesh, e.num_pages, e.page_size, e.num_states)
+    return int(param_bytes(w.model, w.mesh) + pool + engine_prefill_bytes(w) + engine_prefill_copies(w))
 
 
 def scoring_peak(w: Workload) -> int:

@@ -50,6 +50,9 @@ def format_plan(p: Plan, path: str = "") -> str:
         f"{w.microbatches} micro-batch(es)), remat {m.remat}, {m.attention_impl} attention, {m.dtype} compute",
     ]
     lines += [f"  note: {n}" for n in w.notes]
+    if m.attention_impl == "pallas":
+        lines.append("  note: attention_impl=pallas is planned as blockwise (its fp32 score blocks, which the kernels "
+                     "keep on chip: an over-count); the rollout engine's paged attention is the jnp path either way")
     lines += programs_text(w)
     lines.append(f"  {'phase':8s}  {'component':28s} {'GiB':>9s}  formula")
     for it in p.items:

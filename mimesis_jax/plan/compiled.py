@@ -25,8 +25,14 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   bytes are within 1% of the plan without it (a 4-layer cut still shows ~3 GiB of gathered weights and tables
   beyond its plan: the hoisting depends on the layer count, so tests compile the paper's 36).
 
-Not compiled here: the engine's prefill program (its plan row is the larger of the two; for the paper configs the
-decode burst's copy).
+  And the engine's largest prefill chunk (rollout/engine_programs.py `prefill_program`: prefill_rows x
+  prefill_chunk tokens, page tables max_pages_per_seq wide), planned by budget.engine_prefill_peak (params + pool
+  + one layer's forward over the gathered pages + budget.engine_prefill_copies: with the layers unrolled and no
+  loop, XLA's CPU schedule materialises every layer's static weight slice at the program's start, and the LM
+  head's table gathered). Measured on qwen3_8b_agentrl.py:grpo, float32, 16 devices: 13.13 planned / 12.83
+  compiled GiB. On one process's fsdp=4 sub-mesh of 2 it gathers every layer's whole weights instead (28.95
+  compiled / 16.65 planned GiB), still under the plan's engine figure, the decode burst's 32.38; on one device
+  47.38 / 73.29 before the copies were counted.
 
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
 the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
@@ -44,7 +50,7 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.plan.budget import plan, scoring_peak
+from mimesis_jax.plan.budget import engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
 from mimesis_jax.profiling import memory_bytes
@@ -58,6 +64,9 @@ FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes"
 # --compiled` reports FAST's.
 QUICK = FAST | {"xla_cpu_use_fusion_emitters": False}
 TOLERANCE = 0.15  # |planned / compiled - 1| the tests accept
+PALLAS_ON_CPU = ("attention_impl=pallas: the CPU backend cannot compile its GPU (Triton) or TPU (Splash) kernels and "
+                 "runs them in Pallas interpret mode (models/pallas_attention.py), so these compiled bytes are the "
+                 "interpreter's; a GPU or TPU compile decides the kernels' own")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,21 +209,13 @@ def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dic
 
 
 def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
-    """One decode burst of the rollout engine sized for w (w.engine) on the training mesh, as the RL loops run it
-    on one process (PolicySampler: RolloutEngine(mesh=rollout_mesh)): the params in the learner's layout
-    (models.param_shardings; the engine's shard_params keeps it), the paged pool of `init_paged_cache` split as
-    rollout/page_pool.py splits it (paged_cache.pool_axes), page tables max_pages_per_seq wide, no sampling
-    filter, the jnp attention path (rollout/engine.py `decode_args` gives a real engine's arguments of the same
-    shapes)."""
-    from mimesis_jax.models import paged_cache
+    """One decode burst of the rollout engine sized for w (w.engine) on the training mesh (`_engine_inputs`), page
+    tables max_pages_per_seq wide, no sampling filter, the jnp attention path (rollout/engine.py `decode_args`
+    gives a real engine's arguments of the same shapes)."""
     from mimesis_jax.rollout import engine_programs, sampler
 
-    m, ec = w.model, w.engine.engine_config()
-    mesh = _mesh(w.mesh)
-    init = models.family(m, "paged").init_paged_cache
-    shapes = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
-    cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes), shapes, m))
-    params = abstract(models.abstract_params(m), models.param_shardings(m, mesh))
+    m = w.model
+    ec, mesh, params, cache = _engine_inputs(w)
     S = ec.slots
 
     def arr(dtype, *shape):
@@ -227,6 +228,44 @@ def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
             m, 0, None, ec.decode_steps, params, cache, arr(i32, S), arr(i32, S), arr(jnp.bool_, S),
             arr(i32, S, ec.max_pages_per_seq), arr(i32, S), samp, arr(i32, S), arr(i32, S),
             arr(i32, S, sampler.Buckets().stops(0)), arr(jnp.bool_))
+    return compiled_total(lowered.compile(options))
+
+
+def _engine_inputs(w: Workload):
+    """(EngineConfig, mesh, params, pool) of the rollout engine sized for w (w.engine) on the training mesh, as the
+    RL loops run it on one process (PolicySampler: RolloutEngine(mesh=rollout_mesh)), abstract: the params in the
+    learner's layout (models.param_shardings; the engine's shard_params keeps it) and the paged pool of the model
+    family's `init_paged_cache` split as rollout/page_pool.py splits it (paged_cache.pool_axes)."""
+    from mimesis_jax.models import paged_cache
+
+    m, ec = w.model, w.engine.engine_config()
+    mesh = _mesh(w.mesh)
+    init = models.family(m, "paged").init_paged_cache
+    shapes = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
+    cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes), shapes, m))
+    return ec, mesh, abstract(models.abstract_params(m), models.param_shardings(m, mesh)), cache
+
+
+def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
+    """One prefill chunk of the rollout engine sized for w (w.engine) on the training mesh (`_engine_inputs`):
+    rollout/engine_programs.py `prefill_program` on its largest call, prefill_rows x prefill_chunk tokens over page
+    tables max_pages_per_seq wide, no sampling filter, the jnp attention path (as rollout/engine.py `_warmup`
+    calls it)."""
+    from mimesis_jax.rollout import engine_programs
+
+    m = w.model
+    ec, mesh, params, cache = _engine_inputs(w)
+    R, C = ec.prefill_rows, ec.prefill_chunk
+
+    def arr(dtype, *shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
+    samp = (arr(u32, R), arr(u32, R), arr(f32, R), arr(f32, R), arr(i32, R), arr(f32, R))
+    with sharding.use_mesh(mesh):
+        lowered = engine_programs.prefill_program.lower(
+            m, 0, None, params, cache, arr(i32, R, C), arr(i32, R), arr(i32, R),
+            arr(i32, R, ec.max_pages_per_seq), arr(i32, R), samp)
     return compiled_total(lowered.compile(options))
 
 
@@ -272,6 +311,9 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
                                  else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
     if sampler and w.kind != "lm" and w.engine is not None:
         p, e = plan(w, dev), w.engine
+        ec = e.engine_config()
+        out.append(ProgramMemory(f"engine prefill {ec.prefill_rows}x{ec.prefill_chunk}, {e.max_pages_per_seq} pages",
+                                 engine_prefill_peak(w), engine_prefill_memory(w, options)))
         planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine pool", "engine programs"))
         out.append(ProgramMemory(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
                                  engine_decode_memory(w, options)))
@@ -292,4 +334,6 @@ def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
         lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32: its float "
                      "normalization adds float32 copies of the saved-activation stack and of the KV cache that a GPU "
                      "program does not hold; --set train.dtype=float32 compares like with like")
+    if jax.default_backend() == "cpu" and model.attention_impl == "pallas":
+        lines.append(f"  note: {PALLAS_ON_CPU}")
     return "\n".join(lines)

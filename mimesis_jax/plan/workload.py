@@ -166,8 +166,19 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
             notes.append("an in-process simulator's own engine (same rollout.engine* keys) is not counted")
     ladder = ladder_for_config(cfg, multiple) if kind == "agentrl" else None
     programs = tuple(ladder.programs()) if ladder is not None else ()
+    if programs:  # the shapes the loop compiles: each field's top rung (the head is the row, not the agent bound)
+        top = ladder_top(programs)
+        n = top[0] if rows is None else n
+        T, head, branch, branch_head = top[1:]
     return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
                     head, True, branch, branch_head, roll, tuple(notes), programs, engine)
+
+
+def ladder_top(programs) -> tuple[int, ...]:
+    """The largest rung of each shape field (SHAPE_FIELDS) over a ladder's programs: what the planner's figures
+    assume. On rl_batch.ShapeLadder it is its largest program (head = row_len, branch_head = min(branch,
+    row_len) follow the rows and branch rungs)."""
+    return tuple(max(k[i] for k in programs) for i in range(len(SHAPE_FIELDS)))
 
 
 def programs_text(w: Workload) -> list[str]:
