@@ -145,7 +145,7 @@ def test_engine_prefill_working_set_and_copies_by_hand():
     """The rollout engine's largest prefill chunk on the paper Stage II mesh (fsdp=8, tensor=2; 4 rows x 64 tokens
     over 584-page tables, Qwen3 8B widths): its working set (budget.engine_prefill_bytes) and the copies the CPU
     program holds beyond it (engine_prefill_copies), by hand. The whole program is compiled against the plan on 16
-    devices at 36 layers (test_paper_rl_programs_match_the_plan; measured in float32: 13.13 planned / 12.83
+    devices at 36 layers (test_paper_rl_programs_match_the_plan; measured in float32: 13.12 planned / 12.83
     compiled GiB, 10.35 without the copies)."""
     cfg = workload.load_run_config("configs/qwen3_8b_agentrl.py:grpo",
                                    F32 + ["rollout.engine=true", "rollout.max_batch=0"])

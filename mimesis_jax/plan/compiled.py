@@ -29,7 +29,7 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   prefill_chunk tokens, page tables max_pages_per_seq wide), planned by budget.engine_prefill_peak (params + pool
   + one layer's forward over the gathered pages + budget.engine_prefill_copies: with the layers unrolled and no
   loop, XLA's CPU schedule materialises every layer's static weight slice at the program's start, and the LM
-  head's table gathered). Measured on qwen3_8b_agentrl.py:grpo, float32, 16 devices: 13.13 planned / 12.83
+  head's table gathered). Measured on qwen3_8b_agentrl.py:grpo, float32, 16 devices: 13.12 planned / 12.83
   compiled GiB. On one process's fsdp=4 sub-mesh of 2 it gathers every layer's whole weights instead (28.95
   compiled / 16.65 planned GiB), still under the plan's engine figure, the decode burst's 32.38; on one device
   47.38 / 73.29 before the copies were counted.
@@ -216,19 +216,25 @@ def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
 
     m = w.model
     ec, mesh, params, cache = _engine_inputs(w)
-    S = ec.slots
-
-    def arr(dtype, *shape):
-        return jax.ShapeDtypeStruct(shape, dtype)
-
-    i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
-    samp = (arr(u32, S), arr(u32, S), arr(f32, S), arr(f32, S), arr(i32, S), arr(f32, S))
+    S, arr, samp = ec.slots, _arr, _sampling_args(ec.slots)
+    i32 = jnp.int32
     with sharding.use_mesh(mesh):
         lowered = engine_programs.decode_program.lower(
             m, 0, None, ec.decode_steps, params, cache, arr(i32, S), arr(i32, S), arr(jnp.bool_, S),
             arr(i32, S, ec.max_pages_per_seq), arr(i32, S), samp, arr(i32, S), arr(i32, S),
             arr(i32, S, sampler.Buckets().stops(0)), arr(jnp.bool_))
     return compiled_total(lowered.compile(options))
+
+
+def _arr(dtype, *shape):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _sampling_args(n: int) -> tuple:
+    """The engine programs' per-row sampling arguments (seeds, salts, temperature, log-prob temperature, top-k,
+    top-p) for n rows, abstract and unplaced (the programs replicate them)."""
+    i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
+    return (_arr(u32, n), _arr(u32, n), _arr(f32, n), _arr(f32, n), _arr(i32, n), _arr(f32, n))
 
 
 def _engine_inputs(w: Workload):
@@ -255,13 +261,8 @@ def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
 
     m = w.model
     ec, mesh, params, cache = _engine_inputs(w)
-    R, C = ec.prefill_rows, ec.prefill_chunk
-
-    def arr(dtype, *shape):
-        return jax.ShapeDtypeStruct(shape, dtype)
-
-    i32, f32, u32 = jnp.int32, jnp.float32, jnp.uint32
-    samp = (arr(u32, R), arr(u32, R), arr(f32, R), arr(f32, R), arr(i32, R), arr(f32, R))
+    R, C, arr, samp = ec.prefill_rows, ec.prefill_chunk, _arr, _sampling_args(ec.prefill_rows)
+    i32 = jnp.int32
     with sharding.use_mesh(mesh):
         lowered = engine_programs.prefill_program.lower(
             m, 0, None, params, cache, arr(i32, R, C), arr(i32, R), arr(i32, R),
