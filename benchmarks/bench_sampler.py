@@ -15,13 +15,16 @@ fold_in(fold_in(key(seed), row), step), the log-prob at T):
   (host preparation, transfers and the prefill cancel out).
 * **reference**: a plain decode loop written in this file (its own [L, B, S, KVH, Dh] KV cache in a
   `lax.fori_loop` carry, a Python loop over the layers, the Qwen3 layer math spelt out, no masks beyond
-  "slot < filled"), jitted, timed for the same N - 1 decode steps after its own prefill.
+  "slot < filled"), jitted, timed for the same N - 1 decode steps after its own prefill. It keeps each token's
+  log-prob as the sampler does (the RL loops need them; a loop that discarded them would let XLA skip the
+  log-softmax over V every step and time less work).
 
 Rounds alternate the two paths (the machine may be shared: each path's best round is reported) and the printed
 ratio is sampler / reference (goal <= 1.1), in wall time and in this process's CPU time (steadier under load).
 `--reference-argmax first` gives the reference the sampler's `first_argmax` (same tokens) to compare the rest of
-the step like for like; the default reference uses jnp.argmax / jax.random.categorical as a plain loop would. As a check that the two paths compute the same thing, the fraction of
-generated tokens on which they agree is printed (1.0 up to rare float ties between the two implementations).
+the step like for like; the default reference uses jnp.argmax / jax.random.categorical as a plain loop would. As
+a check that the two paths compute the same thing, the fraction of generated tokens on which they agree is printed (1.0 up to rare float ties between the two implementations), with
+the largest log-prob difference on the agreeing tokens.
 `--count-compiles` also prints how many XLA compilations each round of the sampler triggered (0 after round 1).
 """
 
@@ -140,19 +143,22 @@ def reference_prefill(cfg, params, prompts, n_new, temperature, top_k, top_p, se
 
 @functools.partial(jax.jit, static_argnums=(0, 6, 7, 8, 9, 10))
 def reference_decode(cfg, params, tok, cache, row_keys, P, n_new, temperature, top_k, top_p, argmax):
-    """Decode steps 1..n_new-1 after the prefill (the token of step 0 is `tok`); returns tokens [B, n_new - 1]."""
+    """Decode steps 1..n_new-1 after the prefill (the token of step 0 is `tok`); returns the tokens and their
+    log-probs [B, n_new] (step 0's left 0): the sampler returns both, and a loop that dropped the log-probs would
+    let XLA drop their log-softmax over V from every step."""
     B = tok.shape[0]
     out = jnp.zeros((B, n_new), jnp.int32).at[:, 0].set(tok)
+    out_lp = jnp.zeros((B, n_new), jnp.float32)
 
     def body(i, carry):
-        tok, cache, out = carry
+        tok, cache, out, out_lp = carry
         pos = jnp.full((B, 1), P + i - 1, jnp.int32)
         logits, cache = _forward(cfg, params, cache, tok[:, None], pos, P + i - 1)
-        tok, _ = _sample(logits, row_keys, i, temperature, top_k, top_p, argmax)
-        return tok, cache, out.at[:, i].set(tok)
+        tok, lp = _sample(logits, row_keys, i, temperature, top_k, top_p, argmax)
+        return tok, cache, out.at[:, i].set(tok), out_lp.at[:, i].set(lp)
 
-    _, _, out = jax.lax.fori_loop(1, n_new, body, (tok, cache, out))
-    return out
+    _, _, out, out_lp = jax.lax.fori_loop(1, n_new, body, (tok, cache, out, out_lp))
+    return out, out_lp
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -211,28 +217,31 @@ def main(argv=None):
         tok, _, cache, keys = jax.block_until_ready(reference_prefill(cfg, params, jprompts, *static, args.seed,
                                                                       args.reference_argmax))
         t0, c0 = time.perf_counter(), time.process_time()
-        out = jax.block_until_ready(reference_decode(cfg, params, tok, cache, keys, P, *static,
-                                                     args.reference_argmax))
-        return (time.perf_counter() - t0, time.process_time() - c0), np.asarray(out)
+        out, lp = jax.block_until_ready(reference_decode(cfg, params, tok, cache, keys, P, *static,
+                                                         args.reference_argmax))
+        return (time.perf_counter() - t0, time.process_time() - c0), (np.asarray(out), np.asarray(lp))
 
     t_first, _ = run_sampler(N)
     run_sampler(1)
     run_reference()
     print(f"warm-up (compiles both sampler programs and the reference): first sampler call {t_first[0]:.2f} s; "
           f"{counter.n} compilations so far", flush=True)
-    full, short, ref, agree = [], [], [], []
+    full, short, ref, agree, lp_gap = [], [], [], [], []
     for r in range(args.rounds):
         before = counter.n
         tf, out = run_sampler(N)
         ts, _ = run_sampler(1)
         new_compiles = counter.n - before
-        tr, ref_tok = run_reference()
+        tr, (ref_tok, ref_lp) = run_reference()
         full.append(tf)
         short.append(ts)
         ref.append(tr)
         tf, ts, tr = tf[0], ts[0], tr[0]
         toks = np.array([s.tokens for s in out])
         agree.append(float(np.mean(toks == ref_tok)))
+        same = (toks == ref_tok)[:, 1:]  # decode steps whose tokens agree: their log-probs must too
+        lp_gap.append(float(np.max(np.abs(np.array([s.logprobs for s in out])[:, 1:] - ref_lp[:, 1:])[same],
+                                   initial=0.0)))
         print(f"  round {r + 1}: sampler {N} tokens {tf * 1e3:7.1f} ms, 1 token {ts * 1e3:6.1f} ms "
               f"-> decode {(tf - ts) / (N - 1) * 1e3:6.2f} ms/step | reference decode "
               f"{tr / (N - 1) * 1e3:6.2f} ms/step | compilations this round: {new_compiles}", flush=True)
@@ -243,12 +252,12 @@ def main(argv=None):
     cpu_ratio = (min(t[1] for t in full) - min(t[1] for t in short)) / min(t[1] for t in ref)
     print(f"sampler steady-state decode: {samp_step * 1e3:.2f} ms/step = {samp_step / B * 1e3:.3f} ms/token "
           f"({B / samp_step:.0f} tok/s); whole call {min(t[0] for t in full) / N / B * 1e3:.3f} ms/token")
-    print(f"reference fori_loop decode ({args.reference_argmax} argmax):  {ref_step * 1e3:.2f} ms/step = {ref_step / B * 1e3:.3f} ms/token "
-          f"({B / ref_step:.0f} tok/s)")
+    print(f"reference fori_loop decode ({args.reference_argmax} argmax):  {ref_step * 1e3:.2f} ms/step = "
+          f"{ref_step / B * 1e3:.3f} ms/token ({B / ref_step:.0f} tok/s)")
     print(f"ratio sampler / reference: {samp_step / ref_step:.3f} wall, {cpu_ratio:.3f} CPU time  (goal <= 1.1); "
-          f"tokens agreeing with the reference: {min(agree):.3f}")
+          f"tokens agreeing with the reference: {min(agree):.3f}, their log-probs within {max(lp_gap):.1e}")
     return {"sampler_step": samp_step, "reference_step": ref_step, "ratio": samp_step / ref_step,
-            "cpu_ratio": cpu_ratio, "agree": min(agree)}
+            "cpu_ratio": cpu_ratio, "agree": min(agree), "logprob_gap": max(lp_gap)}
 
 
 if __name__ == "__main__":
