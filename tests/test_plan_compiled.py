@@ -66,9 +66,9 @@ def test_paper_rl_programs_are_the_loops_on_their_16_device_mesh(rl_programs):
                                  ("qwen3_8b_agentrl.py:grpo", "sampler 256x8192+2048"),
                                  ("qwen3_8b_agentrl.py:csd", "rl update 128x9344x9344x12800x9344"),
                                  ("qwen3_8b_agentrl.py:csd", "old log-probs 128x9344x9344x12800x9344"),
-                                 ("mimesis_simrl.py:4b", "rl update"),
+                                 ("mimesis_simrl.py:4b", "rl update 128x16384x16384x0x0"),
                                  ("mimesis_simrl.py:4b", "sampler 256x14336+2048"),
-                                 ("mimesis_simrl.py:9b", "rl update"),
+                                 ("mimesis_simrl.py:9b", "rl update 128x16384x16384x0x0"),
                                  ("mimesis_simrl.py:9b", "sampler 256x14336+2048")]
 
 
