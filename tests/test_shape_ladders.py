@@ -3,7 +3,9 @@ structure (configs/qwen3_8b_agentrl.py: rows of 9,344 tokens, 16 prompts x 8 dia
 4 micro-batches on fsdp 8) 200 mini-batches pack to at most 4 GRPO and 6 CSD step programs, all of them listed by
 the ladder (what `plan` prints), with the padding cost of the ladders counted from the sizes and checked against
 the packed arrays; padding leaves the loss and gradients of the unpadded batch; the learner's logged
-num_compilations (jax's compile events) equals the distinct shapes its packing produced."""
+num_compilations (jax's compile events) equals the distinct shapes its packing produced. Stage I.3 the same way
+(configs/mimesis_simrl.py:9b: 200 mini-batches of simulator segments, at most 3 programs, listed by `plan` with
+its one sampler program)."""
 
 import dataclasses
 import os
