@@ -125,10 +125,11 @@ def test_rl_step_and_sampler_match_compiled_memory():
     compiled = rl_step_memory(w, cfg.rl)
     assert within(planned, compiled), (planned, compiled)
 
-    # the Qwen3.5 simulator's sampler (tiny_simrl: 16 rollouts, 2,024-token prompts -> bucket 2,048, 24 -> 32 new)
+    # the Qwen3.5 simulator's one sampler program (tiny_simrl: 16 rollouts, prompts padded to the 2,024 tokens the
+    # 2,048-token budget leaves, 24 -> 32 new: chat_models.fixed_buckets)
     cfg = workload.load_run_config("configs/tiny_simrl.py")
     w = workload.workload_from_config(cfg, axes, workload.runtime_model(cfg))
-    assert w.rollout == workload.Rollout(16, 2048, 32)
+    assert w.rollout == workload.Rollout(16, 2024, 32) and w.fixed_sampler
     p = budget.plan(w, devices.DEVICES["cpu"])
     compiled = sampler_memory(w)
     assert within(p.rollout_peak - p.item("optimizer state"), compiled), (p.rollout_peak, compiled)

@@ -382,6 +382,22 @@ def test_compiled_once_per_bucket():
     assert sampler.Buckets(prompt_step=1024).prompt(1500) == 2048 and sampler.Buckets().prompt(2049) == 3072
 
 
+def test_fixed_buckets_give_one_shape_within_their_bounds():
+    """Buckets.fixed (the simulator RL loop's sampler, chat_models.fixed_buckets): every call within the bounds
+    gets the same (batch, prompt, new tokens); past them the usual ladders."""
+    from mimesis_jax.config.rl import SimRolloutConfig
+    from mimesis_jax.train.rl.chat_models import fixed_buckets
+
+    bk = sampler.Buckets.fixed(6, 1528, 8)
+    assert {(bk.batch(n), bk.prompt(p), bk.new_tokens(8)) for n in (1, 4, 6) for p in (1, 700, 1100, 1528)} == \
+        {(8, 1528, 8)}
+    assert (bk.batch(9), bk.prompt(1529)) == (16, 2048) and bk.batch(3, multiple=16) == 16
+    r = SimRolloutConfig(max_tokens=8, row_len=1536, max_context_tokens=1536, max_batch=4)
+    got = fixed_buckets(r, 8, 6)
+    assert {(got.batch(n), got.prompt(1), got.new_tokens(8)) for n in (2, 4)} == {(4, 1528, 8)}  # 6 = 4 + 2: chunks
+    assert fixed_buckets(SimRolloutConfig(max_tokens=8), 8, 6) is None  # no context budget: the default ladders
+
+
 def test_sharded_equals_single_device(model):
     config, params = model
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})

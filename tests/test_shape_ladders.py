@@ -3,7 +3,9 @@ structure (configs/qwen3_8b_agentrl.py: rows of 9,344 tokens, 16 prompts x 8 dia
 4 micro-batches on fsdp 8) 200 mini-batches pack to at most 4 GRPO and 6 CSD step programs, all of them listed by
 the ladder (what `plan` prints), with the padding cost of the ladders counted from the sizes and checked against
 the packed arrays; padding leaves the loss and gradients of the unpadded batch; the learner's logged
-num_compilations (jax's compile events) equals the distinct shapes its packing produced."""
+num_compilations (jax's compile events) equals the distinct shapes its packing produced. Stage I.3 the same way
+(configs/mimesis_simrl.py:9b: 200 mini-batches of simulator segments, at most 3 programs, listed by `plan` with
+its one sampler program)."""
 
 import dataclasses
 import os
@@ -261,3 +263,82 @@ def test_paper_configs_plan_their_programs():
                                                                                             row_len=0)),
                                          {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
     assert bare.programs == () and "not bounded" in workload.programs_text(bare)[0]
+
+
+# ------------------------------------------------------------------------------ Stage I.3 (simulator RL)
+SIMRL = os.path.join(ROOT, "configs", "mimesis_simrl.py:9b")
+SIM_MINIBATCHES = 200
+
+
+def _sim_rollout(rng, r, max_user_turns):
+    """One simulator rollout's segments [(trunk, agent tokens)]: 60% single-turn (one segment), else 2 ..
+    domains.max_user_turns policy turns; a first prompt of 300..3,000 tokens, each turn's thought + utterance
+    log-normal around 600 tokens (<= rollout.max_tokens), its prompt the dialogue so far (+ the partner's reply,
+    20..300, and 8 template tokens per turn), ending before prompt + max_tokens would pass the context budget."""
+    turns = 1 if rng.rand() < 0.6 else rng.randint(2, max_user_turns + 1)
+    prompt, segs = rng.randint(300, 3001), []
+    for _ in range(turns):
+        if prompt + r.max_tokens > r.max_context_tokens:
+            break
+        a = int(min(r.max_tokens, max(1, rng.lognormal(np.log(600), 0.6))))
+        segs.append((prompt + a, a))
+        prompt += a + rng.randint(20, 301) + 8
+    return segs
+
+
+def test_simrl_paper_mix_compiles_a_bounded_known_set_of_programs():
+    """configs/mimesis_simrl.py:9b (rows of 16,384 tokens, 16 prompts x 8 rollouts per mini-batch, 4 micro-batches
+    on data 2 x fsdp 4): 200 mini-batches of a synthetic mix (each policy turn its own segment, ~460 segments per
+    mini-batch) pack to at most the ladder's 3 GRPO programs (64 / 96 / 128 rows: 1/2, 3/4, 1 of one row per
+    rollout), none past it, every one listed by `plan`; the padding cost is printed (and checked against a
+    NumPy count). The first 20 mini-batches on the fine ladders the packer used before need more programs."""
+    cfg, multiple = _paper_sim()
+    r = cfg.rollout
+    ladder = rl_batch.ladder_for_config(cfg, multiple)
+    assert multiple == 32 and ladder == rl_batch.ShapeLadder(16384, (64, 96, 128))
+    w = workload.workload_from_config(cfg, {"data": 2, "fsdp": 4, "tensor": 2}, cfg.model)
+    listed = ladder.programs()
+    assert listed == list(w.programs) and len(listed) == 3
+    rng = np.random.RandomState(7)
+    seen, before, padded, real = {}, set(), np.zeros(2, np.int64), np.zeros(2, np.int64)
+    for i in range(SIM_MINIBATCHES):
+        segs = [s for _ in range(r.mini_batch_prompts * r.group_size)
+                for s in _sim_rollout(rng, r, cfg.domains.max_user_turns)]
+        s = np.array(segs, np.int64).T
+        key, overflow = rl_batch.ladder_shape_key(s, ladder, multiple)
+        assert not overflow and key in listed
+        seen[key] = seen.get(key, 0) + 1
+        p, q = _padding(key, s, False)
+        padded, real = padded + p, real + q
+        if i < 20:
+            _, old, _ = rl_batch._choose_shapes(s, [ladder.row_len, None], fused=False, ladder=None, num_rows=None,
+                                                head_len=None, branch_len=None, branch_head_len=None,
+                                                rows_multiple=multiple, pad_multiple=64)
+            before.add(old)
+    cost = padded / real
+    print(f"simrl: {len(seen)} programs over {SIM_MINIBATCHES} mini-batches (fine ladders, first 20: "
+          f"{len(before)}); uses {dict(sorted(seen.items()))}; padded / real tokens: trunk {cost[0]:.3f}, "
+          f"head {cost[1]:.3f}")
+    assert len(seen) <= 3 < len(before)
+    assert sum(seen.values()) == SIM_MINIBATCHES and padded[0] == sum(k[0] * k[1] * n for k, n in seen.items())
+
+
+def _paper_sim():
+    cfg = workload.load_run_config(SIMRL)
+    m = cfg.mesh
+    return cfg, cfg.rl.num_microbatches * workload.batch_multiple(cfg.model, {"data": m.data, "fsdp": m.fsdp,
+                                                                               "tensor": m.tensor})
+
+
+def test_simrl_plan_lists_its_step_and_sampler_programs():
+    """`plan` for the 9B simulator config: its 3 step programs and its one sampler program (the loop's
+    chat_models.fixed_buckets: 256 rollouts per call, prompts padded to 16,384 - 2,048 tokens, 2,048 new);
+    rollout.row_rungs sets the rows (here one program of 2 rows per rollout)."""
+    cfg, _ = _paper_sim()
+    mesh = {"data": 2, "fsdp": 4, "tensor": 2}
+    text = workload.programs_text(workload.workload_from_config(cfg, mesh, cfg.model))
+    assert text == ["step programs: 3 (rows x row_len x head x branch x branch_head, cheapest first): "
+                    "64x16384x16384x0x0, 96x16384x16384x0x0, 128x16384x16384x0x0",
+                    "sampler programs: 1 (batch x prompt + new tokens): 256x14336+2048"]
+    two = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_rungs=(2.0,)))
+    assert workload.workload_from_config(two, mesh, cfg.model).programs == ((256, 16384, 16384, 0, 0),)

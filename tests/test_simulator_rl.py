@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from mimesis_jax import cli
+from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
 from mimesis_jax.models.config import ConfigError
+from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout.base import ChatResponse
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.data.trajectory import Segment, Trajectory
@@ -35,7 +37,10 @@ SMALL = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts
          "mesh.fsdp=1",  # one device: the tiny Qwen3.5 gains nothing from the 8 fake devices but compile time
          # rows of 1,536 tokens, = the context budget (as the 9B config sets both equal): the sampled ABCD dialogues
          # reach 1,338 tokens with the tiny tokenizer, and the config's 2,048 made each step ~1.8x the attention work
-         "rollout.row_len=1536", "rollout.max_context_tokens=1536"]
+         "rollout.row_len=1536", "rollout.max_context_tokens=1536",
+         # one step program: 2 rows per dialogue (an ABCD rollout's two 700..1,338-token segments need a row each)
+         # for every mini-batch; one sampler program: calls of <= 4 sequences (also test_invalid_rollouts' 6)
+         "rollout.row_rungs=(2.0,)", "rollout.max_batch=4"]
 
 
 class FlakyJudge(ToyBehaviourJudge):
@@ -57,21 +62,50 @@ def _strip(rec):
     return {k: v for k, v in rec.items() if k not in TIMING}
 
 
+def _recording_sampler(mp, shapes):
+    """Records the (batch, prompt, new tokens) of every compiled sampler call (sampler.generate_bucket)."""
+    inner = sampler.generate_bucket
+
+    def call(config, params, n_new, filtering, tokens, *a, **kw):
+        shapes.add((*tokens.shape, n_new, filtering))
+        return inner(config, params, n_new, filtering, tokens, *a, **kw)
+    mp.setattr(sampler, "generate_bucket", call)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     wd = tmp_path_factory.mktemp("simrl")
-    seen = {}
+    seen, shapes, packed = {}, set(), []
     # rollout.max_context_tokens = row_len (SMALL): test_row_len_equal_to_the_context_limit_trains reads this run's
     # first step; validation runs at step 2 only
-    res = S.run(S.load(CONFIG, SMALL + ["train.steps=2"]),
-                str(wd), handle_signals=False,
-                on_rollouts=lambda step, outs: seen.__setitem__(step, outs), log=lambda *a: None)
-    return res, seen
+    with pytest.MonkeyPatch.context() as mp:
+        _recording_sampler(mp, shapes)
+        pack = rl_batch.pack_trajectories
+        mp.setattr(rl_batch, "pack_trajectories", lambda *a, **kw: packed.append(pack(*a, **kw)) or packed[-1])
+        traced = sampler.trace_count()
+        res = S.run(S.load(CONFIG, SMALL + ["train.steps=2"]),
+                    str(wd), handle_signals=False,
+                    on_rollouts=lambda step, outs: seen.__setitem__(step, outs), log=lambda *a: None)
+    return res, seen, {"sampler_shapes": shapes, "sampler_traces": sampler.trace_count() - traced,
+                       "packed": packed}
+
+
+@pytest.mark.slow  # early in a worker: see the module docstring
+def test_one_step_program_and_one_sampler_program(straight):
+    """The run's fixed shapes (rl_batch.ladder_for_config, chat_models.fixed_buckets): every mini-batch of both
+    steps packs to the ladder's one program, 4 rows of 1,536 tokens (2 per dialogue), and every policy call,
+    validation included, to one sampler program: 4 sequences x the 1,528-token prompts the context budget allows
+    (1,536 - 8 new tokens) + 8 new tokens; each compiled once (the metrics' num_compilations; sampler traces)."""
+    res, _, c = straight
+    assert [res.metrics[s]["num_compilations"] for s in (1, 2)] == [1, 1]
+    assert {p.shape_key for p in c["packed"]} == {(4, 1536, 1536, 0, 0)} and len(c["packed"]) == 4
+    assert not any(p.ladder_overflow for p in c["packed"])
+    assert c["sampler_shapes"] == {(4, 1528, 8, 0)} and c["sampler_traces"] <= 1
 
 
 @pytest.mark.slow  # early in a worker: see the module docstring
 def test_metrics_domains_and_unique_rollout_ids(straight):
-    res, seen = straight
+    res, seen, _ = straight
     assert sorted(res.metrics) == [1, 2] and res.checkpoint_step == 2
     domains_seen = set()
     for step, rec in res.metrics.items():
@@ -102,7 +136,7 @@ def test_metrics_domains_and_unique_rollout_ids(straight):
 
 @pytest.mark.slow  # early in a worker: see the module docstring
 def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_path):
-    res, _ = straight
+    res, _, _ = straight
     args = ["simrl", "--config", CONFIG, "--workdir", str(tmp_path), "--set"] + SMALL
     assert cli.main(args + ["train.steps=1", "checkpoint.every=1"]) == 0
     assert cli.main(args + ["train.steps=2", "checkpoint.every=1"]) == 0  # resumes from step 1
@@ -124,7 +158,7 @@ def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
     from mimesis_jax.checkpoints import load_trained
     from mimesis_jax.train.export import export_hf
 
-    res, _ = straight
+    res, _, _ = straight
     assert export_hf(res.workdir, str(tmp_path / "hf"), log=lambda *a: None) == 2
     config, params = models.load_hf(str(tmp_path / "hf"))
     mc, trained, step, tok = load_trained(res.workdir)
@@ -139,8 +173,13 @@ def test_invalid_rollouts_leave_their_group(tmp_path):
     seen = {}
     cfg = S.load(CONFIG, SMALL + ["train.steps=1", "rollout.group_size=3", "rollout.min_valid_per_group=2",
                                   'domains.weights=(("abcd_behaviour", 1.0),)'])
-    res = S.run(cfg, str(tmp_path), sides=sides, handle_signals=False,
-                on_rollouts=lambda step, outs: seen.__setitem__(step, outs), log=lambda *a: None)
+    shapes = set()
+    with pytest.MonkeyPatch.context() as mp:
+        _recording_sampler(mp, shapes)
+        res = S.run(cfg, str(tmp_path), sides=sides, handle_signals=False,
+                    on_rollouts=lambda step, outs: seen.__setitem__(step, outs), log=lambda *a: None)
+    # 6 rollouts in chunks of rollout.max_batch=4: the module run's one sampler program (compiled there once)
+    assert shapes == {(4, 1528, 8, 0)}
     n_invalid = 0
     for step, rec in res.metrics.items():
         outs = seen[step]
@@ -189,6 +228,7 @@ def test_fold_advantages_count_each_rollout_once():
     (['domains.sources=(("hitom", "/no/such/file.jsonl"),)'], "domains.sources.*does not exist"),
     (["rollout.group_size=1"], "rollout.group_size"),
     (["domains.neutral_share=1.5"], "domains.neutral_share"),
+    (["rollout.row_rungs=(0.5, 0.0)"], "'rollout.row_rungs': must be a tuple of finite numbers > 0"),
 ])
 def test_config_errors_name_the_key(tmp_path, sets, match):
     with pytest.raises(ConfigError, match=match):
@@ -229,7 +269,7 @@ def test_row_len_equal_to_the_context_limit_trains(straight):
     """row_len == rollout.max_context_tokens (as the 9B config sets it): every policy turn's segment (its prompt and
     sample) fits one row and the step trains. Step 1 of the module's run, which sets both to 1536 (a run of its own
     cost a second compilation of the same step)."""
-    res, seen = straight
+    res, seen, _ = straight
     with open(os.path.join(res.workdir, "run_config.json")) as f:
         run = json.load(f)
     assert run["rollout"]["row_len"] == run["rollout"]["max_context_tokens"] == 1536

@@ -38,12 +38,15 @@ Shape ladders (`ShapeLadder`, what the RL learner packs with when rollout.row_le
 dimension on its own fine ladder (dozens of (rows, Ka, Tb, Kc) combinations, each a compilation of the step), a
 short ladder derived from the config gives a known, bounded set of step programs (`ShapeLadder.programs`):
 * rows: `ROW_RUNGS` fractions (1/2, 3/4, 1) of the most rows a mini-batch can need (one row per dialogue:
-  mini_batch_prompts x group_size, per process), each rounded up to rows_multiple;
+  mini_batch_prompts x group_size, per process), each rounded up to rows_multiple; `rollout.row_rungs` sets
+  other multiples of it (e.g. (2.0,): one program of two rows per dialogue, for Stage I.3 runs whose multi-turn
+  segments each near a whole row);
 * head_idx: always the row length (the LM head's positions never set a shape of their own);
 * CSD (fused teacher): branch_tokens on `BRANCH_RUNGS` fractions (1/2, 1) of the longest branch block the config
   allows, branch_head_idx coupled to it (min(Tb, row length)); a mini-batch without a coached turn is packed in
   the fused layout with empty branches, so it reuses a CSD program.
-GRPO: 3 programs, CSD: 3 x 2 = 6. A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
+GRPO: 3 programs, CSD: 3 x 2 = 6. Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
+trajectories). A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
 forward and backward of the trunk, the forward of the branches) whose shapes it fits (`_first_fit` under those
 caps); the rows are then balanced under the same caps. Padding is masked (zero masks and weights, segment and
 branch id 0, head index 0), so the loss and gradients are the unpadded batch's. A mini-batch that fits no program
@@ -204,14 +207,14 @@ def _ladder_caps(key: tuple[int, ...], fused: bool) -> list[int]:
 
 
 def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max: int = 0,
-                 pad_multiple: int = 64) -> ShapeLadder:
-    """The ladder of a run: rows at `ROW_RUNGS` of max_rows (the most rows a mini-batch can need: one per
-    dialogue), rounded up to rows_multiple; with branch_max > 0 (the longest CSD branch block of one dialogue)
-    branch rungs at `BRANCH_RUNGS` of it, rounded up to pad_multiple."""
+                 pad_multiple: int = 64, row_rungs: Sequence[float] = ROW_RUNGS) -> ShapeLadder:
+    """The ladder of a run: rows at `row_rungs` (default `ROW_RUNGS`) of max_rows (the most rows a mini-batch
+    can need: one per dialogue), rounded up to rows_multiple; with branch_max > 0 (the longest CSD branch block of
+    one dialogue) branch rungs at `BRANCH_RUNGS` of it, rounded up to pad_multiple."""
     if row_len < 1 or max_rows < 1 or rows_multiple < 1:
         raise ValueError(f"shape_ladder: row_len={row_len}, max_rows={max_rows}, rows_multiple={rows_multiple} "
                          "must be >= 1")
-    rows = tuple(sorted({_round_up(max(1, math.ceil(f * max_rows)), rows_multiple) for f in ROW_RUNGS}))
+    rows = tuple(sorted({_round_up(max(1, math.ceil(f * max_rows)), rows_multiple) for f in row_rungs}))
     branch = ()
     if branch_max > 0:
         branch = tuple(sorted({_round_up(max(1, math.ceil(f * branch_max)), pad_multiple) for f in BRANCH_RUNGS}))
@@ -219,31 +222,37 @@ def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max
 
 
 def config_bounds(cfg) -> dict:
-    """What a Stage II config (AgentRLConfig) bounds per mini-batch: dialogues (mini_batch_prompts x
-    group_size), agent tokens of one dialogue (row_len - 1, turns x agent_max_tokens, and the context past the
-    longest prompt) and, with CSD, one dialogue's branch block (its agent tokens + per turn a coach note of
-    users.coach_max_tokens and `NOTE_TOKENS` of template)."""
+    """What an RL run config bounds per mini-batch: dialogues (mini_batch_prompts x group_size), agent tokens of
+    one dialogue and, with CSD, one dialogue's branch block.
+    Stage II (AgentRLConfig): agent tokens = min(row_len - 1, turns x agent_max_tokens, the context past the
+    longest prompt); the branch block = its agent tokens + per turn a coach note of users.coach_max_tokens and
+    `NOTE_TOKENS` of template. Stage I.3 (SimRLConfig, every policy turn its own segment of at most the context
+    budget): agent tokens = min(row_len - 1, domains.max_user_turns x max_tokens); no branches."""
     r = cfg.rollout
     T = int(r.row_len)
+    dialogues = r.mini_batch_prompts * r.group_size
+    if not hasattr(cfg, "users"):  # Stage I.3
+        return {"dialogues": dialogues, "agent_tokens": min(T - 1, cfg.domains.max_user_turns * r.max_tokens),
+                "branch_tokens": 0}
     agent = min(T - 1, r.max_turns * r.agent_max_tokens)
     if r.max_context_tokens and cfg.gyms.max_prompt_tokens:
         agent = min(agent, r.max_context_tokens - cfg.gyms.max_prompt_tokens)
     csd = cfg.rl.alpha > 0 and cfg.rl.teacher == "fused"
     branch = agent + r.max_turns * (cfg.users.coach_max_tokens + NOTE_TOKENS) if csd else 0
-    return {"dialogues": r.mini_batch_prompts * r.group_size, "agent_tokens": agent, "branch_tokens": branch}
+    return {"dialogues": dialogues, "agent_tokens": agent, "branch_tokens": branch}
 
 
 def ladder_for_config(cfg, rows_multiple: int, processes: int = 1) -> ShapeLadder | None:
-    """The `ShapeLadder` of a Stage II run config (one process's share of a mini-batch with `processes`); None
-    where shapes stay on the fine ladders: rollout.row_len = 0 (bucketed from the batch), the naive teacher, or a
-    config without Stage II's gyms / users sections (Stage I's joint RL)."""
-    if not (hasattr(cfg, "users") and hasattr(cfg, "gyms")) or not cfg.rollout.row_len:
+    """The `ShapeLadder` of an RL run config, Stage II or Stage I.3 (one process's share of a mini-batch with
+    `processes`): rows at `rollout.row_rungs` (() = `ROW_RUNGS`) of one row per dialogue. None where shapes stay
+    on the fine ladders: rollout.row_len = 0 (bucketed from the batch) or the naive teacher."""
+    if not cfg.rollout.row_len:
         return None
     if cfg.rl.alpha > 0 and cfg.rl.teacher != "fused":
         return None
     b = config_bounds(cfg)
     return shape_ladder(cfg.rollout.row_len, -(-b["dialogues"] // max(1, processes)), rows_multiple,
-                        b["branch_tokens"])
+                        b["branch_tokens"], row_rungs=tuple(getattr(cfg.rollout, "row_rungs", ()) or ROW_RUNGS))
 
 
 # --------------------------------------------------------------------------------- per trajectory
@@ -386,6 +395,9 @@ def ladder_shape_key(sizes: np.ndarray, ladder: ShapeLadder, rows_multiple: int 
     ([4, N] trunk / branch / agent / coached tokens with a fused ladder, else [2, N] trunk / agent tokens),
     without building any array: what the loop's packing picks, for counting programs over many mini-batches."""
     sizes = np.asarray(sizes, np.int64)
+    key = ladder.fit(sizes, rows_multiple)
+    if key is not None:  # a fitting program fixes every shape (the rows are balanced under its caps)
+        return key, False
     caps = [ladder.row_len] + [None] * (len(sizes) - 1)
     _, key, overflow = _choose_shapes(sizes, caps, fused=ladder.fused, ladder=ladder, num_rows=None, head_len=None,
                                       branch_len=None, branch_head_len=None, rows_multiple=rows_multiple,

@@ -84,6 +84,9 @@ class RolloutSection:
     max_context_tokens: int = 0
     temperature: float = 1.0  # policy sampling temperature in training (Tables 7 and 13)
     row_len: int = 0  # packed row length; 0 = bucketed from the batch
+    # with row_len set, the row counts a mini-batch is packed to (its step programs, algorithms/rl_batch.py
+    # ShapeLadder), as multiples of one row per dialogue (mini_batch_prompts x group_size); () = (1/2, 3/4, 1)
+    row_rungs: tuple = ()
     min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
     env_workers: int = 16  # env steps run concurrently (gyms and fixed sides wait on their models)
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
@@ -121,6 +124,10 @@ class RolloutSection:
         need(_is_int(self.max_batch) and self.max_batch >= 0, "rollout.max_batch",
              "must be an int >= 0 (0 = all sequences in one sampler call)")
         need(self.max_context_tokens >= 0, "rollout.max_context_tokens", "must be >= 0")
+        need(isinstance(self.row_rungs, (tuple, list)) and all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < float("inf")
+            for f in self.row_rungs), "rollout.row_rungs",
+             "must be a tuple of finite numbers > 0 (row counts per dialogue; () = (1/2, 3/4, 1))")
         self.check_engine(need)
         key = f"rollout.{self.turn_tokens_key}"
         self.check_context_budget(need, getattr(self, self.turn_tokens_key), key, prompt_tokens=prompt_tokens,

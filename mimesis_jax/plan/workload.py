@@ -15,6 +15,7 @@ from mimesis_jax.plan.memory import divisor
 from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.sampler import Buckets
 from mimesis_jax.sharding import rules_of
+from mimesis_jax.train.rl.chat_models import fixed_buckets
 from mimesis_jax.train.state import model_config_for
 
 
@@ -49,6 +50,7 @@ class Workload:
     # branch_head) per program, cheapest first); () = shapes on the fine ladders (rollout.row_len = 0), unbounded
     programs: tuple[tuple[int, ...], ...] = ()
     engine: object = None  # rollout.engine=true: the policy engine's pools (rollout/engine_sizing.EngineSizing)
+    fixed_sampler: bool = False  # the loop's static sampler compiles the one program `rollout` gives (simrl)
 
     @property
     def num_devices(self) -> int:
@@ -152,7 +154,12 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
     rollout_batch = r.prompts_per_step * r.group_size
     per_call = min(rollout_batch, r.max_batch) if r.max_batch else rollout_batch
     longest = max(1, context - max_new)
-    roll = _sampler_shapes(per_call, longest, max_new, batch_multiple(model, mesh))
+    fixed = fixed_buckets(r, max_new, rollout_batch) if kind == "simrl" else None
+    if fixed is not None:  # the simulator loop's one sampler program (train/rl/simulator.py policy_buckets)
+        roll = Rollout(fixed.batch(per_call, batch_multiple(model, mesh)), fixed.prompt(longest),
+                       fixed.new_tokens(max_new))
+    else:
+        roll = _sampler_shapes(per_call, longest, max_new, batch_multiple(model, mesh))
     notes.append(f"rollout: {rollout_batch} sequences in {-(-rollout_batch // per_call)} sampler call(s) of <= "
                  f"{per_call} (rollout.max_batch={r.max_batch})")
     per = "given by --rows" if rows is not None else "one per " + ("dialogue" if kind == "agentrl" else "rollout")
@@ -164,14 +171,15 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
         notes.append(f"rollout engine pool: {engine.describe()}")
         if kind == "agentrl" and "://" not in cfg.users.simulator and cfg.users.simulator != "toy-user":
             notes.append("an in-process simulator's own engine (same rollout.engine* keys) is not counted")
-    ladder = ladder_for_config(cfg, multiple) if kind == "agentrl" else None
+    ladder = ladder_for_config(cfg, multiple)
     programs = tuple(ladder.programs()) if ladder is not None else ()
     if programs:  # the shapes the loop compiles: each field's top rung (the head is the row, not the agent bound)
         top = ladder_top(programs)
         n = top[0] if rows is None else n
         T, head, branch, branch_head = top[1:]
     return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
-                    head, True, branch, branch_head, roll, tuple(notes), programs, engine)
+                    head, True, branch, branch_head, roll, tuple(notes), programs, engine,
+                    fixed is not None and engine is None)
 
 
 def ladder_top(programs) -> tuple[int, ...]:
@@ -186,10 +194,15 @@ def programs_text(w: Workload) -> list[str]:
     if w.kind == "lm":
         return []
     if not w.programs:
-        return ["step programs: not bounded (rollout.row_len = 0 or the naive teacher: shapes on the fine "
-                "bucket ladders)"]
-    keys = ", ".join("x".join(str(v) for v in k) for k in w.programs)
-    return [f"step programs: {len(w.programs)} ({' x '.join(SHAPE_FIELDS)}, cheapest first): {keys}"]
+        lines = ["step programs: not bounded (rollout.row_len = 0 or the naive teacher: shapes on the fine "
+                 "bucket ladders)"]
+    else:
+        keys = ", ".join("x".join(str(v) for v in k) for k in w.programs)
+        lines = [f"step programs: {len(w.programs)} ({' x '.join(SHAPE_FIELDS)}, cheapest first): {keys}"]
+    if w.fixed_sampler:
+        r = w.rollout
+        lines.append(f"sampler programs: 1 (batch x prompt + new tokens): {r.batch}x{r.prompt_len}+{r.new_tokens}")
+    return lines
 
 
 

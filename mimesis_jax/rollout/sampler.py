@@ -10,6 +10,8 @@ How a call runs
   shards), the longest prompt up to a prompt bucket (a power of two, then multiples of `prompt_step`) and
   max_new_tokens up to a power of two. One compiled program serves every call that falls in the same bucket
   (`trace_count()` counts compilations, for tests). Filler rows are marked finished from the start.
+  `Buckets.fixed(batch, longest_prompt, new_tokens)` puts every call within those bounds in ONE program (the
+  simulator RL loop's policy: prompts padded to the longest its context budget allows).
 * **Left padding.** The KV cache is written at one shared slot index for all rows, so shorter prompts are
   LEFT-padded with segment id 0 (never attended; for Qwen3.5 never folded into the recurrent state) while each
   row's positions are its own: 0..len-1 for the prompt, then len, len+1, ... for generated tokens.
@@ -89,12 +91,23 @@ class Buckets:
     prompt_step: int = 1024  # beyond this length prompts round up to a multiple of it, not a power of two
     min_new: int = 8
     min_stops: int = 4
+    fixed_prompt: int = 0  # > 0: every prompt of at most this many tokens pads to exactly it (one prompt shape)
+
+    @classmethod
+    def fixed(cls, batch: int, longest_prompt: int, new_tokens: int) -> "Buckets":
+        """Buckets putting every call of at most `batch` sequences, prompts of at most `longest_prompt` tokens
+        and at most `new_tokens` new tokens in one program: batch and new tokens on their usual ladders from
+        those maxima, prompts padded to `longest_prompt` itself (an RL loop whose runner bounds every prompt by
+        its context budget: train/rl/learner.py `RLLearner.policy_buckets`)."""
+        return cls(min_batch=_next_pow2(batch), min_new=_next_pow2(new_tokens), fixed_prompt=int(longest_prompt))
 
     def batch(self, n: int, multiple: int = 1) -> int:
         b = max(self.min_batch, _next_pow2(n))
         return int(math.ceil(b / multiple) * multiple)
 
     def prompt(self, n: int) -> int:
+        if n <= self.fixed_prompt:
+            return self.fixed_prompt
         if n <= self.prompt_step:
             return max(self.min_prompt, _next_pow2(n))
         return int(math.ceil(n / self.prompt_step) * self.prompt_step)

@@ -24,11 +24,11 @@ from typing import Any
 
 import jax
 
-from mimesis_jax.config.rl import AgentRLConfig, SidesConfig, UserSideConfig
+from mimesis_jax.config.rl import AgentRLConfig, SidesConfig, UserSideConfig, context_budget
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
 from mimesis_jax.models.config import ConfigError, ModelConfig
-from mimesis_jax.rollout import engine_chat
+from mimesis_jax.rollout import engine_chat, sampler
 from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.base import SimulatorAsResponder
 from mimesis_jax.rollout.endpoints import LocalChatModel
@@ -61,6 +61,9 @@ class PolicySampler:
     sized for `in_flight` dialogues at once, its weights set after every step's updates (`follow`); without it a
     LocalChatModel over the current parameters (`model(params)`, built per rollout call).
 
+    buckets: the static sampler's shape buckets (sampler.Buckets; None: its default ladders), e.g.
+    `fixed_buckets` for one sampler program per run.
+
     mesh: the training mesh. The LocalChatModel samples on `distributed.rollout_mesh(mesh)`: on one process the
     training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
     several, this process's devices (`distributed.local_rollout_mesh`), the params gathered to the host once per
@@ -69,9 +72,9 @@ class PolicySampler:
     models.shard_params lays them out, the page pool and state slots split over heads on `tensor`)."""
 
     def __init__(self, model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int,
-                 mesh=None):
+                 mesh=None, buckets=None):
         self.model_config, self.tok, self.r, self.name, self.max_tokens = model_config, tok, r, name, max_tokens
-        self.mesh = mesh
+        self.mesh, self.buckets = mesh, buckets
         self.engine = None
         if r.engine:
             self.engine = engine_chat.EngineChatModel(model_config, engine_params(params, model_config, mesh), tok,
@@ -85,12 +88,26 @@ class PolicySampler:
         return LocalChatModel(self.model_config, distributed.rollout_params(self.model_config, params, self.mesh),
                               self.tok, max_tokens=self.max_tokens, name=self.name,
                               max_batch=distributed.process_max_batch(self.r.max_batch),
-                              mesh=distributed.rollout_mesh(self.mesh))
+                              mesh=distributed.rollout_mesh(self.mesh), buckets=self.buckets)
 
     def follow(self, params) -> None:
         """The next rollouts sample from the updated policy."""
         if self.engine is not None:
             self.engine.set_params(engine_params(params, self.model_config, self.mesh))
+
+
+def fixed_buckets(r, max_new: int, dialogues: int) -> sampler.Buckets | None:
+    """The static sampler's buckets of an RL run that compile ONE sampler program (sampler.Buckets.fixed): every
+    call of at most `dialogues` sequences (this process's, in chunks of its share of rollout.max_batch), prompts padded to the longest the
+    context budget lets the runner sample from (context_budget(r) - max_new: a turn is sampled only when its
+    prompt + max_new fit), `max_new` new tokens. None without a budget (rollout.row_len = max_context_tokens =
+    0: the default ladders). What the simulator RL loop samples with and `plan` lists for it."""
+    budget = context_budget(r)
+    if not budget or budget <= max_new:
+        return None
+    cap = distributed.process_max_batch(r.max_batch)  # this process's share of the per-call cap
+    per_call = min(dialogues, cap) if cap else dialogues
+    return sampler.Buckets.fixed(max(1, per_call), budget - max_new, max_new)
 
 
 class EngineMeter:

@@ -22,10 +22,11 @@ train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on 
 `validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM
 (a learner built with save_checkpoints=False, as `rehearse` builds it, writes one on SIGTERM only).
 
-Step shapes. With rollout.row_len fixed (a Stage II config) every mini-batch is packed to one program of the run's
-shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs), and each step's record
-carries `num_compilations`, the step programs this process has compiled so far (jax's compile events,
-RLStep.num_compilations; a resumed process counts from 0).
+Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
+the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs, rows at
+rollout.row_rungs of one row per dialogue), and each step's record carries `num_compilations`, the step programs
+this process has compiled so far (jax's compile events, RLStep.num_compilations; a resumed process counts from 0).
+A stage may fix the policy sampler's shapes too (`policy_buckets`; Stage I.3: one sampler program per run).
 
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
@@ -321,6 +322,11 @@ class RLLearner:
     def policy_max_tokens(self) -> int:
         raise NotImplementedError
 
+    def policy_buckets(self, in_flight: int):
+        """The policy's static-sampler buckets (sampler.Buckets) for `in_flight` dialogues at once; None: the
+        sampler's default ladders (prompt length, batch and new tokens each bucketed per call)."""
+        return None
+
     def open_models(self, in_flight: int) -> None:
         """The frozen models the rollouts talk to; `in_flight` dialogues run at once on this process."""
 
@@ -417,7 +423,8 @@ class RLLearner:
             stop = StopFlag(self.handle_signals)
             # one policy sampler for the run; with rollout.engine its weights follow the updates
             policy = PolicySampler(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
-                                   max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh)
+                                   max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh,
+                                   buckets=self.policy_buckets(in_flight))
             meter = EngineMeter({"engine": engine_of(policy.engine), **self.engines()})
             while step < cfg.train.steps:
                 times = {"start": time.perf_counter()}

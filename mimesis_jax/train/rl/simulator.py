@@ -57,7 +57,7 @@ from mimesis_jax.envs.domains import DomainSampler, default_weights, domain, mak
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
 from mimesis_jax.train.rl import distributed
-from mimesis_jax.train.rl.chat_models import build_sides
+from mimesis_jax.train.rl.chat_models import build_sides, fixed_buckets
 from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s",
@@ -154,6 +154,12 @@ class SimulatorLearner(RLLearner):
 
     def policy_max_tokens(self):
         return self.cfg.rollout.max_tokens
+
+    def policy_buckets(self, in_flight):
+        """One sampler program for the run (chat_models.fixed_buckets): every policy call pads to the batch of
+        the dialogues in flight (chunks of rollout.max_batch), the longest prompt the context budget allows and
+        rollout.max_tokens new tokens."""
+        return fixed_buckets(self.cfg.rollout, self.cfg.rollout.max_tokens, in_flight)
 
     def open_models(self, in_flight):
         if self.sides is None:
