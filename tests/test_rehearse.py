@@ -162,7 +162,7 @@ def _check_programs(rep):
 @pytest.mark.slow
 def test_rehearse_agent_csd(tmp_path):
     # --tokens 32: half the tokens of the default 16 (row == context == 328, 64-token agent turns), the 16 turns
-    # kept; with the fp32 run it halves the cost (measured with -n 0: 107.5 CPU s -> see tests/module_costs.tsv)
+    # kept; with fp32 (and the CPU init's cheap compile) 107.5 -> 55.6 CPU s (-n 0, 2 shared cores)
     (rep,), stdout = _rehearse(tmp_path, AGENT, "--tokens", "32", *FP32)
     assert rep["num_devices"] == 16 and rep["mesh"] == {"data": 1, "fsdp": 8, "tensor": 2}
     assert (rep["group_size"], rep["max_turns"], rep["updates_per_step"], rep["csd"]) == (8, 16, 8, True)
@@ -185,6 +185,7 @@ def test_rehearse_agent_csd(tmp_path):
 
 @pytest.mark.slow
 def test_rehearse_simrl_9b(tmp_path):
+    # one period of the layer pattern, fp32, the CPU init's cheap compile: 143.1 -> 70.7 CPU s (-n 0, loaded cores)
     (rep,), stdout = _rehearse(tmp_path, SIM, *FP32)
     assert rep["num_devices"] == 16 and rep["mesh"] == {"data": 2, "fsdp": 4, "tensor": 2}
     assert (rep["group_size"], rep["updates_per_step"], rep["csd"]) == (8, 4, False)

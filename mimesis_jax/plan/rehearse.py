@@ -24,7 +24,8 @@ kept exactly
 
 narrowed
 * widths: hidden `width`, head dim 16, MLP at the paper's intermediate / hidden ratio, 2 KV heads per tensor
-  shard... (see `narrow_model`); the tiny tokenizer and its vocabulary (model.vocab_size := its size rounded up);
+  shard... (see `narrow_model`); attention blocks / `tokens`, log-prob chunks / `tokens` but >= 64 tokens
+  (`MIN_LOGPROB_CHUNK`); the tiny tokenizer and its vocabulary (model.vocab_size := its size rounded up);
 * prompts per step: the paper's / `batch` (the mini-batch shrinks with it);
 * the sides: Stage II's user, judge and coach are the rule-based toy user and coach on `toy:N:s:turns`
   ToyKeyword tasks with the paper's turn limit (envs/toy.py); Stage I.3 draws two single-turn SOUL domains
@@ -43,6 +44,10 @@ from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 
 HEAD_DIM = 16
+# the memory-safe log-prob path's token chunk (model.logits_seq_chunk): the paper's 256 / 16 = 16 tokens made the
+# 9B simrl update a 64-step loop per 1,024-token row: 64 tokens halve its compile (21 -> 11 s) and leave its compiled
+# bytes and the plan's as they were (the chunk's [chunk, vocab chunk] logits are small next to the activations)
+MIN_LOGPROB_CHUNK = 64
 TOY_TASKS = 64
 # the toy tasks' prompts are 58-64 tiny tokens (system + user turn, rendered): the paper's 1,152 / 16
 TOY_PROMPT_TOKENS = 72
@@ -79,7 +84,7 @@ def narrow_model(model: ModelConfig, tensor: int, *, width: int = 64, repeats: i
               pad_token_id=None, max_position_embeddings=max(4096, model.max_position_embeddings // tokens),
               attention_block_q=max(16, model.attention_block_q // tokens),
               attention_block_k=max(16, model.attention_block_k // tokens),
-              logits_seq_chunk=max(16, model.logits_seq_chunk // tokens), logits_vocab_chunk=512)
+              logits_seq_chunk=max(MIN_LOGPROB_CHUNK, model.logits_seq_chunk // tokens), logits_vocab_chunk=512)
     if model.layer_types:
         kw["layer_types"] = tuple(layers)
     if model.model_type == "qwen3_5_text":

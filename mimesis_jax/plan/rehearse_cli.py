@@ -107,18 +107,23 @@ def _update_shapes(key, w) -> dict:
     return {k: (s, dtypes.get(k, jnp.int32)) for k, s in _step_shapes(key).items()}
 
 
-def _programs(run_state, cfg, sampler_shapes, options=None) -> tuple[list[dict], object]:
+def _programs(run_state, cfg, sampler_shapes, options=None, updates: bool = True) -> tuple[list[dict], object]:
     """The memory of the programs the run compiled. options=None: each is lowered as the loop called it, so jax
     hands back the executable the loop compiled (an input that differs from the loop's compiles it again, and
     rehearse_once counts that); else compiled again with these XLA options (plan/compiled.py QUICK)."""
     from mimesis_jax.plan.compiled import sampler_memory, update_memory, within
 
+    from mimesis_jax.train.rl.distributed import rollout_mesh
+
     model, step_fn = run_state.model_config, run_state.step_fn
     axes = {k: int(v) for k, v in run_state.mesh.shape.items()}
     w = workload_from_config(cfg, axes, model)
+    # the sampler runs on this process's part of the mesh when there are several (train/rl/distributed.py)
+    local = {k: int(v) for k, v in rollout_mesh(run_state.mesh).shape.items()}
+    ws = w if local == axes else workload_from_config(cfg, local, model)
     device = DEVICES["cpu"]
     out = []
-    for key in sorted(step_fn.shape_keys, key=lambda k: [s for _, s in k[1:]]):
+    for key in sorted(step_fn.shape_keys if updates else (), key=lambda k: [s for _, s in k[1:]]):
         wp = _program_workload(w, _step_shapes(key))
         planned = plan(wp, device).train_peak
         compiled = update_memory(step_fn, _update_shapes(key, wp), ref=key[0], options=options)
@@ -126,11 +131,11 @@ def _programs(run_state, cfg, sampler_shapes, options=None) -> tuple[list[dict],
         out.append({"program": "rl_update", "shape": shape, "compiled_bytes": compiled, "plan_bytes": planned,
                     "ok": within(planned, compiled)})
     for B, P, N, S, filtering in sorted(sampler_shapes):
-        wp = dataclasses.replace(w, rollout=Rollout(B, P, N))
+        wp = dataclasses.replace(ws, rollout=Rollout(B, P, N))
         p = plan(wp, device)
         planned = p.rollout_peak - p.item("optimizer state")
         compiled = sampler_memory(wp, filtering, S, options=options)
-        out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N},
+        out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N}, "mesh": local,
                     "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)})
     return out, w
 
@@ -157,7 +162,9 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     run_state = learner.run_state
     t0 = time.perf_counter()
     with profiling.count_compilations() as again:
-        programs, w = _programs(run_state, learner.cfg, sampler.call_shapes() - before)
+        # process 0 reports (several processes: its sampler programs are those of its part of the mesh)
+        shapes = sampler.call_shapes() - before if jax.process_index() == 0 else set()
+        programs, w = _programs(run_state, learner.cfg, shapes, updates=jax.process_index() == 0)
     measure_s = time.perf_counter() - t0
     r = cfg.rollout
     steps = []
@@ -183,6 +190,7 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
                   "intermediate": run_state.model_config.intermediate_size,
                   "vocab": run_state.model_config.vocab_size},
         "mesh": {k: int(v) for k, v in run_state.mesh.shape.items()}, "num_devices": int(run_state.mesh.size),
+        "processes": jax.process_count(),
         "dtype": cfg.train.dtype,
         "group_size": r.group_size, "prompts_per_step": r.prompts_per_step,
         "mini_batch_prompts": r.mini_batch_prompts, "updates_per_step": cfg.updates_per_step(),
@@ -200,7 +208,8 @@ def format_report(rep: dict, path: str) -> str:
     lines = [
         f"rehearse: {path} ({rep['stage']}, rollout.engine {'on' if rep['engine'] else 'off'}): {m['type']} "
         f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']}/{m['kv_heads']} heads, MLP {m['intermediate']}, "
-        f"vocab {m['vocab']}; mesh {mesh_text(rep['mesh'])} ({rep['num_devices']} devices)",
+        f"vocab {m['vocab']}; mesh {mesh_text(rep['mesh'])} ({rep['num_devices']} devices"
+        f"{', %d processes' % rep['processes'] if rep['processes'] > 1 else ''})",
         f"  {rep['prompts_per_step']} prompts x group {rep['group_size']}, mini-batch {rep['mini_batch_prompts']} "
         f"({rep['updates_per_step']} updates/step), max turns {rep['max_turns']}, row_len {rep['row_len']}, "
         f"max_context_tokens {rep['max_context_tokens']}, CSD {'on' if rep['csd'] else 'off'}, {rep['dtype']}",
@@ -216,6 +225,9 @@ def format_report(rep: dict, path: str) -> str:
         ratio = p["plan_bytes"] / p["compiled_bytes"]
         lines.append(f"  {p['program']:10s} {shape:44s} {p['compiled_bytes'] / MiB:12.2f} "
                      f"{p['plan_bytes'] / MiB:9.2f} {ratio:9.3f} {'ok' if p['ok'] else 'OFF'}")
+    local = [p["mesh"] for p in rep["programs"] if p.get("mesh") and p["mesh"] != rep["mesh"]]
+    if local:
+        lines.append(f"  (the sampler runs on each process's part of the mesh: {mesh_text(local[0])})")
     if rep["engine"]:
         lines.append("  rollout engine programs: counted below, memory not measured here "
                      "(plan --compiled measures the decode burst)")
