@@ -10,6 +10,9 @@ all processes' devices, e.g. 2 x 8 for the 16-device paper RL configs, and proce
     NUM_PROCESSES=2 XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
         launch/local.sh rehearse configs/qwen3_8b_agentrl.py:csd runs/rehearse_2proc --tokens 32
 
+(the sampler's memory is then that of each process's part of the mesh, where it runs: train/rl/distributed.py
+rollout_mesh; 236 CPU s on 2 cores, docs/scale-out.md, so no CI test runs it).
+
 `--set train.dtype=float32` rehearses (and plans) in fp32: on a CPU the bf16 programs compile 26-40% larger than
 the planner, sized for accelerators, counts (plan/compiled 0.60-0.80), the fp32 ones 0.77-0.91, so fp32 is the
 honest compare there.
