@@ -1,12 +1,16 @@
 """Rehearsal configs: a paper config at tiny width but with the paper's structure, for `python -m mimesis_jax
-rehearse` (mimesis_jax/rehearse_cmd.py) to run 1-2 RL steps of on a CPU's fake devices.
+rehearse` (plan/rehearse_cli.py) to run 1-2 RL steps of on a CPU's fake devices.
 
 `narrow_config(cfg)` keeps what decides which programs a run compiles and how they are sharded, and shrinks what
 only sets their size:
 
 kept exactly
-* the mesh (axes and sizes: 16 devices for the paper RL configs), the model type, the layer-type pattern (a
-  Qwen3.5 model keeps `repeats` repeats of its shortest repeating block, e.g. 2 x (3 DeltaNet + 1 attention)),
+* the mesh (axes and sizes: 16 devices for the paper RL configs), the model type, the layer-type pattern: the
+  shortest repeating block of the paper's `layer_types` (its period), repeated `repeats` times -- by default the
+  fewest whole periods that make at least two layers: Qwen3's one-layer period twice, Qwen3.5's (3 DeltaNet + 1
+  attention) once. One period holds every layer kind and its order, and the layers run as a `lax.scan` over the
+  repeats of that block (models/qwen3_5.py), so a second period compiles nothing new: it only doubles the run's
+  cost (the 9B simrl rehearsal's update and sampler); two layers at least keep the scan's carry between layers;
   tied / untied embeddings, attention implementation, remat, compute dtype, partial RoPE;
 * the GQA ratio (query : KV heads) and the DeltaNet key : value head ratio, with every head count, the MLP width
   and the vocabulary a multiple of the tensor axis;
@@ -14,11 +18,14 @@ kept exactly
   (rollout.max_batch / rollout batch), max turns, CSD (rl.*: alpha, beta, teacher, credit), optimizer kind;
 * the token budgets' relations: every budget (prompt, context, row, per-turn, coach note, simulator turn) is the
   paper's divided by the same `tokens` factor, so row_len == max_context_tokens stays (Stage II) and
-  context = prompt + response does;
+  context = prompt + response does; except that Stage II's prompt budget is at least `TOY_PROMPT_TOKENS` (the toy
+  tasks' prompts must pass its filter), the context and the row growing by as much, so both relations hold at
+  `--tokens 32` (prompt 72, response 8,192 / 32, context = row = 328);
 
 narrowed
 * widths: hidden `width`, head dim 16, MLP at the paper's intermediate / hidden ratio, 2 KV heads per tensor
-  shard... (see `narrow_model`); the tiny tokenizer and its vocabulary (model.vocab_size := its size rounded up);
+  shard... (see `narrow_model`); attention blocks / `tokens`, log-prob chunks / `tokens` but >= 64 tokens
+  (`MIN_LOGPROB_CHUNK`); the tiny tokenizer and its vocabulary (model.vocab_size := its size rounded up);
 * prompts per step: the paper's / `batch` (the mini-batch shrinks with it);
 * the sides: Stage II's user, judge and coach are the rule-based toy user and coach on `toy:N:s:turns`
   ToyKeyword tasks with the paper's turn limit (envs/toy.py); Stage I.3 draws two single-turn SOUL domains
@@ -37,7 +44,13 @@ from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 
 HEAD_DIM = 16
+# the memory-safe log-prob path's token chunk (model.logits_seq_chunk): the paper's 256 / 16 = 16 tokens made the
+# 9B simrl update a 64-step loop per 1,024-token row: 64 tokens halve its compile (21 -> 11 s) and leave its compiled
+# bytes and the plan's as they were (the chunk's [chunk, vocab chunk] logits are small next to the activations)
+MIN_LOGPROB_CHUNK = 64
 TOY_TASKS = 64
+# the toy tasks' prompts are 58-64 tiny tokens (system + user turn, rendered): the paper's 1,152 / 16
+TOY_PROMPT_TOKENS = 72
 # Stage I.3's rehearsal domains: two that need no fixed side and whose prompts, in the tiny tokenizer (300-550
 # tokens), leave room for a turn in the 1,024-token context of the paper's 16,384 / 16. abcd_behaviour's opening
 # prompts are 1,100-1,400 tiny tokens: it gets no policy turn at that context.
@@ -49,17 +62,21 @@ def _multiple(n: float, m: int) -> int:
     return max(m, -(-int(math.ceil(n)) // m) * m)
 
 
-def narrow_model(model: ModelConfig, tensor: int, *, width: int = 64, repeats: int = 2, tokens: int = 16
-                 ) -> ModelConfig:
+def narrow_model(model: ModelConfig, tensor: int, *, width: int = 64, repeats: int | None = None,
+                 tokens: int = 16) -> ModelConfig:
     """The paper model at hidden size `width`, its structure kept (module docstring). `tensor`: the mesh's tensor
-    axis; `tokens`: the factor the token budgets shrink by (attention blocks and log-prob chunks shrink with
-    them)."""
+    axis; `repeats`: of the layer pattern's period (default: the fewest making >= 2 layers); `tokens`: the factor
+    the token budgets shrink by (attention blocks and log-prob chunks shrink with them)."""
     if model.num_attention_heads % model.num_key_value_heads:
         raise ConfigError(f"model: {model.num_attention_heads} heads are not a multiple of "
                           f"{model.num_key_value_heads} KV heads")
     ratio = model.num_attention_heads // model.num_key_value_heads
     kv = tensor  # the fewest KV heads the tensor axis splits
     block, _ = layer_block(model)
+    if repeats is None:
+        repeats = -(-2 // len(block))
+    if repeats < 1:
+        raise ConfigError(f"rehearse: --repeats {repeats}: must be >= 1")
     layers = block * repeats
     kw = dict(hidden_size=width, num_attention_heads=ratio * kv, num_key_value_heads=kv, head_dim=HEAD_DIM,
               intermediate_size=_multiple(width * model.intermediate_size / model.hidden_size, 8 * tensor),
@@ -67,7 +84,7 @@ def narrow_model(model: ModelConfig, tensor: int, *, width: int = 64, repeats: i
               pad_token_id=None, max_position_embeddings=max(4096, model.max_position_embeddings // tokens),
               attention_block_q=max(16, model.attention_block_q // tokens),
               attention_block_k=max(16, model.attention_block_k // tokens),
-              logits_seq_chunk=max(16, model.logits_seq_chunk // tokens), logits_vocab_chunk=512)
+              logits_seq_chunk=max(MIN_LOGPROB_CHUNK, model.logits_seq_chunk // tokens), logits_vocab_chunk=512)
     if model.layer_types:
         kw["layer_types"] = tuple(layers)
     if model.model_type == "qwen3_5_text":
@@ -83,9 +100,9 @@ def _scale(n: int, tokens: int) -> int:
     return max(1, n // tokens) if n else 0
 
 
-def _rollout(r, tokens: int, prompts: int, turn_key: str):
-    """The rollout section with the token budgets / `tokens`, `prompts` prompts per step and the paper's batch /
-    mini-batch and sampler-call ratios."""
+def _rollout(r, tokens: int, prompts: int, turn_key: str, extra: int = 0):
+    """The rollout section with the token budgets / `tokens` (context and row + `extra`), `prompts` prompts per
+    step and the paper's batch / mini-batch and sampler-call ratios."""
     updates = r.prompts_per_step // r.mini_batch_prompts
     if r.prompts_per_step % r.mini_batch_prompts or prompts % updates:
         raise ConfigError(f"rehearse: {prompts} prompts per step cannot keep the config's {updates} updates per step "
@@ -94,13 +111,15 @@ def _rollout(r, tokens: int, prompts: int, turn_key: str):
     new_batch = prompts * r.group_size
     max_batch = max(1, r.max_batch * new_batch // batch) if r.max_batch else 0
     return dataclasses.replace(r, prompts_per_step=prompts, mini_batch_prompts=prompts // updates,
-                               max_context_tokens=_scale(r.max_context_tokens, tokens),
-                               row_len=_scale(r.row_len, tokens), max_batch=max_batch, env_workers=1,
+                               max_context_tokens=_scale(r.max_context_tokens, tokens) + extra,
+                               row_len=_scale(r.row_len, tokens) + extra if r.row_len else 0,
+                               max_batch=max_batch, env_workers=1,
                                engine_memory_gib=0.0,
                                **{turn_key: _scale(getattr(r, turn_key), tokens)})
 
 
-def narrow_config(cfg, *, width: int = 64, repeats: int = 2, tokens: int = 16, batch: int = 16, steps: int = 1):
+def narrow_config(cfg, *, width: int = 64, repeats: int | None = None, tokens: int = 16, batch: int = 16,
+                  steps: int = 1):
     """A rehearsal of the AgentRLConfig / SimRLConfig `cfg` (module docstring): widths narrowed to `width`, token
     budgets / `tokens`, prompts per step / `batch`, `steps` steps; the structure kept."""
     r = cfg.rollout
@@ -123,9 +142,12 @@ def narrow_config(cfg, *, width: int = 64, repeats: int = 2, tokens: int = 16, b
                                     simulator_max_tokens=_scale(u.simulator_max_tokens, tokens),
                                     coach_max_tokens=_scale(u.coach_max_tokens, tokens))
         g = cfg.gyms
+        prompt = _scale(g.max_prompt_tokens, tokens)
+        extra = max(0, TOY_PROMPT_TOKENS - prompt) if prompt else 0
         gyms = dataclasses.replace(g, sources=(f"toy:{TOY_TASKS}:s:{g.max_turns}",), weights=(), gyms=(),
-                                   max_prompt_tokens=_scale(g.max_prompt_tokens, tokens))
-        out = cfg.replace(users=users, gyms=gyms, rollout=_rollout(r, tokens, prompts, "agent_max_tokens"), **common)
+                                   max_prompt_tokens=prompt + extra)
+        out = cfg.replace(users=users, gyms=gyms, rollout=_rollout(r, tokens, prompts, "agent_max_tokens", extra),
+                          **common)
     else:  # Stage I.3
         sides = dataclasses.replace(cfg.sides, judge="toy-judge", judge_model="", support_agent="toy-agent",
                                     support_agent_model="", partner="", partner_model="", key_env="",

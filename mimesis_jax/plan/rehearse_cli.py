@@ -4,6 +4,19 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \\
         python -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd [--engine off|on|both] [--steps 1]
 
+On several processes (jax.distributed: `--distributed`, as every launch/local.sh stage) the config's mesh spans
+all processes' devices, e.g. 2 x 8 for the 16-device paper RL configs, and process 0 prints:
+
+    NUM_PROCESSES=2 XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
+        launch/local.sh rehearse configs/qwen3_8b_agentrl.py:csd runs/rehearse_2proc --tokens 32
+
+(the sampler's memory is then that of each process's part of the mesh, where it runs: train/rl/distributed.py
+rollout_mesh; 236 CPU s on 2 cores, docs/scale-out.md, so no CI test runs it).
+
+`--set train.dtype=float32` rehearses (and plans) in fp32: on a CPU the bf16 programs compile 26-40% larger than
+the planner, sized for accelerators, counts (plan/compiled 0.60-0.80), the fp32 ones 0.77-0.91, so fp32 is the
+honest compare there.
+
 Prints, per rollout mode (rollout.engine off / on):
 * every program the loop compiled: the RL update once per batch shape (the shape ladder's programs for Stage II),
   the static sampler once per bucket -- each program's compiled bytes per device (XLA's memory analysis of the
@@ -51,12 +64,19 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "sampler, as the paper configs), on, or both one after the other")
     p.add_argument("--steps", type=int, default=1, help="RL steps per mode (default 1)")
     p.add_argument("--width", type=int, default=64, help="hidden size of the narrowed model (default 64)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats of the layer pattern's period (default: the "
+                   "fewest making >= 2 layers: Qwen3 2, Qwen3.5 1)")
     p.add_argument("--tokens", type=int, default=16, help="the token budgets are divided by this (default 16)")
     p.add_argument("--batch", type=int, default=16, help="prompts per step are divided by this (default 16)")
     p.add_argument("--workdir", default=None, help="run here (default: a temporary directory, removed)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override the paper config before it is narrowed")
+    g = p.add_argument_group("multi-host (launch/local.sh rehearse: the mesh spans every process's devices)")
+    g.add_argument("--distributed", action="store_true", help="initialise jax.distributed first")
+    g.add_argument("--coordinator", default=None, help="host:port of process 0 (auto-detected if omitted)")
+    g.add_argument("--num-processes", type=int, default=None)
+    g.add_argument("--process-id", type=int, default=None)
     return p
 
 
@@ -90,18 +110,23 @@ def _update_shapes(key, w) -> dict:
     return {k: (s, dtypes.get(k, jnp.int32)) for k, s in _step_shapes(key).items()}
 
 
-def _programs(run_state, cfg, sampler_shapes, options=None) -> tuple[list[dict], object]:
+def _programs(run_state, cfg, sampler_shapes, options=None, updates: bool = True) -> tuple[list[dict], object]:
     """The memory of the programs the run compiled. options=None: each is lowered as the loop called it, so jax
     hands back the executable the loop compiled (an input that differs from the loop's compiles it again, and
     rehearse_once counts that); else compiled again with these XLA options (plan/compiled.py QUICK)."""
     from mimesis_jax.plan.compiled import sampler_memory, update_memory, within
 
+    from mimesis_jax.train.rl.distributed import rollout_mesh
+
     model, step_fn = run_state.model_config, run_state.step_fn
     axes = {k: int(v) for k, v in run_state.mesh.shape.items()}
     w = workload_from_config(cfg, axes, model)
+    # the sampler runs on this process's part of the mesh when there are several (train/rl/distributed.py)
+    local = {k: int(v) for k, v in rollout_mesh(run_state.mesh).shape.items()}
+    ws = w if local == axes else workload_from_config(cfg, local, model)
     device = DEVICES["cpu"]
     out = []
-    for key in sorted(step_fn.shape_keys, key=lambda k: [s for _, s in k[1:]]):
+    for key in sorted(step_fn.shape_keys if updates else (), key=lambda k: [s for _, s in k[1:]]):
         wp = _program_workload(w, _step_shapes(key))
         planned = plan(wp, device).train_peak
         compiled = update_memory(step_fn, _update_shapes(key, wp), ref=key[0], options=options)
@@ -109,11 +134,11 @@ def _programs(run_state, cfg, sampler_shapes, options=None) -> tuple[list[dict],
         out.append({"program": "rl_update", "shape": shape, "compiled_bytes": compiled, "plan_bytes": planned,
                     "ok": within(planned, compiled)})
     for B, P, N, S, filtering in sorted(sampler_shapes):
-        wp = dataclasses.replace(w, rollout=Rollout(B, P, N))
+        wp = dataclasses.replace(ws, rollout=Rollout(B, P, N))
         p = plan(wp, device)
         planned = p.rollout_peak - p.item("optimizer state")
         compiled = sampler_memory(wp, filtering, S, options=options)
-        out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N},
+        out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N}, "mesh": local,
                     "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)})
     return out, w
 
@@ -140,7 +165,9 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     run_state = learner.run_state
     t0 = time.perf_counter()
     with profiling.count_compilations() as again:
-        programs, w = _programs(run_state, learner.cfg, sampler.call_shapes() - before)
+        # process 0 reports (several processes: its sampler programs are those of its part of the mesh)
+        shapes = sampler.call_shapes() - before if jax.process_index() == 0 else set()
+        programs, w = _programs(run_state, learner.cfg, shapes, updates=jax.process_index() == 0)
     measure_s = time.perf_counter() - t0
     r = cfg.rollout
     steps = []
@@ -166,6 +193,8 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
                   "intermediate": run_state.model_config.intermediate_size,
                   "vocab": run_state.model_config.vocab_size},
         "mesh": {k: int(v) for k, v in run_state.mesh.shape.items()}, "num_devices": int(run_state.mesh.size),
+        "processes": jax.process_count(),
+        "dtype": cfg.train.dtype,
         "group_size": r.group_size, "prompts_per_step": r.prompts_per_step,
         "mini_batch_prompts": r.mini_batch_prompts, "updates_per_step": cfg.updates_per_step(),
         "max_turns": getattr(r, "max_turns", getattr(getattr(cfg, "domains", None), "max_user_turns", 0)),
@@ -182,22 +211,26 @@ def format_report(rep: dict, path: str) -> str:
     lines = [
         f"rehearse: {path} ({rep['stage']}, rollout.engine {'on' if rep['engine'] else 'off'}): {m['type']} "
         f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']}/{m['kv_heads']} heads, MLP {m['intermediate']}, "
-        f"vocab {m['vocab']}; mesh {mesh_text(rep['mesh'])} ({rep['num_devices']} devices)",
+        f"vocab {m['vocab']}; mesh {mesh_text(rep['mesh'])} ({rep['num_devices']} devices"
+        f"{', %d processes' % rep['processes'] if rep['processes'] > 1 else ''})",
         f"  {rep['prompts_per_step']} prompts x group {rep['group_size']}, mini-batch {rep['mini_batch_prompts']} "
         f"({rep['updates_per_step']} updates/step), max turns {rep['max_turns']}, row_len {rep['row_len']}, "
-        f"max_context_tokens {rep['max_context_tokens']}, CSD {'on' if rep['csd'] else 'off'}",
+        f"max_context_tokens {rep['max_context_tokens']}, CSD {'on' if rep['csd'] else 'off'}, {rep['dtype']}",
     ]
     if rep["plan_programs"]:
         lines.append(f"  plan lists {len(rep['plan_programs'])} update program(s): "
                      + ", ".join("x".join(str(v) for v in p.values()) for p in rep["plan_programs"]))
     else:
-        lines.append("  plan lists no bounded update programs (rollout.row_len = 0 or Stage I.3: fine ladders)")
+        lines.append("  plan lists no bounded update programs (no context budget: rollout.row_len = max_context_tokens = 0)")
     lines.append(f"  {'program':10s} {'shape':44s} {'compiled MiB':>12s} {'plan MiB':>9s} {'plan/comp':>9s}")
     for p in rep["programs"]:
         shape = " ".join(f"{k}={v}" for k, v in p["shape"].items() if v)
         ratio = p["plan_bytes"] / p["compiled_bytes"]
         lines.append(f"  {p['program']:10s} {shape:44s} {p['compiled_bytes'] / MiB:12.2f} "
                      f"{p['plan_bytes'] / MiB:9.2f} {ratio:9.3f} {'ok' if p['ok'] else 'OFF'}")
+    local = [p["mesh"] for p in rep["programs"] if p.get("mesh") and p["mesh"] != rep["mesh"]]
+    if local:
+        lines.append(f"  (the sampler runs on each process's part of the mesh: {mesh_text(local[0])})")
     if rep["engine"]:
         lines.append("  rollout engine programs: counted below, memory not measured here "
                      "(plan --compiled measures the decode burst)")
@@ -222,16 +255,18 @@ def run(args) -> int:
         cfg = load_run_config(args.config, args.overrides)
         if not hasattr(cfg, "rollout"):
             raise ConfigError(f"--config {args.config}: rehearse runs RL configs (AgentRLConfig, SimRLConfig)")
-        narrowed = narrow_config(cfg, width=args.width, tokens=args.tokens, batch=args.batch, steps=args.steps)
+        narrowed = narrow_config(cfg, width=args.width, repeats=args.repeats, tokens=args.tokens, batch=args.batch, steps=args.steps)
         n, have = mesh_size(narrowed), len(jax.devices())
         if have < n:
+            per = -(-n // jax.process_count())
+            where = "this process sees" if jax.process_count() == 1 else f"{jax.process_count()} processes see"
             raise ConfigError(f"--config {args.config}: the mesh {mesh_text(narrowed.mesh.axes())} needs {n} "
-                              f"devices, this process sees {have}; run with "
-                              f"XLA_FLAGS=--xla_force_host_platform_device_count={n} JAX_PLATFORMS=cpu")
+                              f"devices, {where} {have}; run with "
+                              f"XLA_FLAGS=--xla_force_host_platform_device_count={per} JAX_PLATFORMS=cpu")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    reports = []
+    reports, lead = [], jax.process_index() == 0  # several processes (--distributed): process 0 reports
     for on in MODES[args.engine]:
         c = narrowed
         if on:
@@ -244,8 +279,9 @@ def run(args) -> int:
                 wd = f"{args.workdir}/engine_{'on' if on else 'off'}"
             rep = rehearse_once(c, wd, log=lambda *a, **k: None)
         reports.append(rep)
-        print(format_report(rep, args.config), flush=True)
-    if args.json:
+        if lead:
+            print(format_report(rep, args.config), flush=True)
+    if args.json and lead:
         with open(args.json, "w") as f:
             json.dump({"config": args.config, "reports": reports}, f, indent=2)
     return 0
