@@ -149,7 +149,7 @@ def _count(names, *parts) -> int:
 
 def rehearse_once(cfg, workdir: str, log=print) -> dict:
     """Runs the narrowed config `cfg` in `workdir`; the report of one mode (module docstring)."""
-    from mimesis_jax import profiling
+    from mimesis_jax import models, profiling
     from mimesis_jax.plan.compiled import TOLERANCE
     from mimesis_jax.rollout import sampler
     from mimesis_jax.train.rl import agent, simulator
@@ -158,9 +158,11 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     before = sampler.call_shapes()
     # no checkpoint: nothing of the run is kept, and orbax's save compiles a slice per sharded leaf (288 programs
     # for the 9B simulator's rehearsal)
-    learner = stage(cfg, workdir, handle_signals=False, log=log, save_checkpoints=False)
-    with profiling.count_compilations() as comp:
-        result = learner.run()
+    # the random weights compile at LLVM's lowest effort (models.cheap_init_compile): nothing compares them
+    with models.cheap_init_compile():
+        learner = stage(cfg, workdir, handle_signals=False, log=log, save_checkpoints=False)
+        with profiling.count_compilations() as comp:
+            result = learner.run()
     names = list(comp.names)
     run_state = learner.run_state
     t0 = time.perf_counter()
@@ -221,7 +223,8 @@ def format_report(rep: dict, path: str) -> str:
         lines.append(f"  plan lists {len(rep['plan_programs'])} update program(s): "
                      + ", ".join("x".join(str(v) for v in p.values()) for p in rep["plan_programs"]))
     else:
-        lines.append("  plan lists no bounded update programs (no context budget: rollout.row_len = max_context_tokens = 0)")
+        lines.append("  plan lists no bounded update programs (no context budget: rollout.row_len = "
+                     "max_context_tokens = 0)")
     lines.append(f"  {'program':10s} {'shape':44s} {'compiled MiB':>12s} {'plan MiB':>9s} {'plan/comp':>9s}")
     for p in rep["programs"]:
         shape = " ".join(f"{k}={v}" for k, v in p["shape"].items() if v)
@@ -255,7 +258,8 @@ def run(args) -> int:
         cfg = load_run_config(args.config, args.overrides)
         if not hasattr(cfg, "rollout"):
             raise ConfigError(f"--config {args.config}: rehearse runs RL configs (AgentRLConfig, SimRLConfig)")
-        narrowed = narrow_config(cfg, width=args.width, repeats=args.repeats, tokens=args.tokens, batch=args.batch, steps=args.steps)
+        narrowed = narrow_config(cfg, width=args.width, repeats=args.repeats, tokens=args.tokens, batch=args.batch,
+                                 steps=args.steps)
         n, have = mesh_size(narrowed), len(jax.devices())
         if have < n:
             per = -(-n // jax.process_count())
