@@ -1,30 +1,40 @@
 #!/usr/bin/env bash
-# The accelerator figures of issue #16 item 7, in one run on one accelerator (made for one H200, ~9 minutes):
+# The accelerator figures, in one run on one accelerator (made for one H200, at most ~9 minutes):
 #   1. MFU of the Stage II train step (GRPO, Eq 6) of the ~1B Qwen3 of configs/qwen3_1b_device.py in bf16
 #      (target >= 45%): `python -m mimesis_jax profile --what grpo_step`;
 #   2. the fused CSD step (Eq 11) on the same dialogues plus their coach notes, 8 agent turns: its median step
 #      time over the GRPO step's (target <= 1.15x): `profile --what csd_step --set rl.alpha=0.01`;
 #   3. the rollout engine's decode tokens/s at batch 64, against `sampler.generate` in the same process:
-#      benchmarks/bench_engine_decode.py.
+#      benchmarks/bench_engine_decode.py;
+#   4. memory against the plan: a rehearsal (`python -m mimesis_jax rehearse`, plan/rehearse_cli.py) of the paper
+#      Stage II CSD config (configs/qwen3_8b_agentrl.py:csd) at hidden REH_WIDTH (2048) with REH_REPEATS (16)
+#      layers on this one device (its mesh set to 1 x 1 x 1), in the config's bf16: one real RL step, then every
+#      program it compiled (the update on its ladder rungs, the sampler's buckets) with the backend's own compiled
+#      bytes next to the plan's, and their ratio;
+#   5. the static sampler's steady-state decode against a plain jitted decode loop (benchmarks/bench_sampler.py:
+#      sampler / reference, goal <= 1.1) at the ~1B agent's width and the real Qwen3 vocabulary.
 #
 #   scripts/device_figures.sh                     # on the accelerator; writes $OUT (else ./device_out)
-#   TINY=1 scripts/device_figures.sh              # the same three steps at tiny sizes on a CPU (a minute or two)
+#   TINY=1 scripts/device_figures.sh              # the same five steps at tiny sizes on a CPU (about 3 minutes;
+#                                                 # tests/test_device_script.py runs it)
 #
 # Synthetic data and random weights throughout: nothing is downloaded and nothing is installed. It runs from the
-# working tree (PYTHONPATH=repo root) with the interpreter $PYTHON (default python3), which needs jax (with the
-# accelerator's plugin), flax, optax, orbax-checkpoint, numpy, safetensors, pyyaml, rich, humanize, msgpack,
-# tensorstore, etils, simplejson, uvloop -- what `pip install -e .` brings; the H200 image has all of them.
+# working tree (PYTHONPATH=repo root) with the interpreter $PYTHON (default python3), which needs what
+# `pip install -e .` brings; the lent H200's image lacks a few of those (grain, fastapi and their needs), carried
+# there as wheels (docs/scale-out.md, "The accelerator figures").
 #
-# Each step has its own time limit (seconds: GRPO_TIMEOUT, CSD_TIMEOUT, ENGINE_TIMEOUT; 180 + 190 + 170 = 540 s
-# on the device) and a step that fails or runs out of time is reported as such: the others still run. Knobs:
-# STEPS (profiled steps after the warm-up, 3), ATTN (model.attention_impl: blockwise; pallas = the Triton
-# kernels), SET_EXTRA (more `--set key=value` overrides for both profile runs, e.g. "train.remat=full"),
-# KEEP_TRACES=1 (also keep the profiler traces and HLO under $OUT/traces: large).
+# Each step has its own time limit (seconds: GRPO_TIMEOUT, CSD_TIMEOUT, ENGINE_TIMEOUT, MEMORY_TIMEOUT,
+# SAMPLER_TIMEOUT; 140 + 150 + 100 + 90 + 60 = 540 s on the device) and a step that fails or runs out of time is
+# reported as such: the others still run. Knobs: STEPS (profiled steps after the warm-up, 3), ATTN
+# (model.attention_impl: blockwise; pallas = the Triton kernels), SET_EXTRA (more `--set key=value` overrides for
+# both profile runs, e.g. "train.remat=full"), REH_WIDTH / REH_REPEATS / REH_TOKENS (the rehearsal's hidden size,
+# layer-pattern repeats and token-budget divisor), KEEP_TRACES=1 (also keep the profiler traces and HLO under
+# $OUT/traces: large).
 #
 # Written to $OUT (at most 8 files, so that all of them come back from a lent machine): device_figures.log (every
 # step's output), grpo_summary.json, csd_summary.json (profile_cmd.py's summary.json: step times, tokens/s,
-# model FLOPs, MFU, memory), engine.json (bench_engine_decode.py's numbers) and figures.txt (the summary printed
-# at the end).
+# model FLOPs, MFU, memory), engine.json (bench_engine_decode.py's numbers), rehearse.json (the rehearsal's
+# report), sampler.txt (bench_sampler.py's output) and figures.txt (the summary printed at the end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 {  # the whole script is one compound command: bash reads it all before running, so editing it meanwhile is safe
@@ -49,11 +59,18 @@ if [[ ${TINY:-0} == 1 ]]; then
   SIZE="model.num_key_value_heads=2 model.num_attention_heads=4 model.hidden_size=64 model.intermediate_size=128
         model.head_dim=16 model.vocab_size=1024 model.attention_block_q=64 model.attention_block_k=64
         rollout.row_len=256 rollout.max_context_tokens=256 rollout.prompts_per_step=2 rollout.mini_batch_prompts=2
-        rollout.group_size=4"
+        rollout.group_size=4 rollout.agent_max_tokens=64"
   TOKENS="--prompt-tokens 40 --user-tokens 10 --note-tokens 6 --reply-tokens 12"
   ENGINE_ARGS="--tiny --repeats 1"
+  MEMORY_TIMEOUT=${MEMORY_TIMEOUT:-300} SAMPLER_TIMEOUT=${SAMPLER_TIMEOUT:-240}
+  REH_WIDTH=${REH_WIDTH:-64} REH_REPEATS=${REH_REPEATS:-2} REH_TOKENS=${REH_TOKENS:-32}
+  SAMPLER_ARGS="--layers 2 --hidden 64 --vocab 4096 --batch 8 --prompt-len 16 --new-tokens 16 --rounds 2"
 else
-  GRPO_TIMEOUT=${GRPO_TIMEOUT:-180} CSD_TIMEOUT=${CSD_TIMEOUT:-190} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-170}
+  GRPO_TIMEOUT=${GRPO_TIMEOUT:-140} CSD_TIMEOUT=${CSD_TIMEOUT:-150} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-100}
+  MEMORY_TIMEOUT=${MEMORY_TIMEOUT:-90} SAMPLER_TIMEOUT=${SAMPLER_TIMEOUT:-60}
+  REH_WIDTH=${REH_WIDTH:-2048} REH_REPEATS=${REH_REPEATS:-16} REH_TOKENS=${REH_TOKENS:-16}
+  # the ~1B agent's width at the real vocabulary: the LM head and the sampling over V weigh as at scale
+  SAMPLER_ARGS="--layers 4 --hidden 2048 --batch 64 --prompt-len 256 --new-tokens 128 --rounds 3"
   # one H200: let XLA take most of the 139 GiB (the plan's peak for the CSD step is 77 GiB)
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
   SIZE=""
@@ -72,6 +89,8 @@ say() { echo "[device_figures $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 say "TINY=${TINY:-0} OUT=$OUT python=$PY steps=$STEPS attention=$ATTN overrides: $(echo $SETS)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   2>&1 | tee -a "$LOG"
+"$PY" -c "import sys, jax, flax; print('python', sys.version.split()[0], 'jax', jax.__version__, 'flax', \
+flax.__version__, 'devices', jax.devices())" 2>&1 | tee -a "$LOG"
 START=$SECONDS
 
 # run NAME TIMEOUT CMD...: runs one step under its limit, its output into the log; records its exit status
@@ -107,13 +126,21 @@ profile grpo grpo_step "$GRPO_TIMEOUT"
 profile csd csd_step "$CSD_TIMEOUT" rl.alpha=0.01
 # shellcheck disable=SC2086
 run engine "$ENGINE_TIMEOUT" "$PY" benchmarks/bench_engine_decode.py $ENGINE_ARGS --batch 64 --json "$OUT/engine.json"
+# the paper Stage II CSD config's structure on this one device (its mesh set to 1 x 1 x 1), in the config's bf16
+run memory "$MEMORY_TIMEOUT" "$PY" -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd \
+  --width "$REH_WIDTH" --repeats "$REH_REPEATS" --tokens "$REH_TOKENS" --json "$OUT/rehearse.json" \
+  --set mesh.data=1 mesh.fsdp=1 mesh.tensor=1
+# shellcheck disable=SC2086
+run sampler "$SAMPLER_TIMEOUT" "$PY" benchmarks/bench_sampler.py $SAMPLER_ARGS --reference-argmax first
+sed -n '/^\[device_figures .*sampler: start/,/^\[device_figures .*sampler: exit/p' "$LOG" >"$OUT/sampler.txt"
 rm -rf "$WORK"
 
 say "all steps done in $((SECONDS - START))s; summary:"
-"$PY" - "$OUT" "${RC[grpo]}" "${RC[csd]}" "${RC[engine]}" <<'EOF' 2>&1 | tee "$OUT/figures.txt"
+"$PY" - "$OUT" "${RC[grpo]}" "${RC[csd]}" "${RC[engine]}" "${RC[memory]}" "${RC[sampler]}" <<'EOF' 2>&1 \
+  | tee "$OUT/figures.txt"
 import json, os, sys
 
-out, rcs = sys.argv[1], dict(zip(("grpo", "csd", "engine"), sys.argv[2:5]))
+out, rcs = sys.argv[1], dict(zip(("grpo", "csd", "engine", "memory", "sampler"), sys.argv[2:7]))
 
 
 def load(name):
@@ -125,6 +152,7 @@ def load(name):
 
 
 grpo, csd, eng = load("grpo_summary.json"), load("csd_summary.json"), load("engine.json")
+reh = load("rehearse.json")
 
 
 def fail(name):
@@ -164,8 +192,26 @@ if eng:
           f"{eng['identical_samples']}/{eng['batch']})")
 else:
     print("engine decode at batch 64:", fail("engine"))
+if reh:
+    for rep in reh["reports"]:
+        m = rep["model"]
+        print(f"memory against plan ({rep['dtype']}, {rep['num_devices']} device): {reh['config']} rehearsed at "
+              f"{m['layers']} layers, hidden {m['hidden']}, row_len {rep['row_len']}; plan/compiled per program "
+              f"(tolerance {rep['tolerance']:.0%}):")
+        for p in rep["programs"]:
+            shape = " ".join(f"{k}={v}" for k, v in p["shape"].items() if v)
+            print(f"  {p['program']:9s} {shape:52s} compiled {p['compiled_bytes'] / 2 ** 30:7.3f} GiB, plan "
+                  f"{p['plan_bytes'] / 2 ** 30:7.3f} GiB, ratio {p['plan_bytes'] / p['compiled_bytes']:.3f} "
+                  f"{'ok' if p['ok'] else 'OFF'}")
+else:
+    print("memory against plan:", fail("memory"))
+ratio = None
+if os.path.exists(os.path.join(out, "sampler.txt")):
+    with open(os.path.join(out, "sampler.txt")) as f:
+        ratio = next((line.strip() for line in f if line.startswith("ratio sampler / reference:")), None)
+print("sampler against the plain decode loop (goal <= 1.1):", ratio if ratio else fail("sampler"))
 EOF
 status=0
-for k in grpo csd engine; do [[ ${RC[$k]} == 0 ]] || status=1; done
+for k in grpo csd engine memory sampler; do [[ ${RC[$k]} == 0 ]] || status=1; done
 exit $status
 }
