@@ -88,7 +88,8 @@ def test_budget_splits_state_slots_and_pages():
     states = budget // 2 // sb  # the 529 slots of 512 dialogues need more than half the budget
     assert (s.num_states, s.num_pages) == (states, (budget - states * sb) // pb) and s.pool_bytes <= budget
     fits = engine_sizing(config, dialogues=4, max_context=16384, page_size=16, slots=16, memory_gib=16)
-    assert (fits.num_states, fits.num_pages) == (4 + 16 + 1, 4 * (16384 // 16) + 1)  # under the budget: the uncapped rule
+    # under the budget: the uncapped rule
+    assert (fits.num_states, fits.num_pages) == (4 + 16 + 1, 4 * (16384 // 16) + 1)
 
 
 def test_keys_are_checked():
