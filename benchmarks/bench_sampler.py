@@ -23,9 +23,13 @@ Rounds alternate the two paths (the machine may be shared: each path's best roun
 ratio is sampler / reference (goal <= 1.1), in wall time and in this process's CPU time (steadier under load).
 `--reference-argmax first` gives the reference the sampler's `first_argmax` (same tokens) to compare the rest of
 the step like for like; the default reference uses jnp.argmax / jax.random.categorical as a plain loop would. As
-a check that the two paths compute the same thing, the fraction of generated tokens on which they agree is printed (1.0 up to rare float ties between the two implementations), with
-the largest log-prob difference on the agreeing tokens.
-`--count-compiles` also prints how many XLA compilations each round of the sampler triggered (0 after round 1).
+a check that the two paths compute the same thing, the fraction of generated tokens on which they agree is
+printed (1.0 up to rare float ties between the two implementations), with the largest log-prob difference on the
+agreeing tokens.
+
+`--count-compiles` also prints the XLA compilations (`profiling.count_compilations`) of the warm-up and of each
+round, per path: the sampler's two calls and the reference. After the warm-up every round should compile nothing
+(the same bucket and the same reference programs); a round that does names the programs it compiled.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import numpy as np
 
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.profiling import count_compilations
 from mimesis_jax.rollout import sampler
 
 
@@ -162,16 +167,9 @@ def reference_decode(cfg, params, tok, cache, row_keys, P, n_new, temperature, t
 
 
 # ------------------------------------------------------------------------------------------- timing
-class CompileCounter:
-    """Counts XLA compilations (the '/jax/core/compile/backend_compile_duration' event) while installed."""
-
-    def __init__(self):
-        self.n = 0
-        jax.monitoring.register_event_duration_secs_listener(self._on)
-
-    def _on(self, event, *_a, **_k):
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.n += 1
+def _compiled(c) -> str:
+    """`count_compilations`' count, with the programs' names when there are any."""
+    return f"{c.count}" + (f" ({', '.join(c.names)})" if c.count else "")
 
 
 def main(argv=None):
@@ -190,8 +188,10 @@ def main(argv=None):
     p.add_argument("--reference-argmax", choices=("jnp", "first"), default="jnp",
                    help="the reference's argmax over V: jnp.argmax / jax.random.categorical (a plain loop), or the "
                         "sampler's first_argmax (same tokens; compares the rest of the step like for like)")
+    p.add_argument("--count-compiles", action="store_true",
+                   help="also print the XLA compilations of the warm-up and of each round, per path (none expected "
+                        "after the warm-up)")
     args = p.parse_args(argv)
-    counter = CompileCounter()
 
     cfg = tiny_qwen3(args.layers, args.hidden, args.vocab)
     params = models.init_params(cfg, jax.random.key(0))
@@ -221,18 +221,21 @@ def main(argv=None):
                                                          args.reference_argmax))
         return (time.perf_counter() - t0, time.process_time() - c0), (np.asarray(out), np.asarray(lp))
 
-    t_first, _ = run_sampler(N)
-    run_sampler(1)
-    run_reference()
-    print(f"warm-up (compiles both sampler programs and the reference): first sampler call {t_first[0]:.2f} s; "
-          f"{counter.n} compilations so far", flush=True)
-    full, short, ref, agree, lp_gap = [], [], [], [], []
+    with count_compilations() as warm:
+        t_first, _ = run_sampler(N)
+        run_sampler(1)
+        run_reference()
+    print(f"warm-up (compiles the sampler's bucket program and the reference's two): first sampler call "
+          f"{t_first[0]:.2f} s"
+          + (f"; compilations: {_compiled(warm)}" if args.count_compiles else ""), flush=True)
+    full, short, ref, agree, lp_gap, compiles = [], [], [], [], [], []
     for r in range(args.rounds):
-        before = counter.n
-        tf, out = run_sampler(N)
-        ts, _ = run_sampler(1)
-        new_compiles = counter.n - before
-        tr, (ref_tok, ref_lp) = run_reference()
+        with count_compilations() as c_samp:
+            tf, out = run_sampler(N)
+            ts, _ = run_sampler(1)
+        with count_compilations() as c_ref:
+            tr, (ref_tok, ref_lp) = run_reference()
+        compiles.append((c_samp.count, c_ref.count))
         full.append(tf)
         short.append(ts)
         ref.append(tr)
@@ -244,7 +247,9 @@ def main(argv=None):
                                    initial=0.0)))
         print(f"  round {r + 1}: sampler {N} tokens {tf * 1e3:7.1f} ms, 1 token {ts * 1e3:6.1f} ms "
               f"-> decode {(tf - ts) / (N - 1) * 1e3:6.2f} ms/step | reference decode "
-              f"{tr / (N - 1) * 1e3:6.2f} ms/step | compilations this round: {new_compiles}", flush=True)
+              f"{tr / (N - 1) * 1e3:6.2f} ms/step"
+              + (f" | compilations: sampler {_compiled(c_samp)}, reference {_compiled(c_ref)}"
+                 if args.count_compiles else ""), flush=True)
     # best round of each path; the sampler's decode is the difference of its two best calls (wall clock, and the
     # CPU seconds of this process, which a shared machine's other load disturbs less)
     samp_step = (min(t[0] for t in full) - min(t[0] for t in short)) / (N - 1)
@@ -257,7 +262,8 @@ def main(argv=None):
     print(f"ratio sampler / reference: {samp_step / ref_step:.3f} wall, {cpu_ratio:.3f} CPU time  (goal <= 1.1); "
           f"tokens agreeing with the reference: {min(agree):.3f}, their log-probs within {max(lp_gap):.1e}")
     return {"sampler_step": samp_step, "reference_step": ref_step, "ratio": samp_step / ref_step,
-            "cpu_ratio": cpu_ratio, "agree": min(agree), "logprob_gap": max(lp_gap)}
+            "cpu_ratio": cpu_ratio, "agree": min(agree), "logprob_gap": max(lp_gap), "warmup_compiles": warm.count,
+            "compiles": compiles}
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ turn's whole prefix; with today's 4 x slots + 1 slots or a budget that holds few
 exactly what a cyclic turn loop over more dialogues than slots must."""
 
 import dataclasses
+import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -23,6 +25,26 @@ from mimesis_jax.train.rl.chat_models import EngineMeter, rollout_engine_config,
 PAPER = "configs/qwen3_8b_agentrl.py:csd"
 
 
+def _kv_page_bytes(config, page_size, tensor=1):
+    """By hand, per device: K and V of `page_size` tokens for every full-attention layer, each KV head's head_dim
+    values in the compute dtype, the KV heads split over `tensor` devices."""
+    layers = config.layer_types.count("full_attention")
+    heads = config.num_key_value_heads // tensor
+    return 2 * layers * heads * page_size * config.head_dim * jnp.dtype(config.dtype).itemsize
+
+
+def _state_slot_bytes(config):
+    """By hand: per gated-DeltaNet layer, the causal conv's last kernel-1 inputs (queries and keys of every key
+    head, values of every value head; compute dtype) and the fp32 recurrent state [value heads, Dk, Dv]."""
+    layers = config.layer_types.count("linear_attention")
+    if not layers:
+        return 0
+    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
+    conv = (config.linear_conv_kernel_dim - 1) * (2 * hk * dk + hv * dv) * jnp.dtype(config.dtype).itemsize
+    return layers * (conv + hv * dk * dv * 4)
+
+
 def _allocated(config, pages, states, page_size):
     shapes = jax.eval_shape(lambda: models.family(config, "paged").init_paged_cache(config, pages, page_size,
                                                                                    states))
@@ -35,10 +57,8 @@ def test_bytes_are_what_init_paged_cache_allocates(name):
               "qwen3_5_9b": lambda: qwen3_5_model("9b")}[name]().replace(dtype="bfloat16")
     pb, sb = page_bytes(config, 16), state_bytes(config)
     assert _allocated(config, 7, 5, 16) == 7 * pb + 5 * sb
-    if name == "qwen3_8b":  # 2 (K, V) x 36 layers x 8 KV heads x 16 tokens x 128 x 2 bytes; no recurrent state
-        assert (pb, sb) == (2 * 36 * 8 * 16 * 128 * 2, 0)
-    if name == "qwen3_5_9b":  # 8 full layers x 4 KV heads x 256; 24 linear: conv 3 x 16 x 512 bf16 + 32 x 128^2 fp32
-        assert (pb, sb) == (2 * 8 * 4 * 16 * 256 * 2, 24 * (3 * 16 * 512 * 2 + 32 * 128 * 128 * 4))
+    assert (pb, sb) == (_kv_page_bytes(config, 16), _state_slot_bytes(config))
+    assert (sb > 0) == ("qwen3_5" in name)  # only Qwen3.5 has recurrent state
 
 
 def _paper(*sets):
@@ -48,17 +68,16 @@ def _paper(*sets):
 
 def test_paper_stage2_pool_fits_its_budget_instead_of_1_3_tb():
     cfg, model = _paper()
-    r, D = cfg.rollout, cfg.rollout.prompts_per_step * cfg.rollout.group_size  # 1,024 dialogues in flight
-    pb = 2 * 36 * 8 * 16 * 128 * 2
-    per_seq = -(-9344 // 16)  # 584 pages of the longest dialogue (1,152 prompt + 8,192 response tokens)
+    r, D = cfg.rollout, cfg.rollout.prompts_per_step * cfg.rollout.group_size  # every dialogue in flight
+    pb = _kv_page_bytes(model, r.engine_page_size)
+    per_seq = math.ceil(r.max_context_tokens / r.engine_page_size)  # pages of the longest dialogue
     uncapped = rollout_sizing(dataclasses.replace(r, engine_memory_gib=0.0), model, D)
-    assert uncapped.num_pages == D * per_seq + 1 and uncapped.pool_bytes == (D * per_seq + 1) * pb
-    assert round(uncapped.pool_bytes / GiB) == 1314  # the 1.3 TB the issue filed
-    capped = rollout_sizing(r, model, D)  # the config's rollout.engine_memory_gib
+    assert uncapped.num_pages == D * per_seq + 1 and uncapped.pool_bytes == (D * per_seq + 1) * pb  # + trash page
     budget = int(r.engine_memory_gib * GiB)
-    assert r.engine_memory_gib == 16.0 and capped.num_pages == budget // pb == 7281
-    assert capped.pool_bytes == 7281 * pb <= budget
-    assert rollout_engine_config(r, model, D).num_pages == 7281
+    assert 0 < budget < uncapped.pool_bytes  # the config's budget is what caps the pool
+    capped = rollout_sizing(r, model, D)  # the config's rollout.engine_memory_gib
+    assert capped.num_pages == budget // pb and capped.pool_bytes == (budget // pb) * pb <= budget
+    assert rollout_engine_config(r, model, D).num_pages == budget // pb
 
 
 def test_budget_splits_state_slots_and_pages():
@@ -69,7 +88,8 @@ def test_budget_splits_state_slots_and_pages():
     states = budget // 2 // sb  # the 529 slots of 512 dialogues need more than half the budget
     assert (s.num_states, s.num_pages) == (states, (budget - states * sb) // pb) and s.pool_bytes <= budget
     fits = engine_sizing(config, dialogues=4, max_context=16384, page_size=16, slots=16, memory_gib=16)
-    assert (fits.num_states, fits.num_pages) == (4 + 16 + 1, 4 * 1024 + 1)  # under the budget: the uncapped rule
+    # under the budget: the uncapped rule
+    assert (fits.num_states, fits.num_pages) == (4 + 16 + 1, 4 * (16384 // 16) + 1)
 
 
 def test_keys_are_checked():
@@ -124,7 +144,7 @@ def _params():
 
 def test_turn_loop_with_derived_state_slots_reuses_every_prefix():
     ec, recs, reuse = _turn_loop()
-    assert (ec.states, ec.num_pages) == (D + SLOTS + 1, D * 4 + 1)
+    assert (ec.states, ec.num_pages) == (D + SLOTS + 1, D * (64 // 16) + 1)  # 64-token dialogues, 16-token pages
     assert [r["engine/evictions"] for r in recs] == [0, 0, 0]
     assert [r["engine/recomputed"] for r in recs] == [0, 0, 0]
     assert [r["engine/reused_tokens"] for r in recs] == [0, reuse[0], reuse[1]]
@@ -166,8 +186,10 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
     p = budget.plan_config(cfg, mesh, "a100-80g")
     # on the training mesh the engine samples with the learner's parameter arrays: no copy of its own
     assert p.item("engine parameters") == 0
-    # the 16 GiB budget's pages [L=36, K/V, 8 KV heads, 16 tokens, 128 dims] bf16, the KV heads split over tensor=2
-    assert p.item("engine pool") == 7281 * 2 * 36 * 8 * 16 * 128 * 2 // 2
+    # the pages the config's budget holds, each device with its share of the KV heads (split over tensor)
+    r, model = cfg.rollout, workload.runtime_model(cfg)
+    pages = int(r.engine_memory_gib * GiB) // _kv_page_bytes(model, r.engine_page_size)
+    assert p.item("engine pool") == pages * _kv_page_bytes(model, r.engine_page_size, tensor=mesh["tensor"])
     assert p.item("KV cache") == 0  # the static sampler's cache is not built
     resident = p.item("parameters") + p.item("optimizer state")
     assert p.rollout_peak == (resident + p.item("engine parameters") + p.item("engine pool")

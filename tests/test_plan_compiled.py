@@ -13,7 +13,9 @@ inputs), so the paper widths are kept."""
 import argparse
 import dataclasses
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 
@@ -22,10 +24,11 @@ import pytest
 from helpers import subprocess_env
 from mimesis_jax.plan import cli as plan_cli
 from mimesis_jax.plan import workload
-from mimesis_jax.plan.budget import engine_prefill_bytes, engine_prefill_copies, plan, scoring_peak
+from mimesis_jax.plan.budget import (engine_prefill_bytes, engine_prefill_copies, plan, plan_config,
+                                     scoring_peak)
 from mimesis_jax.plan.compiled import (PALLAS_ON_CPU, QUICK, ProgramMemory, engine_decode_memory, format_programs,
                                        program_memory, program_workloads, scoring_memory, within)
-from mimesis_jax.plan.devices import device_for
+from mimesis_jax.plan.devices import GiB, device_for
 from mimesis_jax.plan.memory import layer_weight_bytes, table_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -220,16 +223,57 @@ def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
 
 
 def test_plan_on_processes_names_the_key_that_fits(capsys):
-    """The 9B simulator config fits one 16-device process by 0.59 GiB; on 2 processes each holds its own parameter
-    copy (4.17 GiB per device) and no longer fits: `plan --processes 2` says so and names rollout.max_batch."""
-    args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(
-        ["--config", "configs/mimesis_simrl.py:9b", "--processes", "2"])
+    """On N processes each process rolls out its share of the tasks on its own sub-mesh, with its own parameter
+    copy: the 9B simulator config fits one 16-device process but not 2. `plan --processes 2` says so with the
+    figures of the whole mesh's and one process's plans, and names the largest rollout.max_batch (the config's
+    halved) under which the config re-planned on 2 processes fits -- and twice that does not."""
+    name, n = "configs/mimesis_simrl.py:9b", 2
+    args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", name, "--processes", str(n)])
     assert plan_cli.run(args) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[-4].startswith("rollout on each of 2 processes: its sub-mesh data=1,fsdp=4,tensor=2, sampler calls "
-                              "of 128 x (14336 + 2048) tokens (32 of 64 tasks per step)")
-    assert out[-1].startswith("suggestion: --set rollout.max_batch=128 -> ")
-    assert "DOES NOT FIT on 2 processes" in out[-2]
+    head, program, total, suggestion = capsys.readouterr().out.splitlines()[-4:]
+
+    def on_processes(*sets):
+        """The config with `sets`, its plan on the whole mesh and one process's plan on its sub-mesh, and the
+        rollout peak by hand: the training state every device keeps + that process's rollout program."""
+        cfg = workload.load_run_config(name, list(sets))
+        mesh = dict(cfg.mesh.axes())
+        p = plan_config(cfg, mesh, "a100-80g")
+        pp = plan_config(workload.process_config(cfg, n), workload.process_mesh(mesh, n), "a100-80g")
+        state = p.item("parameters") + p.item("optimizer state")
+        return cfg, p, pp, state, state + pp.rollout_peak - pp.item("optimizer state")
+
+    def gib(x):
+        return f"{x / GiB:.2f}"
+
+    cfg, p, pp, state, peak = on_processes()
+    r, mesh = cfg.rollout, dict(cfg.mesh.axes())
+    assert p.fits and peak > p.usable  # one process fits; on 2 the rollout phase does not
+    # the sub-mesh holds a process's share of the devices; a call samples the process's share of the config's
+    # max_batch (at most its tasks' rollouts), each prompt up to the context less the new tokens
+    m = re.fullmatch(rf"rollout on each of {n} processes: its sub-mesh (\S+), sampler calls of (\d+) x \((\d+) \+ "
+                     rf"(\d+)\) tokens \((\d+) of (\d+) tasks per step\)", head)
+    assert m, head
+    sub = dict((a, int(v)) for a, v in (kv.split("=") for kv in m[1].split(",")))
+    assert math.prod(sub.values()) * n == math.prod(mesh.values()) and sub == pp.workload.mesh
+    share = math.ceil(r.prompts_per_step / n)
+    batch = min(math.ceil(r.max_batch / n), share * r.group_size)
+    assert [int(m[i]) for i in range(2, 7)] == [batch, r.max_context_tokens - r.max_tokens, r.max_tokens, share,
+                                                r.prompts_per_step]
+    assert program.split() == (f"its rollout program {gib(peak - state)} GiB per device (of which its own parameter "
+                               f"copy {gib(pp.item('parameters'))} GiB) + the training state kept on every device "
+                               f"{gib(state)} GiB = rollout peak {gib(peak)} GiB").split()
+    most = max(p.train_peak, peak)
+    assert total.startswith(f"total {gib(most)} GiB of {gib(p.device.bytes)} GiB ({gib(p.usable)} GiB usable): "
+                            f"margin {(p.usable - most) / GiB:+.2f} GiB")
+    assert total.endswith(f"DOES NOT FIT on {n} processes")
+    m = re.match(r"suggestion: --set rollout\.max_batch=(\d+) -> rollout peak (\S+) GiB", suggestion)
+    assert m, suggestion
+    k = int(m[1])
+    assert r.max_batch % k == 0 and (r.max_batch // k) & (r.max_batch // k - 1) == 0  # the config's halved
+    _, p_k, _, _, peak_k = on_processes(f"rollout.max_batch={k}")
+    assert m[2] == gib(peak_k) and max(p_k.train_peak, peak_k) <= p_k.usable
+    _, p_2k, _, _, peak_2k = on_processes(f"rollout.max_batch={2 * k}")
+    assert max(p_2k.train_peak, peak_2k) > p_2k.usable
     args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(
         ["--config", "configs/mimesis_simrl.py:9b", "--processes", "3"])
     assert plan_cli.run(args) == 2
