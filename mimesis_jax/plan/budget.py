@@ -103,7 +103,8 @@ def plan(w: Workload, device: Device) -> Plan:
     Train-step peak = resident (parameters, optimizer state, the update's batch) + the largest of its phases:
     forward (saved activations + the gathered [V, D] tables + CSD branches + the last layer's attention: 2 fp32
     dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the fp32 gradient of
-    the hidden states), embedding backward and the optimizer update; the backward phases with the gradient
+    the hidden states; in the LM train step also the [V, D] tables beside it: the gathered table(s) and two fp32
+    gradient buffers), embedding backward and the optimizer update; the backward phases with the gradient
     buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill + the
     sampler's gathered [V, D] tables (static sampler).
     """
