@@ -67,9 +67,11 @@ def layer_backward_phase(model: ModelConfig, saved: dict[str, int], table: dict[
     tensor table (recomputed under remat) and the backward extras (attention backward, cotangents, gathered
     weights); carry_bytes: the layer input kept under remat. Without remat, the backward of a scanned stack
     reads its iteration's saved tensors as copies sliced from the stack: a Qwen3 layer, or a whole Qwen3.5
-    block (its runs of same-type layers). Every stack stays live until the loop ends. A Qwen3.5 model of a single
-    block is unrolled by XLA: its runs free their tensors as the backward passes them (last run first), and only
-    runs of more than one layer are sliced.
+    block (its runs of same-type layers). A scanned Qwen3.5 block slices its iteration's saved tensors under remat
+    too (the outer scan's backward reads every layer input of the block before the inner runs start: `block`
+    carries, beside the recomputed layer's own). Every stack stays live until the loop ends. A Qwen3.5 model of a
+    single block is unrolled by XLA: its runs free their tensors as the backward passes them (last run first), and
+    only runs of more than one layer are sliced.
     """
     counts = _layer_types(model)
     total = sum(saved[t] * n for t, n in counts.items())
@@ -83,7 +85,7 @@ def layer_backward_phase(model: ModelConfig, saved: dict[str, int], table: dict[
         return total + max(work.values()), max(work.values())
     block, repeats = layer_block(model)
     if repeats > 1:
-        block_saved = sum(copied[t] for t in block)
+        block_saved = sum(saved[t] for t in block)
         work = {t: block_saved + recompute[t] + extras[t] for t in counts}
         return total + max(work.values()), max(work.values())
     alive, peak, one = 0, 0, 0
@@ -101,7 +103,8 @@ def plan(w: Workload, device: Device) -> Plan:
     Train-step peak = resident (parameters, optimizer state, the update's batch) + the largest of its phases:
     forward (saved activations + the gathered [V, D] tables + CSD branches + the last layer's attention: 2 fp32
     dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the fp32 gradient of
-    the hidden states), embedding backward and the optimizer update; the backward phases with the gradient
+    the hidden states; in the LM train step also the [V, D] tables beside it: the gathered table(s) and two fp32
+    gradient buffers), embedding backward and the optimizer update; the backward phases with the gradient
     buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill + the
     sampler's gathered [V, D] tables (static sampler).
     """
@@ -181,13 +184,20 @@ def plan(w: Workload, device: Device) -> Plan:
                      "tokens, attending the trunk keys and the branch keys as two groups (dense: 4 fp32 [b,H,Tb,keys] "
                      "and the mask per group), + the branch stream and its head inputs; stop-gradient: nothing "
                      "saved per layer")
+    beside = 0
+    if w.kind == "lm":  # the LM train step's (train/step.py); an RL update's backward keeps its own count
+        beside = add("train", "tables (layer backward)", (n_tables // 2) * tc + 2 * table,
+                     f"{n_tables // 2} [V, D] {which} table{'s' if n_tables > 2 else ''} gathered over fsdp "
+                     "(compute dtype: loop invariants of the micro-batch scan, live throughout it) + 2 dense fp32 "
+                     "[V, D] gradient buffers beside the layer backward, the scatter-adds of the LM head's target-row "
+                     "gather and of the embedding lookup (the CPU schedule zeroes both before the trunk's backward)")
     embed = add("train", "embedding (backward)", table + tc,
                 "the dense fp32 gradient of the [V, D] table + the gathered table")
     opt_tmp = add("train", "optimizer update", P, "one fp32 parameter-shaped update tree (clip + AdamW)")
     phases = {
         "forward": saved + kept + tables + branch + attn_fwd,
         "head backward": G + saved + kept + head_peak,
-        "layer backward": G + b * T * W.D * 4 + layer_phase,
+        "layer backward": G + b * T * W.D * 4 + layer_phase + beside,
         "embedding backward": G + embed,
         "optimizer": G + opt_tmp,
     }
