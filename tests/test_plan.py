@@ -12,7 +12,7 @@ from mimesis_jax.algorithms.rl_batch import ladder_for_config
 from mimesis_jax.config import OptimizerConfig
 from mimesis_jax.models.config import ConfigError, ModelConfig
 from mimesis_jax.plan import budget, devices, memory, suggestions, workload
-from mimesis_jax.plan.compiled import lm_step_memory, rl_step_memory, sampler_memory, within
+from mimesis_jax.plan.compiled import TOLERANCE, ProgramMemory, lm_step_memory, rl_step_memory, sampler_memory, within
 from mimesis_jax.plan import cli as plan_cli
 
 GiB = 2 ** 30
@@ -225,21 +225,92 @@ def test_paper_rl_configs_get_a_change_that_fits():
                                                                         "rollout.max_batch=256")}[name]
 
 
+def _verdict_line(out: str) -> str:
+    (line,) = [x for x in out.splitlines() if x.startswith("total ")]
+    return line
+
+
+def _suggested(out: str) -> tuple[list[str], dict | None]:
+    """The --set overrides and --mesh of the plan's suggestion line."""
+    (line,) = [x for x in out.splitlines() if x.startswith("suggestion: --")]
+    words = line.removeprefix("suggestion: ").split(" -> ")[0].split()
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    meshes = [devices.parse_mesh(words[i + 1]) for i, w in enumerate(words) if w == "--mesh"]
+    return sets, (meshes[0] if meshes else None)
+
+
+def _clears(p: budget.Plan) -> bool:
+    """The margin covers the peak's worst case under TOLERANCE: compiled <= planned / (1 - TOLERANCE)."""
+    return p.usable - p.total >= p.total / (1 - TOLERANCE) - p.total
+
+
 def test_too_big_config_does_not_fit_and_the_suggestion_does(capsys):
     argv = ["--config", "configs/mimesis_sft.py:9b", "--device", "a100-80g", "--set", "train.remat=none"]
     assert plan_cli.run(parse(argv)) == 0
     out = capsys.readouterr().out
-    assert "-> DOES NOT FIT" in out
+    assert _verdict_line(out).endswith("-> DOES NOT FIT")
     assert "suggestion: --set train.remat=full -> total" in out
     assert plan_cli.run(parse(argv + ["train.remat=full"])) == 0
-    assert "-> FITS" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert _verdict_line(out).endswith("-> FITS") and "suggestion" not in out
+    cfg = workload.load_run_config("configs/mimesis_sft.py:9b", ["train.remat=none", "train.remat=full"])
+    assert _clears(budget.plan_config(cfg, dict(cfg.mesh.axes()), "a100-80g"))
+
+
+def test_a_fit_within_the_planner_error_is_tight_and_the_suggestion_clears_it(capsys):
+    """mimesis_simrl.py:9b fits its 16 A100s by less than the planner's error (plan/compiled.py TOLERANCE on
+    planned / compiled, applied to the peak): TIGHT, the error named, and a suggestion whose change, re-planned
+    here, leaves a margin of at least that error."""
+    name = "configs/mimesis_simrl.py:9b"
+    cfg = workload.load_run_config(name)
+    mesh = dict(cfg.mesh.axes())
+    p = budget.plan_config(cfg, mesh, "a100-80g")
+    assert p.fits and not _clears(p)
+    assert plan_cli.run(parse(["--config", name])) == 0
+    out = capsys.readouterr().out
+    line = _verdict_line(out)
+    assert line.endswith("-> TIGHT")
+    error = float(line.split("planner error ")[1].split()[0])
+    assert error == pytest.approx((p.total / (1 - TOLERANCE) - p.total) / GiB, abs=0.006)
+    assert f"e = {TOLERANCE:.0%}: plan/compiled.py TOLERANCE" in out
+    sets, m = _suggested(out)
+    again = budget.plan_config(workload.load_run_config(name, sets), m or mesh, "a100-80g")
+    assert _clears(again)
+    # the raw verdict's boundaries: a peak compiled at planned / (1 - e) is still `within` e of the plan
+    e = budget.error_bytes(p.total, TOLERANCE)
+    assert within(p.total, p.total + e) and not within(p.total, p.total + e + p.total // 100)
+    assert budget.verdict(p.total, p.total + e, TOLERANCE) == "FITS"
+    assert budget.verdict(p.total, p.total + e - 1, TOLERANCE) == "TIGHT"
+    assert budget.verdict(p.total, p.total - 1, TOLERANCE) == "DOES NOT FIT"
+
+
+def test_compiled_ratios_widen_the_error_only_when_worse():
+    """`plan --compiled`: the verdicts' error is 1 - the smallest planned / compiled ratio when that exceeds
+    TOLERANCE, and the output names which error it used."""
+    GB = 10 ** 9
+    assert plan_cli.checked_error()[0] == TOLERANCE
+    within_tol = [ProgramMemory("rl update", int((1 - TOLERANCE / 2) * GB), GB), ProgramMemory("sampler", 2 * GB, GB)]
+    assert plan_cli.checked_error(within_tol)[0] == TOLERANCE
+    low = ProgramMemory("sampler 8x256+32", int((1 - TOLERANCE - 0.05) * GB), GB)
+    error, what = plan_cli.checked_error(within_tol + [low])
+    assert error == pytest.approx(1 - low.ratio) and error > TOLERANCE
+    assert f"{low.ratio:.3f} (sampler 8x256+32)" in what
+    # a plan that FITS under TOLERANCE is TIGHT under the wider error when its margin lies between the two
+    cfg = workload.load_run_config("configs/mimesis_sft.py:9b")
+    p = budget.plan_config(cfg, dict(cfg.mesh.axes()), "a100-80g")
+    wide = 1 - p.total / p.usable + 0.01  # an error under which the peak's worst case passes the usable bytes
+    assert wide > TOLERANCE
+    assert budget.verdict(p.total, p.usable, TOLERANCE) == "FITS"
+    assert budget.verdict(p.total, p.usable, wide) == "TIGHT"
+    assert plan_cli.format_plan(p, error=(wide, "wide")).splitlines()[-2].endswith("-> TIGHT")
 
 
 def test_cli_plans_on_devices_that_do_not_exist(capsys):
     # 32 A100s for mid-training, planned in a process that sees 8 CPU devices
     assert plan_cli.run(parse(["--config", "configs/mimesis_midtrain.py:9b"])) == 0
     out = capsys.readouterr().out
-    assert "on 32 x a100-80g" in out and "mesh data=1,fsdp=16,tensor=2" in out and "-> FITS" in out
+    assert "on 32 x a100-80g" in out and "mesh data=1,fsdp=16,tensor=2" in out
+    assert _verdict_line(out).endswith("-> FITS") and "suggestion" not in out
     # a config mesh of fsdp=-1 takes the devices this process sees
     assert plan_cli.run(parse(["--config", "configs/tiny_agentrl.py:grpo", "--device", "cpu"])) == 0
     assert "mesh data=1,fsdp=8,tensor=1" in capsys.readouterr().out

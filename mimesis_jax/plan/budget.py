@@ -66,7 +66,7 @@ def error_bytes(peak: int, error: float) -> int:
     planned / (1 - error), so peak / (1 - error) - peak."""
     if not 0 <= error < 1:
         raise ValueError(f"planner error {error}: must be in [0, 1)")
-    return math.ceil(peak / (1 - error)) - peak
+    return math.floor(peak / (1 - error)) - peak
 
 
 def verdict(peak: int, usable: int, error: float) -> str:
