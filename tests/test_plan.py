@@ -152,6 +152,8 @@ def test_every_paper_config_fits_on_its_a100_80g_mesh(name):
     print(f"{name}: {math.prod(mesh.values())} x a100-80g, train {p.train_peak / GiB:.2f} GiB, rollout "
           f"{p.rollout_peak / GiB:.2f} GiB, margin {p.margin / GiB:+.2f} GiB of {p.usable / GiB:.2f} usable")
     assert p.fits and p.margin > 0 and p.total <= p.usable
+    # with room for the planner's error all FITS but the 9B simulator, TIGHT (docs/scale-out.md)
+    assert budget.verdict(p.total, p.usable, TOLERANCE) == ("TIGHT" if name == "mimesis_simrl.py:9b" else "FITS")
 
 
 @pytest.mark.parametrize("name", PAPER_LM)
@@ -278,7 +280,7 @@ def test_a_fit_within_the_planner_error_is_tight_and_the_suggestion_clears_it(ca
     assert _clears(again)
     # the raw verdict's boundaries: a peak compiled at planned / (1 - e) is still `within` e of the plan
     e = budget.error_bytes(p.total, TOLERANCE)
-    assert within(p.total, p.total + e) and not within(p.total, p.total + e + p.total // 100)
+    assert within(p.total, p.total + e, TOLERANCE) and not within(p.total, p.total + e + p.total // 100, TOLERANCE)
     assert budget.verdict(p.total, p.total + e, TOLERANCE) == "FITS"
     assert budget.verdict(p.total, p.total + e - 1, TOLERANCE) == "TIGHT"
     assert budget.verdict(p.total, p.total - 1, TOLERANCE) == "DOES NOT FIT"

@@ -21,7 +21,7 @@ import pytest
 
 from helpers import subprocess_env
 from mimesis_jax.plan import cli as plan_cli
-from mimesis_jax.plan import workload
+from mimesis_jax.plan import budget, workload
 from mimesis_jax.plan.budget import engine_prefill_bytes, engine_prefill_copies, plan, scoring_peak
 from mimesis_jax.plan.compiled import (PALLAS_ON_CPU, QUICK, ProgramMemory, engine_decode_memory, format_programs,
                                        program_memory, program_workloads, scoring_memory, within)
@@ -220,29 +220,33 @@ def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
 
 
 def test_plan_on_processes_names_the_key_that_fits(capsys):
-    """The 9B simulator config on 2 processes: each holds its own parameter copy and the rollout no longer fits.
-    Its train step alone is within the planner error (budget.verdict), so no rollout.max_batch can clear it and
-    `plan --processes 2` says so; with the update in 8 micro-batches it names the rollout.max_batch under which
-    the rollout FITS on 2 processes with room for that error, and that change re-planned does."""
+    """The 9B simulator config on 2 processes: each holds its own parameter copy and the rollout no longer fits;
+    `plan --processes 2` says so. With the update in 8 micro-batches (the train step FITS with room for the
+    planner error, budget.verdict) it names the rollout.max_batch under which the rollout FITS on 2 processes
+    too, and that change re-planned does; in 2 micro-batches the train step alone does not fit, so no
+    rollout.max_batch can, and it says that instead."""
+    name = "configs/mimesis_simrl.py:9b"
+
     def run(*sets):
-        argv = ["--config", "configs/mimesis_simrl.py:9b", "--processes", "2"]
-        args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv + ["--set", *sets] if sets else argv)
-        assert plan_cli.run(args) == 0
-        return capsys.readouterr().out.splitlines()
+        argv = ["--config", name, "--processes", "2"] + (["--set", *sets] if sets else [])
+        assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)) == 0
+        out = capsys.readouterr().out.splitlines()
+        i = next(i for i, line in enumerate(out) if line.startswith("rollout on each of 2 processes"))
+        return out[i:]
 
     out = run()
-    i = next(i for i, line in enumerate(out) if line.startswith("rollout on each of 2 processes"))
-    assert out[i].startswith("rollout on each of 2 processes: its sub-mesh data=1,fsdp=4,tensor=2, sampler calls "
+    assert out[0].startswith("rollout on each of 2 processes: its sub-mesh data=1,fsdp=4,tensor=2, sampler calls "
                              "of 128 x (14336 + 2048) tokens (32 of 64 tasks per step)")
-    assert out[i + 2].endswith("-> DOES NOT FIT on 2 processes")
-    assert out[i + 3].startswith("suggestion: no rollout.max_batch clears the planner error on 2 processes: the "
-                                 "train step's")
-    out = run("rl.num_microbatches=8")
-    line = next(line for line in out if line.startswith("suggestion: --set rollout.max_batch="))
-    assert line.endswith("-> FITS on 2 processes")
+    assert out[2].endswith("-> DOES NOT FIT on 2 processes")
+    assert run("rl.num_microbatches=2")[3].startswith(
+        "suggestion: no rollout.max_batch FITS on 2 processes: the train step alone (")
+    p = budget.plan_config(workload.load_run_config(name, ["rl.num_microbatches=8"]),
+                           {"data": 2, "fsdp": 4, "tensor": 2}, "a100-80g")
+    assert budget.verdict(p.train_peak, p.usable, plan_cli.checked_error()[0]) == "FITS"
+    line = run("rl.num_microbatches=8")[3]
+    assert line.startswith("suggestion: --set rollout.max_batch=") and line.endswith("-> FITS on 2 processes")
     cap = line.split("=")[1].split()[0]
-    sets = ["rl.num_microbatches=8", f"rollout.max_batch={cap}"]
-    assert run(*sets)[-1].endswith("-> FITS on 2 processes")
+    assert run("rl.num_microbatches=8", f"rollout.max_batch={cap}")[-1].endswith("-> FITS on 2 processes")
     args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(
         ["--config", "configs/mimesis_simrl.py:9b", "--processes", "3"])
     assert plan_cli.run(args) == 2

@@ -115,10 +115,11 @@ def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: fl
     """The largest rollout.max_batch (halving the config's) under which the rollout phase FITS on `processes`
     processes with room for the planner's `error`, or what to try instead."""
     cap = cfg.rollout.max_batch or cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    if verdict(p.train_peak, p.usable, error) != "FITS":
-        return (f"suggestion: no rollout.max_batch clears the planner error on {processes} processes: the train "
-                f"step's {p.train_peak / GiB:.2f} GiB alone leaves a margin under its error; change that first "
-                f"(the plan's suggestion), then re-plan with --processes {processes}")
+    train = verdict(p.train_peak, p.usable, error)
+    if train != "FITS":
+        return (f"suggestion: no rollout.max_batch FITS on {processes} processes: the train step alone "
+                f"({p.train_peak / GiB:.2f} GiB) {'is TIGHT' if train == 'TIGHT' else train}; change it first (the "
+                f"plan's suggestion), then re-plan with --processes {processes}")
     if not cfg.rollout.engine:
         local = process_mesh(mesh, processes)
         while cap > 1:
@@ -130,8 +131,8 @@ def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: fl
                 return (f"suggestion: --set rollout.max_batch={cap} -> rollout peak "
                         f"{process_rollout_peak(p, pp) / GiB:.2f} GiB, total {total / GiB:.2f} GiB, "
                         f"{_verdict(total, p.usable, error)} on {processes} processes")
-    return (f"suggestion: no rollout.max_batch clears the planner error on {processes} processes; lower "
-            "rollout.engine_memory_gib (engine) or add devices (--mesh)")
+    return (f"suggestion: no rollout.max_batch FITS on {processes} processes; lower rollout.engine_memory_gib "
+            "(engine) or add devices (--mesh)")
 
 
 def run(args) -> int:
