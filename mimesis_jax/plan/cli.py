@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Sequence
 
 import jax
 
@@ -32,7 +33,8 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="also build and compile (abstract inputs, nothing allocated) the programs the loop compiles "
                         "and print their per-device bytes from XLA's memory analysis next to the plan's; needs the "
                         "mesh's devices (fake CPU ones: XLA_FLAGS=--xla_force_host_platform_device_count=N "
-                        "JAX_PLATFORMS=cpu)")
+                        "JAX_PLATFORMS=cpu); a planned / compiled ratio under 1 - plan/compiled.py TOLERANCE widens "
+                        "the verdicts' planner error to 1 - that ratio")
     return p
 
 
@@ -40,7 +42,7 @@ def _gib(n: int) -> str:
     return f"{n / GiB:9.2f}"
 
 
-def checked_error(programs: list[ProgramMemory] = ()) -> tuple[float, str]:
+def checked_error(programs: Sequence[ProgramMemory] = ()) -> tuple[float, str]:
     """(error, what it is) the verdicts leave room for: a planned peak may under-count the compiled one by
     budget.error_bytes(peak, error) = peak / (1 - error) - peak. The error is plan/compiled.py TOLERANCE, the bound
     the tests hold every planned program to (|planned / compiled - 1| <= TOLERANCE), or, with --compiled, 1 - the
