@@ -42,10 +42,15 @@ rollout.row_len tokens) and one row per rollout for Stage I's joint RL (a rollou
 top rung (`workload.ladder_top`: rows, row length, LM-head positions = the whole row, CSD branch and branch-head
 lengths), the largest program the loop compiles.
 
-The peak is the larger of the train step and the rollout phase; a config FITS when the peak is at most the
-device's memory less `HEADROOM`. When it does not, `suggest` re-plans single changes and pairs of them (remat
-full, data or tensor folded into fsdp, more micro-batches, fewer sequences per sampler call (rollout.max_batch),
-shorter rows, more fsdp devices) and reports the cheapest that fits (costs in `_knobs`).
+The peak is the larger of the train step and the rollout phase, compared with the device's memory less `HEADROOM`
+(`budget.verdict`): FITS when the margin is at least the planner's error on that peak, `budget.error_bytes` =
+peak / (1 - e) - peak, the most a compiled program can exceed its plan when planned / compiled is within e of 1;
+e is plan/compiled.py TOLERANCE, the bound the tests hold every planned program to, or with `--compiled` 1 - the
+compiled programs' smallest ratio when that is larger (`cli.checked_error`; the output names the e it used).
+TIGHT when the peak fits but within that error, DOES NOT FIT when it does not fit at all; the per-process rollout
+of `--processes N` gets the same verdict. Unless it FITS, `suggest` re-plans single changes and pairs of them
+(remat full, data or tensor folded into fsdp, more micro-batches, fewer sequences per sampler call
+(rollout.max_batch), shorter rows, more fsdp devices) and reports the cheapest that FITS (costs in `_knobs`).
 
 The formulas were checked against XLA's compiled memory analysis (`profiling.memory_bytes`: arguments + results -
 aliased + scratch) of the LM train step, the RL step and the sampler on fake-device CPU meshes

@@ -1,10 +1,12 @@
 """The plan: per-device bytes of each phase of one update (resident state, the train step's phases, the rollout
-phase), its peak and whether it fits the device less the headroom."""
+phase), its peak and whether it fits the device less the headroom, with room for the planner's error
+(`error_bytes`, `verdict`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
@@ -46,10 +48,33 @@ class Plan:
 
     @property
     def fits(self) -> bool:
+        """The peak is at most the usable bytes, taking the plan at its word (see `clears` for its error)."""
         return self.margin >= 0
+
+    def clears(self, error: float) -> bool:
+        """The margin is at least the peak's `error_bytes`: the config fits even if the plan under-counts it by
+        the planner's error."""
+        return self.margin >= error_bytes(self.total, error)
 
     def item(self, name: str) -> int:
         return sum(i.bytes for i in self.items if i.name == name)
+
+
+def error_bytes(peak: int, error: float) -> int:
+    """How much a planned `peak` may under-count the compiled one when every program is planned within `error`
+    of the compiled bytes (|planned / compiled - 1| <= error, as plan/compiled.py `within` tests it): compiled <=
+    planned / (1 - error), so peak / (1 - error) - peak."""
+    if not 0 <= error < 1:
+        raise ValueError(f"planner error {error}: must be in [0, 1)")
+    return math.floor(peak / (1 - error)) - peak
+
+
+def verdict(peak: int, usable: int, error: float) -> str:
+    """FITS when the headroom (usable - peak) is at least the peak's `error_bytes`; TIGHT when the peak fits but
+    within that error; DOES NOT FIT when the peak exceeds the usable bytes."""
+    if peak > usable:
+        return "DOES NOT FIT"
+    return "FITS" if usable - peak >= error_bytes(peak, error) else "TIGHT"
 
 
 def _layer_types(model: ModelConfig) -> dict[str, int]:

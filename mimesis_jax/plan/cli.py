@@ -1,15 +1,18 @@
-"""`python -m mimesis_jax plan`: the plan of a config as a table, and a change that fits when it does not."""
+"""`python -m mimesis_jax plan`: the plan of a config as a table, its verdict (FITS, TIGHT: it fits only within
+the planner's checked error, or DOES NOT FIT; `checked_error`), and a change that fits with room for that error
+when it does not."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Sequence
 
 import jax
 
 from mimesis_jax.models.config import ConfigError
-from mimesis_jax.plan.budget import Plan, plan_config, process_rollout_peak
-from mimesis_jax.plan.compiled import format_programs, need_devices, program_memory
+from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, verdict
+from mimesis_jax.plan.compiled import TOLERANCE, ProgramMemory, format_programs, need_devices, program_memory
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan.suggestions import suggest
 from mimesis_jax.plan.workload import batch_shards, load_run_config, process_config, process_mesh, programs_text
@@ -30,7 +33,8 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="also build and compile (abstract inputs, nothing allocated) the programs the loop compiles "
                         "and print their per-device bytes from XLA's memory analysis next to the plan's; needs the "
                         "mesh's devices (fake CPU ones: XLA_FLAGS=--xla_force_host_platform_device_count=N "
-                        "JAX_PLATFORMS=cpu)")
+                        "JAX_PLATFORMS=cpu); a planned / compiled ratio under 1 - plan/compiled.py TOLERANCE widens "
+                        "the verdicts' planner error to 1 - that ratio")
     return p
 
 
@@ -38,7 +42,28 @@ def _gib(n: int) -> str:
     return f"{n / GiB:9.2f}"
 
 
-def format_plan(p: Plan, path: str = "") -> str:
+def checked_error(programs: Sequence[ProgramMemory] = ()) -> tuple[float, str]:
+    """(error, what it is) the verdicts leave room for: a planned peak may under-count the compiled one by
+    budget.error_bytes(peak, error) = peak / (1 - error) - peak. The error is plan/compiled.py TOLERANCE, the bound
+    the tests hold every planned program to (|planned / compiled - 1| <= TOLERANCE), or, with --compiled, 1 - the
+    compiled programs' smallest planned / compiled ratio when that is larger (those programs under-counted by more)."""
+    error = TOLERANCE, (f"{TOLERANCE:.0%}: plan/compiled.py TOLERANCE, the tests' bound on |planned / compiled - 1| "
+                        "of every planned program")
+    worst = min(programs, key=lambda r: r.ratio, default=None)
+    if worst is not None and 1 - worst.ratio > TOLERANCE:
+        error = 1 - worst.ratio, (f"{1 - worst.ratio:.1%}: 1 - the compiled programs' smallest planned / compiled "
+                                  f"ratio, {worst.ratio:.3f} ({worst.name}), worse than TOLERANCE's {TOLERANCE:.0%}")
+    return error
+
+
+def _verdict(total: int, usable: int, error: float) -> str:
+    return (f"margin {(usable - total) / GiB:+.2f} GiB, planner error {error_bytes(total, error) / GiB:.2f} GiB -> "
+            f"{verdict(total, usable, error)}")
+
+
+def format_plan(p: Plan, path: str = "", error: tuple[float, str] | None = None) -> str:
+    """The plan's table and its verdict with room for error = (fraction, what it is), default `checked_error()`."""
+    error = error or checked_error()
     w, m, d = p.workload, p.workload.model, p.device
     rows_mb = w.rows // w.microbatches
     shards = batch_shards(m, w.mesh, rows_mb)
@@ -60,14 +85,16 @@ def format_plan(p: Plan, path: str = "") -> str:
     lines.append(f"train step peak ({p.train_phase}): {p.train_peak / GiB:.2f} GiB")
     if w.rollout is not None:
         lines.append(f"rollout peak: {p.rollout_peak / GiB:.2f} GiB")
-    verdict = "FITS" if p.fits else "DOES NOT FIT"
     lines.append(f"total {p.total / GiB:.2f} GiB of {d.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable after "
-                 f"{HEADROOM:.0%} headroom): margin {p.margin / GiB:+.2f} GiB -> {verdict}")
+                 f"{HEADROOM:.0%} headroom): {_verdict(p.total, p.usable, error[0])}")
+    lines.append(f"  planner error: total / (1 - e) - total, e = {error[1]}; FITS needs a margin of at least it, "
+                 "TIGHT fits within it")
     return "\n".join(lines)
 
 
-def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int) -> str:
-    """The rollout phase on each of `processes` processes (pp: the plan of one process's share on its sub-mesh)."""
+def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error: float = TOLERANCE) -> str:
+    """The rollout phase on each of `processes` processes (pp: the plan of one process's share on its sub-mesh),
+    its verdict with room for the planner's `error` (see `checked_error`)."""
     peak = process_rollout_peak(p, pp)
     rollout = pp.rollout_peak - pp.item("optimizer state")
     total = max(p.train_peak, peak)
@@ -76,7 +103,6 @@ def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int) -> str
         what = f"an engine for {w.engine.dialogues} dialogues in flight ({w.engine.pool_bytes / GiB:.2f} GiB pool)"
     else:
         what = f"sampler calls of {w.rollout.batch} x ({w.rollout.prompt_len} + {w.rollout.new_tokens}) tokens"
-    verdict = "FITS" if total <= p.usable else "DOES NOT FIT"
     return "\n".join([
         f"rollout on each of {processes} processes: its sub-mesh {mesh_text(pp.workload.mesh)}, "
         f"{what} ({-(-tasks // processes)} of {tasks} tasks per step)",
@@ -84,29 +110,36 @@ def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int) -> str
         f"{pp.item('parameters') / GiB:.2f} GiB) + the training state kept on every device "
         f"{(p.item('parameters') + p.item('optimizer state')) / GiB:.2f} GiB = rollout peak {peak / GiB:.2f} GiB",
         f"total {total / GiB:.2f} GiB of {p.device.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable): "
-        f"margin {(p.usable - total) / GiB:+.2f} GiB -> {verdict} on {processes} processes"])
+        f"{_verdict(total, p.usable, error)} on {processes} processes"])
 
 
-def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int) -> str:
-    """The largest rollout.max_batch (halving the config's) under which the rollout phase fits on `processes`
-    processes, or what to try instead."""
+def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: float = TOLERANCE) -> str:
+    """The largest rollout.max_batch (halving the config's) under which the rollout phase FITS on `processes`
+    processes with room for the planner's `error`, or what to try instead."""
     cap = cfg.rollout.max_batch or cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    train = verdict(p.train_peak, p.usable, error)
+    if train != "FITS":
+        return (f"suggestion: no rollout.max_batch FITS on {processes} processes: the train step alone "
+                f"({p.train_peak / GiB:.2f} GiB) {'is TIGHT' if train == 'TIGHT' else train}; change it first (the "
+                f"plan's suggestion), then re-plan with --processes {processes}")
     if not cfg.rollout.engine:
         local = process_mesh(mesh, processes)
         while cap > 1:
             cap //= 2
             c = load_run_config(args.config, list(args.overrides) + [f"rollout.max_batch={cap}"])
             pp = plan_config(process_config(c, processes), local, args.device, args.rows)
-            if max(p.train_peak, process_rollout_peak(p, pp)) <= p.usable:
+            total = max(p.train_peak, process_rollout_peak(p, pp))
+            if verdict(total, p.usable, error) == "FITS":
                 return (f"suggestion: --set rollout.max_batch={cap} -> rollout peak "
-                        f"{process_rollout_peak(p, pp) / GiB:.2f} GiB -> FITS on {processes} processes")
-    return (f"suggestion: no rollout.max_batch fits on {processes} processes; lower rollout.engine_memory_gib "
+                        f"{process_rollout_peak(p, pp) / GiB:.2f} GiB, total {total / GiB:.2f} GiB, "
+                        f"{_verdict(total, p.usable, error)} on {processes} processes")
+    return (f"suggestion: no rollout.max_batch FITS on {processes} processes; lower rollout.engine_memory_gib "
             "(engine) or add devices (--mesh)")
 
 
 def run(args) -> int:
-    """`python -m mimesis_jax plan`: prints the plan (and a change that fits when it does not). 0, or 2 for a bad
-    config, --mesh or --device (the message names it)."""
+    """`python -m mimesis_jax plan`: prints the plan and its verdict (and, unless it FITS, a change that does).
+    0, or 2 for a bad config, --mesh or --device (the message names it)."""
     try:
         if args.device not in DEVICES:
             raise ConfigError(f"--device {args.device!r}: unknown device; expected one of {sorted(DEVICES)}")
@@ -127,27 +160,35 @@ def run(args) -> int:
         if processes > 1 and p.workload.kind == "lm":
             raise ConfigError(f"--processes {processes}: only the RL stages roll out per process; an LM stage's "
                               "plan is the same on any number of processes")
-        print(format_plan(p, args.config))
         if processes > 1:
             cfg_p = process_config(cfg, processes)
             pp = plan_config(cfg_p, local, args.device, args.rows)
-            print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step))
-            if max(p.train_peak, process_rollout_peak(p, pp)) > p.usable:
-                print(process_suggestion(args, cfg, mesh, p, processes))
+        programs, process_programs = [], []
+        if getattr(args, "compiled", False):  # compiled first: their ratios can widen the verdicts' error
+            programs = program_memory(cfg, mesh, p.device)
+            if processes > 1:
+                process_programs = program_memory(cfg_p, local, p.device, updates=False)
+        error = checked_error(programs + process_programs)
+        print(format_plan(p, args.config, error))
+        if processes > 1:
+            print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step, error[0]))
+            if verdict(max(p.train_peak, process_rollout_peak(p, pp)), p.usable, error[0]) != "FITS":
+                print(process_suggestion(args, cfg, mesh, p, processes, error[0]))
         if getattr(args, "compiled", False):
             print(f"compiled programs ({jax.default_backend()} backend, {jax.device_count()} devices):")
-            print(format_programs(program_memory(cfg, mesh, p.device), p.workload.model))
+            print(format_programs(programs, p.workload.model))
             if processes > 1:
                 print(f"compiled rollout program of one process (its sub-mesh {mesh_text(local)}):")
-                print(format_programs(program_memory(cfg_p, local, p.device, updates=False), p.workload.model))
-        if not p.fits:
-            s = suggest(args.config, args.overrides, mesh, args.device, args.rows)
+                print(format_programs(process_programs, p.workload.model))
+        if not p.clears(error[0]):
+            s = suggest(args.config, args.overrides, mesh, args.device, args.rows, error[0])
             if s is None:
                 print("suggestion: no change of at most two of remat full, more fsdp, up to 16x the micro-batches, "
-                      "rollout.max_batch down to 1/64, rows down to 1/8, up to 4x the fsdp devices fits")
+                      "rollout.max_batch down to 1/64, rows down to 1/8, up to 4x the fsdp devices fits with a "
+                      "margin of at least the planner error")
             else:
-                print(f"suggestion: {s.change} -> total {s.plan.total / GiB:.2f} GiB, margin "
-                      f"{s.plan.margin / GiB:+.2f} GiB -> FITS")
+                print(f"suggestion: {s.change} -> total {s.plan.total / GiB:.2f} GiB, "
+                      f"{_verdict(s.plan.total, s.plan.usable, error[0])}")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

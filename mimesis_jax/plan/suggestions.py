@@ -1,6 +1,6 @@
-"""When a config does not fit: re-plan single changes and pairs of them (remat full, data or tensor folded into
-fsdp, more micro-batches, fewer sequences per sampler call, shorter rows, more fsdp devices) and report the
-cheapest that fits (costs in `_knobs`)."""
+"""When a config does not fit, or fits only within the planner's error: re-plan single changes and pairs of them
+(remat full, data or tensor folded into fsdp, more micro-batches, fewer sequences per sampler call, shorter rows,
+more fsdp devices) and report the cheapest that fits with room for that error (costs in `_knobs`)."""
 
 from __future__ import annotations
 
@@ -81,17 +81,17 @@ def _candidates(cfg, mesh: dict, max_knobs: int = 2) -> list[tuple[float, tuple[
     return sorted(out, key=lambda c: c[0])
 
 
-
-def suggest(path: str, overrides: Sequence[str], mesh: dict, device: str, rows: int | None = None
-            ) -> Suggestion | None:
-    """The cheapest change (see `_knobs`; single knobs and pairs) under which the config fits, or None."""
+def suggest(path: str, overrides: Sequence[str], mesh: dict, device: str, rows: int | None = None,
+            error: float = 0.0) -> Suggestion | None:
+    """The cheapest change (see `_knobs`; single knobs and pairs) under which the config fits with a margin of at
+    least its peak's budget.error_bytes(peak, error) (Plan.clears; error 0: it fits), or None."""
     cfg = load_run_config(path, overrides)
     for _, sets, m in _candidates(cfg, mesh):
         try:
             p = plan_config(load_run_config(path, list(overrides) + list(sets)), m, device, rows)
         except (ConfigError, ValueError):
             continue  # not a valid config (e.g. the batch no longer splits)
-        if p.fits:
+        if p.clears(error):
             change = " ".join([f"--set {x}" for x in sets] + ([f"--mesh {mesh_text(m)}"] if m != mesh else []))
             if math.prod(m.values()) != math.prod(mesh.values()):
                 change += f" ({math.prod(m.values())} devices)"
