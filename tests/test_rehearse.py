@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -20,12 +21,15 @@ import pytest
 from mimesis_jax import cli
 from mimesis_jax.data.chat import render_messages
 from mimesis_jax.data.tokenizer import load_tokenizer
+from mimesis_jax.envs import soul
 from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.soul import humanual
+from mimesis_jax.envs.toy import ToyBehaviourJudge
 from mimesis_jax.envs.userrl import mixture
 from mimesis_jax.models.qwen3_5 import layer_block
 from mimesis_jax.plan import rehearse_cli
 from mimesis_jax.plan.compiled import TOLERANCE
-from mimesis_jax.plan.rehearse import narrow_config
+from mimesis_jax.plan.rehearse import SIM_DOMAINS, narrow_config
 from mimesis_jax.plan.workload import load_run_config, runtime_model, workload_from_config
 
 from helpers import subprocess_env
@@ -113,9 +117,33 @@ def test_simrl_9b_keeps_the_paper_structure():
     assert tiny.mesh.axes() == {"data": 2, "fsdp": 4, "tensor": 2}
     r = tiny.rollout
     assert (r.prompts_per_step, r.mini_batch_prompts, r.max_batch) == (4, 1, 16)
-    assert r.row_len == r.max_context_tokens == 1024 and r.max_tokens == 128 and r.thinking
-    assert tiny.domains.max_user_turns == 8 and tiny.domains.weights == (("hitom", 1.0), ("social_r1", 1.0))
+    assert r.row_len == r.max_context_tokens == 1024 and r.max_tokens == 128
+    # sampled without thinking: a random policy never closes its thought, so it would never reply (module docstring
+    # of plan/rehearse.py)
+    assert paper.rollout.thinking and not r.thinking
+    assert tiny.domains.max_user_turns == 8 and tiny.domains.weights == SIM_DOMAINS
+    assert {soul.task_info(d).family for d, _ in SIM_DOMAINS} == {"judge"}
     assert (tiny.sides.judge, tiny.sides.support_agent, tiny.sides.max_tokens) == ("toy-judge", "toy-agent", 64)
+
+
+def test_the_simulator_rehearsal_judge_grades_any_reply():
+    """The toy judge scores the rehearsal's Humanual domains for any reply, by its words against the real reply's,
+    so a random policy's group of replies gets rewards that differ (its update has advantages to follow)."""
+    for name, _ in SIM_DOMAINS:
+        record = soul.sample_records(name)[0]
+        real = len(re.findall(r"[A-Za-z]+", record["completion"]))
+
+        def reward(words):
+            env = soul.make_env(name, record, judge=ToyBehaviourJudge())
+            env.reset(seed=0)
+            return env.step(None, " ".join(["word"] * words)).reward
+
+        # every dimension at exp(-((w - real) / real)^2), times Humanual's length factor
+        for w in (1, real // 2, real, 3 * real):
+            factor = humanual.length_factor(" ".join(["word"] * w), record["completion"])
+            want = round(math.exp(-((w - real) / real) ** 2), 6) * factor
+            assert math.isclose(reward(w), want, rel_tol=1e-9, abs_tol=1e-12), (name, w)
+        assert reward(real) == 1.0 > reward(real // 2) > reward(3 * real)
 
 
 def test_toy_source_with_turns_and_its_errors():
@@ -183,6 +211,14 @@ def _check_steps(rep, stdout):
             f"{s['num_compilations']}" in stdout
 
 
+def _check_learns(rep):
+    """The rehearsal's world rewards the random policy unevenly within its groups, so the step has advantages, a
+    loss and an update that moves the weights."""
+    (step,) = rep["steps"]
+    assert step["reward_mean"] > 0 and step["loss"] != 0, step
+    assert rep["param_change"] > 0
+
+
 def _report(plan_bytes, compiled_bytes, ok=True):
     return {"tolerance": TOLERANCE, "programs": [{"program": "sampler", "plan_bytes": plan_bytes,
                                                   "compiled_bytes": compiled_bytes, "ok": ok}]}
@@ -222,6 +258,7 @@ def test_rehearse_agent_csd(tmp_path):
     (step,) = rep["steps"]
     assert step["updates"] == 8 and step["trained_tokens"] == step["generated_tokens"] > 0
     assert "plan lists 2 update program(s)" in stdout
+    _check_learns(rep)
 
 
 @pytest.mark.slow
@@ -242,3 +279,4 @@ def test_rehearse_simrl_9b(tmp_path):
     (step,) = rep["steps"]
     assert step["updates"] == 4
     assert math.isclose(step["coach_s"], 0.0)
+    _check_learns(rep)
