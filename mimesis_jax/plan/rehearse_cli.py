@@ -17,7 +17,7 @@ all processes' devices, e.g. 2 x 8 for the 16-device paper RL configs, and proce
 rollout_mesh; 236 CPU s on 2 cores, docs/scale-out.md, so no CI test runs it).
 
 `--set train.dtype=float32` rehearses (and plans) in fp32: on a CPU the bf16 programs compile 26-40% larger than
-the planner, sized for accelerators, counts (plan/compiled 0.60-0.80), the fp32 ones 0.77-0.91, so fp32 is the
+the planner, sized for accelerators, counts (plan/compiled 0.60-0.80), the fp32 ones 0.86-0.97, so fp32 is the
 honest compare there.
 
 Prints, per rollout mode (rollout.engine off / on):
