@@ -131,6 +131,7 @@ def test_simrl_9b_keeps_the_paper_structure():
 def test_the_simulator_rehearsal_judge_grades_any_reply():
     """The toy judge scores the rehearsal's Humanual domains for any reply, by its words against the real reply's,
     so a random policy's group of replies gets rewards that differ (its update has advantages to follow)."""
+    assert ToyBehaviourJudge.HUMANUAL_DIMENSIONS == humanual.DIMENSIONS
     for name, _ in SIM_DOMAINS:
         record = soul.sample_records(name)[0]
         real = len(re.findall(r"[A-Za-z]+", record["completion"]))

@@ -184,8 +184,11 @@ class ToyBehaviourJudge:
     exp(-((w - w_real) / w_real)^2), w the simulated reply's words and w_real the real reply's (at least 1), so a
     reply about as long as the person's scores best and any reply gets a graded score."""
 
-    # the headings around the replies in the Humanual judge's request (envs/soul/prompts/humanual.toml `judge`)
+    # the headings around the replies in the Humanual judge's request (envs/soul/prompts/humanual.toml `judge`) and
+    # the dimensions it asks for (envs/soul/humanual.py DIMENSIONS; not imported: the SOUL tasks depend on this
+    # module's library)
     REAL_REPLY, SIMULATED_REPLY = "## The real reply", "## The simulated reply (score this one)"
+    HUMANUAL_DIMENSIONS = ("stance", "emotion", "belief", "value", "goal", "communication")
 
     def __init__(self, target_words: int = 12):
         self.target_words = target_words
@@ -195,12 +198,10 @@ class ToyBehaviourJudge:
         return request.split(heading, 1)[1].split("\n## ", 1)[0]
 
     def _humanual(self, request: str) -> ChatResponse:
-        from mimesis_jax.envs.soul.humanual import DIMENSIONS
-
         real = max(1, len(_WORD.findall(self._section(request, self.REAL_REPLY))))
         words = len(_WORD.findall(self._section(request, self.SIMULATED_REPLY)))
         score = round(math.exp(-((words - real) / real) ** 2), 6)
-        return ChatResponse(text=json.dumps({d: score for d in DIMENSIONS}), meta={"model": "toy-judge"})
+        return ChatResponse(text=json.dumps({d: score for d in self.HUMANUAL_DIMENSIONS}), meta={"model": "toy-judge"})
 
     def chat(self, messages, **_):
         request = messages[-1].get("content", "") if messages else ""
