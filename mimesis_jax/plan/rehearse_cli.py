@@ -26,12 +26,12 @@ Prints, per rollout mode (rollout.engine off / on):
   executable the run compiled, lowered again on abstract inputs of its shapes and shardings, which jax answers
   from its cache: plan/compiled.py `update_memory`, `sampler_memory`, `compiled_total`; any it compiles again
   are named) next to the planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak
-  less the optimizer state) and their ratio, marked `ok` within plan/compiled.py TOLERANCE. The rollout engine's
+  less the optimizer state) and their ratio, marked `ok` within plan/compiled.py TOLERANCE, else `OFF` and
+  listed again at the end (`off_programs`: what the tests assert empty). The rollout engine's
   programs are counted, not measured here (`plan --compiled` compiles the engine's decode burst: plan/compiled.py
   engine_decode_memory);
 * the compilations of the run (jax's compile events, profiling.count_compilations): the update's, the old-log-prob
   scoring's, the sampler's, the engine's and the rest (eager ops, initialisation, checkpointing);
-  Programs outside it are listed again as OFF the plan (`off_programs`, which tests use);
 * per step: rollout / coach / train seconds, the tokens generated and trained, and from the learner's step record
   `num_compilations` (the update programs compiled so far), `reward_mean`, `loss` (None without an update) and
   the policy engine's `engine/reused_tokens` and `engine/evictions` (0 with the engine off);
