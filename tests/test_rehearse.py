@@ -4,9 +4,9 @@ the command that runs it for a step (plan/rehearse_cli.py).
 The narrowing tests are cheap (configs and shapes, nothing compiled), as are those of `off_programs` on a plan
 made off on purpose and of the Stage I.3 rehearsal's toy judge; the two slow ones run the command in a subprocess
 with no device count in its environment (rehearse gives the CPU the mesh's 16 devices) and check the structure,
-every program within the planner's tolerance, the per-step figures and that the update moved the weights. Both rehearse in float32
-(`--set train.dtype=float32`): on a CPU the bf16 programs compile larger than the planner (sized for
-accelerators) counts (the Stage II update: plan/compiled 0.69 in bf16, 0.89 in fp32), so fp32 is the honest
+every program within the planner's tolerance, the per-step figures and that the update moved the weights. Both
+rehearse in float32 (`--set train.dtype=float32`): on a CPU the bf16 programs compile larger than the planner (sized
+for accelerators) counts (the Stage II update: plan/compiled 0.69 in bf16, 0.89 in fp32), so fp32 is the honest
 compare of plan against compiled on a CPU, and it runs faster there (agent csd 72 -> 56 CPU s)."""
 
 from __future__ import annotations
