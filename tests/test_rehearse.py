@@ -1,28 +1,37 @@
 """`rehearse` (issue #25 item 6): a paper RL config at tiny width with the paper's structure (plan/rehearse.py), and
 the command that runs it for a step (plan/rehearse_cli.py).
 
-The narrowing tests are cheap (configs and shapes, nothing compiled); the two slow ones run the command in a
-subprocess on 16 fake CPU devices and check the structure and the programs it reports. Both rehearse in float32
-(`--set train.dtype=float32`): on a CPU the bf16 programs compile larger than the planner (sized for
-accelerators) counts (the Stage II update: plan/compiled 0.69 in bf16, 0.89 in fp32), so fp32 is the honest
+The narrowing tests are cheap (configs and shapes, nothing compiled), as are those of `off_programs` on a plan
+made off on purpose and of the Stage I.3 rehearsal's toy judge; the two slow ones run the command in a subprocess
+with no device count in its environment (rehearse gives the CPU the mesh's 16 devices) and check the structure,
+every program within the planner's tolerance, the per-step figures and that the update moved the weights. Both
+rehearse in float32 (`--set train.dtype=float32`): on a CPU the bf16 programs compile larger than the planner (sized
+for accelerators) counts (the Stage II update: plan/compiled 0.69 in bf16, 0.89 in fp32), so fp32 is the honest
 compare of plan against compiled on a CPU, and it runs faster there (agent csd 72 -> 56 CPU s)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from mimesis_jax import cli
 from mimesis_jax.data.chat import render_messages
 from mimesis_jax.data.tokenizer import load_tokenizer
+from mimesis_jax.envs import soul
 from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.envs.soul import humanual
+from mimesis_jax.envs.toy import ToyBehaviourJudge
 from mimesis_jax.envs.userrl import mixture
 from mimesis_jax.models.qwen3_5 import layer_block
-from mimesis_jax.plan.rehearse import narrow_config
+from mimesis_jax.plan import rehearse_cli
+from mimesis_jax.plan.compiled import TOLERANCE
+from mimesis_jax.plan.rehearse import SIM_DOMAINS, narrow_config
 from mimesis_jax.plan.workload import load_run_config, runtime_model, workload_from_config
 
 from helpers import subprocess_env
@@ -110,9 +119,34 @@ def test_simrl_9b_keeps_the_paper_structure():
     assert tiny.mesh.axes() == {"data": 2, "fsdp": 4, "tensor": 2}
     r = tiny.rollout
     assert (r.prompts_per_step, r.mini_batch_prompts, r.max_batch) == (4, 1, 16)
-    assert r.row_len == r.max_context_tokens == 1024 and r.max_tokens == 128 and r.thinking
-    assert tiny.domains.max_user_turns == 8 and tiny.domains.weights == (("hitom", 1.0), ("social_r1", 1.0))
+    assert r.row_len == r.max_context_tokens == 1024 and r.max_tokens == 128
+    # sampled without thinking: a random policy never closes its thought, so it would never reply (module docstring
+    # of plan/rehearse.py)
+    assert paper.rollout.thinking and not r.thinking
+    assert tiny.domains.max_user_turns == 8 and tiny.domains.weights == SIM_DOMAINS
+    assert {soul.task_info(d).family for d, _ in SIM_DOMAINS} == {"judge"}
     assert (tiny.sides.judge, tiny.sides.support_agent, tiny.sides.max_tokens) == ("toy-judge", "toy-agent", 64)
+
+
+def test_the_simulator_rehearsal_judge_grades_any_reply():
+    """The toy judge scores the rehearsal's Humanual domains for any reply, by its words against the real reply's,
+    so a random policy's group of replies gets rewards that differ (its update has advantages to follow)."""
+    assert ToyBehaviourJudge.HUMANUAL_DIMENSIONS == humanual.DIMENSIONS
+    for name, _ in SIM_DOMAINS:
+        record = soul.sample_records(name)[0]
+        real = len(re.findall(r"[A-Za-z]+", record["completion"]))
+
+        def reward(words):
+            env = soul.make_env(name, record, judge=ToyBehaviourJudge())
+            env.reset(seed=0)
+            return env.step(None, " ".join(["word"] * words)).reward
+
+        # every dimension at exp(-((w - real) / real)^2), times Humanual's length factor
+        for w in (1, real // 2, real, 3 * real):
+            factor = humanual.length_factor(" ".join(["word"] * w), record["completion"])
+            want = round(math.exp(-((w - real) / real) ** 2), 6) * factor
+            assert math.isclose(reward(w), want, rel_tol=1e-9, abs_tol=1e-12), (name, w)
+        assert reward(real) == 1.0 > reward(real // 2) > reward(3 * real)
 
 
 def test_toy_source_with_turns_and_its_errors():
@@ -130,6 +164,11 @@ def test_toy_source_with_turns_and_its_errors():
 
 
 def test_too_few_devices_is_one_line_naming_the_flag(capsys):
+    # rehearse gives the CPU the mesh's devices only before JAX's backend starts (the slow tests' subprocesses run
+    # without a device count); this process's backend started with 8 (here, if no test before started it), so it
+    # cannot, and says how to
+    assert len(jax.devices()) == 8 and not rehearse_cli.provide_cpu_devices(16)
+    assert not rehearse_cli.provide_cpu_devices(16, distributed=True)
     assert cli.main(["rehearse", "--config", AGENT]) == 2  # the test process sees 8 devices, the mesh needs 16
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "needs 16 devices, this process sees 8" in err
@@ -140,23 +179,64 @@ def test_too_few_devices_is_one_line_naming_the_flag(capsys):
 
 def _rehearse(tmp_path, config, *extra):
     out, wd = tmp_path / "rehearse.json", tmp_path / "run"
+    # no device count in the environment: rehearse gives the CPU the mesh's 16 devices itself
+    env = subprocess_env(JAX_DISABLE_MOST_OPTIMIZATIONS="0")
+    env["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=60"
     proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "rehearse", "--config", config, "--json", str(out),
                            "--workdir", str(wd), *extra], capture_output=True, text=True, timeout=900,
                           # XLA's full optimization: the run's cost is executing its programs, not compiling them
                           # (agent csd 197 -> 124 CPU s)
-                          env=subprocess_env(devices=16, JAX_DISABLE_MOST_OPTIMIZATIONS="0"))
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list(wd.glob("engine_off/checkpoints/*"))  # the rehearsal keeps nothing: no checkpoint written
     return json.loads(out.read_text())["reports"], proc.stdout
 
 
-def _check_programs(rep):
+def _check_programs(rep, stdout):
     assert rep["programs"], rep
     # the memory is read from the executables the run compiled: no update or sampler program is compiled again
     assert not [n for n in rep["measure_compilations"] if "_rl_update" in n or "generate_bucket" in n]
-    for p in rep["programs"]:  # within the planner's tolerance, or reported as OFF with both numbers
-        assert p["compiled_bytes"] > 0 and p["plan_bytes"] > 0
-        assert p["ok"] == (abs(p["plan_bytes"] / p["compiled_bytes"] - 1) <= rep["tolerance"])
+    assert {p["program"] for p in rep["programs"]} == {"rl_update", "sampler"}
+    assert all(p["compiled_bytes"] > 0 and p["plan_bytes"] > 0 for p in rep["programs"])
+    # every program, update and sampler, within the planner's tolerance (fp32: the honest compare on a CPU)
+    off = rehearse_cli.off_programs(rep)
+    assert not off, [(p["program"], p["shape"], p["plan_bytes"] / p["compiled_bytes"]) for p in off]
+    assert all(p["ok"] for p in rep["programs"]) and "OFF" not in stdout
+
+
+def _check_steps(rep, stdout):
+    """The per-step figures taken from the learner's step records (engine off: no engine counters)."""
+    for s in rep["steps"]:
+        assert s["num_compilations"] == rep["compilations"]["rl_update"]  # one step: every update program so far
+        assert s["engine/reused_tokens"] == s["engine/evictions"] == 0
+        assert 0.0 <= s["reward_mean"] <= 1.0 and s["loss"] is not None and math.isfinite(s["loss"])
+        assert f"reward_mean {s['reward_mean']:.4f}" in stdout and f"update programs compiled so far " \
+            f"{s['num_compilations']}" in stdout
+
+
+def _check_learns(rep):
+    """The rehearsal's world rewards the random policy unevenly within its groups, so the step has advantages, a
+    loss and an update that moves the weights."""
+    (step,) = rep["steps"]
+    assert step["reward_mean"] > 0 and step["loss"] != 0, step
+    assert rep["param_change"] > 0
+
+
+def _report(plan_bytes, compiled_bytes, ok=True):
+    return {"tolerance": TOLERANCE, "programs": [{"program": "sampler", "plan_bytes": plan_bytes,
+                                                  "compiled_bytes": compiled_bytes, "ok": ok}]}
+
+
+def test_off_programs_flags_a_plan_off_its_compiled_bytes():
+    compiled = 10 * 2 ** 20
+    assert rehearse_cli.off_programs(_report(compiled, compiled)) == []
+    edge = round(compiled * (1 - TOLERANCE)) + 1  # just inside the tolerance, either side
+    assert rehearse_cli.off_programs(_report(edge, compiled)) == []
+    assert rehearse_cli.off_programs(_report(2 * compiled - edge, compiled)) == []
+    # a plan at 0.8x (or 1.2x) of the compiled bytes is flagged, whatever the report's own `ok` says
+    for factor in (0.8, 1.2):
+        rep = _report(round(factor * compiled), compiled, ok=True)
+        assert [p["program"] for p in rehearse_cli.off_programs(rep)] == ["sampler"]
 
 
 @pytest.mark.slow
@@ -176,11 +256,12 @@ def test_rehearse_agent_csd(tmp_path):
     sampler = [p for p in rep["programs"] if p["program"] == "sampler"]
     assert len(sampler) == rep["compilations"]["sampler"] >= 1
     assert max(p["shape"]["batch"] for p in sampler) == 16 and {p["shape"]["new_tokens"] for p in sampler} == {64}
-    _check_programs(rep)
-    assert all(p["ok"] for p in rep["programs"]), rep["programs"]  # fp32: every program within the tolerance
+    _check_programs(rep, stdout)
+    _check_steps(rep, stdout)
     (step,) = rep["steps"]
     assert step["updates"] == 8 and step["trained_tokens"] == step["generated_tokens"] > 0
     assert "plan lists 2 update program(s)" in stdout
+    _check_learns(rep)
 
 
 @pytest.mark.slow
@@ -196,8 +277,9 @@ def test_rehearse_simrl_9b(tmp_path):
     updates = [p for p in rep["programs"] if p["program"] == "rl_update"]
     assert 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan) <= 3
     assert all(list(p["shape"].values()) in plan and p["shape"]["row_len"] == 1024 for p in updates)
-    _check_programs(rep)
+    _check_programs(rep, stdout)
+    _check_steps(rep, stdout)
     (step,) = rep["steps"]
     assert step["updates"] == 4
-    assert [p["ok"] for p in rep["programs"] if p["program"] == "rl_update"] == [True] * len(updates)
     assert math.isclose(step["coach_s"], 0.0)
+    _check_learns(rep)

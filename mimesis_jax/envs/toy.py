@@ -177,13 +177,36 @@ class ToyBehaviourJudge:
     customer lines of the simulated part and scores them on surface features only -- n (naturalness) peaks at
     customer turns of about `target_words` words, e is the fraction of turns that push (a '?' or '!'), p is 1.0
     when the first simulated turn does not push yet, else 0.5, c is 1.0 -- so a tiny simulator has a graded,
-    learnable reward. It never flags meta-narration (the environment's pattern check still does)."""
+    learnable reward. It never flags meta-narration (the environment's pattern check still does).
+
+    It also answers the SOUL Humanual judge (envs/soul/humanual.py, the request of prompts/humanual.toml `judge`),
+    as the rehearsal of Stage I.3 asks it (plan/rehearse.py SIM_DOMAINS): every dimension scores
+    exp(-((w - w_real) / w_real)^2), w the simulated reply's words and w_real the real reply's (at least 1), so a
+    reply about as long as the person's scores best and any reply gets a graded score."""
+
+    # the headings around the replies in the Humanual judge's request (envs/soul/prompts/humanual.toml `judge`) and
+    # the dimensions it asks for (envs/soul/humanual.py DIMENSIONS; not imported: the SOUL tasks depend on this
+    # module's library)
+    REAL_REPLY, SIMULATED_REPLY = "## The real reply", "## The simulated reply (score this one)"
+    HUMANUAL_DIMENSIONS = ("stance", "emotion", "belief", "value", "goal", "communication")
 
     def __init__(self, target_words: int = 12):
         self.target_words = target_words
 
+    @classmethod
+    def _section(cls, request: str, heading: str) -> str:
+        return request.split(heading, 1)[1].split("\n## ", 1)[0]
+
+    def _humanual(self, request: str) -> ChatResponse:
+        real = max(1, len(_WORD.findall(self._section(request, self.REAL_REPLY))))
+        words = len(_WORD.findall(self._section(request, self.SIMULATED_REPLY)))
+        score = round(math.exp(-((words - real) / real) ** 2), 6)
+        return ChatResponse(text=json.dumps({d: score for d in self.HUMANUAL_DIMENSIONS}), meta={"model": "toy-judge"})
+
     def chat(self, messages, **_):
         request = messages[-1].get("content", "") if messages else ""
+        if self.SIMULATED_REPLY in request and self.REAL_REPLY in request:
+            return self._humanual(request)
         simulated = request.split("# Simulated part", 1)[-1]
         turns = [line[len("Customer:"):].strip() for line in simulated.splitlines() if line.startswith("Customer:")]
         if not turns:

@@ -187,16 +187,24 @@ def deltanet_prefill(model: ModelConfig, w: Widths, b: int, P: int) -> int:
     * the chunked rule's solve (models/gated_delta.py `chunk_gated_delta_rule`, all fp32, at the concatenation of
       its right-hand side): chunked q and k, k * beta, the scan inputs Qs and Ks, k * beta * e^gamma and the
       right-hand side's key half (7 [b,P,Hv,Dk]); v * beta, the right-hand side's value half and the scan output
-      (3 [b,P,Hv,Dv]); the decay matrix Gamma (1 [b,Hv,P,C], C-token chunks).
+      (3 [b,P,Hv,Dv]); the decay matrix Gamma (1 [b,Hv,P,C], C-token chunks);
+    * the intra-chunk read (at its chunk-major copy for the scan over chunks): Gamma, Q K^T and (Q K^T * Gamma)
+      chunk-major (3 [b,Hv,P,C], fp32), a half-chunk block of the unit-lower inverse ([b,Hv,P,C/4]), the
+      right-hand side (1 [b,P,Hv,Dk] + 1 [b,P,Hv,Dv]), the chunk-major Qs and Ks (2 [b,P,Hv,Dk]), the scan's
+      output buffer and the value projection (2 [b,P,Hv,Dv]). The [C, C] terms outgrow the head-dim terms when
+      the head dims are below the chunk: the paper's 128-wide heads peak at the solve, the rehearsal's 16-wide ones
+      (plan/rehearse.py HEAD_DIM) here.
     Counted from XLA's buffer assignment of the sampler's prefill (mimesis_simrl.py:4b on 16 fake CPU devices:
-    the solve is the program's peak)."""
+    the solve is the program's peak; its rehearsal, `rehearse --config configs/mimesis_simrl.py:9b`: the read)."""
     c = DTYPES[model.dtype].dtype.itemsize
     bp = b * P
     C = min(CHUNK_SIZE, P)
     uk, uv = bp * w.Hv * w.Dk * 4, bp * w.Hv * w.Dv * 4
+    gamma = bp * w.Hv * C * 4
     projection = 3 * bp * w.Hk * w.Cg * c + 2 * bp * w.Hk * w.Dk * c + 2 * uv
-    solve = 7 * uk + 3 * uv + bp * w.Hv * C * 4
-    return max(projection, solve)
+    solve = 7 * uk + 3 * uv + gamma
+    read = 3 * gamma + gamma // 4 + 3 * uk + 3 * uv
+    return max(projection, solve, read)
 
 
 def attention_blocks(model: ModelConfig, w: Widths, b: int, Tq: int, Tk: int) -> int:

@@ -28,8 +28,11 @@ narrowed
   (`MIN_LOGPROB_CHUNK`); the tiny tokenizer and its vocabulary (model.vocab_size := its size rounded up);
 * prompts per step: the paper's / `batch` (the mini-batch shrinks with it);
 * the sides: Stage II's user, judge and coach are the rule-based toy user and coach on `toy:N:s:turns`
-  ToyKeyword tasks with the paper's turn limit (envs/toy.py); Stage I.3 draws two single-turn SOUL domains
-  (`SIM_DOMAINS`) with the toy judge and support agent configured; nothing is served or read from disk;
+  ToyKeyword tasks with the paper's turn limit (envs/toy.py); Stage I.3 draws two single-turn judged SOUL
+  domains (`SIM_DOMAINS`) with the toy judge and support agent configured, and samples without thinking
+  (rollout.thinking = False: a random-init policy never closes its thought with `</think>`, one token of 1,024,
+  so it would never reply and every reward would be 0; the programs are the same, the sampler's shapes fixed by
+  the token budgets); nothing is served or read from disk;
 * train.steps, no validation, no checkpoint (rehearse_cli builds the learner with save_checkpoints=False);
   rollout.engine_memory_gib = 0 (no cap: the tiny engine's whole pool is small).
 """
@@ -51,10 +54,13 @@ MIN_LOGPROB_CHUNK = 64
 TOY_TASKS = 64
 # the toy tasks' prompts are 58-64 tiny tokens (system + user turn, rendered): the paper's 1,152 / 16
 TOY_PROMPT_TOKENS = 72
-# Stage I.3's rehearsal domains: two that need no fixed side and whose prompts, in the tiny tokenizer (300-550
-# tokens), leave room for a turn in the 1,024-token context of the paper's 16,384 / 16. abcd_behaviour's opening
-# prompts are 1,100-1,400 tiny tokens: it gets no policy turn at that context.
-SIM_DOMAINS = (("hitom", 1.0), ("social_r1", 1.0))
+# Stage I.3's rehearsal domains: two single-turn judged ones, whose rewards the toy judge grades for any reply
+# (envs/toy.py ToyBehaviourJudge: by the reply's length against the real one), so a random-init policy gets
+# rewards that differ within a group and its update moves the weights; their prompts, in the tiny tokenizer
+# (460-560 tokens), leave room for a turn in the 1,024-token context of the paper's 16,384 / 16. The choice domains
+# (hitom, social_r1...) score a random policy 0 (it never writes an option letter in <answer> tags), and
+# abcd_behaviour's opening prompts are 1,100-1,400 tiny tokens: it gets no policy turn at that context.
+SIM_DOMAINS = (("humanual_chat", 1.0), ("humanual_opinion", 1.0))
 
 
 def _multiple(n: float, m: int) -> int:
@@ -153,5 +159,6 @@ def narrow_config(cfg, *, width: int = 64, repeats: int | None = None, tokens: i
                                     support_agent_model="", partner="", partner_model="", key_env="",
                                     max_tokens=_scale(cfg.sides.max_tokens, tokens))
         domains = dataclasses.replace(cfg.domains, weights=SIM_DOMAINS, sources=())
-        out = cfg.replace(sides=sides, domains=domains, rollout=_rollout(r, tokens, prompts, "max_tokens"), **common)
+        rollout = dataclasses.replace(_rollout(r, tokens, prompts, "max_tokens"), thinking=False)
+        out = cfg.replace(sides=sides, domains=domains, rollout=rollout, **common)
     return out.validate()

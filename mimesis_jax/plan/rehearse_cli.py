@@ -1,8 +1,11 @@
 """`python -m mimesis_jax rehearse`: a paper RL config narrowed to tiny widths with its structure kept
 (plan/rehearse.py `narrow_config`), run for a step or two on this machine's devices, with what it cost.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=16 JAX_PLATFORMS=cpu \\
-        python -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd [--engine off|on|both] [--steps 1]
+    python -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd [--engine off|on|both] [--steps 1]
+
+On a CPU (JAX_PLATFORMS unset or cpu) in one process it gives the CPU backend the config's mesh of fake devices
+itself (`provide_cpu_devices`: jax_num_cpu_devices, set before the backend starts); where it cannot (a backend
+already started, another platform, several processes) too few devices are a one-line error naming the flags.
 
 On several processes (jax.distributed: `--distributed`, as every launch/local.sh stage) the config's mesh spans
 all processes' devices, e.g. 2 x 8 for the 16-device paper RL configs, and process 0 prints:
@@ -14,7 +17,7 @@ all processes' devices, e.g. 2 x 8 for the 16-device paper RL configs, and proce
 rollout_mesh; 236 CPU s on 2 cores, docs/scale-out.md, so no CI test runs it).
 
 `--set train.dtype=float32` rehearses (and plans) in fp32: on a CPU the bf16 programs compile 26-40% larger than
-the planner, sized for accelerators, counts (plan/compiled 0.60-0.80), the fp32 ones 0.77-0.91, so fp32 is the
+the planner, sized for accelerators, counts (plan/compiled 0.60-0.80), the fp32 ones 0.86-0.97, so fp32 is the
 honest compare there.
 
 Prints, per rollout mode (rollout.engine off / on):
@@ -23,12 +26,17 @@ Prints, per rollout mode (rollout.engine off / on):
   executable the run compiled, lowered again on abstract inputs of its shapes and shardings, which jax answers
   from its cache: plan/compiled.py `update_memory`, `sampler_memory`, `compiled_total`; any it compiles again
   are named) next to the planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak
-  less the optimizer state) and their ratio, marked `ok` within plan/compiled.py TOLERANCE. The rollout engine's
+  less the optimizer state) and their ratio, marked `ok` within plan/compiled.py TOLERANCE, else `OFF` and
+  listed again at the end (`off_programs`: what the tests assert empty). The rollout engine's
   programs are counted, not measured here (`plan --compiled` compiles the engine's decode burst: plan/compiled.py
   engine_decode_memory);
 * the compilations of the run (jax's compile events, profiling.count_compilations): the update's, the old-log-prob
   scoring's, the sampler's, the engine's and the rest (eager ops, initialisation, checkpointing);
-* per step: rollout / coach / train seconds and the tokens generated and trained.
+* per step: rollout / coach / train seconds, the tokens generated and trained, and from the learner's step record
+  `num_compilations` (the update programs compiled so far), `reward_mean`, `loss` (None without an update) and
+  the policy engine's `engine/reused_tokens` and `engine/evictions` (0 with the engine off);
+* `param_change`: the L2 norm of the parameters' change over the run (one process; None on several), > 0 once
+  an update moved them.
 `--json FILE` writes the same as JSON. The run happens in --workdir (default: a temporary directory, removed) and
 writes no checkpoint.
 """
@@ -40,6 +48,8 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
+import re
 import shutil
 import sys
 import tempfile
@@ -55,6 +65,8 @@ from mimesis_jax.plan.rehearse import narrow_config
 from mimesis_jax.plan.workload import Rollout, load_run_config, workload_from_config
 
 MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+# the policy engine's per-step counters the report copies from the learner's step record (0 with the engine off)
+ENGINE_KEYS = ("engine/reused_tokens", "engine/evictions")
 MiB = 2 ** 20
 
 
@@ -161,10 +173,12 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     # the random weights compile at LLVM's lowest effort (models.cheap_init_compile): nothing compares them
     with models.cheap_init_compile():
         learner = stage(cfg, workdir, handle_signals=False, log=log, save_checkpoints=False)
+        initial = _snapshot_initial_params(learner)
         with profiling.count_compilations() as comp:
             result = learner.run()
     names = list(comp.names)
     run_state = learner.run_state
+    param_change = _param_change(initial, run_state.state["params"])
     t0 = time.perf_counter()
     with profiling.count_compilations() as again:
         # process 0 reports (several processes: its sampler programs are those of its part of the mesh)
@@ -179,7 +193,9 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
                       "train_s": rec.get("train_s", 0.0),
                       "generated_tokens": round(rec.get("rollout_tokens_per_s", 0.0) * rec.get("rollout_s", 0.0)),
                       "trained_tokens": round(rec.get("train_tokens_per_s", 0.0) * rec.get("train_s", 0.0)),
-                      "updates": rec.get("updates", 0)})
+                      "updates": rec.get("updates", 0), "num_compilations": rec.get("num_compilations", 0),
+                      "reward_mean": rec.get("reward_mean", 0.0), "loss": rec.get("loss"),
+                      **{k: rec.get(k, 0) for k in ENGINE_KEYS}})
     rl_update = _count(names, "_rl_update")
     counts = {"total": len(names), "rl_update": rl_update, "old_logprobs": _count(names, "_score_fn"),
               "sampler": _count(names, "generate_bucket"), "engine": _count(names, "engine", "paged", "_decode",
@@ -204,8 +220,43 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
         "plan_programs": [dict(zip(SHAPE_FIELDS, k)) for k in w.programs],
         "programs": programs, "tolerance": TOLERANCE, "compilations": counts, "compiled_names": names,
         "steps": steps, "measure_s": measure_s, "measure_compilations": list(again.names),
-        "compile_s": comp.seconds,
+        "compile_s": comp.seconds, "param_change": param_change,
     }
+
+
+def _snapshot_initial_params(learner) -> dict:
+    """Fills the returned dict with a host copy of the learner's first parameters once its state exists (the
+    learner's on_setup hook; the update donates the device buffers). One process only: another's shards are not
+    addressable here."""
+    box: dict = {}
+    setup = learner.on_setup
+
+    def on_setup():
+        setup()
+        if jax.process_count() == 1:
+            box["params"] = jax.device_get(learner.run_state.state["params"])
+    learner.on_setup = on_setup
+    return box
+
+
+def _param_change(initial: dict, params) -> float | None:
+    """The L2 norm of (the run's last parameters - its first), over every leaf; None on several processes."""
+    import numpy as np
+
+    if "params" not in initial:
+        return None
+    after = jax.device_get(params)
+    sq = sum(float(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+             for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(initial["params"])))
+    return math.sqrt(sq)
+
+
+def off_programs(rep: dict) -> list[dict]:
+    """The programs of a report whose plan is off their compiled bytes by more than the report's tolerance
+    (plan/compiled.py `within`, recomputed from the two numbers, not read from their `ok`)."""
+    from mimesis_jax.plan.compiled import within
+
+    return [p for p in rep["programs"] if not within(p["plan_bytes"], p["compiled_bytes"], rep["tolerance"])]
 
 
 def format_report(rep: dict, path: str) -> str:
@@ -244,10 +295,43 @@ def format_report(rep: dict, path: str) -> str:
     lines.append(f"  compilations: {c['total']} (update {c['rl_update']}, old log-probs {c['old_logprobs']}, "
                  f"sampler {c['sampler']}, engine {c['engine']}, other {c['other']}), {rep['compile_s']:.1f} s")
     for s in rep["steps"]:
+        loss = "-" if s["loss"] is None else f"{s['loss']:.6g}"
         lines.append(f"  step {s['step']}: rollout {s['rollout_s']:.1f} s, coach {s['coach_s']:.1f} s, train "
                      f"{s['train_s']:.1f} s ({s['updates']} updates); tokens generated {s['generated_tokens']}, "
-                     f"trained {s['trained_tokens']}")
+                     f"trained {s['trained_tokens']}; reward_mean {s['reward_mean']:.4f}, loss {loss}; "
+                     f"update programs compiled so far {s['num_compilations']}; engine reused tokens "
+                     f"{s['engine/reused_tokens']}, evictions {s['engine/evictions']}")
+    if rep["param_change"] is not None:
+        lines.append(f"  parameter change over the run (L2 norm): {rep['param_change']:.6g}")
+    off = off_programs(rep)
+    if off:
+        lines.append(f"  {len(off)} program(s) OFF the plan by more than {rep['tolerance']:.0%}: "
+                     + ", ".join(p["program"] for p in off))
     return "\n".join(lines)
+
+
+def _flag_device_count() -> int:
+    """--xla_force_host_platform_device_count in XLA_FLAGS, else -1."""
+    m = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(m.group(1)) if m else -1
+
+
+def provide_cpu_devices(n: int, *, distributed: bool = False) -> bool:
+    """Gives the CPU backend `n` devices (jax_num_cpu_devices) when it may: the platform is the CPU's
+    (JAX_PLATFORMS unset or starting with cpu; unset, an accelerator's backend still wins and is what the caller's
+    device count sees), one process (each of several processes keeps the devices its launcher gave it), no backend
+    started yet (the count is read once, at the start), and fewer configured than `n` (jax_num_cpu_devices, else
+    XLA_FLAGS' --xla_force_host_platform_device_count). True when it set the count."""
+    from jax._src import xla_bridge
+
+    platforms = jax.config.jax_platforms or ""
+    if distributed or (platforms and platforms.split(",")[0] != "cpu") or xla_bridge.backends_are_initialized():
+        return False
+    configured = jax.config.jax_num_cpu_devices
+    if max(configured, _flag_device_count() if configured < 0 else -1) >= n:
+        return False
+    jax.config.update("jax_num_cpu_devices", n)
+    return True
 
 
 def run(args) -> int:
@@ -260,7 +344,9 @@ def run(args) -> int:
             raise ConfigError(f"--config {args.config}: rehearse runs RL configs (AgentRLConfig, SimRLConfig)")
         narrowed = narrow_config(cfg, width=args.width, repeats=args.repeats, tokens=args.tokens, batch=args.batch,
                                  steps=args.steps)
-        n, have = mesh_size(narrowed), len(jax.devices())
+        n = mesh_size(narrowed)
+        provide_cpu_devices(n, distributed=args.distributed)
+        have = len(jax.devices())
         if have < n:
             per = -(-n // jax.process_count())
             where = "this process sees" if jax.process_count() == 1 else f"{jax.process_count()} processes see"
