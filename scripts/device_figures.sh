@@ -137,7 +137,7 @@ run memory "$MEMORY_TIMEOUT" "$PY" -m mimesis_jax rehearse --config configs/qwen
   --width "$REH_WIDTH" --repeats "$REH_REPEATS" --tokens "$REH_TOKENS" --json "$OUT/rehearse.json" \
   --set mesh.data=1 mesh.fsdp=1 mesh.tensor=1
 # shellcheck disable=SC2086
-run sampler "$SAMPLER_TIMEOUT" "$PY" benchmarks/bench_sampler.py $SAMPLER_ARGS --reference-argmax first
+run sampler "$SAMPLER_TIMEOUT" "$PY" benchmarks/bench_sampler.py $SAMPLER_ARGS --reference-argmax first --count-compiles
 sed -n '/^\[device_figures .*sampler: start/,/^\[device_figures .*sampler: exit/p' "$LOG" >"$OUT/sampler.txt"
 rm -rf "$WORK"
 
