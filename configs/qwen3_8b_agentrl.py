@@ -23,8 +23,8 @@ Choices where the paper is silent (this project's):
   at 1.0, AdamW without weight decay;
 * at most 256 dialogues per sampler call (`rollout.max_batch`; 1,024 per step run as 4 calls with the same
   samples): the largest power of two whose rollout phase fits an A100-80GB on this mesh (`python -m mimesis_jax
-  plan`: KV cache 22.5 GiB + prefill 12 GiB, peak 53.2 of 76 usable GiB; all 1,024 at once need 191 GiB); on 2
-  processes x 8 each calls with 128 (`plan --processes 2`: 57.0 GiB, its own parameter copy included). The
+  plan`: KV cache 20.5 GiB + prefill 10.7 GiB, peak 49.0 of 76 usable GiB; all 1,024 at once need 173 GiB); on 2
+  processes x 8 each calls with 128 (`plan --processes 2`: 52.8 GiB, its own parameter copy included). The
   update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
   rollout.max_batch=0` samples through the rollout engine instead, on the training mesh: its pool is capped at

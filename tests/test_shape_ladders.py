@@ -5,7 +5,8 @@ the ladder (what `plan` prints), with the padding cost of the ladders counted fr
 the packed arrays; padding leaves the loss and gradients of the unpadded batch; the learner's logged
 num_compilations (jax's compile events) equals the distinct shapes its packing produced. Stage I.3 the same way
 (configs/mimesis_simrl.py:9b: 200 mini-batches of simulator segments, at most 3 programs, listed by `plan` with
-its one sampler program)."""
+its one sampler program). The Stage II policy's sampler on its prompt ladder (chat_models.ladder_buckets): the
+programs `plan` lists, all reached by the first step of a paper-like step's growing contexts."""
 
 import dataclasses
 import os
@@ -342,3 +343,64 @@ def test_simrl_plan_lists_its_step_and_sampler_programs():
                     "sampler programs: 1 (batch x prompt + new tokens): 256x14336+2048"]
     two = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_rungs=(2.0,)))
     assert workload.workload_from_config(two, mesh, cfg.model).programs == ((256, 16384, 16384, 0, 0),)
+
+
+# ------------------------------------------------------------------------------ Stage II sampler ladder
+def _sampler_calls(rng, cfg, dialogues):
+    """The longest prompt of every agent sampler call of one step: `dialogues` dialogues of the paper-like mix
+    (`_dialogue_plan`), each turn's prompt its context so far + the user / tool reply + the header, sampled only
+    while prompt + agent_max_tokens fit the context budget (episodes/agent.py); per turn one call over the live
+    dialogues, in chunks of rollout.max_batch (sampler.generate). Returns [(sequences, [prompt lengths])]."""
+    r = cfg.rollout
+    longest = r.max_context_tokens - r.agent_max_tokens
+    per_turn = []
+    for _ in range(dialogues):
+        plan, prompts, i = _dialogue_plan(rng, cfg, 0.0), [], 1
+        used = plan[0][1]
+        while i < len(plan):
+            env, head, agent = plan[i][1], plan[i + 1][1], plan[i + 2][1]
+            if used + env + head > longest:
+                break
+            prompts.append(used + env + head)
+            used, i = used + env + head + agent, i + 3
+        per_turn.append(prompts)
+    calls = []
+    for t in range(r.max_turns):
+        live = [p[t] for p in per_turn if len(p) > t]
+        calls += [live[a:a + r.max_batch] for a in range(0, len(live), r.max_batch)]
+    return calls
+
+
+def test_agentrl_sampler_ladder_is_listed_and_compiles_in_the_first_step():
+    """configs/qwen3_8b_agentrl.py (budget 9,344 tokens, 2,048 new, 1,024 dialogues per step in calls of 256): the
+    policy's sampler buckets (chat_models.ladder_buckets, what AgentLearner.policy_buckets returns) put every call
+    of a paper-like step on one of 4 programs, the ones `plan` lists; the first step's growing contexts reach
+    every rung, so a second step compiles nothing. The prefill work (padded rows x prompt length over the real
+    prompt tokens) is printed for the ladder, one rung (Stage I.3's fixed_buckets) and the default buckets."""
+    from mimesis_jax.rollout.sampler import Buckets
+    from mimesis_jax.train.rl import chat_models
+
+    cfg, _ = _paper("grpo")
+    r = cfg.rollout
+    longest, dialogues = r.max_context_tokens - r.agent_max_tokens, r.prompts_per_step * r.group_size
+    b = chat_models.ladder_buckets(r, r.agent_max_tokens, dialogues)
+    rungs = b.prompt_rungs
+    assert len(rungs) == 4 and list(rungs) == sorted(set(rungs)) and rungs[-1] - 64 < longest <= rungs[-1]
+    assert all(x % 64 == 0 and abs(x - f * longest) < 64 for x, f in zip(rungs, (0.25, 0.5, 0.75, 1.0)))
+    w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
+    listed = {(w.rollout.batch, p, w.rollout.new_tokens) for p in w.sampler_prompts}
+    assert workload.programs_text(w)[1] == "sampler programs: 4 (batch x prompt + new tokens): " + ", ".join(
+        f"256x{p}+2048" for p in rungs)
+    rng = np.random.RandomState(11)
+    steps = [_sampler_calls(rng, cfg, dialogues) for _ in range(2)]
+    used = [{(b.batch(len(c)), b.prompt(max(c)), b.new_tokens(r.agent_max_tokens)) for c in s} for s in steps]
+    assert used[0] == listed and used[1] <= used[0]
+    costs = {}
+    for name, bk in (("ladder", b), ("one rung", chat_models.fixed_buckets(r, r.agent_max_tokens, dialogues)),
+                     ("default", Buckets())):
+        padded = sum(bk.batch(len(c)) * bk.prompt(max(c)) for c in steps[0])
+        programs = len({(bk.batch(len(c)), bk.prompt(max(c))) for c in steps[0]})
+        costs[name] = (padded / sum(sum(c) for c in steps[0]), programs)
+    print("agentrl sampler, first step: padded / real prompt tokens (programs): "
+          + ", ".join(f"{k} {v:.2f} ({n})" for k, (v, n) in costs.items()))
+    assert costs["ladder"][0] < costs["one rung"][0] and costs["ladder"][1] == 4

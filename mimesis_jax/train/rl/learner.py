@@ -24,9 +24,13 @@ train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on 
 
 Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
 the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs, rows at
-rollout.row_rungs of one row per dialogue), and each step's record carries `num_compilations`, the step programs
-this process has compiled so far (jax's compile events, RLStep.num_compilations; a resumed process counts from 0).
-A stage may fix the policy sampler's shapes too (`policy_buckets`; Stage I.3: one sampler program per run).
+rollout.row_rungs of one row per dialogue). A stage may fix the policy sampler's shapes too (`policy_buckets`;
+Stage I.3: one sampler program per run, Stage II: one per prompt rung, at most 4). Each step's record carries
+`num_compilations`, the programs this process has compiled so far in the run (jax's compile events), and its parts
+(`compilation_record`): compilations/update (RLStep.num_compilations), compilations/old_logprobs (the pre-update
+scoring of rl.old_logprobs=recompute), compilations/sampler (the static sampler's programs: the policy's and those
+of in-process frozen models) and compilations/engine (the rollout engines' prefill and decode programs). A resumed
+process counts from 0.
 
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
@@ -56,6 +60,7 @@ and its updates equal it up to fp32 summation order; resuming needs the same P.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -65,7 +70,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from mimesis_jax import config as config_lib
+from mimesis_jax import config as config_lib, profiling
 from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.checkpoints import Checkpointer, gather_json
 from mimesis_jax.data.tokenizer import load_tokenizer
@@ -98,6 +103,24 @@ def mean_or_zero(xs) -> float:
     """The mean of `xs` as a float, 0.0 for none (a step's metric over possibly no episodes)."""
     xs = [float(x) for x in xs]
     return float(np.mean(xs)) if xs else 0.0
+
+SCORE_PROGRAM = "_score_fn"  # RLStep's old-log-prob scoring (rl.old_logprobs = "recompute")
+SAMPLER_PROGRAM = "generate_bucket"  # rollout/sampler.py
+ENGINE_PROGRAMS = ("prefill_program", "decode_program")  # rollout/engine_programs.py
+
+
+def compilation_record(step_fn, compiled) -> dict:
+    """`num_compilations` and its parts (module docstring, Step shapes): the update's programs from
+    RLStep.num_compilations, the others from `compiled` (a profiling.Compilations over the run so far)."""
+    parts = {"update": step_fn.num_compilations, "old_logprobs": compiled.count_of(SCORE_PROGRAM),
+             "sampler": compiled.count_of(SAMPLER_PROGRAM),
+             "engine": sum(compiled.count_of(n) for n in ENGINE_PROGRAMS)}
+    return {"num_compilations": sum(parts.values()), **{f"compilations/{k}": v for k, v in parts.items()}}
+
+
+COMPILATION_KEYS = ("num_compilations", "compilations/update", "compilations/old_logprobs", "compilations/sampler",
+                    "compilations/engine")  # per process: what a resumed run's records differ in
+
 
 UPDATE_METRICS = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "clip_frac", "entropy", "approx_kl",
                   "grad_norm")
@@ -413,6 +436,8 @@ class RLLearner:
                 logger.log(s, rec)
             pending.clear()
 
+        watch = contextlib.ExitStack()  # jax's compile events of the whole run (compilation_record)
+        compiled = watch.enter_context(profiling.count_compilations())
         try:
             self.open_models(in_flight)
             self.log(self.banner(start))
@@ -453,7 +478,7 @@ class RLLearner:
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
                 times["trained"] = time.perf_counter()
                 rec = self.record(outs, kept, counts, times)
-                rec["num_compilations"] = run_.step_fn.num_compilations  # step programs compiled so far
+                rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
@@ -476,6 +501,7 @@ class RLLearner:
                                  "resume")
                     break
         finally:
+            watch.close()
             if stop is not None:
                 stop.restore()
             if logger is not None:
