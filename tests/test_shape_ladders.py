@@ -237,12 +237,15 @@ def test_learner_logs_the_programs_it_compiled(tmp_path, monkeypatch):
             "checkpoint.async_save=false", "checkpoint.every=100", "mesh.fsdp=1"]
     cfg = A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", sets)
     cfg = cfg.replace(model=cfg.model.replace(num_hidden_layers=1, layer_types=("full_attention",)))  # cheap
-    keys = []
+    keys, real = [], []
     pack = rl_batch.pack_trajectories
 
     def recording(*a, **kw):
         p = pack(*a, **kw)
         keys.append(p.shape_key)
+        segs = [s for t in a[0] for s in t.segments]
+        real.append((sum(len(s.tokens) for s in segs if s.kind != "coach"),
+                     sum(len(s.tokens) for s in segs if s.kind == "agent")))
         return p
     monkeypatch.setattr(rl_batch, "pack_trajectories", recording)
     learner = VaryingStage(cfg, str(tmp_path), handle_signals=False, log=lambda *a: None)
@@ -252,6 +255,11 @@ def test_learner_logs_the_programs_it_compiled(tmp_path, monkeypatch):
     counts = [res.metrics[s]["num_compilations"] for s in (1, 2)]
     assert counts == [1, 2] == [len(set(keys[:s])) for s in (1, 2)]
     assert len(learner.run_state.step_fn.shape_keys) == 2
+    # pad/*: the fraction of the step's trunk slots (rows x row_len) and LM-head slots (rows x head) left padding,
+    # here from the dialogues' own token counts (one mini-batch per step)
+    for s, (B, T, Ka, _, _), (trunk, agent) in zip((1, 2), keys, real):
+        assert res.metrics[s]["pad/row_fraction"] == pytest.approx(1 - trunk / (B * T))
+        assert res.metrics[s]["pad/head_fraction"] == pytest.approx(1 - agent / (B * Ka))
 
 
 def test_paper_configs_plan_their_programs():

@@ -30,7 +30,8 @@ Stage I.3: one sampler program per run, Stage II: one per prompt rung, at most 4
 (`compilation_record`): compilations/update (RLStep.num_compilations), compilations/old_logprobs (the pre-update
 scoring of rl.old_logprobs=recompute), compilations/sampler (the static sampler's programs: the policy's and those
 of in-process frozen models) and compilations/engine (the rollout engines' prefill and decode programs). A resumed
-process counts from 0.
+process counts from 0. `pad/row_fraction` and `pad/head_fraction` (`pad_counts`): the fractions of the step's
+trunk slots (rows x row_len) and LM-head slots (rows x head) that are padding, this process's batches.
 
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
@@ -223,7 +224,7 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     teacher = rl.teacher if rl.alpha > 0 else "none"
     multi = jax.process_count() > 1
-    batches = []
+    batches, pads = [], []
     for trajs, adv in chunks:
         packed = None
         if len(trajs):
@@ -238,20 +239,33 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
             batch = step_fn.place(local, process_local=True)
         else:
             batch = step_fn.place(packed)
+        pads.append(pad_counts(local if multi else packed.arrays))
         batches.append(jax.block_until_ready(batch))  # nothing in flight while the step compiles
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
         batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
     params, opt_state = state["params"], state["opt_state"]
     cpu = on_cpu(run)
     ms = []
-    for b in batches:
+    for b, counts in zip(batches, pads):
         params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
+        m = dict(m, **counts)  # host ints: this process's padding of the update's batch (pad_counts)
         if cpu:
             jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
         ms.append(m)
     if ms and waits_for_updates(run):  # train_s then covers the updates' device time (the last one ends last)
         jax.block_until_ready(ms[-1])
     return dict(state, params=params, opt_state=opt_state), ms
+
+
+PAD_KEYS = ("pad_rows_real", "pad_rows_slots", "pad_head_real", "pad_head_slots")
+
+
+def pad_counts(arrays: dict) -> dict:
+    """The padding of one update's packed host arrays (any leading axes: [B, ...] or [M, B/M, ...]): real trunk
+    tokens (segment id > 0) and trunk slots (rows x row_len), real LM-head positions (agent tokens) and head slots
+    (rows x head_idx width). The step record's pad/* fractions (`update_record`) come from their sums."""
+    return {"pad_rows_real": int((arrays["segment_ids"] > 0).sum()), "pad_rows_slots": int(arrays["tokens"].size),
+            "pad_head_real": int(arrays["agent_mask"].sum()), "pad_head_slots": int(arrays["head_idx"].size)}
 
 
 def run_ladder(run: RLRun) -> rl_batch.ShapeLadder | None:
@@ -265,7 +279,8 @@ def run_ladder(run: RLRun) -> rl_batch.ShapeLadder | None:
 def update_record(ms: list[dict], train_s: float | None) -> dict:
     """Mean update metrics of one step (0.0 when it made no update), how many updates it made, the last update's
     clip fraction, the lr it applied and the updates applied so far (when the step reports them: a step without an
-    update has no lr), and the trained tokens per second of `train_s` (None: the update time was not measured)."""
+    update has no lr), the fractions of padding of its batches (pad/*, from `pad_counts`) and the trained tokens
+    per second of `train_s` (None: the update time was not measured)."""
     rec = {k: (float(np.mean([float(m[k]) for m in ms if k in m])) if any(k in m for m in ms) else 0.0)
            for k in UPDATE_METRICS}
     rec["updates"] = len(ms)
@@ -274,6 +289,10 @@ def update_record(ms: list[dict], train_s: float | None) -> dict:
         if "lr" in ms[-1]:
             rec["lr"] = float(ms[-1]["lr"])
             rec["opt_steps"] = int(ms[-1]["opt_steps"])
+        if all(k in m for m in ms for k in PAD_KEYS):  # the fraction of padding (0: none) of the step's batches
+            tot = {k: sum(int(m[k]) for m in ms) for k in PAD_KEYS}
+            rec["pad/row_fraction"] = 1 - tot["pad_rows_real"] / max(1, tot["pad_rows_slots"])
+            rec["pad/head_fraction"] = 1 - tot["pad_head_real"] / max(1, tot["pad_head_slots"])
         if train_s is not None:
             rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(train_s, 1e-9)
     return rec
