@@ -103,20 +103,24 @@ def _paper_mix(cfg):
     return _MIX["sizes"]
 
 
-@pytest.mark.parametrize("variant,most", [("grpo", 4), ("csd", 6)])
+@pytest.mark.parametrize("variant,most", [("grpo", 4), ("csd", 8)])
 def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
+    """The head rungs (rollout.head_rungs = 2/3, 1 of the row) against the ladder of one head (the whole row):
+    fewer padded LM-head positions, both costs printed."""
     cfg, multiple = _paper(variant)
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     fused = variant == "csd"
     assert ladder.fused == fused and ladder.row_len == cfg.rollout.row_len == 9344
     assert ladder.rows == (64, 96, 128)  # 1/2, 3/4, 1 of 16 x 8 dialogues, multiples of 4 micro-batches x fsdp 8
+    assert ladder.head == (6272, 9344)  # 2/3 of 9,344 rounded up to 64, and the row
     # the longest branch block: 8,192 agent tokens + 16 turns x (256 + 32) note tokens = 12,800
     assert ladder.branch == ((6400, 12800) if fused else ())
     listed = ladder.programs()
-    assert len(listed) == (6 if fused else 3) and listed == list(workload.workload_from_config(
+    assert len(listed) == 3 * 2 * (2 if fused else 1) and listed == list(workload.workload_from_config(
         cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model).programs)
+    one_head = dataclasses.replace(ladder, head=())
     seen, before = {}, set()
-    padded, real = 0, 0
+    padded, real, padded_one = 0, 0, 0
     for s in _paper_mix(cfg):
         s = s if fused else s[[0, 2]]
         key, overflow = rl_batch.ladder_shape_key(s, ladder, multiple)
@@ -124,17 +128,19 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
         seen[key] = seen.get(key, 0) + 1
         p, r = _padding(key, s, fused)
         padded, real = padded + p, real + r
+        padded_one = padded_one + _padding(rl_batch.ladder_shape_key(s, one_head, multiple)[0], s, fused)[0]
         # the fine ladders the packer used before (rows, head and branch dims each on their own)
         _, old, _ = rl_batch._choose_shapes(s, [ladder.row_len] + [None] * (len(s) - 1), fused=fused, ladder=None,
                                             num_rows=None, head_len=None, branch_len=None, branch_head_len=None,
                                             rows_multiple=multiple, pad_multiple=64)
         before.add(old)
-    cost = padded / real
+    cost, cost_one = padded / real, padded_one / real
     names = ["trunk", "head", "branch", "branch_head"][:len(cost)]
     print(f"{variant}: {len(seen)} programs over {MINIBATCHES} mini-batches (fine ladders: {len(before)}); uses "
           f"{dict(sorted(seen.items()))}; padded / real tokens: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in zip(names, cost)))
+          + ", ".join(f"{k} {v:.3f} (one head {w:.3f})" for k, v, w in zip(names, cost, cost_one)))
     assert len(seen) <= most and len(before) > most
+    assert cost[1] < cost_one[1] and cost[0] == cost_one[0]  # the head rungs cut head padding, not the rows
 
 
 @pytest.mark.parametrize("variant", ["grpo", "csd"])
@@ -266,7 +272,7 @@ def test_paper_configs_plan_their_programs():
     cfg, _ = _paper("csd")
     w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
     text = workload.programs_text(w)[0]
-    assert text.startswith("step programs: 6 (rows x row_len x head x branch x branch_head")
+    assert text.startswith("step programs: 12 (rows x row_len x head x branch x branch_head")
     assert "64x9344x9344x6400x6400" in text and "128x9344x9344x12800x9344" in text
     bare = workload.workload_from_config(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
                                                                                             row_len=0)),
@@ -304,10 +310,11 @@ def test_simrl_paper_mix_compiles_a_bounded_known_set_of_programs():
     cfg, multiple = _paper_sim()
     r = cfg.rollout
     ladder = rl_batch.ladder_for_config(cfg, multiple)
-    assert multiple == 32 and ladder == rl_batch.ShapeLadder(16384, (64, 96, 128))
+    # heads at rollout.head_rungs = 0.2, 0.3, 1 of the row, rounded up to 64
+    assert multiple == 32 and ladder == rl_batch.ShapeLadder(16384, (64, 96, 128), (), (3328, 4928, 16384))
     w = workload.workload_from_config(cfg, {"data": 2, "fsdp": 4, "tensor": 2}, cfg.model)
     listed = ladder.programs()
-    assert listed == list(w.programs) and len(listed) == 3
+    assert listed == list(w.programs) and len(listed) == 9
     rng = np.random.RandomState(7)
     seen, before, padded, real = {}, set(), np.zeros(2, np.int64), np.zeros(2, np.int64)
     for i in range(SIM_MINIBATCHES):
@@ -328,7 +335,7 @@ def test_simrl_paper_mix_compiles_a_bounded_known_set_of_programs():
     print(f"simrl: {len(seen)} programs over {SIM_MINIBATCHES} mini-batches (fine ladders, first 20: "
           f"{len(before)}); uses {dict(sorted(seen.items()))}; padded / real tokens: trunk {cost[0]:.3f}, "
           f"head {cost[1]:.3f}")
-    assert len(seen) <= 3 < len(before)
+    assert len(seen) <= len(listed) and len(before) > 3 and cost[1] <= 1.5
     assert sum(seen.values()) == SIM_MINIBATCHES and padded[0] == sum(k[0] * k[1] * n for k, n in seen.items())
 
 
@@ -346,10 +353,10 @@ def test_simrl_plan_lists_its_step_and_sampler_programs():
     cfg, _ = _paper_sim()
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
     text = workload.programs_text(workload.workload_from_config(cfg, mesh, cfg.model))
-    assert text == ["step programs: 3 (rows x row_len x head x branch x branch_head, cheapest first): "
-                    "64x16384x16384x0x0, 96x16384x16384x0x0, 128x16384x16384x0x0",
+    assert text == ["step programs: 9 (rows x row_len x head x branch x branch_head, cheapest first): "
+                    + ", ".join(f"{rows}x16384x{head}x0x0" for rows in (64, 96, 128) for head in (3328, 4928, 16384)),
                     "sampler programs: 1 (batch x prompt + new tokens): 256x14336+2048"]
-    two = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_rungs=(2.0,)))
+    two = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_rungs=(2.0,), head_rungs=()))
     assert workload.workload_from_config(two, mesh, cfg.model).programs == ((256, 16384, 16384, 0, 0),)
 
 
