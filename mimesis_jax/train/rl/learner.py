@@ -31,7 +31,8 @@ Stage I.3: one sampler program per run, Stage II: one per prompt rung, at most 4
 scoring of rl.old_logprobs=recompute), compilations/sampler (the static sampler's programs: the policy's and those
 of in-process frozen models) and compilations/engine (the rollout engines' prefill and decode programs). A resumed
 process counts from 0. `pad/row_fraction` and `pad/head_fraction` (`pad_counts`): the fractions of the step's
-trunk slots (rows x row_len) and LM-head slots (rows x head) that are padding, this process's batches.
+trunk slots (rows x row_len) and LM-head slots (rows x head) that are padding, over the whole update batches
+(summed over the processes).
 
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
@@ -239,7 +240,11 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
             batch = step_fn.place(local, process_local=True)
         else:
             batch = step_fn.place(packed)
-        pads.append(pad_counts(local if multi else packed.arrays))
+        counts = pad_counts(local if multi else packed.arrays)
+        if multi:  # the whole mini-batch's padding: every process logs the same record
+            shares = gather_json(counts)
+            counts = {k: sum(c[k] for c in shares) for k in PAD_KEYS}
+        pads.append(counts)
         batches.append(jax.block_until_ready(batch))  # nothing in flight while the step compiles
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
         batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
@@ -248,7 +253,7 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     ms = []
     for b, counts in zip(batches, pads):
         params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
-        m = dict(m, **counts)  # host ints: this process's padding of the update's batch (pad_counts)
+        m = dict(m, **counts)  # host ints: the padding of the update's batch (pad_counts)
         if cpu:
             jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
         ms.append(m)
