@@ -68,7 +68,8 @@ def test_policy_samples_on_its_prompt_ladder_and_counts_its_programs(straight):
     """The policy's sampler (AgentLearner.policy_buckets: chat_models.ladder_buckets): a 256-token budget less 12
     new tokens gives prompt rungs 64 / 128 / 192 / 256, every call padded to the 12 dialogues in flight (16) and
     16 new tokens; the run's calls use those programs only, and each record's num_compilations is the sum of its
-    parts, never decreasing, the sampler's at most its 4 programs (the toy user and coach sample nothing)."""
+    parts, never decreasing, the sampler's at most its 4 programs (the toy user and coach sample nothing), all of
+    them compiled in the first step (this run's prompts reach rungs 64 and 192 there)."""
     from mimesis_jax.train.rl.chat_models import ladder_buckets
 
     res, _ = straight
@@ -82,6 +83,7 @@ def test_policy_samples_on_its_prompt_ladder_and_counts_its_programs(straight):
         assert rec["compilations/sampler"] <= 4 and rec["compilations/engine"] == 0
     assert [rec["num_compilations"] for rec in recs] == sorted(rec["num_compilations"] for rec in recs)
     assert recs[-1]["compilations/sampler"] >= len(SAMPLER["new"])  # each new shape compiled once
+    assert all(rec["compilations/sampler"] == recs[0]["compilations/sampler"] for rec in recs)  # none after step 1
 
 
 def test_loop_metrics_invalid_and_skipped_groups(straight):
