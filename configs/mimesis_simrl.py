@@ -15,7 +15,9 @@ Chosen here (the paper is silent):
 * p(d) uniform over the 24 domains (domains.weights = () ); behaviour task: neutral share 1/3, 8 customer turns.
 * mini-batches of 16 prompts (4 updates per step), clip 0.2, token-mean, no KL, no CSD; old log-probs from the
   sampler; AdamW b1 0.9 b2 0.95, no decay, clip-norm 1.0, constant LR.
-* 2,048 new tokens per simulator turn (thought + utterance), contexts up to 16,384 tokens (row_len).
+* 2,048 new tokens per simulator turn (thought + utterance), contexts up to 16,384 tokens (row_len); LM-head
+  counts per row at 0.2, 0.3 and 1 of the row (`rollout.head_rungs`): a row packs many policy-turn segments
+  whose agent tokens are a small part of it, so a head of the whole row would be mostly padding.
 * mesh: 16 devices = data 2 x fsdp 4 x tensor 2; bf16 compute, fp32 master weights, full remat, blockwise
   attention at these lengths.
 * memory on A100-80GB (`python -m mimesis_jax plan`, 76 GiB usable): the smallest settings that fit. 4 gradient
@@ -53,7 +55,8 @@ def get_config(size: str = "4b") -> SimRLConfig:
         domains=DomainMixConfig(weights=(), behaviour=True, neutral_share=1.0 / 3.0, max_user_turns=8),
         rl=RLConfig(alpha=0.0, kl_coef=0.0, eps_low=0.2, eps_high=0.2, loss_agg="token-mean", num_microbatches=4),
         rollout=SimRolloutConfig(prompts_per_step=64, group_size=8, mini_batch_prompts=16, max_tokens=2048,
-                                 max_context_tokens=16_384, row_len=16_384, temperature=1.0, thinking=True,
+                                 max_context_tokens=16_384, row_len=16_384, head_rungs=(0.2, 0.3, 1),
+                                 temperature=1.0, thinking=True,
                                  fold=True, env_workers=64, max_batch=256,
                                  engine_memory_gib=16.0),
         optimizer=OptimizerConfig(lr=8e-6, schedule="constant", warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.95,

@@ -11,14 +11,16 @@ import numpy as np
 import pytest
 
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
+from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout.base import ChatResponse, SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L
+from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 
 pytestmark = pytest.mark.optimized  # its cost is running RL steps, which unoptimized code makes dearer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s",
-          "num_compilations")  # process-local: a resumed process compiles again
+TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s",
+          "train_tokens_per_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
 
 
 def _cfg(name="tiny_agentrl.py:csd", *sets):
@@ -47,14 +49,41 @@ def _strip(rec):
     return {k: v for k, v in rec.items() if k not in TIMING}
 
 
+SAMPLER = {}  # the sampler shapes `straight`'s run called that no earlier test of this process had
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     wd = tmp_path_factory.mktemp("straight")
     seen = {}
+    before = sampler.call_shapes()
     res = L.run(_cfg("tiny_agentrl.py:csd", "train.steps=3"), str(wd), user_side=_side(SometimesRefusingUser()),
                 on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
                 log=lambda *a: None)
+    SAMPLER["new"] = sampler.call_shapes() - before
     return res, seen
+
+
+def test_policy_samples_on_its_prompt_ladder_and_counts_its_programs(straight):
+    """The policy's sampler (AgentLearner.policy_buckets: chat_models.ladder_buckets): a 256-token budget less 12
+    new tokens gives prompt rungs 64 / 128 / 192 / 256, every call padded to the 12 dialogues in flight (16) and
+    16 new tokens; the run's calls use those programs only, and each record's num_compilations is the sum of its
+    parts, never decreasing, the sampler's at most its 4 programs (the toy user and coach sample nothing), all of
+    them compiled in the first step (this run's prompts reach rungs 64 and 192 there)."""
+    from mimesis_jax.train.rl.chat_models import ladder_buckets
+
+    res, _ = straight
+    r = _cfg("tiny_agentrl.py:csd").rollout
+    b = ladder_buckets(r, r.agent_max_tokens, 12)
+    assert b.prompt_rungs == (64, 128, 192, 256) and b.batch(12) == 16 and b.new_tokens(12) == 16
+    assert {s[:3] for s in SAMPLER["new"]} <= {(16, p, 16) for p in b.prompt_rungs}
+    recs = [res.metrics[s] for s in (1, 2, 3)]
+    for rec in recs:
+        assert rec["num_compilations"] == sum(rec[k] for k in COMPILATION_KEYS[1:])
+        assert rec["compilations/sampler"] <= 4 and rec["compilations/engine"] == 0
+    assert [rec["num_compilations"] for rec in recs] == sorted(rec["num_compilations"] for rec in recs)
+    assert recs[-1]["compilations/sampler"] >= len(SAMPLER["new"])  # each new shape compiled once
+    assert all(rec["compilations/sampler"] == recs[0]["compilations/sampler"] for rec in recs)  # none after step 1
 
 
 def test_loop_metrics_invalid_and_skipped_groups(straight):

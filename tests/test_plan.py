@@ -197,7 +197,11 @@ def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
         cfg = workload.load_run_config(f"configs/{name}")
         assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
         p = budget.plan_config(cfg, mesh16, "a100-80g")
-        assert p.workload.rollout == workload.Rollout(256, 8192, 2048)  # prompts up to 9,344 - 2,048 -> bucket 8,192
+        # prompts up to 9,344 - 2,048: the top rung of the sampler's ladder (chat_models.ladder_buckets), the
+        # context budget less the agent's turn, in whole 64-token blocks
+        r = cfg.rollout
+        top = -(-(r.max_context_tokens - r.agent_max_tokens) // 64) * 64
+        assert p.workload.rollout == workload.Rollout(r.max_batch, top, r.agent_max_tokens)
         m = workload.runtime_model(cfg)
         assert p.item("KV cache") == kv_cache(m, p.workload.rollout)
         whole = budget.plan_config(workload.load_run_config(f"configs/{name}", ["rollout.max_batch=0"]), mesh16,

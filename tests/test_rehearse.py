@@ -93,8 +93,9 @@ def test_agent_csd_keeps_the_paper_structure():
     assert (r32.agent_max_tokens, u32.coach_max_tokens, u32.simulator_max_tokens) == (64, 8, 32)
     assert t32.gyms.max_prompt_tokens == 72 and r32.max_turns == 16
     assert len(mixture.build_tasks(t32.gyms, load_tokenizer("tiny"))[0]) == 64
+    # heads at the paper's rollout.head_rungs (2/3 of 328 -> 256, and 328); branch heads min(branch, head)
     assert workload_from_config(t32, t32.mesh.axes(), runtime_model(t32)).programs == (
-        (32, 328, 328, 448, 328), (32, 328, 328, 896, 328))
+        (32, 328, 256, 448, 256), (32, 328, 328, 448, 328), (32, 328, 256, 896, 256), (32, 328, 328, 896, 328))
     assert (u.simulator, u.coach, g.sources) == ("toy-user", "toy-coach", ("toy:64:s:16",))
     # every toy task survives the scaled prompt filter and plays the paper's 16 turns
     tasks, dropped = mixture.build_tasks(g, load_tokenizer("tiny"))
@@ -103,8 +104,9 @@ def test_agent_csd_keeps_the_paper_structure():
     # mini-batch span 64 / 96 / 128 rows (multiples of 4 micro-batches x 8 batch shards), the rehearsal's 8 fit 32
     w_paper = workload_from_config(paper, paper.mesh.axes(), runtime_model(paper))
     w = workload_from_config(tiny, tiny.mesh.axes(), runtime_model(tiny))
-    assert sorted({p[0] for p in w_paper.programs}) == [64, 96, 128] and len(w_paper.programs) == 6
-    assert w.programs == ((32, 584, 584, 640, 584), (32, 584, 584, 1280, 584))
+    assert sorted({p[0] for p in w_paper.programs}) == [64, 96, 128] and len(w_paper.programs) == 12
+    assert w.programs == ((32, 584, 448, 640, 448), (32, 584, 584, 640, 584), (32, 584, 448, 1280, 448),
+                          (32, 584, 584, 1280, 584))
     assert (w.rows, w.microbatches) == (32, 4) and len({p[3] for p in w_paper.programs}) == 2
 
 
@@ -207,11 +209,14 @@ def _check_programs(rep, stdout):
 def _check_steps(rep, stdout):
     """The per-step figures taken from the learner's step records (engine off: no engine counters)."""
     for s in rep["steps"]:
-        assert s["num_compilations"] == rep["compilations"]["rl_update"]  # one step: every update program so far
+        # one step: the learner's count of the programs compiled so far is the run's, part by part
+        parts = {"update": "rl_update", "old_logprobs": "old_logprobs", "sampler": "sampler", "engine": "engine"}
+        assert {k: s[f"compilations/{k}"] for k in parts} == {k: rep["compilations"][v] for k, v in parts.items()}
+        assert s["num_compilations"] == sum(s[f"compilations/{k}"] for k in parts)
         assert s["engine/reused_tokens"] == s["engine/evictions"] == 0
         assert 0.0 <= s["reward_mean"] <= 1.0 and s["loss"] is not None and math.isfinite(s["loss"])
-        assert f"reward_mean {s['reward_mean']:.4f}" in stdout and f"update programs compiled so far " \
-            f"{s['num_compilations']}" in stdout
+        assert f"reward_mean {s['reward_mean']:.4f}" in stdout and f"programs compiled so far " \
+            f"{s['num_compilations']} (update {s['compilations/update']}," in stdout
 
 
 def _check_learns(rep):
@@ -251,7 +256,7 @@ def test_rehearse_agent_csd(tmp_path):
     # the update compiled once per ladder program it met, and each of those is one the plan lists
     updates = [p for p in rep["programs"] if p["program"] == "rl_update"]
     plan = [list(p.values()) for p in rep["plan_programs"]]
-    assert len(plan) == 2 and 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan)
+    assert len(plan) == 4 and 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan)
     assert all(list(p["shape"].values()) in plan for p in updates)
     sampler = [p for p in rep["programs"] if p["program"] == "sampler"]
     assert len(sampler) == rep["compilations"]["sampler"] >= 1
@@ -260,7 +265,7 @@ def test_rehearse_agent_csd(tmp_path):
     _check_steps(rep, stdout)
     (step,) = rep["steps"]
     assert step["updates"] == 8 and step["trained_tokens"] == step["generated_tokens"] > 0
-    assert "plan lists 2 update program(s)" in stdout
+    assert f"plan lists {len(rep['plan_programs'])} update program(s)" in stdout
     _check_learns(rep)
 
 
@@ -275,7 +280,7 @@ def test_rehearse_simrl_9b(tmp_path):
     # Stage I.3 packs on its ladder too (rl_batch.ladder_for_config): every update program is one the plan lists
     plan = [list(p.values()) for p in rep["plan_programs"]]
     updates = [p for p in rep["programs"] if p["program"] == "rl_update"]
-    assert 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan) <= 3
+    assert 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan) <= 9  # 3 rows x 3 heads at most
     assert all(list(p["shape"].values()) in plan and p["shape"]["row_len"] == 1024 for p in updates)
     _check_programs(rep, stdout)
     _check_steps(rep, stdout)

@@ -5,7 +5,8 @@ the ladder (what `plan` prints), with the padding cost of the ladders counted fr
 the packed arrays; padding leaves the loss and gradients of the unpadded batch; the learner's logged
 num_compilations (jax's compile events) equals the distinct shapes its packing produced. Stage I.3 the same way
 (configs/mimesis_simrl.py:9b: 200 mini-batches of simulator segments, at most 3 programs, listed by `plan` with
-its one sampler program)."""
+its one sampler program). The Stage II policy's sampler on its prompt ladder (chat_models.ladder_buckets): the
+programs `plan` lists, all reached by the first step of a paper-like step's growing contexts."""
 
 import dataclasses
 import os
@@ -102,20 +103,24 @@ def _paper_mix(cfg):
     return _MIX["sizes"]
 
 
-@pytest.mark.parametrize("variant,most", [("grpo", 4), ("csd", 6)])
+@pytest.mark.parametrize("variant,most", [("grpo", 4), ("csd", 8)])
 def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
+    """The head rungs (rollout.head_rungs = 2/3, 1 of the row) against the ladder of one head (the whole row):
+    fewer padded LM-head positions, both costs printed."""
     cfg, multiple = _paper(variant)
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     fused = variant == "csd"
     assert ladder.fused == fused and ladder.row_len == cfg.rollout.row_len == 9344
     assert ladder.rows == (64, 96, 128)  # 1/2, 3/4, 1 of 16 x 8 dialogues, multiples of 4 micro-batches x fsdp 8
+    assert ladder.head == (6272, 9344)  # 2/3 of 9,344 rounded up to 64, and the row
     # the longest branch block: 8,192 agent tokens + 16 turns x (256 + 32) note tokens = 12,800
     assert ladder.branch == ((6400, 12800) if fused else ())
     listed = ladder.programs()
-    assert len(listed) == (6 if fused else 3) and listed == list(workload.workload_from_config(
+    assert len(listed) == 3 * 2 * (2 if fused else 1) and listed == list(workload.workload_from_config(
         cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model).programs)
+    one_head = dataclasses.replace(ladder, head=())
     seen, before = {}, set()
-    padded, real = 0, 0
+    padded, real, padded_one = 0, 0, 0
     for s in _paper_mix(cfg):
         s = s if fused else s[[0, 2]]
         key, overflow = rl_batch.ladder_shape_key(s, ladder, multiple)
@@ -123,17 +128,19 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
         seen[key] = seen.get(key, 0) + 1
         p, r = _padding(key, s, fused)
         padded, real = padded + p, real + r
+        padded_one = padded_one + _padding(rl_batch.ladder_shape_key(s, one_head, multiple)[0], s, fused)[0]
         # the fine ladders the packer used before (rows, head and branch dims each on their own)
         _, old, _ = rl_batch._choose_shapes(s, [ladder.row_len] + [None] * (len(s) - 1), fused=fused, ladder=None,
                                             num_rows=None, head_len=None, branch_len=None, branch_head_len=None,
                                             rows_multiple=multiple, pad_multiple=64)
         before.add(old)
-    cost = padded / real
+    cost, cost_one = padded / real, padded_one / real
     names = ["trunk", "head", "branch", "branch_head"][:len(cost)]
     print(f"{variant}: {len(seen)} programs over {MINIBATCHES} mini-batches (fine ladders: {len(before)}); uses "
           f"{dict(sorted(seen.items()))}; padded / real tokens: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in zip(names, cost)))
+          + ", ".join(f"{k} {v:.3f} (one head {w:.3f})" for k, v, w in zip(names, cost, cost_one)))
     assert len(seen) <= most and len(before) > most
+    assert cost[1] < cost_one[1] and cost[0] == cost_one[0]  # the head rungs cut head padding, not the rows
 
 
 @pytest.mark.parametrize("variant", ["grpo", "csd"])
@@ -236,12 +243,15 @@ def test_learner_logs_the_programs_it_compiled(tmp_path, monkeypatch):
             "checkpoint.async_save=false", "checkpoint.every=100", "mesh.fsdp=1"]
     cfg = A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", sets)
     cfg = cfg.replace(model=cfg.model.replace(num_hidden_layers=1, layer_types=("full_attention",)))  # cheap
-    keys = []
+    keys, real = [], []
     pack = rl_batch.pack_trajectories
 
     def recording(*a, **kw):
         p = pack(*a, **kw)
         keys.append(p.shape_key)
+        segs = [s for t in a[0] for s in t.segments]
+        real.append((sum(len(s.tokens) for s in segs if s.kind != "coach"),
+                     sum(len(s.tokens) for s in segs if s.kind == "agent")))
         return p
     monkeypatch.setattr(rl_batch, "pack_trajectories", recording)
     learner = VaryingStage(cfg, str(tmp_path), handle_signals=False, log=lambda *a: None)
@@ -251,13 +261,18 @@ def test_learner_logs_the_programs_it_compiled(tmp_path, monkeypatch):
     counts = [res.metrics[s]["num_compilations"] for s in (1, 2)]
     assert counts == [1, 2] == [len(set(keys[:s])) for s in (1, 2)]
     assert len(learner.run_state.step_fn.shape_keys) == 2
+    # pad/*: the fraction of the step's trunk slots (rows x row_len) and LM-head slots (rows x head) left padding,
+    # here from the dialogues' own token counts (one mini-batch per step)
+    for s, (B, T, Ka, _, _), (trunk, agent) in zip((1, 2), keys, real):
+        assert res.metrics[s]["pad/row_fraction"] == pytest.approx(1 - trunk / (B * T))
+        assert res.metrics[s]["pad/head_fraction"] == pytest.approx(1 - agent / (B * Ka))
 
 
 def test_paper_configs_plan_their_programs():
     cfg, _ = _paper("csd")
     w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
     text = workload.programs_text(w)[0]
-    assert text.startswith("step programs: 6 (rows x row_len x head x branch x branch_head")
+    assert text.startswith("step programs: 12 (rows x row_len x head x branch x branch_head")
     assert "64x9344x9344x6400x6400" in text and "128x9344x9344x12800x9344" in text
     bare = workload.workload_from_config(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
                                                                                             row_len=0)),
@@ -295,10 +310,11 @@ def test_simrl_paper_mix_compiles_a_bounded_known_set_of_programs():
     cfg, multiple = _paper_sim()
     r = cfg.rollout
     ladder = rl_batch.ladder_for_config(cfg, multiple)
-    assert multiple == 32 and ladder == rl_batch.ShapeLadder(16384, (64, 96, 128))
+    # heads at rollout.head_rungs = 0.2, 0.3, 1 of the row, rounded up to 64
+    assert multiple == 32 and ladder == rl_batch.ShapeLadder(16384, (64, 96, 128), (), (3328, 4928, 16384))
     w = workload.workload_from_config(cfg, {"data": 2, "fsdp": 4, "tensor": 2}, cfg.model)
     listed = ladder.programs()
-    assert listed == list(w.programs) and len(listed) == 3
+    assert listed == list(w.programs) and len(listed) == 9
     rng = np.random.RandomState(7)
     seen, before, padded, real = {}, set(), np.zeros(2, np.int64), np.zeros(2, np.int64)
     for i in range(SIM_MINIBATCHES):
@@ -319,7 +335,7 @@ def test_simrl_paper_mix_compiles_a_bounded_known_set_of_programs():
     print(f"simrl: {len(seen)} programs over {SIM_MINIBATCHES} mini-batches (fine ladders, first 20: "
           f"{len(before)}); uses {dict(sorted(seen.items()))}; padded / real tokens: trunk {cost[0]:.3f}, "
           f"head {cost[1]:.3f}")
-    assert len(seen) <= 3 < len(before)
+    assert len(seen) <= len(listed) and len(before) > 3 and cost[1] <= 1.5
     assert sum(seen.values()) == SIM_MINIBATCHES and padded[0] == sum(k[0] * k[1] * n for k, n in seen.items())
 
 
@@ -337,8 +353,69 @@ def test_simrl_plan_lists_its_step_and_sampler_programs():
     cfg, _ = _paper_sim()
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
     text = workload.programs_text(workload.workload_from_config(cfg, mesh, cfg.model))
-    assert text == ["step programs: 3 (rows x row_len x head x branch x branch_head, cheapest first): "
-                    "64x16384x16384x0x0, 96x16384x16384x0x0, 128x16384x16384x0x0",
+    assert text == ["step programs: 9 (rows x row_len x head x branch x branch_head, cheapest first): "
+                    + ", ".join(f"{rows}x16384x{head}x0x0" for rows in (64, 96, 128) for head in (3328, 4928, 16384)),
                     "sampler programs: 1 (batch x prompt + new tokens): 256x14336+2048"]
-    two = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_rungs=(2.0,)))
+    two = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_rungs=(2.0,), head_rungs=()))
     assert workload.workload_from_config(two, mesh, cfg.model).programs == ((256, 16384, 16384, 0, 0),)
+
+
+# ------------------------------------------------------------------------------ Stage II sampler ladder
+def _sampler_calls(rng, cfg, dialogues):
+    """The longest prompt of every agent sampler call of one step: `dialogues` dialogues of the paper-like mix
+    (`_dialogue_plan`), each turn's prompt its context so far + the user / tool reply + the header, sampled only
+    while prompt + agent_max_tokens fit the context budget (episodes/agent.py); per turn one call over the live
+    dialogues, in chunks of rollout.max_batch (sampler.generate). Returns [(sequences, [prompt lengths])]."""
+    r = cfg.rollout
+    longest = r.max_context_tokens - r.agent_max_tokens
+    per_turn = []
+    for _ in range(dialogues):
+        plan, prompts, i = _dialogue_plan(rng, cfg, 0.0), [], 1
+        used = plan[0][1]
+        while i < len(plan):
+            env, head, agent = plan[i][1], plan[i + 1][1], plan[i + 2][1]
+            if used + env + head > longest:
+                break
+            prompts.append(used + env + head)
+            used, i = used + env + head + agent, i + 3
+        per_turn.append(prompts)
+    calls = []
+    for t in range(r.max_turns):
+        live = [p[t] for p in per_turn if len(p) > t]
+        calls += [live[a:a + r.max_batch] for a in range(0, len(live), r.max_batch)]
+    return calls
+
+
+def test_agentrl_sampler_ladder_is_listed_and_compiles_in_the_first_step():
+    """configs/qwen3_8b_agentrl.py (budget 9,344 tokens, 2,048 new, 1,024 dialogues per step in calls of 256): the
+    policy's sampler buckets (chat_models.ladder_buckets, what AgentLearner.policy_buckets returns) put every call
+    of a paper-like step on one of 4 programs, the ones `plan` lists; the first step's growing contexts reach
+    every rung, so a second step compiles nothing. The prefill work (padded rows x prompt length over the real
+    prompt tokens) is printed for the ladder, one rung (Stage I.3's fixed_buckets) and the default buckets."""
+    from mimesis_jax.rollout.sampler import Buckets
+    from mimesis_jax.train.rl import chat_models
+
+    cfg, _ = _paper("grpo")
+    r = cfg.rollout
+    longest, dialogues = r.max_context_tokens - r.agent_max_tokens, r.prompts_per_step * r.group_size
+    b = chat_models.ladder_buckets(r, r.agent_max_tokens, dialogues)
+    rungs = b.prompt_rungs
+    assert len(rungs) == 4 and list(rungs) == sorted(set(rungs)) and rungs[-1] - 64 < longest <= rungs[-1]
+    assert all(x % 64 == 0 and abs(x - f * longest) < 64 for x, f in zip(rungs, (0.25, 0.5, 0.75, 1.0)))
+    w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
+    listed = {(w.rollout.batch, p, w.rollout.new_tokens) for p in w.sampler_prompts}
+    assert workload.programs_text(w)[1] == "sampler programs: 4 (batch x prompt + new tokens): " + ", ".join(
+        f"256x{p}+2048" for p in rungs)
+    rng = np.random.RandomState(11)
+    steps = [_sampler_calls(rng, cfg, dialogues) for _ in range(2)]
+    used = [{(b.batch(len(c)), b.prompt(max(c)), b.new_tokens(r.agent_max_tokens)) for c in s} for s in steps]
+    assert used[0] == listed and used[1] <= used[0]
+    costs = {}
+    for name, bk in (("ladder", b), ("one rung", chat_models.fixed_buckets(r, r.agent_max_tokens, dialogues)),
+                     ("default", Buckets())):
+        padded = sum(bk.batch(len(c)) * bk.prompt(max(c)) for c in steps[0])
+        programs = len({(bk.batch(len(c)), bk.prompt(max(c))) for c in steps[0]})
+        costs[name] = (padded / sum(sum(c) for c in steps[0]), programs)
+    print("agentrl sampler, first step: padded / real prompt tokens (programs): "
+          + ", ".join(f"{k} {v:.2f} ({n})" for k, (v, n) in costs.items()))
+    assert costs["ladder"][0] < costs["one rung"][0] and costs["ladder"][1] == 4

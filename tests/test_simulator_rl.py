@@ -23,14 +23,15 @@ from mimesis_jax.rollout.base import ChatResponse
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl import simulator as S
+from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 
 # its cost is running 2,048-token RL steps, which unoptimized code makes dearer
 pytestmark = pytest.mark.optimized
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
-TIMING = ("rollout_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s",
-          "num_compilations")  # process-local: a resumed process compiles again
+TIMING = ("rollout_s", "train_s", "rollout_tokens_per_s",
+          "train_tokens_per_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
 SMALL = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
          "rollout.mini_batch_prompts=1", "rollout.max_tokens=8", "domains.max_user_turns=2",
          "checkpoint.async_save=false", "validation.every=2", "validation.max_records=1",
@@ -95,9 +96,13 @@ def test_one_step_program_and_one_sampler_program(straight):
     """The run's fixed shapes (rl_batch.ladder_for_config, chat_models.fixed_buckets): every mini-batch of both
     steps packs to the ladder's one program, 4 rows of 1,536 tokens (2 per dialogue), and every policy call,
     validation included, to one sampler program: 4 sequences x the 1,528-token prompts the context budget allows
-    (1,536 - 8 new tokens) + 8 new tokens; each compiled once (the metrics' num_compilations; sampler traces)."""
+    (1,536 - 8 new tokens) + 8 new tokens; each compiled once (the metrics' compilations/*; sampler traces), and
+    nothing in step 2."""
     res, _, c = straight
-    assert [res.metrics[s]["num_compilations"] for s in (1, 2)] == [1, 1]
+    m1, m2 = res.metrics[1], res.metrics[2]
+    assert [m["compilations/update"] for m in (m1, m2)] == [1, 1]
+    assert m1["compilations/sampler"] <= 1 and m1["compilations/engine"] == 0
+    assert all(m2[k] == m1[k] for k in COMPILATION_KEYS)
     assert {p.shape_key for p in c["packed"]} == {(4, 1536, 1536, 0, 0)} and len(c["packed"]) == 4
     assert not any(p.ladder_overflow for p in c["packed"])
     assert c["sampler_shapes"] == {(4, 1528, 8, 0)} and c["sampler_traces"] <= 1
@@ -229,6 +234,7 @@ def test_fold_advantages_count_each_rollout_once():
     (["rollout.group_size=1"], "rollout.group_size"),
     (["domains.neutral_share=1.5"], "domains.neutral_share"),
     (["rollout.row_rungs=(0.5, 0.0)"], "'rollout.row_rungs': must be a tuple of finite numbers > 0"),
+    (["rollout.head_rungs=(0.5, 1.5)"], "'rollout.head_rungs': must be a tuple of numbers in \\(0, 1\\]"),
 ])
 def test_config_errors_name_the_key(tmp_path, sets, match):
     with pytest.raises(ConfigError, match=match):

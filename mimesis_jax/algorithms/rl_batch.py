@@ -41,14 +41,16 @@ short ladder derived from the config gives a known, bounded set of step programs
   mini_batch_prompts x group_size, per process), each rounded up to rows_multiple; `rollout.row_rungs` sets
   other multiples of it (e.g. (2.0,): one program of two rows per dialogue, for Stage I.3 runs whose multi-turn
   segments each near a whole row);
-* head_idx: always the row length (the LM head's positions never set a shape of their own);
+* head_idx: the row length, and with `rollout.head_rungs` also those fractions of it (rounded up to 64): a
+  mini-batch whose rows' agent tokens fit a smaller head takes it, so the LM head runs on fewer padded positions;
 * CSD (fused teacher): branch_tokens on `BRANCH_RUNGS` fractions (1/2, 1) of the longest branch block the config
-  allows, branch_head_idx coupled to it (min(Tb, row length)); a mini-batch without a coached turn is packed in
-  the fused layout with empty branches, so it reuses a CSD program.
-GRPO: 3 programs, CSD: 3 x 2 = 6. Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
+  allows, branch_head_idx coupled to it and to the head (min(Tb, head): a row's coached tokens are some of its
+  agent tokens); a mini-batch without a coached turn is packed in the fused layout with empty branches, so it
+  reuses a CSD program.
+GRPO: 3 programs x the head rungs, CSD: 3 x 2 x the head rungs (1 head rung by default: 3 and 6). Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
 trajectories). A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
-forward and backward of the trunk, the forward of the branches) whose shapes it fits (`_first_fit` under those
-caps); the rows are then balanced under the same caps. Padding is masked (zero masks and weights, segment and
+forward and backward of the trunk, the forward of the branches; at equal cost the smaller head) whose shapes it
+fits (`_first_fit` under those caps, longest trunk first or fullest cap first); the rows are then balanced under the same caps. Padding is masked (zero masks and weights, segment and
 branch id 0, head index 0), so the loss and gradients are the unpadded batch's. A mini-batch that fits no program
 (a dialogue past the config's bounds) falls back to the fine ladders (`PackedRL.ladder_overflow`): one more
 program, counted by the step's num_compilations.
@@ -77,6 +79,7 @@ BRANCH_STEPS = 16  # ... of the branch row length: at most 1/17 padding from the
 HEAD_STEPS = 8  # ... of the LM-head counts (head_idx, branch_head_idx)
 ROW_RUNGS = (1 / 2, 3 / 4, 1)  # `ShapeLadder` rows: fractions of the most rows a mini-batch can need
 BRANCH_RUNGS = (1 / 2, 1)  # `ShapeLadder` CSD branch row length: fractions of the longest branch block
+HEAD_RUNGS = (1,)  # `ShapeLadder` LM-head counts per row: fractions of the row length
 NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header
 SHAPE_FIELDS = ("rows", "row_len", "head", "branch", "branch_head")  # a shape key: B, T, Ka, Tb, Kc (0: none)
 
@@ -165,28 +168,33 @@ def _round_up(n: int, multiple: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ShapeLadder:
-    """The fixed rungs a run's mini-batches are packed to (module docstring): row counts and, with fused CSD
-    branches, branch row lengths; the LM-head counts follow (head = row_len, branch_head = min(branch, row_len))."""
+    """The fixed rungs a run's mini-batches are packed to (module docstring): row counts, LM-head counts and, with
+    fused CSD branches, branch row lengths; the branch head count follows (branch_head = min(branch, head): a
+    row's coached tokens are some of its agent tokens)."""
 
     row_len: int
     rows: tuple[int, ...]  # ascending
     branch: tuple[int, ...] = ()  # ascending; () = no teacher branches (GRPO)
+    head: tuple[int, ...] = ()  # ascending LM-head counts per row; () = row_len only
 
     @property
     def fused(self) -> bool:
         return bool(self.branch)
 
-    def key(self, rows: int, branch: int = 0) -> tuple[int, ...]:
+    def key(self, rows: int, branch: int = 0, head: int = 0) -> tuple[int, ...]:
         T = self.row_len
-        return (rows, T, T, branch, min(branch, T)) if branch else (rows, T, T, 0, 0)
+        K = head or T
+        return (rows, T, K, branch, min(branch, K)) if branch else (rows, T, K, 0, 0)
 
     def cost(self, key: tuple[int, ...]) -> int:
         """Tokens through the model, weighted: the trunk's forward and backward (3 x), the branches' forward."""
         return key[0] * (3 * key[1] + key[3])
 
     def programs(self) -> list[tuple[int, ...]]:
-        """Every step program's shape key, cheapest first (the order a mini-batch tries them in)."""
-        keys = [self.key(B, Tb) for B in self.rows for Tb in (self.branch or (0,))]
+        """Every step program's shape key, cheapest first (the order a mini-batch tries them in; at equal cost the
+        smaller head first)."""
+        keys = [self.key(B, Tb, K) for B in self.rows for Tb in (self.branch or (0,))
+                for K in (self.head or (self.row_len,))]
         return sorted(keys, key=lambda k: (self.cost(k), k))
 
     def fit(self, sizes: np.ndarray, rows_multiple: int = 1) -> tuple[int, ...] | None:
@@ -196,7 +204,11 @@ class ShapeLadder:
             caps = np.array(_ladder_caps(k, self.fused), np.int64)
             if k[0] % rows_multiple or np.any(sizes.max(1) > caps):
                 continue
-            if _first_fit(np.argsort(-sizes[0], kind="stable"), sizes, caps, max_rows=k[0]) is not None:
+            # first fit, longest trunk first, else the items filling most of some cap first (what lets small
+            # LM-head rungs fit: the trunk order alone leaves the agent tokens unbalanced)
+            tight = np.max(sizes / np.maximum(caps, 1)[:, None], axis=0)
+            if any(_first_fit(np.argsort(-o, kind="stable"), sizes, caps, max_rows=k[0]) is not None
+                   for o in (sizes[0], tight)):
                 return k
         return None
 
@@ -207,18 +219,22 @@ def _ladder_caps(key: tuple[int, ...], fused: bool) -> list[int]:
 
 
 def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max: int = 0,
-                 pad_multiple: int = 64, row_rungs: Sequence[float] = ROW_RUNGS) -> ShapeLadder:
+                 pad_multiple: int = 64, row_rungs: Sequence[float] = ROW_RUNGS,
+                 head_rungs: Sequence[float] = HEAD_RUNGS) -> ShapeLadder:
     """The ladder of a run: rows at `row_rungs` (default `ROW_RUNGS`) of max_rows (the most rows a mini-batch
-    can need: one per dialogue), rounded up to rows_multiple; with branch_max > 0 (the longest CSD branch block of
-    one dialogue) branch rungs at `BRANCH_RUNGS` of it, rounded up to pad_multiple."""
+    can need: one per dialogue), rounded up to rows_multiple; LM-head counts at `head_rungs` (default
+    `HEAD_RUNGS`) of row_len, rounded up to pad_multiple, row_len always among them; with branch_max > 0 (the
+    longest CSD branch block of one dialogue) branch rungs at `BRANCH_RUNGS` of it, rounded up to pad_multiple."""
     if row_len < 1 or max_rows < 1 or rows_multiple < 1:
         raise ValueError(f"shape_ladder: row_len={row_len}, max_rows={max_rows}, rows_multiple={rows_multiple} "
                          "must be >= 1")
     rows = tuple(sorted({_round_up(max(1, math.ceil(f * max_rows)), rows_multiple) for f in row_rungs}))
+    head = tuple(sorted({min(int(row_len), _round_up(max(1, math.ceil(f * row_len)), pad_multiple))
+                         for f in head_rungs} | {int(row_len)}))
     branch = ()
     if branch_max > 0:
         branch = tuple(sorted({_round_up(max(1, math.ceil(f * branch_max)), pad_multiple) for f in BRANCH_RUNGS}))
-    return ShapeLadder(int(row_len), rows, branch)
+    return ShapeLadder(int(row_len), rows, branch, head if len(head) > 1 else ())
 
 
 def config_bounds(cfg) -> dict:
@@ -244,7 +260,8 @@ def config_bounds(cfg) -> dict:
 
 def ladder_for_config(cfg, rows_multiple: int, processes: int = 1) -> ShapeLadder | None:
     """The `ShapeLadder` of an RL run config, Stage II or Stage I.3 (one process's share of a mini-batch with
-    `processes`): rows at `rollout.row_rungs` (() = `ROW_RUNGS`) of one row per dialogue. None where shapes stay
+    `processes`): rows at `rollout.row_rungs` (() = `ROW_RUNGS`) of one row per dialogue, LM-head counts at
+    `rollout.head_rungs` (() = `HEAD_RUNGS`: the row length) of row_len. None where shapes stay
     on the fine ladders: rollout.row_len = 0 (bucketed from the batch) or the naive teacher."""
     if not cfg.rollout.row_len:
         return None
@@ -252,7 +269,8 @@ def ladder_for_config(cfg, rows_multiple: int, processes: int = 1) -> ShapeLadde
         return None
     b = config_bounds(cfg)
     return shape_ladder(cfg.rollout.row_len, -(-b["dialogues"] // max(1, processes)), rows_multiple,
-                        b["branch_tokens"], row_rungs=tuple(getattr(cfg.rollout, "row_rungs", ()) or ROW_RUNGS))
+                        b["branch_tokens"], row_rungs=tuple(getattr(cfg.rollout, "row_rungs", ()) or ROW_RUNGS),
+                        head_rungs=tuple(getattr(cfg.rollout, "head_rungs", ()) or HEAD_RUNGS))
 
 
 # --------------------------------------------------------------------------------- per trajectory
@@ -329,7 +347,8 @@ def _assign_rows(sizes: np.ndarray, caps: Sequence[int | None], num_rows: int | 
 
     sizes [D, N]: per trajectory its trunk tokens (dimension 0) and the per-row loads to balance (fused: branch
     tokens, agent tokens, coached tokens; else agent tokens); caps [D]: the row length, then fixed caps or None.
-    1. First fit, longest trunk first: the fewest rows, R.
+    1. First fit, longest trunk first: the fewest rows, R (with num_rows given and more rows needed, the items
+       filling most of some cap first, as `ShapeLadder.fit` tries).
     2. B = num_rows, else R on the `ROW_STEPS` ladder of rows_multiple.
     3. Balance the loads over the B rows: caps = s x (the per-row mean of each load), s growing from 1 (or the
        largest item) by 1/128 steps, until a first fit (items by decreasing max over dimensions of size / cap)
@@ -339,6 +358,9 @@ def _assign_rows(sizes: np.ndarray, caps: Sequence[int | None], num_rows: int | 
     big = np.iinfo(np.int64).max // 4
     fixed = np.array([big if c is None else int(c) for c in caps], np.int64)
     base = _first_fit(np.argsort(-sizes[0], kind="stable"), sizes, fixed)
+    if num_rows is not None and len(base) > num_rows:  # the fullest-cap-first order `ShapeLadder.fit` also tries
+        tight = np.max(sizes / np.maximum(fixed, 1)[:, None], axis=0)
+        base = _first_fit(np.argsort(-tight, kind="stable"), sizes, fixed, max_rows=int(num_rows)) or base
     B = bucket(len(base), rows_multiple, ROW_STEPS) if num_rows is None else int(num_rows)
     if B < len(base) or B % rows_multiple:
         raise ValueError(f"num_rows={B}: the trajectories need {len(base)} rows of {caps[0]} tokens and the row "

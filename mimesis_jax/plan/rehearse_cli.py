@@ -33,7 +33,8 @@ Prints, per rollout mode (rollout.engine off / on):
 * the compilations of the run (jax's compile events, profiling.count_compilations): the update's, the old-log-prob
   scoring's, the sampler's, the engine's and the rest (eager ops, initialisation, checkpointing);
 * per step: rollout / coach / train seconds, the tokens generated and trained, and from the learner's step record
-  `num_compilations` (the update programs compiled so far), `reward_mean`, `loss` (None without an update) and
+  `num_compilations` (the update, old-log-prob, sampler and engine programs compiled so far; its parts
+  `compilations/update`, `compilations/old_logprobs`, `compilations/sampler`, `compilations/engine`), `reward_mean`, `loss` (None without an update) and
   the policy engine's `engine/reused_tokens` and `engine/evictions` (0 with the engine off);
 * `param_change`: the L2 norm of the parameters' change over the run (one process; None on several), > 0 once
   an update moved them.
@@ -165,6 +166,7 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     from mimesis_jax.plan.compiled import TOLERANCE
     from mimesis_jax.rollout import sampler
     from mimesis_jax.train.rl import agent, simulator
+    from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 
     stage = agent.AgentLearner if hasattr(cfg, "users") else simulator.SimulatorLearner
     before = sampler.call_shapes()
@@ -193,7 +195,8 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
                       "train_s": rec.get("train_s", 0.0),
                       "generated_tokens": round(rec.get("rollout_tokens_per_s", 0.0) * rec.get("rollout_s", 0.0)),
                       "trained_tokens": round(rec.get("train_tokens_per_s", 0.0) * rec.get("train_s", 0.0)),
-                      "updates": rec.get("updates", 0), "num_compilations": rec.get("num_compilations", 0),
+                      "updates": rec.get("updates", 0),
+                      **{k: rec.get(k, 0) for k in COMPILATION_KEYS},
                       "reward_mean": rec.get("reward_mean", 0.0), "loss": rec.get("loss"),
                       **{k: rec.get(k, 0) for k in ENGINE_KEYS}})
     rl_update = _count(names, "_rl_update")
@@ -299,7 +302,9 @@ def format_report(rep: dict, path: str) -> str:
         lines.append(f"  step {s['step']}: rollout {s['rollout_s']:.1f} s, coach {s['coach_s']:.1f} s, train "
                      f"{s['train_s']:.1f} s ({s['updates']} updates); tokens generated {s['generated_tokens']}, "
                      f"trained {s['trained_tokens']}; reward_mean {s['reward_mean']:.4f}, loss {loss}; "
-                     f"update programs compiled so far {s['num_compilations']}; engine reused tokens "
+                     f"programs compiled so far {s['num_compilations']} (update {s['compilations/update']}, "
+                     f"old log-probs {s['compilations/old_logprobs']}, sampler {s['compilations/sampler']}, engine "
+                     f"{s['compilations/engine']}); engine reused tokens "
                      f"{s['engine/reused_tokens']}, evictions {s['engine/evictions']}")
     if rep["param_change"] is not None:
         lines.append(f"  parameter change over the run (L2 norm): {rep['param_change']:.6g}")

@@ -15,7 +15,7 @@ from mimesis_jax.plan.memory import divisor
 from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.sampler import Buckets
 from mimesis_jax.sharding import rules_of
-from mimesis_jax.train.rl.chat_models import fixed_buckets
+from mimesis_jax.train.rl.chat_models import fixed_buckets, ladder_buckets
 from mimesis_jax.train.state import model_config_for
 
 
@@ -50,7 +50,15 @@ class Workload:
     # branch_head) per program, cheapest first); () = shapes on the fine ladders (rollout.row_len = 0), unbounded
     programs: tuple[tuple[int, ...], ...] = ()
     engine: object = None  # rollout.engine=true: the policy engine's pools (rollout/engine_sizing.EngineSizing)
-    fixed_sampler: bool = False  # the loop's static sampler compiles the one program `rollout` gives (simrl)
+    # the prompt lengths of the sampler programs the loop's static sampler compiles (batch and new tokens those of
+    # `rollout`, whose prompt is the longest): simrl one (chat_models.fixed_buckets), agentrl one per prompt rung
+    # (chat_models.ladder_buckets); () = shapes on the sampler's default ladders (no context budget, or the engine)
+    sampler_prompts: tuple[int, ...] = ()
+
+    @property
+    def fixed_sampler(self) -> bool:
+        """Whether the loop's static sampler compiles a known set of programs (`sampler_prompts`)."""
+        return bool(self.sampler_prompts)
 
     @property
     def num_devices(self) -> int:
@@ -154,8 +162,9 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
     rollout_batch = r.prompts_per_step * r.group_size
     per_call = min(rollout_batch, r.max_batch) if r.max_batch else rollout_batch
     longest = max(1, context - max_new)
-    fixed = fixed_buckets(r, max_new, rollout_batch) if kind == "simrl" else None
-    if fixed is not None:  # the simulator loop's one sampler program (train/rl/simulator.py policy_buckets)
+    # the loop's fixed sampler buckets (the stage's policy_buckets): simrl's one program, agentrl's prompt rungs
+    fixed = (fixed_buckets if kind == "simrl" else ladder_buckets)(r, max_new, rollout_batch)
+    if fixed is not None:
         roll = Rollout(fixed.batch(per_call, batch_multiple(model, mesh)), fixed.prompt(longest),
                        fixed.new_tokens(max_new))
     else:
@@ -179,7 +188,7 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
         T, head, branch, branch_head = top[1:]
     return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
                     head, True, branch, branch_head, roll, tuple(notes), programs, engine,
-                    fixed is not None and engine is None)
+                    fixed.prompt_rungs if fixed is not None and engine is None else ())
 
 
 def ladder_top(programs) -> tuple[int, ...]:
@@ -190,7 +199,8 @@ def ladder_top(programs) -> tuple[int, ...]:
 
 
 def programs_text(w: Workload) -> list[str]:
-    """The plan's lines naming the RL step programs a run compiles (one process)."""
+    """The plan's lines naming the RL step programs and the static sampler programs a run compiles (one
+    process)."""
     if w.kind == "lm":
         return []
     if not w.programs:
@@ -199,9 +209,10 @@ def programs_text(w: Workload) -> list[str]:
     else:
         keys = ", ".join("x".join(str(v) for v in k) for k in w.programs)
         lines = [f"step programs: {len(w.programs)} ({' x '.join(SHAPE_FIELDS)}, cheapest first): {keys}"]
-    if w.fixed_sampler:
+    if w.sampler_prompts:
         r = w.rollout
-        lines.append(f"sampler programs: 1 (batch x prompt + new tokens): {r.batch}x{r.prompt_len}+{r.new_tokens}")
+        keys = ", ".join(f"{r.batch}x{p}+{r.new_tokens}" for p in w.sampler_prompts)
+        lines.append(f"sampler programs: {len(w.sampler_prompts)} (batch x prompt + new tokens): {keys}")
     return lines
 
 

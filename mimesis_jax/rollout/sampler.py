@@ -11,7 +11,9 @@ How a call runs
   max_new_tokens up to a power of two. One compiled program serves every call that falls in the same bucket
   (`trace_count()` counts compilations, for tests). Filler rows are marked finished from the start.
   `Buckets.fixed(batch, longest_prompt, new_tokens)` puts every call within those bounds in ONE program (the
-  simulator RL loop's policy: prompts padded to the longest its context budget allows).
+  simulator RL loop's policy: prompts padded to the longest its context budget allows); `Buckets.ladder(batch,
+  prompt_rungs, new_tokens)` in one program per prompt rung (the agent RL loop's policy). A longer prompt falls
+  back to the default prompt ladder (one more program).
 * **Left padding.** The KV cache is written at one shared slot index for all rows, so shorter prompts are
   LEFT-padded with segment id 0 (never attended; for Qwen3.5 never folded into the recurrent state) while each
   row's positions are its own: 0..len-1 for the prompt, then len, len+1, ... for generated tokens.
@@ -91,7 +93,7 @@ class Buckets:
     prompt_step: int = 1024  # beyond this length prompts round up to a multiple of it, not a power of two
     min_new: int = 8
     min_stops: int = 4
-    fixed_prompt: int = 0  # > 0: every prompt of at most this many tokens pads to exactly it (one prompt shape)
+    prompt_rungs: tuple[int, ...] = ()  # ascending: a prompt of at most the last pads to the smallest >= it
 
     @classmethod
     def fixed(cls, batch: int, longest_prompt: int, new_tokens: int) -> "Buckets":
@@ -99,15 +101,26 @@ class Buckets:
         and at most `new_tokens` new tokens in one program: batch and new tokens on their usual ladders from
         those maxima, prompts padded to `longest_prompt` itself (an RL loop whose runner bounds every prompt by
         its context budget: train/rl/learner.py `RLLearner.policy_buckets`)."""
-        return cls(min_batch=_next_pow2(batch), min_new=_next_pow2(new_tokens), fixed_prompt=int(longest_prompt))
+        return cls.ladder(batch, (longest_prompt,), new_tokens)
+
+    @classmethod
+    def ladder(cls, batch: int, prompt_rungs, new_tokens: int) -> "Buckets":
+        """`fixed` with several prompt lengths: a call of at most `batch` sequences and `new_tokens` new tokens
+        pads to those maxima (each rounded up to a power of two) and its longest prompt to the smallest of
+        `prompt_rungs` that holds it, so at most len(prompt_rungs) programs serve the run (Stage II:
+        chat_models.ladder_buckets)."""
+        rungs = tuple(sorted({int(x) for x in prompt_rungs}))
+        if not rungs or rungs[0] < 1:
+            raise ValueError(f"Buckets.ladder: prompt_rungs must be lengths >= 1, got {prompt_rungs!r}")
+        return cls(min_batch=_next_pow2(batch), min_new=_next_pow2(new_tokens), prompt_rungs=rungs)
 
     def batch(self, n: int, multiple: int = 1) -> int:
         b = max(self.min_batch, _next_pow2(n))
         return int(math.ceil(b / multiple) * multiple)
 
     def prompt(self, n: int) -> int:
-        if n <= self.fixed_prompt:
-            return self.fixed_prompt
+        if self.prompt_rungs and n <= self.prompt_rungs[-1]:
+            return next(r for r in self.prompt_rungs if r >= n)
         if n <= self.prompt_step:
             return max(self.min_prompt, _next_pow2(n))
         return int(math.ceil(n / self.prompt_step) * self.prompt_step)

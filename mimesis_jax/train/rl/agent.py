@@ -10,7 +10,9 @@ One RL step:
 1. draw `rollout.prompts_per_step` tasks from the gym mixture (envs/userrl/mixture.py, d by weight);
 2. run `rollout.group_size` dialogues per task against the frozen simulator (episode runner: the agent samples
    token-exactly in-process; the simulator is in-process or a remote endpoint; gyms ask their user / judge;
-   with rollout.engine the agent and an in-process simulator sample through rollout engines);
+   with rollout.engine the agent and an in-process simulator sample through rollout engines; without it the
+   agent's static sampler pads each call to one of 4 prompt rungs of its context budget,
+   chat_models.ladder_buckets: at most 4 sampler programs per run);
    every dialogue gets a rollout id never used before in the run;
 3. drop INVALID episodes (refusal, endpoint failure) from their groups and count them; a group left with fewer
    than `rollout.min_valid_per_group` valid dialogues is skipped and counted -- never given raw-score advantages;
@@ -59,7 +61,8 @@ from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.train.rl import distributed
-from mimesis_jax.train.rl.chat_models import UserSide, build_user_side, engine_of, simulator_engine_config
+from mimesis_jax.train.rl.chat_models import (UserSide, build_user_side, engine_of, ladder_buckets,
+                                              simulator_engine_config)
 from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
@@ -139,6 +142,12 @@ class AgentLearner(RLLearner):
 
     def policy_max_tokens(self):
         return self.cfg.rollout.agent_max_tokens
+
+    def policy_buckets(self, in_flight):
+        """The policy's sampler on a fixed ladder (chat_models.ladder_buckets): calls padded to the dialogues in
+        flight (chunks of rollout.max_batch) and rollout.agent_max_tokens new tokens, prompts to the smallest of 4
+        rungs up to the longest the context budget allows: at most 4 sampler programs per run."""
+        return ladder_buckets(self.cfg.rollout, self.cfg.rollout.agent_max_tokens, in_flight)
 
     def open_models(self, in_flight):
         cfg, r = self.cfg, self.cfg.rollout

@@ -20,6 +20,7 @@ workdir, a remote endpoint, or a rule-based toy (envs/toy.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -62,7 +63,8 @@ class PolicySampler:
     LocalChatModel over the current parameters (`model(params)`, built per rollout call).
 
     buckets: the static sampler's shape buckets (sampler.Buckets; None: its default ladders), e.g.
-    `fixed_buckets` for one sampler program per run.
+    `fixed_buckets` for one sampler program per run (Stage I.3), `ladder_buckets` for one per prompt rung
+    (Stage II).
 
     mesh: the training mesh. The LocalChatModel samples on `distributed.rollout_mesh(mesh)`: on one process the
     training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
@@ -96,6 +98,23 @@ class PolicySampler:
             self.engine.set_params(engine_params(params, self.model_config, self.mesh))
 
 
+PROMPT_RUNGS = (1 / 4, 1 / 2, 3 / 4, 1)  # `ladder_buckets`: fractions of the longest prompt a run may sample from
+PROMPT_MULTIPLE = 64  # every rung is rounded up to a multiple of this
+
+
+def prompt_rungs(longest: int, fractions=PROMPT_RUNGS, multiple: int = PROMPT_MULTIPLE) -> tuple[int, ...]:
+    """The prompt lengths of a sampler ladder: `fractions` of `longest`, each rounded up to a multiple of
+    `multiple`, ascending, without repeats (the top rung holds `longest`)."""
+    if longest < 1 or multiple < 1:
+        raise ValueError(f"prompt_rungs: longest={longest} and multiple={multiple} must be >= 1")
+    return tuple(sorted({-(-math.ceil(f * longest) // multiple) * multiple for f in fractions}))
+
+
+def _per_call(r, dialogues: int) -> int:
+    cap = distributed.process_max_batch(r.max_batch)  # this process's share of the per-call cap
+    return max(1, min(dialogues, cap) if cap else dialogues)
+
+
 def fixed_buckets(r, max_new: int, dialogues: int) -> sampler.Buckets | None:
     """The static sampler's buckets of an RL run that compile ONE sampler program (sampler.Buckets.fixed): every
     call of at most `dialogues` sequences (this process's, in chunks of its share of rollout.max_batch), prompts padded to the longest the
@@ -105,9 +124,19 @@ def fixed_buckets(r, max_new: int, dialogues: int) -> sampler.Buckets | None:
     budget = context_budget(r)
     if not budget or budget <= max_new:
         return None
-    cap = distributed.process_max_batch(r.max_batch)  # this process's share of the per-call cap
-    per_call = min(dialogues, cap) if cap else dialogues
-    return sampler.Buckets.fixed(max(1, per_call), budget - max_new, max_new)
+    return sampler.Buckets.fixed(_per_call(r, dialogues), budget - max_new, max_new)
+
+
+def ladder_buckets(r, max_new: int, dialogues: int) -> sampler.Buckets | None:
+    """The static sampler's buckets of the agent RL loop: `fixed_buckets` with the prompts on `prompt_rungs` of
+    the longest the context budget allows (1/4, 1/2, 3/4 and all of it), so a run compiles at most 4 sampler
+    programs. A Stage II dialogue grows turn by turn and a call's longest prompt sets its length: padding every
+    call to the full budget, as Stage I.3 does, would prefill the early, short turns at the length of the last
+    ones. None without a budget (the default ladders). What `plan` lists for agentrl (plan/workload.py)."""
+    budget = context_budget(r)
+    if not budget or budget <= max_new:
+        return None
+    return sampler.Buckets.ladder(_per_call(r, dialogues), prompt_rungs(budget - max_new), max_new)
 
 
 class EngineMeter:

@@ -24,9 +24,15 @@ train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on 
 
 Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
 the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs, rows at
-rollout.row_rungs of one row per dialogue), and each step's record carries `num_compilations`, the step programs
-this process has compiled so far (jax's compile events, RLStep.num_compilations; a resumed process counts from 0).
-A stage may fix the policy sampler's shapes too (`policy_buckets`; Stage I.3: one sampler program per run).
+rollout.row_rungs of one row per dialogue). A stage may fix the policy sampler's shapes too (`policy_buckets`;
+Stage I.3: one sampler program per run, Stage II: one per prompt rung, at most 4). Each step's record carries
+`num_compilations`, the programs this process has compiled so far in the run (jax's compile events), and its parts
+(`compilation_record`): compilations/update (RLStep.num_compilations), compilations/old_logprobs (the pre-update
+scoring of rl.old_logprobs=recompute), compilations/sampler (the static sampler's programs: the policy's and those
+of in-process frozen models) and compilations/engine (the rollout engines' prefill and decode programs). A resumed
+process counts from 0. `pad/row_fraction` and `pad/head_fraction` (`pad_counts`): the fractions of the step's
+trunk slots (rows x row_len) and LM-head slots (rows x head) that are padding, over the whole update batches
+(summed over the processes).
 
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
@@ -56,6 +62,7 @@ and its updates equal it up to fp32 summation order; resuming needs the same P.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -65,7 +72,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from mimesis_jax import config as config_lib
+from mimesis_jax import config as config_lib, profiling
 from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.checkpoints import Checkpointer, gather_json
 from mimesis_jax.data.tokenizer import load_tokenizer
@@ -98,6 +105,24 @@ def mean_or_zero(xs) -> float:
     """The mean of `xs` as a float, 0.0 for none (a step's metric over possibly no episodes)."""
     xs = [float(x) for x in xs]
     return float(np.mean(xs)) if xs else 0.0
+
+SCORE_PROGRAM = "_score_fn"  # RLStep's old-log-prob scoring (rl.old_logprobs = "recompute")
+SAMPLER_PROGRAM = "generate_bucket"  # rollout/sampler.py
+ENGINE_PROGRAMS = ("prefill_program", "decode_program")  # rollout/engine_programs.py
+
+
+def compilation_record(step_fn, compiled) -> dict:
+    """`num_compilations` and its parts (module docstring, Step shapes): the update's programs from
+    RLStep.num_compilations, the others from `compiled` (a profiling.Compilations over the run so far)."""
+    parts = {"update": step_fn.num_compilations, "old_logprobs": compiled.count_of(SCORE_PROGRAM),
+             "sampler": compiled.count_of(SAMPLER_PROGRAM),
+             "engine": sum(compiled.count_of(n) for n in ENGINE_PROGRAMS)}
+    return {"num_compilations": sum(parts.values()), **{f"compilations/{k}": v for k, v in parts.items()}}
+
+
+COMPILATION_KEYS = ("num_compilations", "compilations/update", "compilations/old_logprobs", "compilations/sampler",
+                    "compilations/engine")  # per process: what a resumed run's records differ in
+
 
 UPDATE_METRICS = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "clip_frac", "entropy", "approx_kl",
                   "grad_norm")
@@ -200,7 +225,7 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     teacher = rl.teacher if rl.alpha > 0 else "none"
     multi = jax.process_count() > 1
-    batches = []
+    batches, pads = [], []
     for trajs, adv in chunks:
         packed = None
         if len(trajs):
@@ -215,20 +240,37 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
             batch = step_fn.place(local, process_local=True)
         else:
             batch = step_fn.place(packed)
+        counts = pad_counts(local if multi else packed.arrays)
+        if multi:  # the whole mini-batch's padding: every process logs the same record
+            shares = gather_json(counts)
+            counts = {k: sum(c[k] for c in shares) for k in PAD_KEYS}
+        pads.append(counts)
         batches.append(jax.block_until_ready(batch))  # nothing in flight while the step compiles
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
         batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
     params, opt_state = state["params"], state["opt_state"]
     cpu = on_cpu(run)
     ms = []
-    for b in batches:
+    for b, counts in zip(batches, pads):
         params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
+        m = dict(m, **counts)  # host ints: the padding of the update's batch (pad_counts)
         if cpu:
             jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
         ms.append(m)
     if ms and waits_for_updates(run):  # train_s then covers the updates' device time (the last one ends last)
         jax.block_until_ready(ms[-1])
     return dict(state, params=params, opt_state=opt_state), ms
+
+
+PAD_KEYS = ("pad_rows_real", "pad_rows_slots", "pad_head_real", "pad_head_slots")
+
+
+def pad_counts(arrays: dict) -> dict:
+    """The padding of one update's packed host arrays (any leading axes: [B, ...] or [M, B/M, ...]): real trunk
+    tokens (segment id > 0) and trunk slots (rows x row_len), real LM-head positions (agent tokens) and head slots
+    (rows x head_idx width). The step record's pad/* fractions (`update_record`) come from their sums."""
+    return {"pad_rows_real": int((arrays["segment_ids"] > 0).sum()), "pad_rows_slots": int(arrays["tokens"].size),
+            "pad_head_real": int(arrays["agent_mask"].sum()), "pad_head_slots": int(arrays["head_idx"].size)}
 
 
 def run_ladder(run: RLRun) -> rl_batch.ShapeLadder | None:
@@ -242,7 +284,8 @@ def run_ladder(run: RLRun) -> rl_batch.ShapeLadder | None:
 def update_record(ms: list[dict], train_s: float | None) -> dict:
     """Mean update metrics of one step (0.0 when it made no update), how many updates it made, the last update's
     clip fraction, the lr it applied and the updates applied so far (when the step reports them: a step without an
-    update has no lr), and the trained tokens per second of `train_s` (None: the update time was not measured)."""
+    update has no lr), the fractions of padding of its batches (pad/*, from `pad_counts`) and the trained tokens
+    per second of `train_s` (None: the update time was not measured)."""
     rec = {k: (float(np.mean([float(m[k]) for m in ms if k in m])) if any(k in m for m in ms) else 0.0)
            for k in UPDATE_METRICS}
     rec["updates"] = len(ms)
@@ -251,6 +294,10 @@ def update_record(ms: list[dict], train_s: float | None) -> dict:
         if "lr" in ms[-1]:
             rec["lr"] = float(ms[-1]["lr"])
             rec["opt_steps"] = int(ms[-1]["opt_steps"])
+        if all(k in m for m in ms for k in PAD_KEYS):  # the fraction of padding (0: none) of the step's batches
+            tot = {k: sum(int(m[k]) for m in ms) for k in PAD_KEYS}
+            rec["pad/row_fraction"] = 1 - tot["pad_rows_real"] / max(1, tot["pad_rows_slots"])
+            rec["pad/head_fraction"] = 1 - tot["pad_head_real"] / max(1, tot["pad_head_slots"])
         if train_s is not None:
             rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(train_s, 1e-9)
     return rec
@@ -413,6 +460,8 @@ class RLLearner:
                 logger.log(s, rec)
             pending.clear()
 
+        watch = contextlib.ExitStack()  # jax's compile events of the whole run (compilation_record)
+        compiled = watch.enter_context(profiling.count_compilations())
         try:
             self.open_models(in_flight)
             self.log(self.banner(start))
@@ -453,7 +502,7 @@ class RLLearner:
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
                 times["trained"] = time.perf_counter()
                 rec = self.record(outs, kept, counts, times)
-                rec["num_compilations"] = run_.step_fn.num_compilations  # step programs compiled so far
+                rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
@@ -476,6 +525,7 @@ class RLLearner:
                                  "resume")
                     break
         finally:
+            watch.close()
             if stop is not None:
                 stop.restore()
             if logger is not None:
