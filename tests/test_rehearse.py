@@ -198,7 +198,8 @@ def _check_programs(rep, stdout):
     assert rep["programs"], rep
     # the memory is read from the executables the run compiled: no update or sampler program is compiled again
     assert not [n for n in rep["measure_compilations"] if "_rl_update" in n or "generate_bucket" in n]
-    assert {p["program"] for p in rep["programs"]} == {"rl_update", "sampler"}
+    # the static sampler's programs, or with the engine on none (its programs are counted, not measured here)
+    assert {p["program"] for p in rep["programs"]} == ({"rl_update"} if rep["engine"] else {"rl_update", "sampler"})
     assert all(p["compiled_bytes"] > 0 and p["plan_bytes"] > 0 for p in rep["programs"])
     # every program, update and sampler, within the planner's tolerance (fp32: the honest compare on a CPU)
     off = rehearse_cli.off_programs(rep)
@@ -208,12 +209,21 @@ def _check_programs(rep, stdout):
 
 def _check_steps(rep, stdout):
     """The per-step figures taken from the learner's step records (engine off: no engine counters)."""
+    c = rep["compilations"]
+    if rep["engine"]:  # the engine's prefill and decode programs, no sampler's
+        assert c["sampler"] == 0 and c["engine"] >= 2
+    else:
+        assert c["engine"] == 0 and c["sampler"] >= 1
     for s in rep["steps"]:
         # one step: the learner's count of the programs compiled so far is the run's, part by part
         parts = {"update": "rl_update", "old_logprobs": "old_logprobs", "sampler": "sampler", "engine": "engine"}
         assert {k: s[f"compilations/{k}"] for k in parts} == {k: rep["compilations"][v] for k, v in parts.items()}
         assert s["num_compilations"] == sum(s[f"compilations/{k}"] for k in parts)
-        assert s["engine/reused_tokens"] == s["engine/evictions"] == 0
+        if rep["engine"]:  # an uncapped pool (rehearse: engine_memory_gib = 0) evicts nothing
+            assert s["engine/evictions"] == 0 and s["engine/reused_tokens"] >= 0
+            assert f"engine reused tokens {s['engine/reused_tokens']}, evictions 0" in stdout
+        else:
+            assert s["engine/reused_tokens"] == s["engine/evictions"] == 0
         assert 0.0 <= s["reward_mean"] <= 1.0 and s["loss"] is not None and math.isfinite(s["loss"])
         assert f"reward_mean {s['reward_mean']:.4f}" in stdout and f"programs compiled so far " \
             f"{s['num_compilations']} (update {s['compilations/update']}," in stdout
@@ -271,20 +281,31 @@ def test_rehearse_agent_csd(tmp_path):
 
 @pytest.mark.slow
 def test_rehearse_simrl_9b(tmp_path):
-    # one period of the layer pattern, fp32, the CPU init's cheap compile: 143.1 -> 70.7 CPU s (-n 0, loaded cores)
-    (rep,), stdout = _rehearse(tmp_path, SIM, *FP32)
-    assert rep["num_devices"] == 16 and rep["mesh"] == {"data": 2, "fsdp": 4, "tensor": 2}
-    assert (rep["group_size"], rep["updates_per_step"], rep["csd"]) == (8, 4, False)
-    assert rep["row_len"] == rep["max_context_tokens"] == 1024 and rep["dtype"] == "float32"
-    assert rep["model"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]  # one period
-    # Stage I.3 packs on its ladder too (rl_batch.ladder_for_config): every update program is one the plan lists
-    plan = [list(p.values()) for p in rep["plan_programs"]]
-    updates = [p for p in rep["programs"] if p["program"] == "rl_update"]
-    assert 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan) <= 9  # 3 rows x 3 heads at most
-    assert all(list(p["shape"].values()) in plan and p["shape"]["row_len"] == 1024 for p in updates)
-    _check_programs(rep, stdout)
-    _check_steps(rep, stdout)
-    (step,) = rep["steps"]
-    assert step["updates"] == 4
-    assert math.isclose(step["coach_s"], 0.0)
-    _check_learns(rep)
+    # one period of the layer pattern, fp32, the CPU init's cheap compile; the static sampler, then the rollout
+    # engine (--engine both: 151 CPU s, -n 0, loaded cores)
+    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", *FP32)
+    assert (off["engine"], on["engine"]) == (False, True)
+    for rep in (off, on):
+        assert rep["num_devices"] == 16 and rep["mesh"] == {"data": 2, "fsdp": 4, "tensor": 2}
+        assert (rep["group_size"], rep["updates_per_step"], rep["csd"]) == (8, 4, False)
+        assert rep["row_len"] == rep["max_context_tokens"] == 1024 and rep["dtype"] == "float32"
+        assert rep["model"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]  # one period
+        # Stage I.3 packs on its ladder too (rl_batch.ladder_for_config): every update program is one the plan
+        # lists
+        plan = [list(p.values()) for p in rep["plan_programs"]]
+        updates = [p for p in rep["programs"] if p["program"] == "rl_update"]
+        assert 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan) <= 9  # 3 rows x 3 heads at most
+        assert all(list(p["shape"].values()) in plan and p["shape"]["row_len"] == 1024 for p in updates)
+        _check_programs(rep, stdout)
+        _check_steps(rep, stdout)
+        (step,) = rep["steps"]
+        assert step["updates"] == 4
+        assert math.isclose(step["coach_s"], 0.0)
+        _check_learns(rep)
+    # the engine draws the static sampler's tokens from the same per-request keys: the same dialogues, rewards,
+    # tokens and update (float32)
+    (s_off,), (s_on,) = off["steps"], on["steps"]
+    for key in ("reward_mean", "generated_tokens", "trained_tokens"):
+        assert s_on[key] == s_off[key], key
+    assert on["param_change"] == pytest.approx(off["param_change"], rel=1e-4)
+    assert s_on["loss"] == pytest.approx(s_off["loss"], rel=1e-4)

@@ -166,7 +166,7 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     from mimesis_jax.plan.compiled import TOLERANCE
     from mimesis_jax.rollout import sampler
     from mimesis_jax.train.rl import agent, simulator
-    from mimesis_jax.train.rl.learner import COMPILATION_KEYS
+    from mimesis_jax.train.rl.learner import COMPILATION_KEYS, ENGINE_PROGRAMS, SAMPLER_PROGRAM, SCORE_PROGRAM
 
     stage = agent.AgentLearner if hasattr(cfg, "users") else simulator.SimulatorLearner
     before = sampler.call_shapes()
@@ -200,9 +200,9 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
                       "reward_mean": rec.get("reward_mean", 0.0), "loss": rec.get("loss"),
                       **{k: rec.get(k, 0) for k in ENGINE_KEYS}})
     rl_update = _count(names, "_rl_update")
-    counts = {"total": len(names), "rl_update": rl_update, "old_logprobs": _count(names, "_score_fn"),
-              "sampler": _count(names, "generate_bucket"), "engine": _count(names, "engine", "paged", "_decode",
-                                                                          "_prefill")}
+    # the programs the learner's step record counts (train/rl/learner.py compilation_record), by the same names
+    counts = {"total": len(names), "rl_update": rl_update, "old_logprobs": _count(names, SCORE_PROGRAM),
+              "sampler": _count(names, SAMPLER_PROGRAM), "engine": _count(names, *ENGINE_PROGRAMS)}
     counts["other"] = counts["total"] - sum(v for k, v in counts.items() if k != "total")
     return {
         "name": cfg.name, "stage": learner.stage, "engine": bool(r.engine),
