@@ -309,3 +309,15 @@ def test_rehearse_simrl_9b(tmp_path):
         assert s_on[key] == s_off[key], key
     assert on["param_change"] == pytest.approx(off["param_change"], rel=1e-4)
     assert s_on["loss"] == pytest.approx(s_off["loss"], rel=1e-4)
+
+
+def test_a_rehearsal_that_trains_nothing_fails_naming_the_flag(tmp_path):
+    # at --tokens 32 the simulator's 16,384-token context becomes 512: no rehearsal domain's prompt leaves room for
+    # a turn, so the step rolls out and trains nothing -- an error naming the flag, not a report of nothing
+    proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "rehearse", "--config", SIM, "--tokens", "32", *FP32],
+                          capture_output=True, text=True, timeout=600, env=subprocess_env())
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    context = load_run_config(SIM).rollout.max_context_tokens // 32
+    assert err == (f"error: --config {SIM}: the rehearsal (rollout.engine off) trained nothing: no rollout fit "
+                   f"max_context_tokens {context} (--tokens 32); use a smaller --tokens")

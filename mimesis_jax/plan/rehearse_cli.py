@@ -379,4 +379,11 @@ def run(args) -> int:
     if args.json and lead:
         with open(args.json, "w") as f:
             json.dump({"config": args.config, "reports": reports}, f, indent=2)
+    idle = [r for r in reports if not any(s["updates"] for s in r["steps"])]
+    if idle:  # nothing rolled out or trained: a rehearsal that measured nothing is not a pass
+        r = idle[0]
+        print(f"error: --config {args.config}: the rehearsal (rollout.engine {'on' if r['engine'] else 'off'}) "
+              f"trained nothing: no rollout fit max_context_tokens {r['max_context_tokens']} (--tokens "
+              f"{args.tokens}); use a smaller --tokens", file=sys.stderr)
+        return 2
     return 0
