@@ -37,6 +37,13 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
 the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
 stays resident but is no argument of the sampler).
+
+bf16 on the CPU backend: XLA computes bf16 in float32 there, and its float normalization holds float32 stand-ins
+for bf16 values that an accelerator program does not (the whole saved-activation stack's among them).
+`normalization_split` reads them from the compiled program's dumped buffer assignment (the rule is written above
+it); `program_memory` splits them out of the update programs (LM train step, RL update) and compares the plan with
+the rest, compiled - copies. The old-log-prob scoring pass, the sampler and the engine programs stay unsplit
+compiled totals.
 """
 
 from __future__ import annotations
