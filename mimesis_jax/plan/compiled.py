@@ -41,9 +41,9 @@ stays resident but is no argument of the sampler).
 bf16 on the CPU backend: XLA computes bf16 in float32 there, and its float normalization holds float32 stand-ins
 for bf16 values that an accelerator program does not (the whole saved-activation stack's among them).
 `normalization_split` reads them from the compiled program's dumped buffer assignment (the rule is written above
-it); `program_memory` splits them out of the update programs (LM train step, RL update) and compares the plan with
-the rest, compiled - copies. The old-log-prob scoring pass, the sampler and the engine programs stay unsplit
-compiled totals.
+it); `program_memory` splits them out of every program it compiles and compares the plan with the rest, compiled -
+copies. The rule catches convert-made copies only: a value the normalized program computes and carries in
+float32 (the sampler's KV cache through its decode loop) stays in the rest.
 """
 
 from __future__ import annotations
@@ -433,8 +433,8 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
     sizes; this process must see that many devices). largest_only: of the update ladder, its last (largest)
     program only; sampler=False leaves the sampler (or engine) out, updates=False the update and scoring programs
     (one process's rollout of several: cfg = workload.process_config, mesh = workload.process_mesh); options: XLA
-    compile options (FAST or QUICK); split: the update programs' (LM train step, RL update) float-normalization
-    copies split out (`normalization_split`, ProgramMemory.copies), default `splits(model)`."""
+    compile options (FAST or QUICK); split: each program's float-normalization copies split out
+    (`normalization_split`, ProgramMemory.copies), default `splits(model)`."""
     need_devices(mesh)
     w = workload_from_config(cfg, mesh, runtime_model(cfg))
     dev = device if isinstance(device, Device) else device_for(device, w.num_devices)
@@ -442,8 +442,14 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
     progs = program_workloads(w) if updates else []
     if split is None:
         split = splits(w.model)
+
+    def measure(name: str, planned: int, compile_fn) -> ProgramMemory:
+        if not split:
+            return ProgramMemory(name, planned, compile_fn(options))
+        compiled, n = split_compile(compile_fn, options)
+        return ProgramMemory(name, planned, compiled, n.extra)
+
     for name, wp in (progs[-1:] if largest_only else progs):
-        planned = plan(wp, dev).train_peak
         if w.kind == "lm":
             t = cfg.train
 
@@ -453,28 +459,24 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         else:
             def compile_fn(opts, wp=wp):
                 return rl_step_memory(wp, cfg.rl, opts)
-        if split:
-            compiled, n = split_compile(compile_fn, options)
-            out.append(ProgramMemory(name, planned, compiled, n.extra))
-        else:
-            out.append(ProgramMemory(name, planned, compile_fn(options)))
+        out.append(measure(name, plan(wp, dev).train_peak, compile_fn))
     if updates and w.kind != "lm" and getattr(cfg.rl, "old_logprobs", None) == "recompute":
         name, wp = progs[-1]
-        out.append(ProgramMemory("old log-probs " + name.removeprefix("rl update").strip() if w.programs
-                                 else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
+        out.append(measure("old log-probs " + name.removeprefix("rl update").strip() if w.programs
+                           else "old log-probs", scoring_peak(wp), lambda opts: scoring_memory(wp, cfg.rl, opts)))
     if sampler and w.kind != "lm" and w.engine is not None:
         p, e = plan(w, dev), w.engine
         ec = e.engine_config()
-        out.append(ProgramMemory(f"engine prefill {ec.prefill_rows}x{ec.prefill_chunk}, {e.max_pages_per_seq} pages",
-                                 engine_prefill_peak(w), engine_prefill_memory(w, options)))
+        out.append(measure(f"engine prefill {ec.prefill_rows}x{ec.prefill_chunk}, {e.max_pages_per_seq} pages",
+                           engine_prefill_peak(w), lambda opts: engine_prefill_memory(w, opts)))
         planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine pool", "engine programs"))
-        out.append(ProgramMemory(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
-                                 engine_decode_memory(w, options)))
+        out.append(measure(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
+                           lambda opts: engine_decode_memory(w, opts)))
     if sampler and w.kind != "lm" and w.engine is None:
         p = plan(w, dev)
         r = w.rollout
-        out.append(ProgramMemory(f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
-                                 p.rollout_peak - p.item("optimizer state"), sampler_memory(w, options=options)))
+        out.append(measure(f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
+                           p.rollout_peak - p.item("optimizer state"), lambda opts: sampler_memory(w, options=opts)))
     return out
 
 
