@@ -34,7 +34,7 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "and print their per-device bytes from XLA's memory analysis next to the plan's; needs the "
                         "mesh's devices (fake CPU ones: XLA_FLAGS=--xla_force_host_platform_device_count=N "
                         "JAX_PLATFORMS=cpu); a planned / compiled ratio under 1 - plan/compiled.py TOLERANCE widens "
-                        "the verdicts' planner error to 1 - that ratio; bf16 on CPU: the update programs' "
+                        "the verdicts' planner error to 1 - that ratio; bf16 on CPU: each program's "
                         "float-normalization copies are split out and the ratio is planned / (compiled - copies)")
     return p
 
