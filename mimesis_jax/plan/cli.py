@@ -34,7 +34,8 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "and print their per-device bytes from XLA's memory analysis next to the plan's; needs the "
                         "mesh's devices (fake CPU ones: XLA_FLAGS=--xla_force_host_platform_device_count=N "
                         "JAX_PLATFORMS=cpu); a planned / compiled ratio under 1 - plan/compiled.py TOLERANCE widens "
-                        "the verdicts' planner error to 1 - that ratio")
+                        "the verdicts' planner error to 1 - that ratio; bf16 on CPU: each program's "
+                        "float-normalization copies are split out and the ratio is planned / (compiled - copies)")
     return p
 
 
@@ -46,7 +47,9 @@ def checked_error(programs: Sequence[ProgramMemory] = ()) -> tuple[float, str]:
     """(error, what it is) the verdicts leave room for: a planned peak may under-count the compiled one by
     budget.error_bytes(peak, error) = peak / (1 - error) - peak. The error is plan/compiled.py TOLERANCE, the bound
     the tests hold every planned program to (|planned / compiled - 1| <= TOLERANCE), or, with --compiled, 1 - the
-    compiled programs' smallest planned / compiled ratio when that is larger (those programs under-counted by more)."""
+    compiled programs' smallest planned / compiled ratio when that is larger (those programs under-counted by more);
+    for a bf16 program on CPU with its float-normalization copies split out, planned / (compiled - copies)
+    (ProgramMemory.ratio)."""
     error = TOLERANCE, (f"{TOLERANCE:.0%}: plan/compiled.py TOLERANCE, the tests' bound on |planned / compiled - 1| "
                         "of every planned program")
     worst = min(programs, key=lambda r: r.ratio, default=None)

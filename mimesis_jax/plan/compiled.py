@@ -37,12 +37,23 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
 the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
 stays resident but is no argument of the sampler).
+
+bf16 on the CPU backend: XLA computes bf16 in float32 there, and its float normalization holds float32 stand-ins
+for bf16 values that an accelerator program does not (the whole saved-activation stack's among them).
+`normalization_split` reads them from the compiled program's dumped buffer assignment (the rule is written above
+it); `program_memory` splits them out of every program it compiles and compares the plan with the rest, compiled -
+copies. The rule catches convert-made copies only: a value the normalized program computes and carries in
+float32 (the sampler's KV cache through its decode loop) stays in the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
+import os
+import re
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -74,10 +85,17 @@ class ProgramMemory:
     name: str
     planned: int  # bytes per device, budget.plan
     compiled: int  # bytes per device, compiled.memory_analysis()
+    copies: int | None = None  # of `compiled`, the CPU's float-normalization copies (`normalization_split`); None:
+    # not split (float32 compute, another backend, or a program the split does not cover)
+
+    @property
+    def rest(self) -> int:
+        """The compiled bytes less the normalization copies: what the plan is compared with."""
+        return self.compiled - (self.copies or 0)
 
     @property
     def ratio(self) -> float:
-        return self.planned / self.compiled
+        return self.planned / self.rest
 
 
 def compiled_total(compiled) -> int:
@@ -89,6 +107,129 @@ def compiled_total(compiled) -> int:
 
 def within(planned: int, compiled: int, tol: float = TOLERANCE) -> bool:
     return abs(planned / compiled - 1) <= tol
+
+
+# ------------------------------------------------------------------- bf16 on the CPU: normalization copies
+# The CPU backend computes bfloat16 in float32: its float-normalization passes wrap each bf16 op in `convert`s to
+# and from f32, and the buffers those converts produce are float32 stand-ins for bf16 values. The rule, applied to
+# every value of the temp heap in XLA's buffer assignment (the optimized HLO, its buffer assignment and live
+# ranges, dumped with xla_dump_to):
+#   a value is a normalization copy when its producer -- the instruction, or a fusion's root followed through
+#   bitcasts -- is a `convert` to f32 of a bf16 operand that carries no op_name metadata (jax's own casts,
+#   astype / convert_element_type, always carry one; XLA's inserted converts carry none);
+#   its excess is all of its bytes when the bf16 operand is a buffer of its own (a standalone convert, or a
+#   fusion's parameter): an un-normalized program reads that bf16 buffer and holds no copy; and half of its bytes
+#   when the bf16 value is computed inside the fusion: an un-normalized program holds that value in bf16.
+# copies = the heap's largest live bytes - the largest live bytes less the live copies' excess, over the
+# program's schedule; rest = compiled - copies (the heap's fragmentation stays in the rest). The rest is an estimate of the un-normalized program's heap on the same schedule: f32 results of
+# normalized ops that are no convert (a dot's f32 output converted to bf16 later) stay counted in full.
+def _dump_options(directory: str) -> dict:
+    return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True}
+
+
+_INST = re.compile(r"^\s+(?:ROOT )?%(\S+) = (\S+) ([\w-]+)\((.*)$", re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalization:
+    temp: int  # the temp heap's allocated bytes (buffer assignment; memory_analysis temp_size_in_bytes)
+    peak: int  # the largest live bytes of the heap's values over the schedule (temp less fragmentation)
+    rest_peak: int  # the largest live bytes less the live copies' excess over the schedule
+    copies: tuple[tuple[str, str, int], ...]  # (instruction, shape, excess bytes) of the copies live at the peak
+    hlo: str  # the optimized HLO text the copies name
+
+    @property
+    def extra(self) -> int:
+        """The bytes the copies add to the peak: compiled = rest + extra."""
+        return self.peak - self.rest_peak
+
+
+def _excess(name: str, insts: dict, bodies: dict) -> int:
+    """The normalization excess of the buffer `name` defines (see the rule above), 0 if it is no copy."""
+    shape, op, rest = insts.get(name, ("", "", ""))
+    if not shape.startswith("f32["):
+        return 0
+    full = math.prod(int(d) for d in re.match(r"f32\[([\d,]*)\]", shape)[1].split(",") if d) * 4
+    if op == "convert":
+        src = re.match(r"%([^\s,)]+)", rest)[1]
+        return full if "op_name=" not in rest and insts.get(src, ("",))[0].startswith("bf16[") else 0
+    if op != "fusion":
+        return 0
+    body = bodies.get(re.search(r"calls=%([^\s,]+)", rest)[1], {})
+    root = next((v for v in body.values() if v[3]), None)
+    while root is not None and root[1] == "bitcast":
+        root = body.get(re.match(r"%([^\s,)]+)", root[2])[1])
+    if root is None or root[1] != "convert" or "op_name=" in root[2]:
+        return 0
+    src = body.get(re.match(r"%([^\s,)]+)", root[2])[1])
+    if src is None or not src[0].startswith("bf16["):
+        return 0
+    return full if src[1] == "parameter" else full // 2
+
+
+def normalization_split(directory: str) -> Normalization:
+    """The normalization copies of the program dumped to `directory` (the largest module's temp heap when it holds
+    several): see the rule above."""
+    found = []
+    for path in glob.glob(os.path.join(directory, "*-buffer-assignment.txt")):
+        base = path.removesuffix("-buffer-assignment.txt")
+        text = open(path).read()
+        temp = sum(int(m[1]) for m in re.finditer(r"^allocation \d+: size (\d+), preallocated-temp", text, re.M))
+        found.append((temp, base, text))
+    if not found:
+        raise ConfigError(f"no buffer assignment dumped to {directory}")
+    temp, base, text = max(found)
+    with open(base + "-live-range.txt") as f:
+        live = f.read()
+    with open(base + ".txt") as f:
+        hlo = f.read()
+    insts, bodies, current = {}, {}, None
+    for line in hlo.splitlines():
+        if line.startswith("%") or line.startswith("ENTRY"):
+            current = bodies.setdefault(re.match(r"(?:ENTRY )?%(\S+)", line)[1], {})
+            continue
+        m = _INST.match(line)
+        if m and current is not None:
+            insts[m[1]] = current[m[1]] = (m[2], m[3], m[4], line.lstrip().startswith("ROOT "))
+    insts = {k: v[:3] for k, v in insts.items()}
+    ranges = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(r"^\s+(\S+\{[\d,]*\}):(\d+)-(\d+)$", live, re.M)}
+    values = []  # (start, end, offset, size, excess, instruction, shape)
+    for block in re.split(r"\n(?=allocation \d+:)", text):
+        if not re.match(r"allocation \d+: size \d+, preallocated-temp", block):
+            continue
+        for v in re.finditer(r"value: <\d+ (\S+?)(\{[\d,]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (\S+)",
+                             block):
+            key = v[1] + (v[2] or "{}")
+            if key in ranges:
+                ex = _excess(v[1], insts, bodies) if (v[2] or "{}") == "{}" else 0
+                values.append((*ranges[key], int(v[4]), int(v[3]), ex, v[1], v[5]))
+    end = max((v[1] for v in values), default=0)
+    best_rest, peak, peak_t = 0, -1, 0
+    for t in range(end + 1):
+        slots = {}  # offset -> (bytes, excess): values at one offset live at once share that buffer
+        for a, b, off, size, ex, _, _ in values:
+            if a <= t <= b:
+                s, e = slots.get(off, (0, None))
+                slots[off] = (max(s, size), ex if e is None else min(e, ex))
+        total = sum(s for s, _ in slots.values())
+        best_rest = max(best_rest, total - sum(e for _, e in slots.values()))
+        if total > peak:
+            peak, peak_t = total, t
+    copies = tuple((n, sh, ex) for a, b, _, _, ex, n, sh in values if ex and a <= peak_t <= b)
+    return Normalization(temp, peak, best_rest, copies, hlo)
+
+
+def splits(model: ModelConfig) -> bool:
+    """Whether the CPU backend's float normalization holds copies in `model`'s programs: bf16 compute on CPU."""
+    return jax.default_backend() == "cpu" and model.dtype == "bfloat16"
+
+
+def split_compile(compile_fn, options: dict) -> tuple[int, Normalization]:
+    """(compiled bytes, Normalization) of compile_fn(options | a dump of the compiled program), a function that
+    compiles one program and returns its `compiled_total` (`lm_step_memory`, `rl_step_memory`)."""
+    with tempfile.TemporaryDirectory() as d:
+        total = compile_fn(options | _dump_options(d))
+        return total, normalization_split(d)
 
 
 def abstract(tree, shardings):
@@ -286,52 +427,83 @@ def program_workloads(w: Workload) -> list[tuple[str, Workload]]:
 
 
 def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: bool = False,
-                   sampler: bool = True, options: dict = FAST, updates: bool = True) -> list[ProgramMemory]:
+                   sampler: bool = True, options: dict = FAST, updates: bool = True,
+                   split: bool | None = None) -> list[ProgramMemory]:
     """Planned and compiled per-device bytes of every program `cfg`'s loop compiles on `mesh` (a dict of axis
     sizes; this process must see that many devices). largest_only: of the update ladder, its last (largest)
     program only; sampler=False leaves the sampler (or engine) out, updates=False the update and scoring programs
     (one process's rollout of several: cfg = workload.process_config, mesh = workload.process_mesh); options: XLA
-    compile options (FAST or QUICK)."""
+    compile options (FAST or QUICK); split: each program's float-normalization copies split out
+    (`normalization_split`, ProgramMemory.copies), default `splits(model)`."""
     need_devices(mesh)
     w = workload_from_config(cfg, mesh, runtime_model(cfg))
     dev = device if isinstance(device, Device) else device_for(device, w.num_devices)
     out = []
     progs = program_workloads(w) if updates else []
+    if split is None:
+        split = splits(w.model)
+
+    def measure(name: str, planned: int, compile_fn) -> ProgramMemory:
+        if not split:
+            return ProgramMemory(name, planned, compile_fn(options))
+        compiled, n = split_compile(compile_fn, options)
+        return ProgramMemory(name, planned, compiled, n.extra)
+
     for name, wp in (progs[-1:] if largest_only else progs):
-        planned = plan(wp, dev).train_peak
         if w.kind == "lm":
             t = cfg.train
-            compiled = lm_step_memory(wp.model, wp.rows, wp.row_len, mesh, wp.microbatches, cfg.optimizer,
-                                      t.steps, t.nonfinite == "skip", options)
+
+            def compile_fn(opts, wp=wp):
+                return lm_step_memory(wp.model, wp.rows, wp.row_len, mesh, wp.microbatches, cfg.optimizer,
+                                      t.steps, t.nonfinite == "skip", opts)
         else:
-            compiled = rl_step_memory(wp, cfg.rl, options)
-        out.append(ProgramMemory(name, planned, compiled))
+            def compile_fn(opts, wp=wp):
+                return rl_step_memory(wp, cfg.rl, opts)
+        out.append(measure(name, plan(wp, dev).train_peak, compile_fn))
     if updates and w.kind != "lm" and getattr(cfg.rl, "old_logprobs", None) == "recompute":
         name, wp = progs[-1]
-        out.append(ProgramMemory("old log-probs " + name.removeprefix("rl update").strip() if w.programs
-                                 else "old log-probs", scoring_peak(wp), scoring_memory(wp, cfg.rl, options)))
+        out.append(measure("old log-probs " + name.removeprefix("rl update").strip() if w.programs
+                           else "old log-probs", scoring_peak(wp), lambda opts: scoring_memory(wp, cfg.rl, opts)))
     if sampler and w.kind != "lm" and w.engine is not None:
         p, e = plan(w, dev), w.engine
         ec = e.engine_config()
-        out.append(ProgramMemory(f"engine prefill {ec.prefill_rows}x{ec.prefill_chunk}, {e.max_pages_per_seq} pages",
-                                 engine_prefill_peak(w), engine_prefill_memory(w, options)))
+        out.append(measure(f"engine prefill {ec.prefill_rows}x{ec.prefill_chunk}, {e.max_pages_per_seq} pages",
+                           engine_prefill_peak(w), lambda opts: engine_prefill_memory(w, opts)))
         planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine pool", "engine programs"))
-        out.append(ProgramMemory(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
-                                 engine_decode_memory(w, options)))
+        out.append(measure(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
+                           lambda opts: engine_decode_memory(w, opts)))
     if sampler and w.kind != "lm" and w.engine is None:
         p = plan(w, dev)
         r = w.rollout
-        out.append(ProgramMemory(f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
-                                 p.rollout_peak - p.item("optimizer state"), sampler_memory(w, options=options)))
+        out.append(measure(f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
+                           p.rollout_peak - p.item("optimizer state"), lambda opts: sampler_memory(w, options=opts)))
     return out
 
 
 def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
-    """The `plan --compiled` table: program | planned GiB | compiled GiB | planned / compiled."""
-    lines = [f"  {'program':40s} {'planned GiB':>12s} {'compiled GiB':>13s} {'ratio':>7s}"]
-    for r in rows:
-        lines.append(f"  {r.name:40s} {r.planned / 2 ** 30:12.2f} {r.compiled / 2 ** 30:13.2f} {r.ratio:7.3f}")
-    if jax.default_backend() == "cpu" and model.dtype != "float32":
+    """The `plan --compiled` table: program | planned GiB | compiled GiB | planned / compiled; where a row's
+    float-normalization copies were split out (bf16 on CPU, `normalization_split`), also its copies and the rest
+    (compiled - copies), and the ratio is planned / rest."""
+    split = any(r.copies is not None for r in rows)
+    if not split:
+        lines = [f"  {'program':40s} {'planned GiB':>12s} {'compiled GiB':>13s} {'ratio':>7s}"]
+        for r in rows:
+            lines.append(f"  {r.name:40s} {r.planned / 2 ** 30:12.2f} {r.compiled / 2 ** 30:13.2f} {r.ratio:7.3f}")
+    else:
+        lines = [f"  {'program':40s} {'planned GiB':>12s} {'compiled GiB':>13s} {'copies GiB':>11s} "
+                 f"{'rest GiB':>9s} {'ratio':>7s}"]
+        for r in rows:
+            copies, rest = ("-", "-") if r.copies is None else (f"{r.copies / 2 ** 30:.2f}", f"{r.rest / 2 ** 30:.2f}")
+            lines.append(f"  {r.name:40s} {r.planned / 2 ** 30:12.2f} {r.compiled / 2 ** 30:13.2f} {copies:>11s} "
+                         f"{rest:>9s} {r.ratio:7.3f}")
+        names = ", ".join(r.name for r in rows if r.copies is not None)
+        lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32; copies: the "
+                     "float32 stand-ins its float normalization holds at the peak (plan/compiled.py "
+                     "`normalization_split`: convert-produced float32 buffers of bf16 values, read from XLA's buffer "
+                     f"assignment), rest = compiled - copies, ratio = planned / rest; split for: {names}; the other "
+                     "rows are compiled totals (planned / compiled); --set train.dtype=float32 compares like with "
+                     "like")
+    if not split and jax.default_backend() == "cpu" and model.dtype != "float32":
         lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32: its float "
                      "normalization adds float32 copies of the saved-activation stack and of the KV cache that a GPU "
                      "program does not hold; --set train.dtype=float32 compares like with like")
