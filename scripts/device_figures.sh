@@ -24,7 +24,7 @@
 # there as wheels (docs/scale-out.md, "The accelerator figures").
 #
 # Each step has its own time limit (seconds: GRPO_TIMEOUT, CSD_TIMEOUT, ENGINE_TIMEOUT, MEMORY_TIMEOUT,
-# SAMPLER_TIMEOUT; 140 + 150 + 100 + 90 + 60 = 540 s on the device) and a step that fails or runs out of time is
+# SAMPLER_TIMEOUT; 90 + 100 + 210 + 90 + 50 = 540 s on the device) and a step that fails or runs out of time is
 # reported as such: the others still run. Knobs: STEPS (profiled steps after the warm-up, 3), ATTN
 # (model.attention_impl: blockwise; pallas = the Triton kernels), SET_EXTRA (more `--set key=value` overrides for
 # both profile runs, e.g. "train.remat=full"), REH_WIDTH / REH_REPEATS / REH_TOKENS (the rehearsal's hidden size,
@@ -66,8 +66,9 @@ if [[ ${TINY:-0} == 1 ]]; then
   REH_WIDTH=${REH_WIDTH:-64} REH_REPEATS=${REH_REPEATS:-2} REH_TOKENS=${REH_TOKENS:-32}
   SAMPLER_ARGS="--layers 2 --hidden 64 --vocab 4096 --batch 8 --prompt-len 16 --new-tokens 16 --rounds 2"
 else
-  GRPO_TIMEOUT=${GRPO_TIMEOUT:-140} CSD_TIMEOUT=${CSD_TIMEOUT:-150} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-100}
-  MEMORY_TIMEOUT=${MEMORY_TIMEOUT:-90} SAMPLER_TIMEOUT=${SAMPLER_TIMEOUT:-60}
+  # measured on one H200 (docs/benchmarks.md): 39, 45, 174, 66 and 32 s
+  GRPO_TIMEOUT=${GRPO_TIMEOUT:-90} CSD_TIMEOUT=${CSD_TIMEOUT:-100} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-210}
+  MEMORY_TIMEOUT=${MEMORY_TIMEOUT:-90} SAMPLER_TIMEOUT=${SAMPLER_TIMEOUT:-50}
   REH_WIDTH=${REH_WIDTH:-2048} REH_REPEATS=${REH_REPEATS:-16} REH_TOKENS=${REH_TOKENS:-16}
   # the ~1B agent's width at the real vocabulary: the LM head and the sampling over V weigh as at scale
   SAMPLER_ARGS="--layers 4 --hidden 2048 --batch 64 --prompt-len 256 --new-tokens 128 --rounds 3"
