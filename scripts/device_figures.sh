@@ -66,7 +66,7 @@ if [[ ${TINY:-0} == 1 ]]; then
   REH_WIDTH=${REH_WIDTH:-64} REH_REPEATS=${REH_REPEATS:-2} REH_TOKENS=${REH_TOKENS:-32}
   SAMPLER_ARGS="--layers 2 --hidden 64 --vocab 4096 --batch 8 --prompt-len 16 --new-tokens 16 --rounds 2"
 else
-  # measured on one H200 (docs/benchmarks.md): 39, 45, 174, 66 and 32 s
+  # sized from the step times of the H200 run in docs/benchmarks.md
   GRPO_TIMEOUT=${GRPO_TIMEOUT:-90} CSD_TIMEOUT=${CSD_TIMEOUT:-100} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-210}
   MEMORY_TIMEOUT=${MEMORY_TIMEOUT:-90} SAMPLER_TIMEOUT=${SAMPLER_TIMEOUT:-50}
   REH_WIDTH=${REH_WIDTH:-2048} REH_REPEATS=${REH_REPEATS:-16} REH_TOKENS=${REH_TOKENS:-16}
