@@ -33,7 +33,8 @@ joint RL):
   calls run one after another, so only one chunk's cache is live. With rollout.engine=true instead: the engine
   on the training mesh -- the learner's parameters (no copy on one process), its page pool split over KV heads,
   and the larger of a prefill chunk (one layer over the rows' gathered pages, with the layers' weight shards and
-  the gathered LM head the CPU program copies) and a decode burst's slot-major copy of its rows' pages.
+  the gathered LM head the CPU program copies; every layer's weights and the [V, D] tables gathered over fsdp
+  where the rows split over fsdp) and a decode burst's slot-major copy of its rows' pages.
   `--processes N` adds, per process, its own parameter copy over its sub-mesh and its share of the tasks.
 
 RL row counts depend on the data; the default is the worst case Stage II allows (every dialogue fills a row of
