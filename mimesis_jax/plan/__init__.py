@@ -22,8 +22,9 @@ joint RL):
   attention backward (dense: fp32 [b,H,T,T] scores; blockwise: [b,H,bq,bk] blocks) and its fp32 weight
   gradient (plus its weights gathered over fsdp). `layer_backward_phase` says which saved stacks are live then.
 * the chunked log-prob head (algorithms/logprobs.py) and the [V, D] embedding / head tables gathered over fsdp,
-  with their fp32 gradients (the LM train step's layer backward runs beside the gathered tables and two dense
-  fp32 [V, D] gradient buffers, the scatter-adds of the head's target-row gather and of the embedding lookup);
+  with their fp32 gradients (the layer backward runs beside two dense fp32 [V, D] gradient buffers, the
+  scatter-adds of the head's target-row gather and of the embedding lookup, the LM train step's also beside the
+  gathered tables);
 * the CSD teacher branches (Stage II with rl.alpha > 0): Tb branch tokens per trunk row, one no-gradient layer
   forward at a time (nothing saved), attending the trunk and branch keys;
 * the rollout phase (RL configs): the sampler's KV cache and, for Qwen3.5, the DeltaNet state and conv window

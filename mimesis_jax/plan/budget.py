@@ -128,8 +128,8 @@ def plan(w: Workload, device: Device) -> Plan:
     Train-step peak = resident (parameters, optimizer state, the update's batch) + the largest of its phases:
     forward (saved activations + the gathered [V, D] tables + CSD branches + the last layer's attention: 2 fp32
     dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the fp32 gradient of
-    the hidden states; in the LM train step also the [V, D] tables beside it: the gathered table(s) and two fp32
-    gradient buffers), embedding backward and the optimizer update; the backward phases with the gradient
+    the hidden states + the [V, D] tables beside it: two fp32 gradient buffers, in the LM train step also the
+    gathered table(s)), embedding backward and the optimizer update; the backward phases with the gradient
     buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill + the
     sampler's gathered [V, D] tables (static sampler).
     """
@@ -209,13 +209,16 @@ def plan(w: Workload, device: Device) -> Plan:
                      "tokens, attending the trunk keys and the branch keys as two groups (dense: 4 fp32 [b,H,Tb,keys] "
                      "and the mask per group), + the branch stream and its head inputs; stop-gradient: nothing "
                      "saved per layer")
-    beside = 0
-    if w.kind == "lm":  # the LM train step's (train/step.py); an RL update's backward keeps its own count
+    if w.kind == "lm":  # the LM train step's (train/step.py)
         beside = add("train", "tables (layer backward)", (n_tables // 2) * tc + 2 * table,
                      f"{n_tables // 2} [V, D] {which} table{'s' if n_tables > 2 else ''} gathered over fsdp "
                      "(compute dtype: loop invariants of the micro-batch scan, live throughout it) + 2 dense fp32 "
                      "[V, D] gradient buffers beside the layer backward, the scatter-adds of the LM head's target-row "
                      "gather and of the embedding lookup (the CPU schedule zeroes both before the trunk's backward)")
+    else:  # the RL update's (train/rl/step.py): the two gradient buffers, not the gathered tables
+        beside = add("train", "tables (layer backward)", 2 * table,
+                     "2 dense fp32 [V, D] gradient buffers beside the layer backward, the scatter-adds of the LM "
+                     "head's target-row gather and of the embedding lookup")
     embed = add("train", "embedding (backward)", table + tc,
                 "the dense fp32 gradient of the [V, D] table + the gathered table")
     opt_tmp = add("train", "optimizer update", P, "one fp32 parameter-shaped update tree (clip + AdamW)")
