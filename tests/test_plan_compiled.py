@@ -35,7 +35,7 @@ from mimesis_jax.plan.memory import layer_weight_bytes, table_bytes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F32 = ["train.dtype=float32"]
 # every program here, the paper configs at their own widths; plan/compiled.py TOLERANCE (0.15) serves `rehearse`,
-# whose narrowed widths it measures 0.886-0.897 (agent CSD rl update and sampler), and the plan's verdict
+# whose narrowed-width agent CSD samplers measure 0.886 and 0.897, and the plan's verdict
 PAPER_TOLERANCE = 0.10
 
 # per config: the largest update program of the shape ladder, and the sampler where its shapes are new; QUICK
