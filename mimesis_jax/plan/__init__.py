@@ -22,8 +22,9 @@ joint RL):
   attention backward (dense: fp32 [b,H,T,T] scores; blockwise: [b,H,bq,bk] blocks) and its fp32 weight
   gradient (plus its weights gathered over fsdp). `layer_backward_phase` says which saved stacks are live then.
 * the chunked log-prob head (algorithms/logprobs.py) and the [V, D] embedding / head tables gathered over fsdp,
-  with their fp32 gradients (the LM train step's layer backward runs beside the gathered tables and two dense
-  fp32 [V, D] gradient buffers, the scatter-adds of the head's target-row gather and of the embedding lookup);
+  with their fp32 gradients (the layer backward runs beside two dense fp32 [V, D] gradient buffers, the
+  scatter-adds of the head's target-row gather and of the embedding lookup, the LM train step's also beside the
+  gathered tables);
 * the CSD teacher branches (Stage II with rl.alpha > 0): Tb branch tokens per trunk row, one no-gradient layer
   forward at a time (nothing saved), attending the trunk and branch keys;
 * the rollout phase (RL configs): the sampler's KV cache and, for Qwen3.5, the DeltaNet state and conv window
@@ -33,7 +34,8 @@ joint RL):
   calls run one after another, so only one chunk's cache is live. With rollout.engine=true instead: the engine
   on the training mesh -- the learner's parameters (no copy on one process), its page pool split over KV heads,
   and the larger of a prefill chunk (one layer over the rows' gathered pages, with the layers' weight shards and
-  the gathered LM head the CPU program copies) and a decode burst's slot-major copy of its rows' pages.
+  the gathered LM head the CPU program copies; every layer's weights and the [V, D] tables gathered over fsdp
+  where the rows split over fsdp) and a decode burst's slot-major copy of its rows' pages.
   `--processes N` adds, per process, its own parameter copy over its sub-mesh and its share of the tasks.
 
 RL row counts depend on the data; the default is the worst case Stage II allows (every dialogue fills a row of

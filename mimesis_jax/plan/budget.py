@@ -128,8 +128,8 @@ def plan(w: Workload, device: Device) -> Plan:
     Train-step peak = resident (parameters, optimizer state, the update's batch) + the largest of its phases:
     forward (saved activations + the gathered [V, D] tables + CSD branches + the last layer's attention: 2 fp32
     dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the fp32 gradient of
-    the hidden states; in the LM train step also the [V, D] tables beside it: the gathered table(s) and two fp32
-    gradient buffers), embedding backward and the optimizer update; the backward phases with the gradient
+    the hidden states + the [V, D] tables beside it: two fp32 gradient buffers, in the LM train step also the
+    gathered table(s)), embedding backward and the optimizer update; the backward phases with the gradient
     buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill + the
     sampler's gathered [V, D] tables (static sampler).
     """
@@ -209,13 +209,16 @@ def plan(w: Workload, device: Device) -> Plan:
                      "tokens, attending the trunk keys and the branch keys as two groups (dense: 4 fp32 [b,H,Tb,keys] "
                      "and the mask per group), + the branch stream and its head inputs; stop-gradient: nothing "
                      "saved per layer")
-    beside = 0
-    if w.kind == "lm":  # the LM train step's (train/step.py); an RL update's backward keeps its own count
+    if w.kind == "lm":  # the LM train step's (train/step.py)
         beside = add("train", "tables (layer backward)", (n_tables // 2) * tc + 2 * table,
                      f"{n_tables // 2} [V, D] {which} table{'s' if n_tables > 2 else ''} gathered over fsdp "
                      "(compute dtype: loop invariants of the micro-batch scan, live throughout it) + 2 dense fp32 "
                      "[V, D] gradient buffers beside the layer backward, the scatter-adds of the LM head's target-row "
                      "gather and of the embedding lookup (the CPU schedule zeroes both before the trunk's backward)")
+    else:  # the RL update's (train/rl/step.py): the two gradient buffers, not the gathered tables
+        beside = add("train", "tables (layer backward)", 2 * table,
+                     "2 dense fp32 [V, D] gradient buffers beside the layer backward, the scatter-adds of the LM "
+                     "head's target-row gather and of the embedding lookup")
     embed = add("train", "embedding (backward)", table + tc,
                 "the dense fp32 gradient of the [V, D] table + the gathered table")
     opt_tmp = add("train", "optimizer update", P, "one fp32 parameter-shaped update tree (clip + AdamW)")
@@ -245,8 +248,9 @@ def plan(w: Workload, device: Device) -> Plan:
         burst = e.slots * (e.max_pages_per_seq + 1) * e.page_bytes // kvs
         work = add("rollout", "engine programs", max(pf, burst),
                    f"the larger of a prefill chunk's ({pf / GiB:.2f} GiB: one layer's forward over {ec.prefill_rows} "
-                   f"rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values, a copy of the "
-                   "layers' weight shards and the gathered LM head) "
+                   f"rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values, "
+                   + ("every layer's weights and the [V, D] tables gathered over fsdp" if engine_prefill_rows_on_fsdp(w)
+                      else "a copy of the layers' weight shards and the gathered LM head") + ") "
                    f"and a decode burst's slot-major copy of its rows' pages ({burst / GiB:.2f} GiB: {e.slots} slots "
                    f"x {e.max_pages_per_seq + 1} pages), heads split {kvs} ways on `tensor`")
         rollout_peak = P + O + ep + pool + work
@@ -292,15 +296,28 @@ def engine_prefill_bytes(w: Workload) -> int:
                for lt in _layer_types(m))
 
 
+def engine_prefill_rows_on_fsdp(w: Workload) -> bool:
+    """Whether the engine's prefill rows are split over `fsdp` (the act_batch rule, with its divisibility
+    fall-back: prefill_rows a multiple of the batch axes' product, e.g. 4 rows on one process's data=1, fsdp=4
+    sub-mesh of 2, not on the paper's fsdp=8). Then XLA's partitioner gathers each layer's fsdp-split weights for
+    its matmuls; else it keeps them split and sums the partial products over fsdp."""
+    m, mesh, rows = w.model, w.mesh, w.engine.engine_config().prefill_rows
+    return batch_shards(m, mesh, rows) > batch_shards(m, {**mesh, "fsdp": 1}, rows)
+
+
 def engine_prefill_copies(w: Workload) -> int:
-    """What the engine's prefill program holds beyond its working set on the CPU backend: a copy of every layer's
-    weight shards (the paged forward unrolls the layers, models/qwen3_paged.py, and XLA materialises every layer's
-    static slice of the stacked weights at the program's start) and the LM head's table gathered over fsdp
-    (compute dtype). Counted, so the plan errs high where a GPU compile may not keep them (none was lent here)."""
+    """What the engine's prefill program holds beyond its working set on the CPU backend, all from the program's
+    start (the paged forward unrolls the layers, models/qwen3_paged.py, with no loop between them). With its rows
+    split over fsdp (`engine_prefill_rows_on_fsdp`): every layer's weights gathered over fsdp (split over tensor)
+    and the [V, D] table(s), embedding and LM head, gathered (compute dtype); else a copy of every layer's weight
+    shards (XLA materialises every layer's static slice of the stacked weights) and the LM head's table gathered.
+    Counted, so the plan errs high where a GPU compile may not keep them (none was lent here)."""
     m, mesh = w.model, w.mesh
     c = DTYPES[m.dtype].dtype.itemsize
-    layers = sum(n * layer_weight_bytes(m, mesh, lt, split=True) for lt, n in _layer_types(m).items())
-    return int(layers + table_bytes(m, mesh) * c // 4)
+    gathered = engine_prefill_rows_on_fsdp(w)
+    layers = sum(n * layer_weight_bytes(m, mesh, lt, split=not gathered) for lt, n in _layer_types(m).items())
+    tables = 1 if m.tie_word_embeddings or not gathered else 2
+    return int(layers + tables * (table_bytes(m, mesh) * c // 4))
 
 
 def engine_prefill_peak(w: Workload) -> int:

@@ -30,8 +30,9 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   + one layer's forward over the gathered pages + budget.engine_prefill_copies: with the layers unrolled and no
   loop, XLA's CPU schedule materialises every layer's static weight slice at the program's start, and the LM
   head's table gathered). Measured on qwen3_8b_agentrl.py:grpo, float32, 16 devices: 13.12 planned / 12.83
-  compiled GiB. On one process's fsdp=4 sub-mesh of 2 it gathers every layer's whole weights instead (28.95
-  compiled / 16.65 planned GiB), still under the plan's engine figure, the decode burst's 32.38; on one device
+  compiled GiB. On one process's fsdp=4 sub-mesh of 2 its 4 rows split over fsdp, and XLA gathers every layer's
+  weights over fsdp and both [V, D] tables instead, all at the start (budget.engine_prefill_rows_on_fsdp: 27.51
+  planned / 28.95 compiled GiB), still under the plan's engine figure, the decode burst's 32.38; on one device
   47.38 / 73.29 before the copies were counted.
 
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
