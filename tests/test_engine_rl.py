@@ -29,8 +29,6 @@ from mimesis_jax.train.rl import simulator as S
 from mimesis_jax.checkpoints import load_trained
 from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 
-pytestmark = pytest.mark.optimized  # its cost is running rollouts, which unoptimized code makes dearer
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # compilation counts differ by construction: the engine run compiles engine programs, the other sampler ones
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s") + COMPILATION_KEYS
