@@ -14,17 +14,14 @@ from helpers import subprocess_env
 from mimesis_jax import models
 from mimesis_jax.train.metrics import read_metrics
 
-# the README's main job, whose cost is running all stages (unoptimized: 255 -> 283 CPU s)
-pytestmark = pytest.mark.optimized
-
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
 def test_demo_runs_both_stages_and_exports(tmp_path):
     """The README's demo command in a fresh process on one CPU device, as a user runs it: in the test process the 8
-    fake devices of tests/conftest.py made every stage compile 8-way sharded programs (most of this test's time)."""
+    fake devices of tests/conftest.py made every stage compile 8-way sharded programs (most of this test's time).
+    It compiles at the suite's fast setting (tests/conftest.py): the tiny stages' cost is compiling, not running."""
     root = str(tmp_path / "demo")
     env = subprocess_env(PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "demo", "--workdir", root, "--set", "train.steps=12",

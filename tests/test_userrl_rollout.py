@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from mimesis_jax import cli
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.envs.userrl import GYM_MODULES, shipped_tasks
 from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
@@ -56,7 +57,7 @@ def test_every_gym_with_the_tiny_local_agent_in_one_batch():
 
 
 @pytest.mark.slow
-def test_rollout_command_writes_trajectories_and_a_summary(tmp_path):
+def test_rollout_command_writes_trajectories_and_a_summary(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "mimesis_jax", "rollout", "--agent", "tiny", "--user", "tiny",
            "--gyms", "FunctionGym,TauGym,SearchGym", "--n", "5", "--group", "2", "--max-turns", "2",
@@ -79,10 +80,11 @@ def test_rollout_command_writes_trajectories_and_a_summary(tmp_path):
             n = sum(r["task"]["gym"] == name for r in recs)
             assert int(episodes) == n and int(valid) + int(invalid) == n
     assert "overall" in proc.stdout and "10 episodes in" in proc.stdout
-    bad = subprocess.run(cmd[:-2] + ["--gyms", "ChessGym", "--out", str(out)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert bad.returncode == 2 and "unknown gyms ['ChessGym']" in bad.stderr
+    # the two refusals run in this process (cli.main's exit status and stderr are the command's): a subprocess each
+    # cost a fresh jax import and tokenizer load
+    capsys.readouterr()
+    assert cli.main(cmd[3:-2] + ["--gyms", "ChessGym", "--out", str(out)]) == 2
+    assert "unknown gyms ['ChessGym']" in capsys.readouterr().err
     # the tiny tokenizer makes every shipped prompt longer than UserRL's 1,152-token limit: a clear error says so
-    long_ = subprocess.run(cmd[:-4] + ["--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=600)
-    assert long_.returncode == 2 and "dropped for prompts of >= 1152 tokens" in long_.stderr
+    assert cli.main(cmd[3:-4] + ["--out", str(out)]) == 2
+    assert "dropped for prompts of >= 1152 tokens" in capsys.readouterr().err
