@@ -83,14 +83,19 @@ print("RESULT " + json.dumps(out))
 """
 
 
+def _run_script(script: str, devices: int, *args: str):
+    """Runs `script` in a subprocess on `devices` fake CPU devices; the JSON it prints after "RESULT "."""
+    env = subprocess_env(devices=devices, collective_timeout_s=15, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
 @pytest.fixture(scope="module")
 def rl_programs():
     """{(config, program): (planned GiB, compiled GiB)} from one 16-device subprocess, each program compiled once."""
-    env = subprocess_env(devices=16, collective_timeout_s=15, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    rows = _run_script(SCRIPT, 16)
     return {(c, n): (planned / 2 ** 30, compiled / 2 ** 30) for c, n, planned, compiled in rows}
 
 
@@ -165,11 +170,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def bf16_programs():
-    env = subprocess_env(devices=16, collective_timeout_s=15, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", BF16_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    return _run_script(BF16_SCRIPT, 16)
 
 
 def _defining_line(hlo: str, name: str) -> str:
@@ -254,11 +255,7 @@ print("RESULT " + json.dumps(out))
 def lm_programs():
     """{config: (program name, planned bytes, compiled bytes)} from one 32-device subprocess, each step compiled
     once."""
-    env = subprocess_env(devices=32, collective_timeout_s=15, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", LM_SCRIPT, *LM_CONFIGS], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    rows = _run_script(LM_SCRIPT, 32, *LM_CONFIGS)
     assert [c for c, *_ in rows] == list(LM_CONFIGS), rows
     return {c: (n, planned, compiled) for c, n, planned, compiled in rows}
 
