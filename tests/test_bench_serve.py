@@ -1,7 +1,8 @@
 """benchmarks/bench_serve.py at a small size: both backends of `serve` (a subprocess on 127.0.0.1) take 20
 concurrent plain, streamed and dropped requests with no error, every request that was not dropped gets a full
 answer, and 20 clients that close their streams mid-way do not hold up the next request: its latency stays within
-a bound of a plain request's, timed on the same server before the load (a ratio, not an absolute time). After the
+a bound of a plain request's, timed on the same server before the load and right after that request (a ratio
+to the larger, not an absolute time: a busy moment of the shared machine slows both). After the
 load the server holds no choice and no KV page, its RSS stays within a bound, and an oversized prompt gets 400."""
 
 import importlib.util
@@ -50,7 +51,8 @@ def test_bounded_load_on_both_backends(tmp_path, capsys):
             if mode != "drop":
                 assert m["full"] == 20, (name, mode, m)
             assert m["p50_s"] <= m["p95_s"] <= m["p99_s"]
-        assert b["after_drop_ratio"] <= MAX_AFTER_DROP_RATIO, (name, b["baseline_s"], b["after_drop_s"])
+        assert b["after_drop_ratio"] == b["after_drop_s"] / max(b["baseline_s"], b["settled_s"])
+        assert b["after_drop_ratio"] <= MAX_AFTER_DROP_RATIO, (name, b["baseline_s"], b["after_drop_s"], b["settled_s"])
         # no leak: the server holds nothing once the load is over, and its memory stays within a bound of what it
         # had after the warm-up pass (which already ran every mode once: the timed pass allocates nothing new)
         assert b["held_after"]["active_choices"] == 0, (name, b["held_after"])
