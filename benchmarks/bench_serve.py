@@ -272,7 +272,8 @@ def bench_backend(name: str, checkpoint: str, args) -> dict:
     finally:
         server.stop()
     return {"backend": name, "modes": modes, "warmup_s": warmup_s, "baseline_s": baseline, "after_drop_s": after_drop,
-            "settled_s": settled, "after_drop_ratio": after_drop / max(baseline, settled), "rss_before_mb": rss_before, "rss_after_mb": rss_after,
+            "settled_s": settled, "after_drop_ratio": after_drop / max(baseline, settled), "rss_before_mb": rss_before,
+            "rss_after_mb": rss_after,
             "held_after": held, "oversized": big}
 
 
