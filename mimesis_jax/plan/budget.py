@@ -122,6 +122,14 @@ def layer_backward_phase(model: ModelConfig, saved: dict[str, int], table: dict[
     return peak, one
 
 
+def _gathered_layer(m: ModelConfig, mesh: dict, layer_type: str) -> int:
+    """One layer's weights gathered over fsdp in the compute dtype (0 when fsdp does not split them)."""
+    weights = layer_weight_bytes(m, mesh, layer_type)
+    if layer_weight_bytes(m, mesh, layer_type, split=True) >= weights:
+        return 0
+    return weights * DTYPES[m.dtype].dtype.itemsize // 4
+
+
 def plan(w: Workload, device: Device) -> Plan:
     """Per-device memory of one optimizer update (and, for RL, of the rollout phase) of workload `w`.
 
@@ -175,8 +183,7 @@ def plan(w: Workload, device: Device) -> Plan:
         attn = 0
         if lt == "full_attention":
             attn = 4 * scores if dense else attention_blocks(m, W, b, T, T)  # one more fp32 score, or blocks
-        weights = layer_weight_bytes(m, mesh, lt)
-        gather = weights + (weights * c // 4 if layer_weight_bytes(m, mesh, lt, split=True) < weights else 0)
+        gather = layer_weight_bytes(m, mesh, lt) + _gathered_layer(m, mesh, lt)
         extras_of[lt] = attn + 3 * b * T * W.D * 4 + 2 * b * T * W.I * 4 + gather
         per_type.append(f"{count} x {lt} ({saved_of[lt] / GiB:.3f} GiB each)")
     saved = add("train", "activations (saved)", sum(saved_of[t] * n for t, n in _layer_types(m).items()),
@@ -266,10 +273,12 @@ def plan(w: Workload, device: Device) -> Plan:
             rec = add("rollout", "recurrent state", caches["state"] + caches["conv"],
                       "DeltaNet fp32 state [B,Hv,Dk,Dv] + conv window, per linear layer")
         bp = r.batch // batch_shards(m, mesh, r.batch)
-        pf = max(prefill_bytes(m, W, lt, bp, r.prompt_len, S) for lt in _layer_types(m))
-        pf = add("rollout", "prefill + logits", pf + 2 * bp * W.V * 4 + bp * r.prompt_len * W.D * c,
+        pf = max(prefill_bytes(m, W, lt, bp, r.prompt_len, S) + _gathered_layer(m, mesh, lt) for lt in _layer_types(m))
+        rope = 2 * bp * r.prompt_len * m.rotary_dim * 4
+        pf = add("rollout", "prefill + logits", pf + rope + 2 * bp * W.V * 4 + bp * r.prompt_len * W.D * c,
                  f"one layer's forward over {bp} prompts x {r.prompt_len} tokens per device (attending {S} cache "
-                 "slots) + the final hidden states + 2 fp32 [B, V] logit buffers")
+                 "slots) with its weights gathered over fsdp (compute dtype) + the rope tables (2 fp32 [b, P, "
+                 "rotary dims], live through the layer scan) + the final hidden states + 2 fp32 [B, V] logit buffers")
         st = add("rollout", "sampler tables", 3 * (table_bytes(m, mesh) * c // 4),
                  "3 [V, D] tables in the compute dtype gathered over fsdp: the prefill's LM head and the decode "
                  "loop's embedding and LM head (loop invariants, hoisted out of the loop, live from the start)")
@@ -346,8 +355,7 @@ def scoring_peak(w: Workload) -> int:
     tables = (1 if m.tie_word_embeddings else 2) * (table_bytes(m, mesh) * c // 4)
     layer = 0
     for lt in _layer_types(m):
-        weights = layer_weight_bytes(m, mesh, lt)
-        gather = weights + (weights * c // 4 if layer_weight_bytes(m, mesh, lt, split=True) < weights else 0)
+        gather = layer_weight_bytes(m, mesh, lt) + _gathered_layer(m, mesh, lt)
         layer = max(layer, prefill_bytes(m, W, lt, b, T, T) + gather)
     kept, _ = head_bytes(m, W, b, w.head_len)
     _, vc = vocab_layout(W.V, m.logits_vocab_chunk)

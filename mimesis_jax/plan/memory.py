@@ -172,7 +172,8 @@ def prefill_bytes(model: ModelConfig, w: Widths, layer_type: str, b: int, P: int
         if attention is not None:
             mixer += attention
         elif model.attention_impl == "dense":
-            mixer += 2 * b * w.H * P * S * 4 + b * P * S
+            # at the scores' peak q and k are consumed; the values are read as a copy laid out [b, KVH, Dh, S]
+            mixer = 2 * b * w.H * P * S * 4 + b * P * S + b * w.KVH * w.Dh * S * c
         else:
             mixer += attention_blocks(model, w, b, P, S)
     return 2 * bp * w.D * c + max(mlp, mixer)
