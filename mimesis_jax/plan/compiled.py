@@ -255,7 +255,7 @@ def normalization_split(directory: str) -> Normalization:
         for a, b, off, size, ex, src, _, _ in values:
             if a <= t <= b:
                 s, e = slots.get(off, (0, None))
-                ex_t = excess_at(t, ex, src, held)
+                ex_t = excess_at(t, ex, src, held) if ex else 0
                 slots[off] = (max(s, size), ex_t if e is None else min(e, ex_t))
         total = sum(s for s, _ in slots.values())
         best_rest = max(best_rest, total - sum(e for _, e in slots.values()))
