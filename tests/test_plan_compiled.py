@@ -6,10 +6,10 @@ with 32), and the CLI's error when the process sees fewer devices than the mesh.
 The programs compile in float32 compute (train.dtype=float32): XLA's CPU backend computes bfloat16 in float32,
 and its float normalization adds float32 copies of the whole saved-activation stack (the backward scan's
 dynamic-slice input, hoisted out of the loop) and of the KV cache that GPU programs do not hold (measured on
-qwen3_8b_agentrl.py:grpo in bf16: update 30.97 planned / 48.32 compiled GiB, of which 20.5 GiB is the float32
-stack; sampler 47.68 / 82.98). The bf16 update programs are compared apart, with those copies split out of
-their buffer assignment (plan/compiled.py `normalization_split`): the Stage II GRPO update and the 4B SFT train
-step. Compile time does not grow with the model width (scanned layers, abstract
+qwen3_8b_agentrl.py:grpo in bf16: update 31.29 planned / 48.32 compiled GiB, of which 20.5 GiB is the float32
+stack; sampler 45.15 / 76.09). The bf16 update programs are compared apart, with those copies split out of
+their buffer assignment (plan/compiled.py `normalization_split`), within 10%: the Stage II GRPO update and the 4B
+SFT train step. Compile time does not grow with the model width (scanned layers, abstract
 inputs), so the paper widths are kept."""
 
 import argparse
@@ -160,7 +160,8 @@ for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_sft.py:4b"):
     stack = [m.num_hidden_layers, wp.rows // wp.microbatches // math.prod(mesh[a] for a in ("data", "fsdp")), wp.row_len,
              m.hidden_size]
     out.append(dict(config=name, planned=plan(wp, device_for("a100-80g", w.num_devices)).train_peak,
-                    compiled=compiled, temp=n.temp, peak=n.peak, rest_peak=n.rest_peak, copies=n.copies, hlo=n.hlo, stack=stack))
+                    compiled=compiled, temp=n.temp, peak=n.peak, rest_peak=n.rest_peak, copies=n.copies, hlo=n.hlo,
+                    live=n.live, peak_time=n.peak_time, stack=stack))
 print("RESULT " + json.dumps(out))
 """
 
@@ -182,54 +183,69 @@ def _is_bf16(hlo: str, name: str) -> bool:
 def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_programs):
     """Every copy the split counts at the bf16 programs' peak is, read from the optimized HLO here, a float32
     buffer made by a `convert` without jax's op_name (an XLA-inserted one) from a bf16 value -- a convert of a bf16
-    instruction, or a fusion whose root (through bitcasts) is one -- charged all its bytes when that bf16 value is a
-    buffer of its own and half when the fusion computes it; among them the float32 copy of the whole
-    saved-activation stack (layers x rows per device x T x D elements) of the config. The copies live at the peak hold at least
-    what the split takes off the peak (compiled = rest + copies)."""
+    instruction, or a fusion whose root (through bitcasts) is one. Its charge, read from the live-range dump here:
+    a copy of a bf16 value the fusion computes, half its bytes; a copy of a bf16 buffer of its own, all of them
+    while that buffer is live at the peak, and once it has died, half for one copy reading it (the un-normalized
+    program holds that bf16 value instead) and all for any other. Among them the float32 copy of the whole
+    saved-activation stack (layers x rows per device x T x D elements) of the config. The copies live at the peak
+    hold at least what the split takes off the peak (compiled = rest + copies)."""
     for p in bf16_programs:
-        hlo, copies = p["hlo"], p["copies"]
+        hlo, copies, t = p["hlo"], p["copies"], p["peak_time"]
         assert copies, p["config"]
-        for name, shape, excess in copies:
+        ranges = {k: (int(a), int(b)) for k, a, b in re.findall(r"^\s+(\S+\{[\d,]*\}):(\d+)-(\d+)$", p["live"], re.M)}
+        dead = {}  # bf16 buffer that died before the peak -> the charges of the copies reading it
+        for name, shape, excess, src in copies:
             line = _defining_line(hlo, name)
             dims = [int(d) for d in re.match(r"f32\[([\d,]*)\]", shape)[1].split(",") if d]
             assert f"= {shape} " in line and shape.startswith("f32[")
             nbytes = math.prod(dims) * 4
             m = re.search(r"= \S+ convert\(%([^\s,)]+)\)", line)
             if m:  # a standalone convert: its bf16 operand is a buffer of its own
-                assert _is_bf16(hlo, m[1]) and "op_name" not in line and excess == nbytes, line
-                continue
-            calls = re.search(r" fusion\(.*calls=%([^\s,]+)", line)
-            assert calls, line
-            body = re.search(rf"^%{re.escape(calls[1])} .*?\n(.*?)\n}}", hlo, re.M | re.S)[1]
-            root = next(x for x in body.splitlines() if x.lstrip().startswith("ROOT "))
-            while " bitcast(" in root:
-                src = re.search(r"bitcast\(%([^\s,)]+)\)", root)[1]
-                root = next(x for x in body.splitlines() if re.match(rf"\s+(ROOT )?%{re.escape(src)} = ", x))
-            src = re.search(r"= f32\[\S* convert\(%([^\s,)]+)\)", root)
-            assert src and "op_name" not in root and re.search(rf"%{re.escape(src[1])} = bf16\[", body), root
-            own = re.search(rf"%{re.escape(src[1])} = bf16\[\S* parameter\(", body)
-            assert excess == (nbytes if own else nbytes // 2), (line, root)
+                assert _is_bf16(hlo, m[1]) and "op_name" not in line, line
+                operand = m[1]
+            else:
+                calls = re.search(r" fusion\((.*?)\).*calls=%([^\s,]+)", line)
+                assert calls, line
+                body = re.search(rf"^%{re.escape(calls[2])} .*?\n(.*?)\n}}", hlo, re.M | re.S)[1]
+                root = next(x for x in body.splitlines() if x.lstrip().startswith("ROOT "))
+                while " bitcast(" in root:
+                    s = re.search(r"bitcast\(%([^\s,)]+)\)", root)[1]
+                    root = next(x for x in body.splitlines() if re.match(rf"\s+(ROOT )?%{re.escape(s)} = ", x))
+                s = re.search(r"= f32\[\S* convert\(%([^\s,)]+)\)", root)
+                assert s and "op_name" not in root and re.search(rf"%{re.escape(s[1])} = bf16\[", body), root
+                own = re.search(rf"%{re.escape(s[1])} = bf16\[\S* parameter\((\d+)\)", body)
+                if not own:  # computed in the fusion
+                    assert src is None and excess == nbytes // 2, (line, root)
+                    continue
+                operand = re.findall(r"%([^\s,)]+)", calls[1])[int(own[1])]
+            # the buffer read: the operand's own, or the tuple element a get-tuple-element of it names
+            gte = re.search(rf"%{re.escape(operand)} = \S+ get-tuple-element\(%([^\s,)]+)\)", hlo)
+            assert src.startswith((gte[1] if gte else operand) + "{"), (line, src)
+            a, b = ranges.get(src, (0, t))  # no live range: an argument of the program
+            if a <= t <= b:
+                assert excess == nbytes, (line, src)
+            else:
+                dead.setdefault(src, []).append(excess / nbytes)
+        for src, charges in dead.items():
+            assert sorted(charges) == [0.5] + [1.0] * (len(charges) - 1), (p["config"], src, charges)
         # the saved-activation stack's float32 copy: copies shaped [..., T, D], at least layers x rows x T x D
         L, b, T, D = p["stack"]
-        shapes = [[int(d) for d in re.match(r"f32\[([\d,]*)\]", sh)[1].split(",") if d] for _, sh, _ in copies]
+        shapes = [[int(d) for d in re.match(r"f32\[([\d,]*)\]", sh)[1].split(",") if d] for _, sh, _, _ in copies]
         assert sum(math.prod(s) for s in shapes if s[-2:] == [T, D]) >= L * b * T * D, (p["config"], shapes)
         # the live ranges rebuild XLA's heap: their peak is its allocation less under 1% of fragmentation
         assert 0.99 * p["temp"] <= p["peak"] <= p["temp"]
         assert sum(c[2] for c in copies) >= p["peak"] - p["rest_peak"] > 0
 
 
-def test_bf16_programs_less_their_copies_against_the_plan(bf16_programs):
-    """compiled = rest + copies. The bf16 plan is an upper bound of both programs' rest, by at most 30%: it counts
-    more than the bf16 program holds (float32 cotangents and gradient buffers the bf16 program keeps in bf16; the
-    ratios are in docs/scale-out.md), so the issue's 10% for bf16 is not met yet, and this test says by how much."""
+def test_bf16_programs_less_their_copies_match_the_plan(bf16_programs):
+    """compiled = rest + copies: the bf16 plan of both programs within 10% of their rest (the ratios are in
+    docs/scale-out.md)."""
     got = {p["config"]: p for p in bf16_programs}
-    for p in got.values():
-        rest = p["compiled"] - (p["peak"] - p["rest_peak"])
-        assert 0 < rest < p["compiled"]
-        p["rest"] = rest
-    for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_sft.py:4b"):
-        g = got[name]
-        assert g["rest"] <= g["planned"] <= 1.3 * g["rest"], (name, g["planned"] / GiB, g["rest"] / GiB)
+    assert list(got) == ["qwen3_8b_agentrl.py:grpo", "mimesis_sft.py:4b"]
+    for name, g in got.items():
+        rest = g["compiled"] - (g["peak"] - g["rest_peak"])
+        assert 0 < rest < g["compiled"]
+        assert within(g["planned"], rest, TOLERANCE), (name, g["planned"] / GiB, rest / GiB)
 
 
 LM_CONFIGS = ("mimesis_midtrain.py:4b", "mimesis_midtrain.py:9b", "mimesis_sft.py:4b", "mimesis_sft.py:9b")
@@ -325,15 +341,26 @@ def test_pallas_attention_is_planned_as_blockwise_and_the_cpu_compile_says_it_in
 
 def test_compiled_table_splits_the_normalization_copies_where_measured():
     """A row with its float-normalization copies split out shows compiled, copies, rest = compiled - copies and
-    planned / rest; a row without keeps its compiled total and planned / compiled; the note names the split rows."""
+    planned / rest; a row without keeps its compiled total and planned / compiled; the note names the split rows
+    and, of them, those whose rest the bf16 test above checks (the update programs) and those it does not."""
     cfg = workload.load_run_config("configs/tiny_sft.py", ["train.dtype=bfloat16"])
-    rows = [ProgramMemory("rl update", 3 * GiB, 5 * GiB, 2 * GiB), ProgramMemory("sampler", 3 * GiB, 4 * GiB)]
+    rows = [ProgramMemory("rl update", 3 * GiB, 5 * GiB, 2 * GiB), ProgramMemory("sampler", 3 * GiB, 4 * GiB),
+            ProgramMemory("old log-probs", 4 * GiB, 6 * GiB, 1 * GiB)]
     lines = format_programs(rows, workload.runtime_model(cfg)).splitlines()
     assert lines[0].split()[-4:] == ["GiB", "rest", "GiB", "ratio"]
     assert lines[1].split()[-5:] == ["3.00", "5.00", "2.00", "3.00", "1.000"]
     assert lines[2].split()[-5:] == ["3.00", "4.00", "-", "-", "0.750"]
-    assert "rest = compiled - copies" in lines[3] and lines[3].count("split for: rl update;") == 1
-    assert plan_cli.checked_error(rows)[0] == 0.25  # the unsplit row's 0.750 widens the error, not the split one
+    assert lines[3].split()[-5:] == ["4.00", "6.00", "1.00", "5.00", "0.800"]
+    note = lines[4]
+    assert "rest = compiled - copies" in note and note.count("split for: rl update, old log-probs;") == 1
+    assert re.search(r"checked this way \(.*\): rl update; not checked this way, in float32 only \(.*\): "
+                     r"old log-probs; the other rows", note), note
+    assert plan_cli.checked_error(rows)[0] == 0.25  # the smallest ratio, the unsplit row's 0.750 (split rows: planned / rest)
+    # a split row the bf16 test does not check measures the CPU backend: it does not widen the error, a checked one does
+    low = ProgramMemory("old log-probs", 1 * GiB, 6 * GiB, 1 * GiB)  # planned / rest 0.2
+    assert plan_cli.checked_error(rows[:1] + [low])[0] == TOLERANCE
+    error, what = plan_cli.checked_error([ProgramMemory("rl update", 1 * GiB, 6 * GiB, 1 * GiB), low])
+    assert error == pytest.approx(0.8) and "(rl update)" in what
 
 
 def test_compiled_needs_the_mesh_devices(capsys):

@@ -18,7 +18,7 @@ joint RL):
   length, head / MLP / vocabulary widths after the tensor split). The remat policy picks what a layer keeps for
   the backward: none = its whole tensor table, dots = the matmul outputs, dots_no_batch = those without batch
   dims (not the attention scores), full = its input only (b T D in the compute dtype). The backward of a layer
-  then holds that table again (recomputed under remat, sliced copies without), the fp32 cotangents, the
+  then holds that table again (recomputed under remat, sliced copies without), the cotangents (compute dtype), the
   attention backward (dense: fp32 [b,H,T,T] scores; blockwise: [b,H,bq,bk] blocks) and its fp32 weight
   gradient (plus its weights gathered over fsdp). `layer_backward_phase` says which saved stacks are live then.
 * the chunked log-prob head (algorithms/logprobs.py) and the [V, D] embedding / head tables gathered over fsdp,

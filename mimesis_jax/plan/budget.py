@@ -135,9 +135,9 @@ def plan(w: Workload, device: Device) -> Plan:
 
     Train-step peak = resident (parameters, optimizer state, the update's batch) + the largest of its phases:
     forward (saved activations + the gathered [V, D] tables + CSD branches + the last layer's attention: 2 fp32
-    dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the fp32 gradient of
-    the hidden states + the [V, D] tables beside it: two fp32 gradient buffers, in the LM train step also the
-    gathered table(s)), embedding backward and the optimizer update; the backward phases with the gradient
+    dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the gradient of the
+    hidden states in the compute dtype + the [V, D] tables beside it: two fp32 gradient buffers, in the LM train
+    step also the gathered table(s)), embedding backward and the optimizer update; the backward phases with the gradient
     buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill + the
     sampler's gathered [V, D] tables (static sampler).
     """
@@ -184,15 +184,16 @@ def plan(w: Workload, device: Device) -> Plan:
         if lt == "full_attention":
             attn = 4 * scores if dense else attention_blocks(m, W, b, T, T)  # one more fp32 score, or blocks
         gather = layer_weight_bytes(m, mesh, lt) + _gathered_layer(m, mesh, lt)
-        extras_of[lt] = attn + 3 * b * T * W.D * 4 + 2 * b * T * W.I * 4 + gather
+        # the cotangents of the layer's compute-dtype tensors are in the compute dtype (bf16 in a bf16 program)
+        extras_of[lt] = attn + 3 * b * T * W.D * c + 2 * b * T * W.I * c + gather
         per_type.append(f"{count} x {lt} ({saved_of[lt] / GiB:.3f} GiB each)")
     saved = add("train", "activations (saved)", sum(saved_of[t] * n for t, n in _layer_types(m).items()),
                 f"remat={m.remat}, attention={m.attention_impl}, b={b} rows x T={T} per device: " + ", ".join(per_type))
     layer_phase, one_layer = layer_backward_phase(m, saved_of, table_of, extras_of, b * T * W.D * c)
     add("train", "layer backward (one layer)", one_layer,
         "saved tensors sliced from the stack (a Qwen3.5 block at a time) + the layer's tensors recomputed (remat) "
-        "+ attention backward (dense: one more fp32 [b,H,T,T]; blockwise: its blocks) + fp32 cotangents 3 [b,T,D] "
-        "+ 2 [b,T,I] + its fp32 weight gradient (and its weights gathered over fsdp, compute dtype)")
+        "+ attention backward (dense: one more fp32 [b,H,T,T]; blockwise: its blocks) + cotangents 3 [b,T,D] "
+        "+ 2 [b,T,I] (compute dtype) + its fp32 weight gradient (and its weights gathered over fsdp, compute dtype)")
     kept, head_work = head_bytes(m, W, b, w.head_len)
     kept = add("train", "LM head (kept)", kept, f"hidden states + fp32 log-sum-exp of {w.head_len} positions per row")
     table = table_bytes(m, mesh)
@@ -232,7 +233,7 @@ def plan(w: Workload, device: Device) -> Plan:
     phases = {
         "forward": saved + kept + tables + branch + attn_fwd,
         "head backward": G + saved + kept + head_peak,
-        "layer backward": G + b * T * W.D * 4 + layer_phase + beside,
+        "layer backward": G + b * T * W.D * c + layer_phase + beside,
         "embedding backward": G + embed,
         "optimizer": G + opt_tmp,
     }

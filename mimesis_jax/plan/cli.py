@@ -12,7 +12,7 @@ import jax
 
 from mimesis_jax.models.config import ConfigError
 from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, verdict
-from mimesis_jax.plan.compiled import TOLERANCE, ProgramMemory, format_programs, need_devices, program_memory
+from mimesis_jax.plan.compiled import SPLIT_CHECKED, TOLERANCE, ProgramMemory, format_programs, need_devices, program_memory
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan.suggestions import suggest
 from mimesis_jax.plan.workload import batch_shards, load_run_config, process_config, process_mesh, programs_text
@@ -49,9 +49,12 @@ def checked_error(programs: Sequence[ProgramMemory] = ()) -> tuple[float, str]:
     the tests hold every planned program to (|planned / compiled - 1| <= TOLERANCE), or, with --compiled, 1 - the
     compiled programs' smallest planned / compiled ratio when that is larger (those programs under-counted by more);
     for a bf16 program on CPU with its float-normalization copies split out, planned / (compiled - copies)
-    (ProgramMemory.ratio)."""
+    (ProgramMemory.ratio). A bf16 program split but not of SPLIT_CHECKED (the scoring pass, the sampler, the
+    engine: their rest keeps float32 values the split does not catch) measures the CPU backend, not the plan: it
+    does not widen the error (those programs are checked in float32)."""
     error = TOLERANCE, (f"{TOLERANCE:.0%}: plan/compiled.py TOLERANCE, the tests' bound on |planned / compiled - 1| "
                         "of every planned program")
+    programs = [r for r in programs if r.copies is None or r.name.startswith(SPLIT_CHECKED)]
     worst = min(programs, key=lambda r: r.ratio, default=None)
     if worst is not None and 1 - worst.ratio > TOLERANCE:
         error = 1 - worst.ratio, (f"{1 - worst.ratio:.1%}: 1 - the compiled programs' smallest planned / compiled "
