@@ -132,6 +132,49 @@ def test_engine_pool_is_planned_as_the_engine_shards_it(rl_programs):
 
 
 
+# the rest of each paper RL config's ladders, float32, QUICK: the cheapest update program (rows, head and branch at
+# their lowest rungs) and every sampler prompt rung but the longest (above); the rungs between were compiled by
+# script, all within 10% (docs/scale-out.md)
+ENDS_SCRIPT = r"""
+import json, sys
+from mimesis_jax.plan import workload
+from mimesis_jax.plan.compiled import QUICK, program_memory, program_workloads, rl_step_memory
+from mimesis_jax.plan.budget import plan
+from mimesis_jax.plan.devices import device_for
+out = []
+for name in sys.argv[1:]:
+    cfg = workload.load_run_config("configs/" + name, ["train.dtype=float32"])
+    mesh = dict(cfg.mesh.axes())
+    w = workload.workload_from_config(cfg, mesh, workload.runtime_model(cfg))
+    first, wp = program_workloads(w)[0]
+    out.append([name, first, plan(wp, device_for("a100-80g", 16)).train_peak, rl_step_memory(wp, cfg.rl, QUICK)])
+    if name.endswith("grpo"):  # the Stage II sampler's prompt ladder (the CSD config samples with the same)
+        for p in program_memory(cfg, mesh, "a100-80g", updates=False, options=QUICK)[:-1]:
+            out.append([name, p.name, p.planned, p.compiled])
+print("RESULT " + json.dumps(out))
+"""
+RL_CONFIGS = ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd", "mimesis_simrl.py:4b", "mimesis_simrl.py:9b")
+
+
+@pytest.mark.slow
+def test_the_ladders_cheapest_program_and_every_sampler_rung_match_the_plan():
+    """Beside the largest programs (above): each paper RL config's cheapest update program and the Stage II
+    sampler's shorter prompt rungs, the programs the ladders' names say, each within 10% of its plan."""
+    rows = _run_script(ENDS_SCRIPT, 16, *RL_CONFIGS)
+    want = []
+    for name in RL_CONFIGS:
+        cfg = workload.load_run_config("configs/" + name, F32)
+        w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
+        want.append((name, "rl update " + "x".join(map(str, w.programs[0]))))
+        if name.endswith("grpo"):
+            assert len(w.sampler_prompts) == 4 and w.rollout.prompt_len == max(w.sampler_prompts)
+            r = w.rollout
+            want += [(name, f"sampler {r.batch}x{P}+{r.new_tokens}") for P in sorted(w.sampler_prompts)[:-1]]
+    assert [(c, n) for c, n, *_ in rows] == want
+    off = [(c, n, round(p / q, 3)) for c, n, p, q in rows if not within(p, q, TOLERANCE)]
+    assert not off, off
+
+
 # the bf16 programs as the paper configs train them: the Stage II GRPO update on its 16 devices and the 4B SFT train
 # step on its 8, compiled with a dump of XLA's buffer assignment; the float-normalization copies split out by
 # plan/compiled.py `normalization_split`; the HLO text comes back for the test's own reading of the copies
@@ -402,10 +445,23 @@ def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
         pf_planned, pf_compiled = engine_prefill_peak(w), engine_prefill_memory(w, QUICK)
         assert within(pf_planned, pf_compiled, TOLERANCE), (pf_planned / 2 ** 30, pf_compiled / 2 ** 30)
     else:
-        (p,) = program_memory(cfg_p, local, "a100-80g", updates=False, options=QUICK)
+        (p,) = program_memory(cfg_p, local, "a100-80g", largest_only=True, updates=False, options=QUICK)
         assert p.name == "sampler 128x7296+2048"
         planned, compiled = p.planned, p.compiled
     assert within(planned, compiled, TOLERANCE), (planned / 2 ** 30, compiled / 2 ** 30)
+
+
+@pytest.mark.parametrize("config", ["mimesis_simrl.py:4b", "mimesis_simrl.py:9b"])
+def test_one_process_of_two_samples_the_simulator_within_the_plan(config):
+    """The paper simulator configs on 2 processes x 8 devices: each process's one sampler program (128 of the 256
+    rollouts on data=1,fsdp=4,tensor=2, prompts at the 14,336 tokens the context budget leaves) within the plan
+    `plan --processes 2` makes for it (float32, QUICK)."""
+    cfg = workload.load_run_config("configs/" + config, F32)
+    local = workload.process_mesh(dict(cfg.mesh.axes()), 2)
+    assert local == {"data": 1, "fsdp": 4, "tensor": 2}
+    (p,) = program_memory(workload.process_config(cfg, 2), local, "a100-80g", updates=False, options=QUICK)
+    assert p.name == "sampler 128x14336+2048"
+    assert within(p.planned, p.compiled, TOLERANCE), (p.planned / 2 ** 30, p.compiled / 2 ** 30)
 
 
 def test_plan_on_processes_names_the_key_that_fits(capsys):

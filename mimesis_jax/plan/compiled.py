@@ -479,10 +479,11 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
                    split: bool | None = None) -> list[ProgramMemory]:
     """Planned and compiled per-device bytes of every program `cfg`'s loop compiles on `mesh` (a dict of axis
     sizes; this process must see that many devices). largest_only: of the update ladder, its last (largest)
-    program only; sampler=False leaves the sampler (or engine) out, updates=False the update and scoring programs
-    (one process's rollout of several: cfg = workload.process_config, mesh = workload.process_mesh); options: XLA
-    compile options (FAST or QUICK); split: each program's float-normalization copies split out
-    (`normalization_split`, ProgramMemory.copies), default `splits(model)`."""
+    program only, and of the sampler's prompt ladder its longest rung (else every rung); sampler=False leaves the
+    sampler (or engine) out, updates=False the update and scoring programs (one process's rollout of several:
+    cfg = workload.process_config, mesh = workload.process_mesh); options: XLA compile options (FAST or QUICK);
+    split: each program's float-normalization copies split out (`normalization_split`, ProgramMemory.copies),
+    default `splits(model)`."""
     need_devices(mesh)
     w = workload_from_config(cfg, mesh, runtime_model(cfg))
     dev = device if isinstance(device, Device) else device_for(device, w.num_devices)
@@ -521,10 +522,14 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         out.append(measure(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
                            lambda opts: engine_decode_memory(w, opts)))
     if sampler and w.kind != "lm" and w.engine is None:
-        p = plan(w, dev)
-        r = w.rollout
-        out.append(measure(f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
-                           p.rollout_peak - p.item("optimizer state"), lambda opts: sampler_memory(w, options=opts)))
+        # every prompt rung of the loop's sampler ladder (workload.sampler_prompts; w.rollout is the longest)
+        prompts = sorted(set(w.sampler_prompts) | {w.rollout.prompt_len})
+        for P in prompts[-1:] if largest_only else prompts:
+            ws = dataclasses.replace(w, rollout=dataclasses.replace(w.rollout, prompt_len=P))
+            p, r = plan(ws, dev), ws.rollout
+            out.append(measure(f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
+                               p.rollout_peak - p.item("optimizer state"),
+                               lambda opts, ws=ws: sampler_memory(ws, options=opts)))
     return out
 
 
