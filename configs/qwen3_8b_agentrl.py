@@ -65,7 +65,7 @@ def get_config(variant: str = "grpo") -> AgentRLConfig:
                     credit="equalized", score="sum", old_logprobs="recompute", num_microbatches=4),
         rollout=RolloutConfig(prompts_per_step=128, group_size=8, mini_batch_prompts=16, max_turns=16,
                               agent_max_tokens=2048, max_context_tokens=PROMPT + RESPONSE,
-                              row_len=PROMPT + RESPONSE, head_rungs=(2 / 3, 1), temperature=1.0, env_workers=64,
+                              row_len=PROMPT + RESPONSE, head_rungs=(0.55, 1), temperature=1.0, env_workers=64,
                               max_batch=256,
                               engine_memory_gib=ENGINE_GIB),
         optimizer=OptimizerConfig(lr=1e-6, schedule="constant", warmup_steps=3, weight_decay=0.0, clip_norm=1.0),

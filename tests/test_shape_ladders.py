@@ -1,6 +1,6 @@
 """Stable compiled shapes (algorithms/rl_batch.ShapeLadder): on a synthetic length mix with the paper's Stage II
 structure (configs/qwen3_8b_agentrl.py: rows of 9,344 tokens, 16 prompts x 8 dialogues per mini-batch, 16 turns,
-4 micro-batches on fsdp 8) 200 mini-batches pack to at most 4 GRPO and 6 CSD step programs, all of them listed by
+4 micro-batches on fsdp 8) 200 mini-batches pack to at most 2 GRPO and 4 CSD step programs, all of them listed by
 the ladder (what `plan` prints), with the padding cost of the ladders counted from the sizes and checked against
 the packed arrays; padding leaves the loss and gradients of the unpadded batch; the learner's logged
 num_compilations (jax's compile events) equals the distinct shapes its packing produced. Stage I.3 the same way
@@ -103,16 +103,17 @@ def _paper_mix(cfg):
     return _MIX["sizes"]
 
 
-@pytest.mark.parametrize("variant,most", [("grpo", 4), ("csd", 8)])
+@pytest.mark.parametrize("variant,most", [("grpo", 2), ("csd", 4)])
 def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
-    """The head rungs (rollout.head_rungs = 2/3, 1 of the row) against the ladder of one head (the whole row):
-    fewer padded LM-head positions, both costs printed."""
+    """The head rungs (rollout.head_rungs = 0.55, 1 of the row, per row of a head group: the rows of one device
+    in one micro-batch) against the ladder of one head (the whole row): fewer padded LM-head positions, at most
+    1.5 x the agent tokens; both costs printed."""
     cfg, multiple = _paper(variant)
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     fused = variant == "csd"
     assert ladder.fused == fused and ladder.row_len == cfg.rollout.row_len == 9344
     assert ladder.rows == (64, 96, 128)  # 1/2, 3/4, 1 of 16 x 8 dialogues, multiples of 4 micro-batches x fsdp 8
-    assert ladder.head == (6272, 9344)  # 2/3 of 9,344 rounded up to 64, and the row
+    assert ladder.head == (5184, 9344)  # 0.55 of 9,344 rounded up to 64, and the row
     # the longest branch block: 8,192 agent tokens + 16 turns x (256 + 32) note tokens = 12,800
     assert ladder.branch == ((6400, 12800) if fused else ())
     listed = ladder.programs()
@@ -141,6 +142,7 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
           + ", ".join(f"{k} {v:.3f} (one head {w:.3f})" for k, v, w in zip(names, cost, cost_one)))
     assert len(seen) <= most and len(before) > most
     assert cost[1] < cost_one[1] and cost[0] == cost_one[0]  # the head rungs cut head padding, not the rows
+    assert cost[1] <= 1.5
 
 
 @pytest.mark.parametrize("variant", ["grpo", "csd"])
