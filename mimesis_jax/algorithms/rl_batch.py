@@ -20,16 +20,21 @@ A list of `data.trajectory.Trajectory` becomes one `PackedRL`:
 * **naive teacher rows** [B, K, Tn] (``teacher="naive"``, the reference path): each coached turn's full
   teacher sequence (Trajectory.teacher_sequence) as its own row, K rows per trunk row; ``teacher_src``
   indexes the flattened [K * Tn] axis.
-* **LM-head positions** (the head and its log-softmax run only there, see csd.py): ``head_idx`` [B, Ka], the
-  trunk index of every agent token of the row in row order (exactly the ones of ``agent_mask``; its log-prob
-  comes from the hidden state at index - 1), and with fused branches ``branch_head_idx`` [B, Kc], for the k-th
-  coached token of the row (row order, the ones of ``coached_mask``) its branch index (= its ``teacher_src``).
-  Entries past a row's count are 0 (index 0 is never an agent token).
+* **LM-head positions** (the head and its log-softmax run only there, see csd.py), listed per head group: the
+  G = B / rows_multiple consecutive rows one device holds in one micro-batch (rows_multiple = micro-batches x
+  batch-sharding devices; G = 1 is one list per row), flattened (`head_arrays`). ``head_idx`` [B, Ka]: a group's
+  G rows hold, flattened, r x T + t for every agent token of the group (r its row in the group, t its trunk
+  index; group order = row order, exactly the ones of ``agent_mask``; its log-prob comes from the hidden state at
+  index - 1); with fused branches ``branch_head_idx`` [B, Kc]: for the k-th coached token of the group (the ones
+  of ``coached_mask``) r x Tb + its branch index (its ``teacher_src``). Ka and Kc stay counts per row (G x Ka
+  entries per group). Entries past a group's count are 0 (index 0 of a row is never an agent token).
 
 Rows (`_assign_rows`): first fit, longest trajectory first, gives the fewest rows; then the per-row teacher-branch,
 agent and coached tokens are balanced over the rows by a multi-dimensional first fit under the smallest caps that
 fit, because a branch is tied to its trunk row (it attends to its trajectory's trunk prefix), so the longest
-per-row branch block sets the branch row length Tb (and the longest per-row counts set the head counts). Shapes
+per-row branch block sets the branch row length Tb. The rows are then ordered into head groups with even agent
+tokens (`_group_rows`: longest processing time first), and the fullest group sets the head counts (its agent /
+coached tokens over its G rows, rounded up). Shapes
 are bucketed so that the jitted step compiles once per bucket: the trunk row length on the coarse `bucket`
 ladder (usually fixed: the context limit), the row count, Tb and the head counts on finer ladders of their own
 (`ROW_STEPS`, `BRANCH_STEPS`, `HEAD_STEPS`).
@@ -41,8 +46,9 @@ short ladder derived from the config gives a known, bounded set of step programs
   mini_batch_prompts x group_size, per process), each rounded up to rows_multiple; `rollout.row_rungs` sets
   other multiples of it (e.g. (2.0,): one program of two rows per dialogue, for Stage I.3 runs whose multi-turn
   segments each near a whole row);
-* head_idx: the row length, and with `rollout.head_rungs` also those fractions of it (rounded up to 64): a
-  mini-batch whose rows' agent tokens fit a smaller head takes it, so the LM head runs on fewer padded positions;
+* head_idx: the row length, and with `rollout.head_rungs` also those fractions of it (rounded up to 64), per row
+  of a head group: a mini-batch whose head groups' agent tokens fit G x a smaller head takes it, so the LM head
+  runs on fewer padded positions;
 * CSD (fused teacher): branch_tokens on `BRANCH_RUNGS` fractions (1/2, 1) of the longest branch block the config
   allows, branch_head_idx coupled to it and to the head (min(Tb, head): a row's coached tokens are some of its
   agent tokens); a mini-batch without a coached turn is packed in the fused layout with empty branches, so it
@@ -50,7 +56,8 @@ short ladder derived from the config gives a known, bounded set of step programs
 GRPO: 3 programs x the head rungs, CSD: 3 x 2 x the head rungs (1 head rung by default: 3 and 6). Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
 trajectories). A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
 forward and backward of the trunk, the forward of the branches; at equal cost the smaller head) whose shapes it
-fits (`_first_fit` under those caps, longest trunk first or fullest cap first); the rows are then balanced under the same caps. Padding is masked (zero masks and weights, segment and
+fits (`_ladder_rows`: `_first_fit` under the row caps, longest trunk first or fullest cap first, then the head
+groups checked against G x head and G x branch_head). Padding is masked (zero masks and weights, segment and
 branch id 0, head index 0), so the loss and gradients are the unpadded batch's. A mini-batch that fits no program
 (a dialogue past the config's bounds) falls back to the fine ladders (`PackedRL.ladder_overflow`): one more
 program, counted by the step's num_compilations.
@@ -73,7 +80,7 @@ TRUNK_KEYS = ("tokens", "positions", "segment_ids")
 TOKEN_KEYS = ("agent_mask", "coached_mask", "advantages", "old_logp", "grpo_weight", "csd_weight", "teacher_src")
 BRANCH_KEYS = ("branch_tokens", "branch_positions", "branch_ids", "branch_trunk_segment", "branch_prefix_len")
 NAIVE_KEYS = ("naive_tokens", "naive_positions", "naive_segment_ids")
-HEAD_KEYS = ("head_idx", "branch_head_idx")  # [B, Ka] always; [B, Kc] with fused branches
+HEAD_KEYS = ("head_idx", "branch_head_idx")  # [B, Ka] always; [B, Kc] with fused branches (per head group)
 ROW_STEPS = 8  # `bucket` ladder steps per octave of the row count: at most 1/9 of the rows left empty
 BRANCH_STEPS = 16  # ... of the branch row length: at most 1/17 padding from the ladder
 HEAD_STEPS = 8  # ... of the LM-head counts (head_idx, branch_head_idx)
