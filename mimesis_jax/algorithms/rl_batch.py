@@ -508,9 +508,11 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     A trajectory longer than row_len keeps its first row_len tokens when its last agent token ends within them
     (the dropped trailing public tokens carry no loss and are counted in `dropped_tail_tokens`); else it is an
     error. row_len / branch_len / naive_len / num_rows / head_len / branch_head_len fix the shapes; None picks the need
-    on a ladder (row_len: `bucket` of the longest trajectory; branch_len and the head counts: the longest per-row
-    need on the `BRANCH_STEPS` / `HEAD_STEPS` ladders of pad_multiple, head counts capped at the row lengths;
-    num_rows: the `ROW_STEPS` ladder of rows_multiple, e.g. micro-batches x batch-sharding devices). In a
+    on a ladder (row_len: `bucket` of the longest trajectory; branch_len: the longest per-row need on the
+    `BRANCH_STEPS` ladder of pad_multiple; the head counts: the fullest head group's tokens per row on the
+    `HEAD_STEPS` ladder, capped at the row lengths; num_rows: the `ROW_STEPS` ladder of rows_multiple, e.g.
+    micro-batches x batch-sharding devices, which also sets the head groups: num_rows / rows_multiple rows
+    each, see the module docstring; a fixed head_len still bounds each row's agent tokens). In a
     training loop fix row_len (the context limit); the other shapes then vary over a handful of values each
     (fix them too for exactly one compiled step: a batch that does not fit is an error).
     ladder: pack to the cheapest of its programs the batch fits (module docstring; row_len is the ladder's, the
