@@ -93,9 +93,9 @@ def test_agent_csd_keeps_the_paper_structure():
     assert (r32.agent_max_tokens, u32.coach_max_tokens, u32.simulator_max_tokens) == (64, 8, 32)
     assert t32.gyms.max_prompt_tokens == 72 and r32.max_turns == 16
     assert len(mixture.build_tasks(t32.gyms, load_tokenizer("tiny"))[0]) == 64
-    # heads at the paper's rollout.head_rungs (2/3 of 328 -> 256, and 328); branch heads min(branch, head)
+    # heads at the paper's rollout.head_rungs (0.55 of 328 -> 192, and 328); branch heads min(branch, head)
     assert workload_from_config(t32, t32.mesh.axes(), runtime_model(t32)).programs == (
-        (32, 328, 256, 448, 256), (32, 328, 328, 448, 328), (32, 328, 256, 896, 256), (32, 328, 328, 896, 328))
+        (32, 328, 192, 448, 192), (32, 328, 328, 448, 328), (32, 328, 192, 896, 192), (32, 328, 328, 896, 328))
     assert (u.simulator, u.coach, g.sources) == ("toy-user", "toy-coach", ("toy:64:s:16",))
     # every toy task survives the scaled prompt filter and plays the paper's 16 turns
     tasks, dropped = mixture.build_tasks(g, load_tokenizer("tiny"))
@@ -105,7 +105,7 @@ def test_agent_csd_keeps_the_paper_structure():
     w_paper = workload_from_config(paper, paper.mesh.axes(), runtime_model(paper))
     w = workload_from_config(tiny, tiny.mesh.axes(), runtime_model(tiny))
     assert sorted({p[0] for p in w_paper.programs}) == [64, 96, 128] and len(w_paper.programs) == 12
-    assert w.programs == ((32, 584, 448, 640, 448), (32, 584, 584, 640, 584), (32, 584, 448, 1280, 448),
+    assert w.programs == ((32, 584, 384, 640, 384), (32, 584, 584, 640, 584), (32, 584, 384, 1280, 384),
                           (32, 584, 584, 1280, 584))
     assert (w.rows, w.microbatches) == (32, 4) and len({p[3] for p in w_paper.programs}) == 2
 

@@ -42,7 +42,12 @@ def _global_from_shares(shares, rl, loss_agg, rows_multiple):
                                                 rows_multiple=rows_multiple, pad_multiple=16))
     layout = rl_batch.common_layout([rl_batch.layout_info(p) for p in packs], rows_multiple)
     local = [rl_batch.split_microbatches(rl_batch.conform(p, layout, loss_agg), rl.num_microbatches) for p in packs]
-    return {k: np.concatenate([x[k] for x in local], axis=1) for k in local[0]}
+    out = {k: np.concatenate([x[k] for x in local], axis=1) for k in local[0]}
+    # each process lists its LM-head positions per head group of its own device's rows; the step here runs on one
+    # device, whose head group is a whole micro-batch (every process's rows): relist them for it
+    M, B = out["tokens"].shape[:2]
+    flat = rl_batch.regroup_heads({k: v.reshape((M * B,) + v.shape[2:]) for k, v in out.items()}, B)
+    return {k: v.reshape((M, B) + v.shape[1:]) for k, v in flat.items()}
 
 
 @pytest.mark.parametrize("teacher,loss_agg,split", [

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from rl_helpers import jaxpr_dims, random_batch, scaled_params, tiny_config, tree_rel_err
-from mimesis_jax import models
+from mimesis_jax import models, sharding
 from mimesis_jax.algorithms import csd
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
-from mimesis_jax.algorithms.rl_batch import HEAD_KEYS, bucket, pack_trajectories
+from mimesis_jax.algorithms.rl_batch import HEAD_KEYS, bucket, pack_trajectories, regroup_heads
 
 CFG = tiny_config()
 
@@ -45,11 +45,12 @@ def test_bucket_ladder_matches_its_definition(steps):
 # ------------------------------------------------------------------------------------- realistic mix
 def test_realistic_mix_meets_the_packing_targets_and_places_every_token():
     """256 dialogues of the benchmark's length mix in rows of 24K: trunk utilisation >= 90%, branch padding
-    <= 15%, counted from the arrays; every student sequence, branch and LM-head index where it belongs."""
+    <= 15%, counted from the arrays; every student sequence, branch and LM-head index where it belongs (4 head
+    groups: rows_multiple 4)."""
     bench = _bench_csd()
     rng = np.random.RandomState(7)
     trajs = [bench.realistic_dialogue(rng, 150_000, i) for i in range(256)]
-    packed = pack_trajectories(trajs, teacher="fused", use_rollout_logprobs=False, row_len=24576)
+    packed = pack_trajectories(trajs, teacher="fused", use_rollout_logprobs=False, row_len=24576, rows_multiple=4)
     a = packed.arrays
     util = (a["segment_ids"] > 0).sum() / a["segment_ids"].size
     pad = 1 - (a["branch_ids"] > 0).sum() / a["branch_ids"].size
@@ -72,12 +73,17 @@ def test_realistic_mix_meets_the_packing_targets_and_places_every_token():
                 want_branch += tr.segments[c].tokens + tr.segments[ai - 1].tokens + toks
         mine = (a["branch_trunk_segment"][r] == sid) & (a["branch_ids"][r] > 0)
         np.testing.assert_array_equal(a["branch_tokens"][r][mine], want_branch)
-    for r in agents_in_row:  # the head positions: the row's agent (coached) tokens in row order, then zeros
-        agent = np.concatenate([t for _, t in sorted(agents_in_row[r])] or [[]]).astype(np.int64)
-        coached = np.concatenate([t for _, t in sorted(coached_in_row[r])] or [[]]).astype(np.int64)
-        idx, bidx = a["head_idx"][r], a["branch_head_idx"][r]
-        np.testing.assert_array_equal(a["tokens"][r, idx[:len(agent)]], agent)
-        np.testing.assert_array_equal(a["branch_tokens"][r, bidx[:len(coached)]], coached)
+    # the head positions: per head group (G consecutive rows, flattened), its rows' agent (coached) tokens in
+    # row order, then zeros
+    G = packed.head_group
+    assert G * 4 == a["tokens"].shape[0]
+    for g in range(4):
+        rows = range(g * G, (g + 1) * G)
+        agent = np.concatenate([t for r in rows for _, t in sorted(agents_in_row[r])] or [[]]).astype(np.int64)
+        coached = np.concatenate([t for r in rows for _, t in sorted(coached_in_row[r])] or [[]]).astype(np.int64)
+        idx, bidx = a["head_idx"][rows].reshape(-1), a["branch_head_idx"][rows].reshape(-1)
+        np.testing.assert_array_equal(a["tokens"][rows].reshape(-1)[idx[:len(agent)]], agent)
+        np.testing.assert_array_equal(a["branch_tokens"][rows].reshape(-1)[bidx[:len(coached)]], coached)
         assert not idx[len(agent):].any() and not bidx[len(coached):].any()
 
 
@@ -145,6 +151,43 @@ def test_head_at_agent_positions_equals_the_full_position_path():
     shifted = {T - 1, Tb - 1}
     assert shifted <= jaxpr_dims(jax.make_jaxpr(lambda p: _full_position_logprobs(CFG, p, batch))(params).jaxpr)
     assert not shifted & jaxpr_dims(jax.make_jaxpr(lambda p: csd.fused_logprobs(CFG, p, batch))(params).jaxpr)
+
+
+def _collectives(compiled_text: str) -> dict[str, int]:
+    return {op: compiled_text.count(f" {op}(") + compiled_text.count(f" {op}-start(")
+            for op in ("all-gather", "all-to-all", "collective-permute", "all-reduce")}
+
+
+def test_grouped_head_on_a_mesh_equals_the_full_row_path(monkeypatch):
+    """8 devices (fsdp 4 x tensor 2; rows over fsdp): 8 rows packed with rows_multiple 4 -> head groups of the 2
+    rows each device holds. Student and teacher log-probs of the grouped head == the full-row log-softmax
+    (`_full_position_logprobs`), and the compiled program has no collective the per-row head (groups of 1 row)
+    lacks: the group's rows are flattened on their own device."""
+    mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
+    trajs = random_batch(5, CFG.vocab_size, (4, 7, 2, 5, 1, 3, 6, 2, 3, 1))
+    packed = pack_trajectories(trajs, teacher="fused", row_len=160, num_rows=8, rows_multiple=4, pad_multiple=16)
+    assert packed.head_group == 2
+    params = models.shard_params(CFG, scaled_params(CFG), mesh)
+    ref_batch = sharding.shard_batch(dict(packed.arrays), mesh)
+    with sharding.use_mesh(mesh):
+        s_ref, t_ref = jax.jit(lambda p, b: _full_position_logprobs(CFG, p, b))(params, ref_batch)
+    agent, coached = packed.arrays["agent_mask"] > 0, packed.arrays["coached_mask"] > 0
+
+    def run(arrays):
+        fn = jax.jit(lambda p, b: csd.fused_logprobs(CFG, p, b))
+        b = sharding.shard_batch(arrays, mesh)
+        with sharding.use_mesh(mesh):
+            s, t = fn(params, b)
+            text = fn.lower(params, b).compile().as_text()
+        np.testing.assert_allclose(np.asarray(s)[agent], np.asarray(s_ref)[agent], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(t)[coached], np.asarray(t_ref)[coached], rtol=1e-5, atol=1e-5)
+        assert not np.asarray(s)[~agent].any() and not np.asarray(t)[~coached].any()
+        return _collectives(text)
+    grouped = run(dict(packed.arrays))
+    monkeypatch.setattr(csd, "head_group", lambda rows, config=None: 1)
+    per_row = run(regroup_heads(packed.arrays, 1))
+    print(f"collectives: grouped {grouped}, per row {per_row}")
+    assert all(grouped[k] <= per_row[k] for k in grouped)
 
 
 # --------------------------------------------------------------------------------------- temperature

@@ -14,7 +14,10 @@ Pieces, each named after what it computes:
   the plain forward (no gradient).
   The LM head and its log-softmax run only where a log-prob is used: at the hidden states that predict the
   agent tokens of the trunk (batch['head_idx']) and the coached agent tokens of the branches
-  (batch['branch_head_idx']); a fixed, bucketed count per row (rl_batch), gathered before `logprobs_from_hidden`.
+  (batch['branch_head_idx']), gathered before `logprobs_from_hidden`. The positions are listed per head group:
+  the rows one device holds in one micro-batch (`head_group`: rows / batch-sharding devices under the current
+  mesh), flattened, so the head count (a fixed, bucketed count per row x the group's rows; rl_batch) follows the
+  group's agent tokens, not its longest row's.
   Every log-prob is log_softmax(logits / temperature) (the sampling temperature; 1 by default).
 * `score(config, params, trajectories)` -> per trajectory, per agent segment, (student, teacher) log-probs;
   `naive_score` computes the same one sequence at a time through `logprobs.token_logprobs` (tests, benchmarks).
@@ -34,7 +37,7 @@ import numpy as np
 
 from mimesis_jax import sharding
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
-from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories, unpack_turns
+from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories, regroup_heads, unpack_turns
 from mimesis_jax.models import hidden_states
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.data.trajectory import Trajectory
@@ -76,27 +79,55 @@ def _gather_teacher(src: jax.Array, batch) -> jax.Array:
     return jnp.take_along_axis(src, batch["teacher_src"], axis=1)
 
 
+def head_group(rows: int, config=None) -> int:
+    """Rows per LM-head group of a [rows, ...] (micro-)batch under the current mesh: rows / (the ways the
+    act_batch rule splits them), so one group is the rows one device holds (all rows without a mesh). The
+    packer groups B / rows_multiple rows (rl_batch.head_arrays): the same with rows_multiple = micro-batches x
+    batch-sharding devices."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return rows
+    axes = sharding.logical_to_spec(("act_batch",), (rows,), dict(mesh.shape), config)[0]
+    axes = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    split = int(np.prod([dict(mesh.shape)[a] for a in axes])) if axes else 1
+    return rows // split
+
+
+def _grouped(x: jax.Array, group: int) -> jax.Array:
+    """[B, L, ...] -> [B / group, group x L, ...]: one head group's rows flattened (rows of a group sit on one
+    device, so no data moves)."""
+    return x.reshape((x.shape[0] // group, group * x.shape[1]) + x.shape[2:])
+
+
 def _head_logprobs(config: ModelConfig, params, h: jax.Array, tokens: jax.Array, idx: jax.Array,
-                   temperature) -> jax.Array:
-    """log p(tokens[b, idx[b, k]] | prefix) [B, K] from the hidden states [B, T, D] at idx - 1 only: the LM head
-    and its log-softmax run on K gathered positions instead of all T."""
-    hk = jnp.take_along_axis(h, jnp.maximum(idx - 1, 0)[..., None], axis=1)
-    return logprobs_from_hidden(config, params, hk, jnp.take_along_axis(tokens, idx, axis=1), temperature)
+                   temperature, group: int = 1) -> jax.Array:
+    """log p(token at idx | prefix) [B, K] from the hidden states [B, T, D] at idx - 1 only: the LM head and its
+    log-softmax run on B x K gathered positions instead of B x T. idx [B, K] indexes each head group's flattened
+    group x T positions (rl_batch.head_arrays; group = 1: one row each)."""
+    B, K = idx.shape
+    gi = _grouped(idx, group)
+    hk = jnp.take_along_axis(_grouped(h, group), jnp.maximum(gi - 1, 0)[..., None], axis=1)
+    lp = logprobs_from_hidden(config, params, hk, jnp.take_along_axis(_grouped(tokens, group), gi, axis=1),
+                              temperature)
+    return lp.reshape(B, K)
 
 
-def _scatter_rows(lp: jax.Array, mask: jax.Array) -> jax.Array:
-    """[B, K] values of the mask's tokens in row order -> [B, T] token-aligned (0 off the mask). The k-th masked
-    token of a row takes entry k (cumulative count - 1): a gather, so its transpose is a scatter-add."""
-    on = mask > 0
-    slot = jnp.clip(jnp.cumsum(on, axis=1, dtype=jnp.int32) - 1, 0, lp.shape[1] - 1)
-    return jnp.where(on, jnp.take_along_axis(lp, slot, axis=1), 0.0)
+def _scatter_rows(lp: jax.Array, mask: jax.Array, group: int = 1) -> jax.Array:
+    """[B, K] values of the mask's tokens in head-group order -> [B, T] token-aligned (0 off the mask). The k-th
+    masked token of a group (its rows flattened) takes entry k of the group's flattened group x K values
+    (cumulative count - 1): a gather, so its transpose is a scatter-add."""
+    on = _grouped(mask, group) > 0
+    vals = _grouped(lp, group)
+    slot = jnp.clip(jnp.cumsum(on, axis=1, dtype=jnp.int32) - 1, 0, vals.shape[1] - 1)
+    return jnp.where(on, jnp.take_along_axis(vals, slot, axis=1), 0.0).reshape(mask.shape)
 
 
 def _student_from_hidden(config: ModelConfig, params, h: jax.Array, batch, temperature) -> jax.Array:
     toks = batch["tokens"]
     if "head_idx" in batch:
-        return _scatter_rows(_head_logprobs(config, params, h, toks, batch["head_idx"], temperature),
-                             batch["agent_mask"])
+        g = head_group(toks.shape[0], config)
+        return _scatter_rows(_head_logprobs(config, params, h, toks, batch["head_idx"], temperature, g),
+                             batch["agent_mask"], g)
     # no head positions (a batch of trunk keys only): every position through the head
     return _token_aligned(logprobs_from_hidden(config, params, h[:, :-1], toks[:, 1:], temperature))
 
@@ -125,8 +156,9 @@ def fused_logprobs(config: ModelConfig, params, batch, temperature: float = 1.0)
     frozen = jax.lax.stop_gradient(params)
     hb, btoks = jax.lax.stop_gradient(hb), batch["branch_tokens"]
     if "branch_head_idx" in batch:
-        teacher = _scatter_rows(_head_logprobs(config, frozen, hb, btoks, batch["branch_head_idx"], temperature),
-                                batch["coached_mask"])
+        g = head_group(toks.shape[0], config)
+        teacher = _scatter_rows(_head_logprobs(config, frozen, hb, btoks, batch["branch_head_idx"], temperature, g),
+                                batch["coached_mask"], g)
     else:
         src = _token_aligned(logprobs_from_hidden(config, frozen, hb[:, :-1], btoks[:, 1:], temperature))
         teacher = _gather_teacher(src, batch)
@@ -180,6 +212,9 @@ def score(config: ModelConfig, params, trajectories: Sequence[Trajectory], *, me
 def score_packed(config: ModelConfig, params, packed: PackedRL, mesh=None):
     """`score` on an already packed batch (rows a multiple of sharding.batch_shard_count(mesh, config))."""
     arrays = {k: v for k, v in packed.arrays.items()}
+    shards = sharding.batch_shard_count(mesh, config)
+    if packed.num_rows % shards == 0 and packed.num_rows // shards != packed.head_group:
+        arrays = regroup_heads(arrays, packed.num_rows // shards)  # packed for other head groups
     if mesh is None:
         s, t = _score_jit(config, params, arrays, packed.teacher)
     else:

@@ -20,16 +20,21 @@ A list of `data.trajectory.Trajectory` becomes one `PackedRL`:
 * **naive teacher rows** [B, K, Tn] (``teacher="naive"``, the reference path): each coached turn's full
   teacher sequence (Trajectory.teacher_sequence) as its own row, K rows per trunk row; ``teacher_src``
   indexes the flattened [K * Tn] axis.
-* **LM-head positions** (the head and its log-softmax run only there, see csd.py): ``head_idx`` [B, Ka], the
-  trunk index of every agent token of the row in row order (exactly the ones of ``agent_mask``; its log-prob
-  comes from the hidden state at index - 1), and with fused branches ``branch_head_idx`` [B, Kc], for the k-th
-  coached token of the row (row order, the ones of ``coached_mask``) its branch index (= its ``teacher_src``).
-  Entries past a row's count are 0 (index 0 is never an agent token).
+* **LM-head positions** (the head and its log-softmax run only there, see csd.py), listed per head group: the
+  G = B / rows_multiple consecutive rows one device holds in one micro-batch (rows_multiple = micro-batches x
+  batch-sharding devices; G = 1 is one list per row), flattened (`head_arrays`). ``head_idx`` [B, Ka]: a group's
+  G rows hold, flattened, r x T + t for every agent token of the group (r its row in the group, t its trunk
+  index; group order = row order, exactly the ones of ``agent_mask``; its log-prob comes from the hidden state at
+  index - 1); with fused branches ``branch_head_idx`` [B, Kc]: for the k-th coached token of the group (the ones
+  of ``coached_mask``) r x Tb + its branch index (its ``teacher_src``). Ka and Kc stay counts per row (G x Ka
+  entries per group). Entries past a group's count are 0 (index 0 of a row is never an agent token).
 
 Rows (`_assign_rows`): first fit, longest trajectory first, gives the fewest rows; then the per-row teacher-branch,
 agent and coached tokens are balanced over the rows by a multi-dimensional first fit under the smallest caps that
 fit, because a branch is tied to its trunk row (it attends to its trajectory's trunk prefix), so the longest
-per-row branch block sets the branch row length Tb (and the longest per-row counts set the head counts). Shapes
+per-row branch block sets the branch row length Tb. The rows are then ordered into head groups with even agent
+tokens (`_group_rows`: longest processing time first), and the fullest group sets the head counts (its agent /
+coached tokens over its G rows, rounded up). Shapes
 are bucketed so that the jitted step compiles once per bucket: the trunk row length on the coarse `bucket`
 ladder (usually fixed: the context limit), the row count, Tb and the head counts on finer ladders of their own
 (`ROW_STEPS`, `BRANCH_STEPS`, `HEAD_STEPS`).
@@ -41,8 +46,9 @@ short ladder derived from the config gives a known, bounded set of step programs
   mini_batch_prompts x group_size, per process), each rounded up to rows_multiple; `rollout.row_rungs` sets
   other multiples of it (e.g. (2.0,): one program of two rows per dialogue, for Stage I.3 runs whose multi-turn
   segments each near a whole row);
-* head_idx: the row length, and with `rollout.head_rungs` also those fractions of it (rounded up to 64): a
-  mini-batch whose rows' agent tokens fit a smaller head takes it, so the LM head runs on fewer padded positions;
+* head_idx: the row length, and with `rollout.head_rungs` also those fractions of it (rounded up to 64), per row
+  of a head group: a mini-batch whose head groups' agent tokens fit G x a smaller head takes it, so the LM head
+  runs on fewer padded positions;
 * CSD (fused teacher): branch_tokens on `BRANCH_RUNGS` fractions (1/2, 1) of the longest branch block the config
   allows, branch_head_idx coupled to it and to the head (min(Tb, head): a row's coached tokens are some of its
   agent tokens); a mini-batch without a coached turn is packed in the fused layout with empty branches, so it
@@ -50,7 +56,8 @@ short ladder derived from the config gives a known, bounded set of step programs
 GRPO: 3 programs x the head rungs, CSD: 3 x 2 x the head rungs (1 head rung by default: 3 and 6). Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
 trajectories). A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
 forward and backward of the trunk, the forward of the branches; at equal cost the smaller head) whose shapes it
-fits (`_first_fit` under those caps, longest trunk first or fullest cap first); the rows are then balanced under the same caps. Padding is masked (zero masks and weights, segment and
+fits (`_ladder_rows`: `_first_fit` under the row caps, longest trunk first or fullest cap first, then the head
+groups checked against G x head and G x branch_head). Padding is masked (zero masks and weights, segment and
 branch id 0, head index 0), so the loss and gradients are the unpadded batch's. A mini-batch that fits no program
 (a dialogue past the config's bounds) falls back to the fine ladders (`PackedRL.ladder_overflow`): one more
 program, counted by the step's num_compilations.
@@ -73,7 +80,7 @@ TRUNK_KEYS = ("tokens", "positions", "segment_ids")
 TOKEN_KEYS = ("agent_mask", "coached_mask", "advantages", "old_logp", "grpo_weight", "csd_weight", "teacher_src")
 BRANCH_KEYS = ("branch_tokens", "branch_positions", "branch_ids", "branch_trunk_segment", "branch_prefix_len")
 NAIVE_KEYS = ("naive_tokens", "naive_positions", "naive_segment_ids")
-HEAD_KEYS = ("head_idx", "branch_head_idx")  # [B, Ka] always; [B, Kc] with fused branches
+HEAD_KEYS = ("head_idx", "branch_head_idx")  # [B, Ka] always; [B, Kc] with fused branches (per head group)
 ROW_STEPS = 8  # `bucket` ladder steps per octave of the row count: at most 1/9 of the rows left empty
 BRANCH_STEPS = 16  # ... of the branch row length: at most 1/17 padding from the ladder
 HEAD_STEPS = 8  # ... of the LM-head counts (head_idx, branch_head_idx)
@@ -105,6 +112,7 @@ class PackedRL:
     old_logp_from_rollout: bool
     dropped_tail_tokens: int = 0  # trailing public tokens (after a trajectory's last agent token) past row_len
     ladder_overflow: bool = False  # packed with a ShapeLadder but fitting none of its programs (fine ladders)
+    head_group: int = 1  # rows per LM-head group (`head_arrays`): rows / rows_multiple
 
     @property
     def shape_key(self) -> tuple[int, ...]:
@@ -200,22 +208,80 @@ class ShapeLadder:
     def fit(self, sizes: np.ndarray, rows_multiple: int = 1) -> tuple[int, ...] | None:
         """The cheapest program whose shapes the trajectories fit: sizes [D, N] as `_assign_rows` takes them
         (trunk, then branch / agent / coached tokens with branches, else agent tokens). None: no program fits."""
+        found = self._fit(sizes, rows_multiple)
+        return None if found is None else found[0]
+
+    def _fit(self, sizes: np.ndarray, rows_multiple: int) -> tuple[tuple[int, ...], list[list[int]]] | None:
+        """(the cheapest fitting program, its rows in head-group order: `_ladder_rows`) or None."""
         for k in self.programs():
-            caps = np.array(_ladder_caps(k, self.fused), np.int64)
-            if k[0] % rows_multiple or np.any(sizes.max(1) > caps):
+            if k[0] % rows_multiple:
                 continue
-            # first fit, longest trunk first, else the items filling most of some cap first (what lets small
-            # LM-head rungs fit: the trunk order alone leaves the agent tokens unbalanced)
-            tight = np.max(sizes / np.maximum(caps, 1)[:, None], axis=0)
-            if any(_first_fit(np.argsort(-o, kind="stable"), sizes, caps, max_rows=k[0]) is not None
-                   for o in (sizes[0], tight)):
-                return k
+            rows = _ladder_rows(sizes, k, self.fused, k[0] // rows_multiple)
+            if rows is not None:
+                return k, rows
         return None
 
 
 def _ladder_caps(key: tuple[int, ...], fused: bool) -> list[int]:
+    """Per-row caps of a program (trunk, then branch / agent / coached tokens, or agent tokens): a row's agent
+    (coached) tokens are bounded by its head group's G x head (G x branch_head) positions, checked per group."""
     B, T, Ka, Tb, Kc = key
-    return [T, Tb, Ka, Kc] if fused else [T, Ka]
+    return [T, Tb, T, Tb] if fused else [T, T]
+
+
+def _group_rows(loads: np.ndarray, group: int) -> list[int]:
+    """Row order that puts `group` consecutive rows in each head group with even agent-token sums: longest
+    processing time first (rows by decreasing load, each to the group with the smallest sum that still has room).
+    loads [B] per row; returns the row indices in their new order (group 0's rows, then group 1's, ...)."""
+    B = len(loads)
+    if group <= 1 or group >= B:
+        return list(range(B))
+    n = B // group
+    members: list[list[int]] = [[] for _ in range(n)]
+    sums = np.zeros(n, np.int64)
+    for r in np.argsort(-np.asarray(loads), kind="stable"):
+        open_ = [g for g in range(n) if len(members[g]) < group]
+        g = min(open_, key=lambda g: (sums[g], g))
+        members[g].append(int(r))
+        sums[g] += int(loads[r])
+    return [r for m in members for r in m]
+
+
+def _group_need(sizes: np.ndarray, rows: list[list[int]], group: int) -> tuple[int, int]:
+    """The most agent and coached tokens (0 without a coached dimension) of one head group of `group`
+    consecutive rows."""
+    loads = np.array([[int(sizes[d, r].sum()) for r in rows] for d in range(1, len(sizes))], np.int64)
+    agent = loads[-2] if len(sizes) == 4 else loads[-1]
+    coached = loads[-1] if len(sizes) == 4 else np.zeros_like(agent)
+    g = max(1, group)
+    return int(agent.reshape(-1, g).sum(1).max()), int(coached.reshape(-1, g).sum(1).max())
+
+
+def _order_rows(sizes: np.ndarray, rows: list[list[int]], B: int, group: int) -> list[list[int]]:
+    """rows padded to B (empty rows last) and ordered into head groups of `group` rows (`_group_rows`)."""
+    rows = [list(r) for r in rows] + [[] for _ in range(B - len(rows))]
+    agent = sizes[-2] if len(sizes) == 4 else sizes[-1]
+    order = _group_rows(np.array([int(agent[r].sum()) for r in rows], np.int64), group)
+    return [rows[i] for i in order]
+
+
+def _ladder_rows(sizes: np.ndarray, key: tuple[int, ...], fused: bool, group: int) -> list[list[int]] | None:
+    """Rows of one ladder program, or None if the trajectories do not fit it: a first fit into at most B rows
+    under the row caps (longest trunk first, else the items filling most of some cap first), ordered into head
+    groups (`_order_rows`) whose agent (coached) tokens fit group x head (group x branch_head)."""
+    caps = np.array(_ladder_caps(key, fused), np.int64)
+    if np.any(sizes.max(1) > caps):
+        return None
+    tight = np.max(sizes / np.maximum(caps, 1)[:, None], axis=0)
+    for o in (sizes[0], tight):
+        rows = _first_fit(np.argsort(-o, kind="stable"), sizes, caps, max_rows=key[0])
+        if rows is None:
+            continue
+        rows = _order_rows(sizes, rows, key[0], group)
+        agent, coached = _group_need(sizes, rows, group)
+        if agent <= group * key[2] and coached <= group * (key[4] if fused else 0):
+            return rows
+    return None
 
 
 def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max: int = 0,
@@ -385,31 +451,31 @@ def _assign_rows(sizes: np.ndarray, caps: Sequence[int | None], num_rows: int | 
 
 def _choose_shapes(sizes: np.ndarray, caps: list, *, fused: bool, ladder: ShapeLadder | None, num_rows, head_len,
                    branch_len, branch_head_len, rows_multiple: int, pad_multiple: int):
-    """Rows (`_assign_rows`) and the shape key (B, T, Ka, Tb, Kc; Tb = Kc = 0 without fused branches) of one
-    batch from its per-trajectory sizes (as `_assign_rows` takes them): a ladder's cheapest fitting program, or
-    the needs on the fine ladders (None arguments) / the fixed shapes given. Returns (rows, key, ladder overflow)."""
+    """Rows and the shape key (B, T, Ka, Tb, Kc; Tb = Kc = 0 without fused branches) of one batch from its
+    per-trajectory sizes (as `_assign_rows` takes them): a ladder's cheapest fitting program (`ShapeLadder.fit`),
+    or the needs on the fine ladders (None arguments) / the fixed shapes given (`_assign_rows`). The rows come in
+    head-group order (`_order_rows`: B / rows_multiple consecutive rows per group); the head counts are per row,
+    a group's agent (coached) tokens over its rows rounded up. Returns (rows, key, ladder overflow)."""
     T = int(caps[0])
-    overflow = False
     if ladder is not None:
-        key = ladder.fit(sizes, rows_multiple)
-        if key is None:  # past the config's bounds: the fine ladders (one more program)
-            overflow = True
-        else:
-            caps = _ladder_caps(key, fused)
-            num_rows, head_len = key[0], key[2]
-            branch_len, branch_head_len = (key[3], key[4]) if fused else (None, None)
+        found = ladder._fit(sizes, rows_multiple)
+        if found is not None:
+            return found[1], found[0], False
     rows, B = _assign_rows(sizes, caps, num_rows, rows_multiple)
+    group = B // rows_multiple
+    rows = _order_rows(sizes, rows, B, group)
     need = [max(int(x[r].sum()) for r in rows) for x in sizes]  # the longest per-row trunk and loads
+    agent, coached = _group_need(sizes, rows, group)
 
     def head_count(need: int, fixed: int | None, cap: int) -> int:
         return min(bucket(need, pad_multiple, HEAD_STEPS), cap) if fixed is None else int(fixed)
 
-    Ka = head_count(need[-2 if fused else 1], head_len, T)
+    Ka = head_count(-(-agent // group), head_len, T)
     Tb = Kc = 0
     if fused:
         Tb = bucket(need[1], pad_multiple, BRANCH_STEPS) if branch_len is None else int(branch_len)
-        Kc = head_count(need[3], branch_head_len, Tb)
-    return rows, (B, T, Ka, Tb, Kc), overflow
+        Kc = head_count(-(-coached // group), branch_head_len, Tb)
+    return rows, (B, T, Ka, Tb, Kc), ladder is not None
 
 
 def ladder_shape_key(sizes: np.ndarray, ladder: ShapeLadder, rows_multiple: int = 1) -> tuple[tuple[int, ...], bool]:
@@ -418,7 +484,7 @@ def ladder_shape_key(sizes: np.ndarray, ladder: ShapeLadder, rows_multiple: int 
     without building any array: what the loop's packing picks, for counting programs over many mini-batches."""
     sizes = np.asarray(sizes, np.int64)
     key = ladder.fit(sizes, rows_multiple)
-    if key is not None:  # a fitting program fixes every shape (the rows are balanced under its caps)
+    if key is not None:  # a fitting program fixes every shape
         return key, False
     caps = [ladder.row_len] + [None] * (len(sizes) - 1)
     _, key, overflow = _choose_shapes(sizes, caps, fused=ladder.fused, ladder=ladder, num_rows=None, head_len=None,
@@ -442,9 +508,11 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     A trajectory longer than row_len keeps its first row_len tokens when its last agent token ends within them
     (the dropped trailing public tokens carry no loss and are counted in `dropped_tail_tokens`); else it is an
     error. row_len / branch_len / naive_len / num_rows / head_len / branch_head_len fix the shapes; None picks the need
-    on a ladder (row_len: `bucket` of the longest trajectory; branch_len and the head counts: the longest per-row
-    need on the `BRANCH_STEPS` / `HEAD_STEPS` ladders of pad_multiple, head counts capped at the row lengths;
-    num_rows: the `ROW_STEPS` ladder of rows_multiple, e.g. micro-batches x batch-sharding devices). In a
+    on a ladder (row_len: `bucket` of the longest trajectory; branch_len: the longest per-row need on the
+    `BRANCH_STEPS` ladder of pad_multiple; the head counts: the fullest head group's tokens per row on the
+    `HEAD_STEPS` ladder, capped at the row lengths; num_rows: the `ROW_STEPS` ladder of rows_multiple, e.g.
+    micro-batches x batch-sharding devices, which also sets the head groups: num_rows / rows_multiple rows
+    each, see the module docstring; a fixed head_len still bounds each row's agent tokens). In a
     training loop fix row_len (the context limit); the other shapes then vary over a handful of values each
     (fix them too for exactly one compiled step: a batch that does not fit is an error).
     ladder: pack to the cheapest of its programs the batch fits (module docstring; row_len is the ladder's, the
@@ -578,19 +646,61 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
                     nk += 1
                 bi += 1
             off += L
-    for r in range(B):  # the LM-head positions, in row order (0 = padding: index 0 is never an agent token)
-        a = np.flatnonzero(arr["agent_mask"][r])
-        arr["head_idx"][r, :len(a)] = a
-        if fused:
-            c = np.flatnonzero(arr["coached_mask"][r])
-            arr["branch_head_idx"][r, :len(c)] = arr["teacher_src"][r, c]
+    group = B // rows_multiple
+    arr.update(head_arrays(arr, group, Ka, Kc if fused else None))
     n_agent = int(arr["agent_mask"].sum())
     n_coached = int(arr["coached_mask"].sum())
     arr["grpo_weight"] = loss_token_weights(arr["agent_mask"], seq_ids, loss_agg)
     arr["csd_weight"] = (arr["coached_mask"] / n_coached if n_coached else arr["coached_mask"]).astype(np.float32)
     n_seq = len({i for i in range(len(lays)) if any(n for _, n, _, _ in lays[i].turns)})
     return PackedRL(arr, slots, n_agent, n_coached, n_seq, mode, bool(use_rollout_logprobs), dropped_tail,
-                    overflow)
+                    overflow, group)
+
+
+def head_arrays(arrays: dict, group: int, head: int, branch_head: int | None = None) -> dict[str, np.ndarray]:
+    """The LM-head index arrays of packed host arrays ([B, ...]) for head groups of `group` consecutive rows:
+    head_idx [B, head], whose `group` rows [g x group, (g + 1) x group) hold, flattened, the agent tokens of those
+    rows in order as r x T + t (r the row within the group, t the trunk index; 0 = padding: index 0 of a row is
+    never an agent token), and with branch_head, branch_head_idx [B, branch_head]: the group's coached tokens in
+    the same order as r x Tb + (the token's teacher_src). group = 1 is one list per row. A ValueError when a
+    group's tokens exceed its group x head (group x branch_head) entries."""
+    mask = arrays["agent_mask"]
+    B, T = mask.shape
+    if group < 1 or B % group:
+        raise ValueError(f"head group of {group} rows must be >= 1 and divide the {B} rows")
+    n = B // group
+    out = {}
+    specs = [("head_idx", "agent_mask", head, None)]
+    if branch_head is not None:
+        specs.append(("branch_head_idx", "coached_mask", branch_head, arrays["branch_tokens"].shape[1]))
+    for key, mk, width, Tb in specs:
+        idx = np.zeros((n, group * int(width)), np.int32)
+        flat = arrays[mk].reshape(n, group * T)
+        for g in range(n):
+            on = np.flatnonzero(flat[g])
+            if len(on) > idx.shape[1]:
+                raise ValueError(f"{key}: head group {g} has {len(on)} tokens > {group} rows x {width}")
+            if Tb is not None:  # coached token (r, t) -> its branch index in the group: r x Tb + teacher_src
+                on = (on // T) * Tb + arrays["teacher_src"].reshape(n, group * T)[g, on]
+            idx[g, :len(on)] = on
+        out[key] = idx.reshape(B, int(width))
+    return out
+
+
+def regroup_heads(arrays: dict, group: int) -> dict[str, np.ndarray]:
+    """Packed host arrays ([B, ...]) with their LM-head index arrays rebuilt for head groups of `group` rows
+    (`head_arrays`), each as wide as before or as a group's tokens need if more: for a consumer whose groups
+    differ from the packer's (packed with another rows_multiple)."""
+    B = arrays["agent_mask"].shape[0]
+    if group < 1 or B % group:
+        raise ValueError(f"head group of {group} rows must be >= 1 and divide the {B} rows")
+
+    def width(key, mask):
+        need = int(mask.reshape(B // group, -1).sum(1).max()) if mask.size else 0
+        return max(arrays[key].shape[1], -(-need // group))
+    fused = "branch_head_idx" in arrays
+    return dict(arrays, **head_arrays(arrays, group, width("head_idx", arrays["agent_mask"]),
+                                      width("branch_head_idx", arrays["coached_mask"]) if fused else None))
 
 
 def unpack_turns(packed: PackedRL, per_token: np.ndarray) -> list[list[np.ndarray]]:
@@ -634,7 +744,8 @@ def common_layout(infos: Sequence[dict], rows_multiple: int = 1) -> dict:
         raise ValueError(f"processes packed different teacher layouts {sorted(modes)}")
     if not any(i["rows"] for i in infos):
         raise ValueError("common_layout: no process has trajectories in this mini-batch")
-    out = {"mode": next(iter(modes), 0), "rows": max(max(i["rows"] for i in infos), int(rows_multiple))}
+    out = {"mode": next(iter(modes), 0), "rows": max(max(i["rows"] for i in infos), int(rows_multiple)),
+           "groups": int(rows_multiple)}
     for k in ("T", "Ka", "Tb", "Kc", "K", "Tn"):
         vals = [i[k] for i in infos if k in i]
         if vals:
@@ -676,10 +787,24 @@ def conform(packed: PackedRL | None, layout: dict, loss_agg: str = "token-mean")
         if tn_new != tn_old:  # teacher_src indexes the flattened [K * Tn] axis: re-index for the wider Tn
             ts, on = src["teacher_src"], src["coached_mask"] > 0
             src["teacher_src"] = np.where(on, (ts // tn_old) * tn_new + ts % tn_old, 0).astype(ts.dtype)
+    groups = int(layout.get("groups", 1))
+    if B % groups:
+        raise ValueError(f"conform: {B} rows do not split into {groups} head groups")
+    if packed is not None and packed.num_rows != B:  # padding rows at the end of each head group: its rows stay
+        n = packed.num_rows // packed.head_group   # together (head_arrays rebuilds its lists below)
+        if n != groups:
+            raise ValueError(f"conform: packed in {n} head groups, the common layout has {groups} (rows_multiple)")
+        r = np.arange(packed.num_rows)
+        new_row = (r // packed.head_group) * (B // groups) + r % packed.head_group
+        for k, v in src.items():
+            rows = np.zeros((B,) + v.shape[1:], v.dtype)
+            rows[new_row] = v
+            src[k] = rows
     out = {}
     for k, shape in shapes.items():
         dtype = np.float32 if k in TOKEN_KEYS and k != "teacher_src" else np.int32
         out[k] = _pad_to(src[k], shape) if k in src else np.zeros(shape, dtype)
+    out.update(head_arrays(out, B // groups, layout["Ka"], layout["Kc"] if mode == "fused" else None))
     agent = out["agent_mask"].astype(np.float64)
     if loss_agg == "token-mean":
         n = layout["n_agent"]

@@ -14,8 +14,10 @@ from mimesis_jax.models.config import ConfigError
 from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, verdict
 from mimesis_jax.plan.compiled import SPLIT_CHECKED, TOLERANCE, ProgramMemory, format_programs, need_devices, program_memory
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
+from mimesis_jax.plan import mix
 from mimesis_jax.plan.suggestions import suggest
-from mimesis_jax.plan.workload import batch_shards, load_run_config, process_config, process_mesh, programs_text
+from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, process_config, process_mesh,
+                                      programs_text)
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -143,6 +145,23 @@ def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: fl
             "(engine) or add devices (--mesh)")
 
 
+HEAD_MIX_MINIBATCHES = 20  # mini-batches of the synthetic mix `plan` packs for the LM-head padding line
+
+
+def head_padding_text(cfg, model, mesh: dict) -> str | None:
+    """The plan's line on the LM head's padding of an RL config: its positions per update (rows x head of the
+    ladder programs taken) against the real agent tokens, on `HEAD_MIX_MINIBATCHES` mini-batches of the synthetic
+    paper-like mix (plan/mix.py; one process's ladder). None where the shapes are not on a ladder or the mix does
+    not fit the config."""
+    hp = mix.head_padding(cfg, cfg.rl.num_microbatches * batch_multiple(model, mesh), HEAD_MIX_MINIBATCHES)
+    if hp is None:
+        return None
+    n = hp["minibatches"]
+    return (f"LM head: {hp['head'] / n:.0f} positions per update vs {hp['agent'] / n:.0f} real agent tokens "
+            f"({hp['head'] / hp['agent']:.2f}x) on a synthetic paper-like mix ({n} mini-batches, plan/mix.py; "
+            f"{hp['programs']} step programs taken)")
+
+
 def run(args) -> int:
     """`python -m mimesis_jax plan`: prints the plan and its verdict (and, unless it FITS, a change that does).
     0, or 2 for a bad config, --mesh or --device (the message names it)."""
@@ -176,6 +195,9 @@ def run(args) -> int:
                 process_programs = program_memory(cfg_p, local, p.device, updates=False)
         error = checked_error(programs + process_programs)
         print(format_plan(p, args.config, error))
+        head = head_padding_text(cfg, p.workload.model, mesh) if p.workload.kind != "lm" else None
+        if head:
+            print(head)
         if processes > 1:
             print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step, error[0]))
             if verdict(max(p.train_peak, process_rollout_peak(p, pp)), p.usable, error[0]) != "FITS":

@@ -40,6 +40,7 @@ updates applied before this one), and opt_steps = n + 1.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -48,7 +49,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mimesis_jax import models, profiling, sharding
-from mimesis_jax.algorithms import csd, grpo
+from mimesis_jax.algorithms import csd, grpo, rl_batch
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.config.rl import CREDITS, KL_ESTIMATORS, OLD_LOGPROBS, RLConfig  # noqa: F401 (re-exported)
 from mimesis_jax.models.config import ModelConfig
@@ -209,6 +210,11 @@ class RLStep:
         process_local: `packed` holds only this process's rows (every process passes the same shapes, rows a
         multiple of `local_rows_multiple`); the global batch is, per micro-batch, process 0's rows, then process
         1's, ... (jax.make_array_from_process_local_data) -- no process needs the whole batch."""
+        if isinstance(packed, PackedRL):
+            group = packed.num_rows // self.rows_multiple() if packed.num_rows % self.rows_multiple() == 0 else 0
+            if group and group != packed.head_group:  # packed for other head groups (another rows_multiple)
+                packed = dataclasses.replace(packed, arrays=rl_batch.regroup_heads(packed.arrays, group),
+                                             head_group=group)
         arrays = packed.microbatches(self.rl.num_microbatches) if isinstance(packed, PackedRL) else packed
         if isinstance(packed, PackedRL) and self.rl.old_logprobs == "rollout" and not packed.old_logp_from_rollout:
             raise ValueError("the batch was packed without rollout log-probs but RLConfig.old_logprobs='rollout'")
