@@ -8,8 +8,8 @@ and its float normalization adds float32 copies of the whole saved-activation st
 dynamic-slice input, hoisted out of the loop) and of the KV cache that GPU programs do not hold (measured on
 qwen3_8b_agentrl.py:grpo in bf16: update 31.29 planned / 48.32 compiled GiB, of which 20.5 GiB is the float32
 stack; sampler 45.15 / 76.09). The bf16 update programs are compared apart, with those copies split out of
-their buffer assignment (plan/compiled.py `normalization_split`), within 10%: the Stage II GRPO update and the 4B
-SFT train step. Compile time does not grow with the model width (scanned layers, abstract
+their buffer assignment (plan/compiled.py `normalization_split`), within 10%: the Stage II GRPO update, its
+old-log-prob scoring pass and the 4B SFT train step. Compile time does not grow with the model width (scanned layers, abstract
 inputs), so the paper widths are kept."""
 
 import argparse
@@ -175,36 +175,49 @@ def test_the_ladders_cheapest_program_and_every_sampler_rung_match_the_plan():
     assert not off, off
 
 
-# the bf16 programs as the paper configs train them: the Stage II GRPO update on its 16 devices and the 4B SFT train
-# step on its 8, compiled with a dump of XLA's buffer assignment; the float-normalization copies split out by
-# plan/compiled.py `normalization_split`; the HLO text comes back for the test's own reading of the copies
+# the bf16 programs as the paper configs train them: the Stage II GRPO update and its old-log-prob scoring pass on
+# its 16 devices and the 4B SFT train step on its 8, compiled with a dump of XLA's buffer assignment; the
+# float-normalization copies split out by plan/compiled.py `normalization_split`; the HLO text comes back for the
+# test's own reading of the copies
 BF16_SCRIPT = r"""
 import json, math, tempfile
 from mimesis_jax.plan import workload
-from mimesis_jax.plan.budget import plan
-from mimesis_jax.plan.compiled import QUICK, lm_step_memory, normalization_split, program_workloads, rl_step_memory
+from mimesis_jax.plan.budget import plan, scoring_peak
+from mimesis_jax.plan.compiled import (QUICK, lm_step_memory, normalization_split, program_workloads, rl_step_memory,
+                                       scoring_memory)
 from mimesis_jax.plan.devices import device_for
 out = []
+
+
+def split(compile_fn):
+    with tempfile.TemporaryDirectory() as d:
+        compiled = compile_fn(QUICK | {"xla_dump_to": d, "xla_dump_hlo_as_text": True})
+        return compiled, normalization_split(d)
+
+
+def row(name, planned, compiled, n, stack=None):
+    out.append(dict(config=name, planned=planned, compiled=compiled, temp=n.temp, peak=n.peak, rest_peak=n.rest_peak,
+                    copies=n.copies, hlo=n.hlo, live=n.live, peak_time=n.peak_time, stack=stack))
+
+
 for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_sft.py:4b"):
     cfg = workload.load_run_config("configs/" + name, [])
     mesh = dict(cfg.mesh.axes())
     w = workload.workload_from_config(cfg, mesh, workload.runtime_model(cfg))
     _, wp = program_workloads(w)[-1]
-    with tempfile.TemporaryDirectory() as d:
-        opts = QUICK | {"xla_dump_to": d, "xla_dump_hlo_as_text": True}
-        if w.kind == "lm":
-            t = cfg.train
-            compiled = lm_step_memory(wp.model, wp.rows, wp.row_len, mesh, wp.microbatches, cfg.optimizer, t.steps,
-                                      t.nonfinite == "skip", opts)
-        else:
-            compiled = rl_step_memory(wp, cfg.rl, opts)
-        n = normalization_split(d)
+    if w.kind == "lm":
+        t = cfg.train
+        compiled, n = split(lambda opts: lm_step_memory(wp.model, wp.rows, wp.row_len, mesh, wp.microbatches,
+                                                        cfg.optimizer, t.steps, t.nonfinite == "skip", opts))
+    else:
+        compiled, n = split(lambda opts: rl_step_memory(wp, cfg.rl, opts))
     m = wp.model
     stack = [m.num_hidden_layers, wp.rows // wp.microbatches // math.prod(mesh[a] for a in ("data", "fsdp")), wp.row_len,
              m.hidden_size]
-    out.append(dict(config=name, planned=plan(wp, device_for("a100-80g", w.num_devices)).train_peak,
-                    compiled=compiled, temp=n.temp, peak=n.peak, rest_peak=n.rest_peak, copies=n.copies, hlo=n.hlo,
-                    live=n.live, peak_time=n.peak_time, stack=stack))
+    row(name, plan(wp, device_for("a100-80g", w.num_devices)).train_peak, compiled, n, stack)
+    if w.kind != "lm":  # its old-log-prob scoring pass (rl.old_logprobs=recompute)
+        compiled, n = split(lambda opts: scoring_memory(wp, cfg.rl, opts))
+        row(name + " old log-probs", scoring_peak(wp), compiled, n)
 print("RESULT " + json.dumps(out))
 """
 
@@ -223,15 +236,33 @@ def _is_bf16(hlo: str, name: str) -> bool:
     return bool(re.search(rf"%{re.escape(name)} = bf16\[", hlo))
 
 
+def _body(hlo: str, computation: str) -> list[str]:
+    return re.search(rf"^%{re.escape(computation)} .*?\n(.*?)\n}}", hlo, re.M | re.S)[1].splitlines()
+
+
+def _readers(lines: list[str], name: str) -> list[str]:
+    """The instructions of `lines` with the value `name` among their operands."""
+    return [x for x in lines if re.search(rf" \S+\(([^)]*, )?%{re.escape(name)}[,)]", x.split("=", 1)[-1])]
+
+
+def _inserted_bf16_convert(line: str) -> bool:
+    return bool(re.search(r"= bf16\[\S* convert\(", line)) and "op_name" not in line
+
+
 def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_programs):
     """Every copy the split counts at the bf16 programs' peak is, read from the optimized HLO here, a float32
     buffer made by a `convert` without jax's op_name (an XLA-inserted one) from a bf16 value -- a convert of a bf16
-    instruction, or a fusion whose root (through bitcasts) is one. Its charge, read from the live-range dump here:
+    instruction, or a fusion whose root (through bitcasts) is one -- or a float32 value that every reader converts
+    to bf16 first with such a convert (a standalone one, or in a fusion every use of the parameter it is passed as:
+    the normalized MLP dots' float32 outputs), half its bytes. Its charge, read from the live-range dump here:
     a copy of a bf16 value the fusion computes, half its bytes; a copy of a bf16 buffer of its own, all of them
     while that buffer is live at the peak, and once it has died, half for one copy reading it (the un-normalized
-    program holds that bf16 value instead) and all for any other. Among them the float32 copy of the whole
-    saved-activation stack (layers x rows per device x T x D elements) of the config. The copies live at the peak
-    hold at least what the split takes off the peak (compiled = rest + copies)."""
+    program holds that bf16 value instead) and all for any other. Among the update programs' copies the float32
+    copy of the whole saved-activation stack (layers x rows per device x T x D elements) of the config. The copies
+    live at the peak hold at least what the split takes off the peak (compiled = rest + copies)."""
+    assert any(p["stack"] is None for p in bf16_programs)  # the scoring pass is among them
+    lines = {p["config"]: p["hlo"].splitlines() for p in bf16_programs}
+    read_as_bf16 = 0
     for p in bf16_programs:
         hlo, copies, t = p["hlo"], p["copies"], p["peak_time"]
         assert copies, p["config"]
@@ -243,17 +274,36 @@ def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_prog
             assert f"= {shape} " in line and shape.startswith("f32[")
             nbytes = math.prod(dims) * 4
             m = re.search(r"= \S+ convert\(%([^\s,)]+)\)", line)
+            calls = re.search(r" fusion\((.*?)\).*calls=%([^\s,]+)", line)
+            root = None
+            if calls:
+                body = _body(hlo, calls[2])
+                root = next(x for x in body if x.lstrip().startswith("ROOT "))
+                while " bitcast(" in root:
+                    s = re.search(r"bitcast\(%([^\s,)]+)\)", root)[1]
+                    root = next(x for x in body if re.match(rf"\s+(ROOT )?%{re.escape(s)} = ", x))
+            if not m and not (root and re.search(r"= f32\[\S* convert\(", root)):
+                # no convert: every reader converts it to bf16 first
+                readers = _readers(lines[p["config"]], name)
+                assert readers, line
+                for r in readers:
+                    if " fusion(" not in r:
+                        assert _inserted_bf16_convert(r), (line, r)
+                        continue
+                    operands = re.findall(r"%([^\s,)]+)", re.search(r" fusion\((.*?)\)", r)[1])
+                    body = _body(hlo, re.search(r"calls=%([^\s,]+)", r)[1])
+                    for i in [i for i, o in enumerate(operands) if o == name]:
+                        (param,) = [x for x in body if re.search(rf" parameter\({i}\)", x)]
+                        uses = _readers(body, re.match(r"\s+%(\S+) =", param)[1])
+                        assert uses and all(_inserted_bf16_convert(u) for u in uses), (line, r, uses)
+                assert src is None and excess == nbytes // 2, line
+                read_as_bf16 += nbytes
+                continue
             if m:  # a standalone convert: its bf16 operand is a buffer of its own
                 assert _is_bf16(hlo, m[1]) and "op_name" not in line, line
                 operand = m[1]
             else:
-                calls = re.search(r" fusion\((.*?)\).*calls=%([^\s,]+)", line)
-                assert calls, line
-                body = re.search(rf"^%{re.escape(calls[2])} .*?\n(.*?)\n}}", hlo, re.M | re.S)[1]
-                root = next(x for x in body.splitlines() if x.lstrip().startswith("ROOT "))
-                while " bitcast(" in root:
-                    s = re.search(r"bitcast\(%([^\s,)]+)\)", root)[1]
-                    root = next(x for x in body.splitlines() if re.match(rf"\s+(ROOT )?%{re.escape(s)} = ", x))
+                body = "\n".join(_body(hlo, calls[2]))
                 s = re.search(r"= f32\[\S* convert\(%([^\s,)]+)\)", root)
                 assert s and "op_name" not in root and re.search(rf"%{re.escape(s[1])} = bf16\[", body), root
                 own = re.search(rf"%{re.escape(s[1])} = bf16\[\S* parameter\((\d+)\)", body)
@@ -271,20 +321,21 @@ def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_prog
                 dead.setdefault(src, []).append(excess / nbytes)
         for src, charges in dead.items():
             assert sorted(charges) == [0.5] + [1.0] * (len(charges) - 1), (p["config"], src, charges)
-        # the saved-activation stack's float32 copy: copies shaped [..., T, D], at least layers x rows x T x D
-        L, b, T, D = p["stack"]
-        shapes = [[int(d) for d in re.match(r"f32\[([\d,]*)\]", sh)[1].split(",") if d] for _, sh, _, _ in copies]
-        assert sum(math.prod(s) for s in shapes if s[-2:] == [T, D]) >= L * b * T * D, (p["config"], shapes)
+        if p["stack"]:  # the saved-activation stack's float32 copy: copies shaped [..., T, D], >= layers x rows x T x D
+            L, b, T, D = p["stack"]
+            shapes = [[int(d) for d in re.match(r"f32\[([\d,]*)\]", sh)[1].split(",") if d] for _, sh, _, _ in copies]
+            assert sum(math.prod(s) for s in shapes if s[-2:] == [T, D]) >= L * b * T * D, (p["config"], shapes)
         # the live ranges rebuild XLA's heap: their peak is its allocation less under 1% of fragmentation
         assert 0.99 * p["temp"] <= p["peak"] <= p["temp"]
         assert sum(c[2] for c in copies) >= p["peak"] - p["rest_peak"] > 0
+    assert read_as_bf16  # the scoring pass's MLP dot outputs
 
 
 def test_bf16_programs_less_their_copies_match_the_plan(bf16_programs):
-    """compiled = rest + copies: the bf16 plan of both programs within 10% of their rest (the ratios are in
-    docs/scale-out.md)."""
+    """compiled = rest + copies: the bf16 plan of each program (the GRPO update and its old-log-prob scoring pass,
+    the SFT step) within 10% of its rest (the ratios are in docs/scale-out.md)."""
     got = {p["config"]: p for p in bf16_programs}
-    assert list(got) == ["qwen3_8b_agentrl.py:grpo", "mimesis_sft.py:4b"]
+    assert list(got) == ["qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:grpo old log-probs", "mimesis_sft.py:4b"]
     for name, g in got.items():
         rest = g["compiled"] - (g["peak"] - g["rest_peak"])
         assert 0 < rest < g["compiled"]
@@ -385,22 +436,26 @@ def test_pallas_attention_is_planned_as_blockwise_and_the_cpu_compile_says_it_in
 def test_compiled_table_splits_the_normalization_copies_where_measured():
     """A row with its float-normalization copies split out shows compiled, copies, rest = compiled - copies and
     planned / rest; a row without keeps its compiled total and planned / compiled; the note names the split rows
-    and, of them, those whose rest the bf16 test above checks (the update programs) and those it does not."""
+    and, of them, those whose rest the bf16 test above checks (the update programs, the scoring pass) and those it
+    does not."""
     cfg = workload.load_run_config("configs/tiny_sft.py", ["train.dtype=bfloat16"])
     rows = [ProgramMemory("rl update", 3 * GiB, 5 * GiB, 2 * GiB), ProgramMemory("sampler", 3 * GiB, 4 * GiB),
-            ProgramMemory("old log-probs", 4 * GiB, 6 * GiB, 1 * GiB)]
+            ProgramMemory("old log-probs", 4 * GiB, 6 * GiB, 1 * GiB),
+            ProgramMemory("sampler", 2 * GiB, 9 * GiB, 1 * GiB)]
     lines = format_programs(rows, workload.runtime_model(cfg)).splitlines()
     assert lines[0].split()[-4:] == ["GiB", "rest", "GiB", "ratio"]
     assert lines[1].split()[-5:] == ["3.00", "5.00", "2.00", "3.00", "1.000"]
     assert lines[2].split()[-5:] == ["3.00", "4.00", "-", "-", "0.750"]
     assert lines[3].split()[-5:] == ["4.00", "6.00", "1.00", "5.00", "0.800"]
-    note = lines[4]
-    assert "rest = compiled - copies" in note and note.count("split for: rl update, old log-probs;") == 1
-    assert re.search(r"checked this way \(.*\): rl update; not checked this way, in float32 only \(.*\): "
-                     r"old log-probs; the other rows", note), note
-    assert plan_cli.checked_error(rows)[0] == 0.25  # the smallest ratio, the unsplit row's 0.750 (split rows: planned / rest)
+    assert lines[4].split()[-5:] == ["2.00", "9.00", "1.00", "8.00", "0.250"]
+    note = lines[5]
+    assert "rest = compiled - copies" in note and note.count("split for: rl update, old log-probs, sampler;") == 1
+    assert re.search(r"checked this way \(.*\): rl update, old log-probs; not checked this way, in float32 only "
+                     r"\(.*\): sampler; the other rows", note), note
+    # the smallest ratio, the split sampler's 0.250 left out: the unsplit row's 0.750 (split rows: planned / rest)
+    assert plan_cli.checked_error(rows)[0] == 0.25
     # a split row the bf16 test does not check measures the CPU backend: it does not widen the error, a checked one does
-    low = ProgramMemory("old log-probs", 1 * GiB, 6 * GiB, 1 * GiB)  # planned / rest 0.2
+    low = ProgramMemory("sampler", 1 * GiB, 6 * GiB, 1 * GiB)  # planned / rest 0.2
     assert plan_cli.checked_error(rows[:1] + [low])[0] == TOLERANCE
     error, what = plan_cli.checked_error([ProgramMemory("rl update", 1 * GiB, 6 * GiB, 1 * GiB), low])
     assert error == pytest.approx(0.8) and "(rl update)" in what

@@ -51,8 +51,8 @@ def checked_error(programs: Sequence[ProgramMemory] = ()) -> tuple[float, str]:
     the tests hold every planned program to (|planned / compiled - 1| <= TOLERANCE), or, with --compiled, 1 - the
     compiled programs' smallest planned / compiled ratio when that is larger (those programs under-counted by more);
     for a bf16 program on CPU with its float-normalization copies split out, planned / (compiled - copies)
-    (ProgramMemory.ratio). A bf16 program split but not of SPLIT_CHECKED (the scoring pass, the sampler, the
-    engine: their rest keeps float32 values the split does not catch) measures the CPU backend, not the plan: it
+    (ProgramMemory.ratio). A bf16 program split but not of SPLIT_CHECKED (the sampler, the engine: their rest
+    keeps float32 values the split does not catch) measures the CPU backend, not the plan: it
     does not widen the error (those programs are checked in float32)."""
     error = TOLERANCE, (f"{TOLERANCE:.0%}: plan/compiled.py TOLERANCE, the tests' bound on |planned / compiled - 1| "
                         "of every planned program")

@@ -77,8 +77,9 @@ FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes"
 QUICK = FAST | {"xla_cpu_use_fusion_emitters": False}
 TOLERANCE = 0.10  # |planned / compiled - 1| the tests accept
 # the programs whose bf16 rest (compiled - normalization copies) tests/test_plan_compiled.py compares with the plan
-# (the update programs); the scoring pass, the sampler and the engine programs are compared in float32 only
-SPLIT_CHECKED = ("rl update", "train step")
+# (the update programs and the old-log-prob scoring pass); the sampler and the engine programs are compared in
+# float32 only
+SPLIT_CHECKED = ("rl update", "train step", "old log-probs")
 PALLAS_ON_CPU = ("attention_impl=pallas: the CPU backend cannot compile its GPU (Triton) or TPU (Splash) kernels and "
                  "runs them in Pallas interpret mode (models/pallas_attention.py), so these compiled bytes are the "
                  "interpreter's; a GPU or TPU compile decides the kernels' own")
@@ -127,10 +128,14 @@ def within(planned: int, compiled: int, tol: float = TOLERANCE) -> bool:
 #   is computed inside the fusion, or its buffer has died (the copy stands in for it: the saved-activation stack's
 #   float32 copy replaces the bf16 stack through the whole backward), since there an un-normalized program holds
 #   that value in bf16.
+# A float32 value that is no such convert is a copy too when every reader converts it to bf16 first with such an
+# XLA-inserted convert (a standalone one, or in a fusion every use of the parameter it is passed as): the
+# normalized op computed a bf16 value in float32 (the MLP dots' float32 outputs); its excess is half its bytes,
+# the un-normalized program holding that value in bf16.
 # copies = the heap's largest live bytes - the largest live bytes less the live copies' excess, over the
 # program's schedule; rest = compiled - copies (the heap's fragmentation stays in the rest). The rest is an estimate
-# of the un-normalized program's heap on the same schedule: f32 results of normalized ops that are no convert (a
-# dot's f32 output converted to bf16 later) stay counted in full.
+# of the un-normalized program's heap on the same schedule: other float32 stand-ins (a value also read in float32,
+# or carried through a loop's tuple: the sampler's KV cache) stay counted in full.
 def _dump_options(directory: str) -> dict:
     return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True}
 
@@ -171,7 +176,35 @@ def _buffer(name: str, insts: dict) -> str:
     return name + "{" + ",".join(index) + "}"
 
 
-def _excess(name: str, insts: dict, bodies: dict) -> tuple[int, str | None]:
+def _inserted_bf16_convert(name: str, insts: dict) -> bool:
+    """Whether instruction `name` is a convert to bf16 that XLA inserted (no jax op_name)."""
+    shape, op, rest = insts.get(name, ("", "", ""))
+    return op == "convert" and shape.startswith("bf16[") and "op_name=" not in rest
+
+
+def _read_as_bf16(name: str, insts: dict, users: dict, bodies: dict) -> bool:
+    """Whether every reader of the value `name` defines converts it to bf16 first (an XLA-inserted convert, in a
+    fusion: every use of the parameter it is passed as): the value is bf16 in the un-normalized program."""
+    if not users.get(name):
+        return False
+    for u, positions in users[name]:
+        shape, op, rest = insts[u]
+        if op == "convert":
+            if not _inserted_bf16_convert(u, insts):
+                return False
+            continue
+        if op != "fusion":
+            return False
+        body = bodies.get(re.search(r"calls=%([^\s,]+)", rest)[1], {})
+        params = {int(re.match(r"(\d+)", v[2])[1]): k for k, v in body.items() if v[1] == "parameter"}
+        for i in positions:
+            uses = users.get(params.get(i), [])
+            if not uses or not all(_inserted_bf16_convert(x, insts) for x, _ in uses):
+                return False
+    return True
+
+
+def _excess(name: str, insts: dict, bodies: dict, users: dict) -> tuple[int, str | None]:
     """(excess, bf16 buffer) of the value `name` defines (see the rule above): (0, None) if it is no copy; the
     bf16 buffer (a live-range key) when the copy reads one of its own, then the excess is all of its bytes while
     that buffer lives and half after; else the half it always is."""
@@ -179,6 +212,15 @@ def _excess(name: str, insts: dict, bodies: dict) -> tuple[int, str | None]:
     if not shape.startswith("f32["):
         return 0, None
     full = math.prod(int(d) for d in re.match(r"f32\[([\d,]*)\]", shape)[1].split(",") if d) * 4
+    ex = _convert_excess(name, full, insts, bodies)
+    if ex == (0, None) and _read_as_bf16(name, insts, users, bodies):
+        return full // 2, None
+    return ex
+
+
+def _convert_excess(name: str, full: int, insts: dict, bodies: dict) -> tuple[int, str | None]:
+    """`_excess` of a value made by a convert of a bf16 value (the first rule above)."""
+    shape, op, rest = insts[name]
     if op == "convert":
         src = _operand(rest)
         if "op_name=" in rest or not insts.get(src, ("",))[0].startswith("bf16["):
@@ -225,6 +267,14 @@ def normalization_split(directory: str) -> Normalization:
         if m and current is not None:
             insts[m[1]] = current[m[1]] = (m[2], m[3], m[4], line.lstrip().startswith("ROOT "))
     insts = {k: v[:3] for k, v in insts.items()}
+    users = {}  # value -> [(reader, [operand positions])]; HLO names are unique in the module
+    for k, (_, _, rest) in insts.items():
+        for i, o in enumerate(re.findall(r"%([^\s,)]+)", rest.split(")")[0])):
+            uses = users.setdefault(o, [])
+            if uses and uses[-1][0] == k:
+                uses[-1][1].append(i)
+            else:
+                uses.append((k, [i]))
     ranges = {m[1]: (int(m[2]), int(m[3])) for m in re.finditer(r"^\s+(\S+\{[\d,]*\}):(\d+)-(\d+)$", live, re.M)}
 
     def excess_at(t: int, ex: int, src: str | None, held: set) -> int:
@@ -246,7 +296,7 @@ def normalization_split(directory: str) -> Normalization:
                              block):
             key = v[1] + (v[2] or "{}")
             if key in ranges:
-                ex, src = _excess(v[1], insts, bodies) if (v[2] or "{}") == "{}" else (0, None)
+                ex, src = _excess(v[1], insts, bodies, users) if (v[2] or "{}") == "{}" else (0, None)
                 values.append((*ranges[key], int(v[4]), int(v[3]), ex, src, v[1], v[5]))
     end = max((v[1] for v in values), default=0)
     best_rest, peak, peak_t = 0, -1, 0
@@ -554,10 +604,11 @@ def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
         unchecked = [r.name for r in rows if r.copies is not None and not r.name.startswith(SPLIT_CHECKED)]
         lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32; copies: the "
                      "float32 stand-ins its float normalization holds at the peak (plan/compiled.py "
-                     "`normalization_split`: convert-produced float32 buffers of bf16 values, read from XLA's buffer "
-                     f"assignment), rest = compiled - copies, ratio = planned / rest; split for: {names}; checked "
-                     "this way (tests/test_plan_compiled.py holds the bf16 update programs' rest within 10% of the "
-                     f"plan): {', '.join(checked) or 'none'}"
+                     "`normalization_split`: convert-produced float32 buffers of bf16 values and float32 values read "
+                     "only through converts to bf16, read from XLA's buffer assignment), rest = compiled - copies, "
+                     f"ratio = planned / rest; split for: {names}; checked this way (tests/test_plan_compiled.py "
+                     "holds the bf16 update programs' and the scoring pass's rest within 10% of the plan): "
+                     f"{', '.join(checked) or 'none'}"
                      + (f"; not checked this way, in float32 only (their rest keeps float32 values the split does "
                         f"not catch, e.g. the sampler's KV cache through its decode loop): {', '.join(unchecked)}"
                         if unchecked else "")
