@@ -58,7 +58,7 @@ from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import scoring
 from mimesis_jax.episodes.userrl import episode_tasks
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import (UserSide, build_user_side, engine_of, ladder_buckets,
