@@ -1,6 +1,7 @@
 """One home for every run config: typed, nested, frozen dataclasses; one Python file per run in `configs/`.
 
     checks.py    `need`, the one validation helper (messages name the full key)
+    choices.py   the allowed values of the RL update's string settings (algorithms/ imports them from here)
     sections.py  the sections every training run carries (tokenizer, optimizer, train, mesh, checkpoint, init)
                  and the Stage I run config `RunConfig` (mid-training, SFT) with `validate`
     presets.py   model presets: the paper's Qwen3.5-4B/9B and Qwen3-8B, the tiny CPU models
