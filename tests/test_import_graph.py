@@ -12,6 +12,7 @@ as in `models.family`) are not seen.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 import mimesis_jax
@@ -57,6 +58,12 @@ def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
         deps.discard(mod)
         graph[mod] = deps
     return graph
+
+
+@functools.lru_cache(maxsize=1)
+def package_graph() -> dict[str, set[str]]:
+    """The package's graph, read once per test session (the tests below only read it)."""
+    return import_graph(_modules())
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -119,7 +126,7 @@ def test_graph_sees_top_level_relative_and_function_local_imports(tmp_path):
 
 
 def test_package_imports_have_no_circle():
-    graph = import_graph(_modules())
+    graph = package_graph()
     # the reader sees this package's arrows, function-local ones included (so an empty answer means something)
     assert "mimesis_jax.sharding" in graph["mimesis_jax.models"]
     assert "mimesis_jax.models.hf" in graph["mimesis_jax.models"]
@@ -159,7 +166,7 @@ ALGORITHMS_MAY_NOT_IMPORT = ("mimesis_jax.rollout", "mimesis_jax.envs", "mimesis
 
 
 def test_config_and_algorithms_sit_below_the_code_that_runs_them():
-    graph = import_graph(_modules())
+    graph = package_graph()
     # the arrows these rules read are seen: config's own and the ones algorithms/ has into config/ and data/
     assert "mimesis_jax.models.config" in graph["mimesis_jax.config.sections"]
     assert "mimesis_jax.config.choices" in graph["mimesis_jax.algorithms.grpo"]
