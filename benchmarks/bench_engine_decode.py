@@ -44,7 +44,8 @@ import jax
 import numpy as np
 
 from mimesis_jax import models
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
 

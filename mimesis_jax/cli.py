@@ -37,7 +37,7 @@ import jax
 
 from mimesis_jax.checkpoints import CheckpointError
 from mimesis_jax.data.tokenizer import TokenizerError
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.sharding import initialize_distributed
 from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
 

@@ -63,7 +63,7 @@ import numpy as np
 from mimesis_jax import config as config_lib, models, profiling, sharding
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.data.trajectory import Segment, Trajectory
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.rollout import sampler
 from mimesis_jax.train.loop import compiled_functions
 from mimesis_jax.train.optim import make_optimizer

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from mimesis_jax.eval import ablate
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.train.rl import agent as agent_rl_loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

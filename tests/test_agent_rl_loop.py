@@ -235,7 +235,7 @@ def test_dialogues_with_no_agent_turn_are_skipped_and_counted(tmp_path):
      r"a prompt of gyms.max_prompt_tokens=480 \+ rollout.agent_max_tokens=24 \+ 16 header tokens need 520"),
 ])
 def test_context_budget_errors_name_the_key(sets, match):
-    from mimesis_jax.models.config import ConfigError
+    from mimesis_jax.errors import ConfigError
     with pytest.raises(ConfigError, match=match):
         _cfg("tiny_agentrl.py:grpo", "rollout.agent_max_tokens=24", *sets).validate()
 

@@ -11,6 +11,7 @@ from rl_helpers import random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms import coach as coach_lib
 from mimesis_jax.algorithms import csd, grpo
+from mimesis_jax.train.rl.agent import coach_notes
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 
 CFG = tiny_config()
@@ -214,7 +215,7 @@ def test_episode_runner_to_coached_update():
     coach = ScriptedChatModel(["Ask for a hint about the category first."])
     render = coach_lib.chat_note_renderer(tok)
     for tr in trajs:
-        notes = coach_lib.coach_notes(coach, tr, decode=tok.decode)
+        notes = coach_notes(coach, tr, decode=tok.decode)
         assert notes[:2] == ["Ask for a hint about the category first."] * 2 and notes[2] is None
         assert coach_lib.add_coach_notes(tr, notes, render) == 2
         tr.validate()

@@ -12,7 +12,8 @@ from rl_helpers import check_bf16_long_attention, random_batch, tiny_config
 from mimesis_jax import models
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
-from mimesis_jax.models import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models import ModelConfig
 from mimesis_jax.models.attention import attend, attend_groups, merge_partials
 from mimesis_jax.models.blockwise_attention import block_ranges, block_layout
 from mimesis_jax.models.masks import (MaskSpec, branch_mask, branch_specs, cache_mask, cache_spec, causal_spec,

@@ -16,6 +16,7 @@ from mimesis_jax.algorithms.rl_batch import pack_trajectories
 from mimesis_jax.models import hidden_states
 from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
 from mimesis_jax.data.trajectory import Segment, Trajectory
+from mimesis_jax.train.rl.agent import coach_notes, coach_notes_batch
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch, rl_loss
 
 CFG = tiny_config()
@@ -49,21 +50,21 @@ def test_coach_prompt_template_carries_every_field():
 def test_coach_notes_use_hindsight_of_each_turn_and_skip_turns_without_a_next_utterance():
     tr = _dialogue()
     coach = ScriptedChatModel(["Ask less, use what the user already told you."])
-    notes = coach_lib.coach_notes(coach, tr)
+    notes = coach_notes(coach, tr)
     assert notes == ["Ask less, use what the user already told you.", None]  # turn 1: no x_{t+1}
     assert len(coach.calls) == 1
     body = coach.calls[0][1]["content"]
     assert "goal: flight to Paris" in body and "It ignored my message." in body and "Which city?" in body
     assert "<user>I need a flight.</user><assistant>" in body  # public history H_t up to the header
     assert "Booked." not in body  # nothing after the turn
-    assert coach_lib.coach_notes(ScriptedChatModel(["NONE"]), tr) == [None, None]
+    assert coach_notes(ScriptedChatModel(["NONE"]), tr) == [None, None]
     with pytest.raises(RuntimeError, match="turn 0"):
-        coach_lib.coach_notes(ScriptedChatModel([ChatResponse("", finish_reason="error")]), tr)
+        coach_notes(ScriptedChatModel([ChatResponse("", finish_reason="error")]), tr)
     tr.segments[1].text = None
     with pytest.raises(ValueError, match="segment 1"):
-        coach_lib.coach_notes(coach, tr)
+        coach_notes(coach, tr)
     echo = ScriptedChatModel(lambda m: m[1]["content"])
-    assert "</sys>3<assistant>" in coach_lib.coach_notes(echo, tr, decode=lambda ids: "|".join(map(str, ids)))[0]
+    assert "</sys>3<assistant>" in coach_notes(echo, tr, decode=lambda ids: "|".join(map(str, ids)))[0]
 
 
 def test_coach_notes_batch_is_one_call_over_all_trajectories():
@@ -76,7 +77,7 @@ def test_coach_notes_batch_is_one_call_over_all_trajectories():
             calls.append(len(conversations))
             return [ChatResponse(f"note {k}") for k in range(len(conversations))]
 
-    assert coach_lib.coach_notes_batch(Batched(), trs) == [["note 0", None], ["note 1", "note 2"]]
+    assert coach_notes_batch(Batched(), trs) == [["note 0", None], ["note 1", "note 2"]]
     assert calls == [3]
 
     class Failing:
@@ -84,7 +85,7 @@ def test_coach_notes_batch_is_one_call_over_all_trajectories():
             raise ConnectionError("coach endpoint down")
 
     with pytest.raises(RuntimeError, match="trajectory 0: coach failed on agent turn 0"):
-        coach_lib.coach_notes_batch(Failing(), trs)
+        coach_notes_batch(Failing(), trs)
 
 
 def test_add_coach_notes_places_the_note_before_the_assistant_header():

@@ -10,7 +10,7 @@ import pytest
 
 from mimesis_jax.data import jsonio
 from mimesis_jax.data.pipeline import DataConfig, SourceConfig, check_data_files
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = {"messages": [{"role": "user", "content": "my parcel is late"}, {"role": "assistant", "content": "sorry"}]}

@@ -20,7 +20,7 @@ import pytest
 from rl_helpers import tree_rel_err
 from mimesis_jax import checkpoints
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.rollout import engine_chat as engine_lib
 from mimesis_jax.rollout.base import SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L

@@ -16,7 +16,7 @@ import pytest
 from mimesis_jax import models
 from mimesis_jax.config import (AgentRLConfig, RolloutConfig, load_config, qwen3_5_model, qwen3_model, tiny_qwen3,
                                 tiny_qwen3_5)
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.workload import runtime_model
 from mimesis_jax.rollout.engine import RolloutEngine
 from mimesis_jax.rollout.engine_sizing import GiB, engine_sizing, page_bytes, state_bytes

@@ -11,7 +11,8 @@ from safetensors.numpy import load_file, save_file
 
 from helpers import assert_trees_equal
 from mimesis_jax import models
-from mimesis_jax.models import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models import ModelConfig
 from mimesis_jax.models.hf import CheckpointError
 
 CFG = ModelConfig(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,

@@ -1,4 +1,6 @@
-"""Imports inside the package run one way: no circle among mimesis_jax modules (issue #15 item 5).
+"""Imports inside the package run one way: no circle among mimesis_jax modules (issue #15 item 5), and the
+layers below the training code stay below it (issue #42 item 1): config/ imports only itself, models/config.py and
+errors.py; algorithms/ (the maths) imports no model I/O (rollout/) and nothing that runs episodes or training.
 
 The graph is read with `ast` from every module's import statements, the ones inside functions included (a
 function-local import is still a dependency, only a deferred one). An import of `a.b.c` is an arrow to the module
@@ -10,6 +12,7 @@ as in `models.family`) are not seen.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 import mimesis_jax
@@ -55,6 +58,12 @@ def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
         deps.discard(mod)
         graph[mod] = deps
     return graph
+
+
+@functools.lru_cache(maxsize=1)
+def package_graph() -> dict[str, set[str]]:
+    """The package's graph, read once per test session (the tests below only read it)."""
+    return import_graph(_modules())
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -117,7 +126,7 @@ def test_graph_sees_top_level_relative_and_function_local_imports(tmp_path):
 
 
 def test_package_imports_have_no_circle():
-    graph = import_graph(_modules())
+    graph = package_graph()
     # the reader sees this package's arrows, function-local ones included (so an empty answer means something)
     assert "mimesis_jax.sharding" in graph["mimesis_jax.models"]
     assert "mimesis_jax.models.hf" in graph["mimesis_jax.models"]
@@ -125,3 +134,44 @@ def test_package_imports_have_no_circle():
     found = circles(graph)
     detail = [[f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c] for c in found]
     assert not found, f"import circles among mimesis_jax modules: {detail}"
+
+
+def arrows_out_of(graph: dict[str, set[str]], package: str, allowed=(), banned=()) -> list[str]:
+    """The arrows from modules of `package` (itself included) that leave it for a module not under one of `allowed`
+    (when given) or under one of `banned`, as "a -> b"."""
+    def under(mod, roots):
+        return any(mod == r or mod.startswith(r + ".") for r in roots)
+
+    out = []
+    for mod in sorted(m for m in graph if under(m, (package,))):
+        for dep in sorted(graph[mod]):
+            if under(dep, (package,)):
+                continue
+            if (allowed and not under(dep, allowed)) or under(dep, banned):
+                out.append(f"{mod} -> {dep}")
+    return out
+
+
+def test_layer_rule_finder_on_a_known_graph():
+    g = {"p.cfg": {"p.cfg.a", "p.models.config"}, "p.cfg.a": {"p.algos.x"}, "p.algos.x": {"p.io", "p.models"},
+         "p.io": set(), "p.models": set(), "p.models.config": set()}
+    assert arrows_out_of(g, "p.cfg", allowed=("p.models.config",)) == ["p.cfg.a -> p.algos.x"]
+    assert arrows_out_of(g, "p.algos", banned=("p.io",)) == ["p.algos.x -> p.io"]
+    assert arrows_out_of(g, "p.algos", banned=("p.i",)) == []  # a prefix of a name is not its package
+
+
+CONFIG_MAY_IMPORT = ("mimesis_jax.models.config", "mimesis_jax.errors")
+ALGORITHMS_MAY_NOT_IMPORT = ("mimesis_jax.rollout", "mimesis_jax.envs", "mimesis_jax.episodes", "mimesis_jax.train",
+                             "mimesis_jax.eval", "mimesis_jax.plan", "mimesis_jax.commands", "mimesis_jax.cli")
+
+
+def test_config_and_algorithms_sit_below_the_code_that_runs_them():
+    graph = package_graph()
+    # the arrows these rules read are seen: config's own and the ones algorithms/ has into config/ and data/
+    assert "mimesis_jax.models.config" in graph["mimesis_jax.config.sections"]
+    assert "mimesis_jax.config.choices" in graph["mimesis_jax.algorithms.grpo"]
+    assert "mimesis_jax.data.trajectory" in graph["mimesis_jax.algorithms.coach"]
+    bad = arrows_out_of(graph, "mimesis_jax.config", allowed=CONFIG_MAY_IMPORT)
+    assert not bad, f"config/ may import only {CONFIG_MAY_IMPORT} outside itself: {bad}"
+    bad = arrows_out_of(graph, "mimesis_jax.algorithms", banned=ALGORITHMS_MAY_NOT_IMPORT)
+    assert not bad, f"algorithms/ may import none of {ALGORITHMS_MAY_NOT_IMPORT}: {bad}"

@@ -10,7 +10,7 @@ import pytest
 from mimesis_jax.data.midtrain import RecordError
 from mimesis_jax.data.pipeline import DataConfig, SourceConfig, decode_row, make_iterator
 from mimesis_jax.data.tokenizer import load_tokenizer, samples_dir
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 
 KEYS = ("tokens", "positions", "segment_ids", "loss_mask")
 

@@ -11,7 +11,8 @@ import pytest
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import ladder_for_config
 from mimesis_jax.config import OptimizerConfig
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan import budget, devices, memory, suggestions, workload
 from mimesis_jax.plan.compiled import TOLERANCE, ProgramMemory, lm_step_memory, rl_step_memory, sampler_memory, within
 from mimesis_jax.plan import cli as plan_cli

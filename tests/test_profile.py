@@ -13,7 +13,7 @@ import pytest
 
 from mimesis_jax import profile_cmd, profiling
 from mimesis_jax.config import load_config
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")

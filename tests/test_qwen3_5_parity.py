@@ -13,7 +13,8 @@ from helpers import assert_trees_equal, hf_greedy, hf_logits, randomize_torch_mo
 from mimesis_jax import models
 from mimesis_jax.models import qwen3_5
 from mimesis_jax.algorithms.logprobs import token_logprobs
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 
 pytest.importorskip("torch")
 

@@ -13,7 +13,7 @@ import pytest
 
 from rl_helpers import ScriptedDraws
 from mimesis_jax.data.trajectory import Segment, Trajectory
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.train.rl import agent as A, learner as L
 from mimesis_jax.train.rl.step import schedule_count
 

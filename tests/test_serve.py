@@ -19,7 +19,8 @@ import pytest
 from helpers import assert_trees_equal, subprocess_env
 from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import serve
 from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, derive_seed, split_thought
 from mimesis_jax.rollout.engine_chat import EngineChatModel

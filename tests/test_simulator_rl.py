@@ -17,7 +17,7 @@ from mimesis_jax import cli
 from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout.base import ChatResponse
 from mimesis_jax.episodes.simulator import SimRollout

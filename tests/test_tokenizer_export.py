@@ -14,7 +14,8 @@ import pytest
 from mimesis_jax import models
 from mimesis_jax.data.tokenizer import (CHAT_CONTROL_TOKENS, ENDOFTEXT, TINY_SYMBOLS, HFTokenizer, load_tokenizer,
                                         save_hf_tokenizer, tiny_training_lines, train_tiny_sentencepiece)
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 
 TEXTS = [
     "Hello world",

@@ -343,7 +343,7 @@ def test_mixture_configs():
     import os
 
     from mimesis_jax.config import load_config
-    from mimesis_jax.models.config import ConfigError
+    from mimesis_jax.errors import ConfigError
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     train = load_config(os.path.join(root, "configs/userrl_train_mixture.py"), kind=mixture.MixtureConfig)

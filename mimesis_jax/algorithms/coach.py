@@ -1,7 +1,9 @@
-"""The CSD coach, Eq 7 (docs/reference/paper.md §4.2): the chat I/O of coaching. `build_coach_prompt` (the
-documented template below) and `coach_notes` / `coach_notes_batch` ask any `ChatModel` for one hindsight note per
-agent turn; `coach_note_message` + `add_coach_notes` turn a note into a coach segment placed before the turn's
-assistant header (data/trajectory.py placement rule). The loss the notes feed is algorithms/csd.py.
+"""The CSD coach, Eq 7 (docs/reference/paper.md §4.2), without its model call: `build_coach_prompt` (the
+documented template below) and `coach_requests` write the coach's prompts, one per agent turn that can have a
+hindsight note; `note_from_reply` reads a note out of the coach's answer; `coach_note_message` +
+`add_coach_notes` turn a note into a coach segment placed before the turn's assistant header (data/trajectory.py
+placement rule). The chat call that asks a coach model for the notes is Stage II's (train/rl/agent.py
+`coach_notes_batch`, `coach_notes`); the loss the notes feed is algorithms/csd.py.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from mimesis_jax.data.chat import render_turn
-from mimesis_jax.rollout.base import ChatModel, Message
-from mimesis_jax.rollout.endpoints import chat_many
 from mimesis_jax.data.trajectory import Trajectory
+
+Message = dict  # {"role", "content"}: a chat message, as rollout/base.py (not imported: no model I/O here)
 
 COACH_SYSTEM = (
     "You are a coach for a conversational assistant. You read one turn of a finished conversation together "
@@ -95,45 +97,10 @@ def coach_requests(trajectory: Trajectory, *, decode: Callable[[list[int]], str]
     return out
 
 
-def coach_notes_batch(coach: ChatModel, trajectories: Sequence[Trajectory], *,
-                      decode: Callable[[list[int]], str] | None = None, task_contexts: Sequence[str] | None = None,
-                      max_tokens: int = 256, temperature: float = 0.0) -> list[list[str | None]]:
-    """Eq 7 notes for many trajectories through ONE batched call (rollout.endpoints.chat_many): per trajectory,
-    per agent turn, the note or None (see `coach_requests`; a coach answer of exactly NONE, or nothing, is None).
-    A failed coach call is an error naming the trajectory and the turn, never a silent skip."""
-    reqs = []  # (trajectory index, turn, messages)
-    for i, tr in enumerate(trajectories):
-        ctx = None if task_contexts is None else task_contexts[i]
-        try:
-            reqs += [(i, t, m) for t, m in coach_requests(tr, decode=decode, task_context=ctx)]
-        except ValueError as e:
-            raise ValueError(f"trajectory {i}: {e}") from None
-    responses = chat_many(coach, [m for _, _, m in reqs], max_tokens=max_tokens, temperature=temperature)
-    notes: list[list[str | None]] = [[None] * tr.num_agent_turns for tr in trajectories]
-    for (i, t, _), resp in zip(reqs, responses):
-        if resp.finish_reason == "error":
-            raise RuntimeError(f"trajectory {i}: coach failed on agent turn {t}: {resp.meta or resp.text!r}")
-        text = (resp.text or "").strip()
-        notes[i][t] = None if not text or text.upper() == NO_NOTE else text
-    return notes
-
-
-def coach_notes(coach: ChatModel, trajectory: Trajectory, *, decode: Callable[[list[int]], str] | None = None,
-                task_context: str | None = None, turns: Sequence[int] | None = None, max_tokens: int = 256,
-                temperature: float = 0.0) -> list[str | None]:
-    """One Eq 7 note per agent turn of one trajectory (in order), None where there is none (`coach_requests`).
-
-    The coach answering exactly NONE (or nothing) means no note; a coach reply with finish_reason "error" is an
-    error naming the turn, never a silent skip.
-    """
-    notes: list[str | None] = [None] * trajectory.num_agent_turns
-    for t, msgs in coach_requests(trajectory, decode=decode, task_context=task_context, turns=turns):
-        resp = coach.chat(msgs, max_tokens=max_tokens, temperature=temperature)
-        if resp.finish_reason == "error":
-            raise RuntimeError(f"coach failed on agent turn {t}: {resp.meta or resp.text!r}")
-        text = (resp.text or "").strip()
-        notes[t] = None if not text or text.upper() == NO_NOTE else text
-    return notes
+def note_from_reply(text: str | None) -> str | None:
+    """The note in a coach's answer: the stripped text, or None when it is empty or exactly NONE (any case)."""
+    text = (text or "").strip()
+    return None if not text or text.upper() == NO_NOTE else text
 
 
 def coach_note_message(note: str, role: str = "system") -> Message:

@@ -35,9 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-CREDIT_METHODS = ("equalized", "r2g", "em")
-SCORE_METHODS = ("sum", "r2g")
-LOSS_AGGS = ("token-mean", "seq-mean")
+from mimesis_jax.config.choices import CREDIT_METHODS, LOSS_AGGS, SCORE_METHODS
 
 
 def _rewards(turn_rewards, where: str = "turn_rewards") -> np.ndarray:

@@ -73,7 +73,8 @@ from typing import Sequence
 
 import numpy as np
 
-from mimesis_jax.algorithms.grpo import LOSS_AGGS, loss_token_weights
+from mimesis_jax.algorithms.grpo import loss_token_weights
+from mimesis_jax.config.choices import LOSS_AGGS
 
 TEACHER_MODES = ("fused", "naive", "none")
 TRUNK_KEYS = ("tokens", "positions", "segment_ids")

@@ -7,7 +7,7 @@ import argparse
 import os
 
 from mimesis_jax.config import load_config
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.train import midtrain, sft
 from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage
 

@@ -1,6 +1,7 @@
 """One home for every run config: typed, nested, frozen dataclasses; one Python file per run in `configs/`.
 
-    checks.py    `ConfigError` and `need`, the one validation helper (messages name the full key)
+    checks.py    `need`, the one validation helper (messages name the full key)
+    choices.py   the allowed values of the RL update's string settings (algorithms/ imports them from here)
     sections.py  the sections every training run carries (tokenizer, optimizer, train, mesh, checkpoint, init)
                  and the Stage I run config `RunConfig` (mid-training, SFT) with `validate`
     presets.py   model presets: the paper's Qwen3.5-4B/9B and Qwen3-8B, the tiny CPU models
@@ -15,7 +16,7 @@ there is one place for each. Config files import from here only (and the data pi
 training loop.
 """
 
-from mimesis_jax.config.checks import ConfigError, lookup, need
+from mimesis_jax.config.checks import lookup, need
 from mimesis_jax.config.loading import (apply_overrides, config_variants, load_config, parse_value, set_value,
                                         split_variant)
 from mimesis_jax.config.mixture import MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, MixtureConfig
@@ -26,6 +27,7 @@ from mimesis_jax.config.rl import (AgentRLConfig, DomainMixConfig, RLConfig, Rol
 from mimesis_jax.config.sections import (STAGES, CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, RunConfig,
                                          TokenizerConfig, TrainConfig, validate)
 from mimesis_jax.config.serial import diff, model_from_dict, to_dict
+from mimesis_jax.errors import ConfigError
 
 __all__ = [
     "AgentRLConfig", "CheckpointConfig", "ConfigError", "DomainMixConfig", "InitConfig", "MAX_PROMPT_TOKENS",

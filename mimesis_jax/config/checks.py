@@ -1,17 +1,17 @@
-"""The one validation helper of every run config, and its error type.
+"""The one validation helper of every run config.
 
     need(cfg.train.steps >= 1, "train.steps", "must be >= 1", within=cfg)
     # ConfigError: config key 'train.steps': must be >= 1 (got -5)
 
-`ConfigError` (a ValueError) is the only error config validation raises; its message is one line naming the full
-dotted key. The command line prints it as ``error: <message>`` and exits with status 2.
+`ConfigError` (a ValueError, defined in mimesis_jax/errors.py) is the only error config validation raises; its
+message is one line naming the full dotted key. The command line prints it as ``error: <message>`` and exits with status 2.
 """
 
 from __future__ import annotations
 
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 
-__all__ = ["ConfigError", "need", "lookup"]
+__all__ = ["need", "lookup"]
 
 _UNSET = object()
 

@@ -26,7 +26,7 @@ import types
 import typing
 from typing import Any, Literal, Sequence
 
-from mimesis_jax.config.checks import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.config.sections import RunConfig, validate
 
 

@@ -3,7 +3,7 @@ tiny configs build from scratch."""
 
 from __future__ import annotations
 
-from mimesis_jax.config.checks import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 
 

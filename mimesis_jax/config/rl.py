@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from mimesis_jax.algorithms import grpo
 from mimesis_jax.config.checks import need as _need
+from mimesis_jax.config.choices import CREDITS, KL_ESTIMATORS, LOSS_AGGS, OLD_LOGPROBS, SCORE_METHODS
 from mimesis_jax.config.mixture import MixtureConfig
 from mimesis_jax.config.sections import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
                                          TrainConfig)
 from mimesis_jax.config.serial import to_dict
 from mimesis_jax.models.config import ModelConfig
 
-OLD_LOGPROBS = ("rollout", "recompute")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-CREDITS = grpo.CREDIT_METHODS + ("infopo",)  # infopo: the §4.3 baseline (algorithms/infopo.py), needs a scoring pass
 BEHAVIOUR = "abcd_behaviour"
 # <|im_start|>assistant\n (+ <think>\n\n</think>\n\n): a generous bound on the generation header in any tokenizer
 HEADER_TOKENS = 16
@@ -55,7 +52,7 @@ class RLConfig:
             _need(cond, key, msg, got=getattr(self, key), what="RLConfig key")
 
         need(self.eps_low >= 0 and self.eps_high >= 0, "eps_low", "clip ranges must be >= 0")
-        need(self.loss_agg in grpo.LOSS_AGGS, "loss_agg", f"must be one of {grpo.LOSS_AGGS}")
+        need(self.loss_agg in LOSS_AGGS, "loss_agg", f"must be one of {LOSS_AGGS}")
         need(self.alpha >= 0, "alpha", "must be >= 0")
         need(self.beta > 0, "beta", "must be > 0")
         need(self.teacher in ("fused", "naive"), "teacher", "must be fused or naive")
@@ -67,7 +64,7 @@ class RLConfig:
         need(self.credit in CREDITS, "credit", f"must be one of {CREDITS}")
         need(0 <= self.infopo_coef < float("inf"), "infopo_coef", "must be a finite value >= 0")
         need(0 <= self.infopo_gate_tau < float("inf"), "infopo_gate_tau", "must be a finite value >= 0")
-        need(self.score in grpo.SCORE_METHODS, "score", f"must be one of {grpo.SCORE_METHODS}")
+        need(self.score in SCORE_METHODS, "score", f"must be one of {SCORE_METHODS}")
 
 
 # ------------------------------------------------------------------------------------------ rollouts

@@ -7,7 +7,8 @@ import dataclasses
 import math
 from typing import Any, Literal
 
-from mimesis_jax.config.checks import ConfigError, need as _need
+from mimesis_jax.config.checks import need as _need
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.config.serial import to_dict
 from mimesis_jax.models.config import REMAT_POLICIES, ModelConfig
 

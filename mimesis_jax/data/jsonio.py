@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any, Callable, Iterator
 
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 
 _SNIFF_BYTES = 8192
 

@@ -45,7 +45,7 @@ from mimesis_jax.data.midtrain import RecordError, conversation_messages, last_u
 from mimesis_jax.data.packing import ROW_KEYS, PackIterDataset, fit_length
 from mimesis_jax.data.thoughttrace import thoughttrace_example, thoughttrace_messages
 from mimesis_jax.data.tokenizer import Tokenizer
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

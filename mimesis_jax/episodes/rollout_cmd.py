@@ -30,7 +30,7 @@ from mimesis_jax.envs.userrl import retriever as r
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.rollout.specs import ModelSpec, agent_from_spec, close_models, user_and_judge
 
 

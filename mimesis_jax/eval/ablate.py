@@ -69,7 +69,7 @@ from mimesis_jax.checkpoints import CheckpointError, Checkpointer, checkpoint_di
 from mimesis_jax.config import load_config, split_variant
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.eval.report import as_number, read_metrics, write_report
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.train import midtrain, sft
 from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
 from mimesis_jax.train.rl import agent as agent_stage, simulator as simulator_stage

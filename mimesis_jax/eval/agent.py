@@ -48,7 +48,7 @@ from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.episodes.rollout_cmd import retriever_from_args
 from mimesis_jax.episodes.userrl import episode_tasks
 from mimesis_jax.eval import metrics
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.rollout import specs  # module, not names: tests patch specs.agent_from_spec / user_and_judge
 from mimesis_jax.rollout.specs import ModelSpec, close_models
 

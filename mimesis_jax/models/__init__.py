@@ -27,7 +27,8 @@ import jax.numpy as jnp
 
 from mimesis_jax import sharding
 from mimesis_jax.models import hf
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.layers import init_from_specs, is_spec, spec_axes, spec_shapes
 
 _FAMILY_MODULES = {"qwen3": "mimesis_jax.models.qwen3", "qwen3_5_text": "mimesis_jax.models.qwen3_5"}
@@ -205,7 +206,7 @@ def save_hf(path: str, config: ModelConfig, params, max_shard_bytes: int = 4 << 
 
 
 __all__ = [
-    "ModelConfig", "ConfigError", "family", "param_specs", "param_axes", "abstract_params", "param_shardings",
+    "ModelConfig", "family", "param_specs", "param_axes", "abstract_params", "param_shardings",
     "shard_params", "init_params",
     "lm_head_weight", "hidden_states", "logits_from_hidden", "forward", "init_cache", "cache_axes", "extend",
     "greedy_generate", "load_hf", "save_hf", "is_spec",

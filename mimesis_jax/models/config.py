@@ -19,6 +19,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from mimesis_jax.errors import ConfigError
+
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5_text")
 RUNTIME_FIELDS = (
     "dtype",
@@ -35,10 +37,6 @@ RUNTIME_FIELDS = (
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("dense", "blockwise", "pallas")  # see models/attention.py
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-class ConfigError(ValueError):
-    """A bad model configuration value; the message names the key."""
 
 
 @dataclasses.dataclass(frozen=True)

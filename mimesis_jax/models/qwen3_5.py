@@ -52,7 +52,8 @@ import jax.numpy as jnp
 
 from mimesis_jax.models import kv_cache
 from mimesis_jax.models.attention import attend, cache_spec, causal_spec, config_kwargs
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.gated_delta import chunk_gated_delta_rule, l2_normalize, recurrent_gated_delta_rule
 from mimesis_jax.models.layers import (ParamSpec, apply_rope, default_positions_segments, embed_lookup, maybe_remat,
                                       rms_norm, rope_tables, swiglu)

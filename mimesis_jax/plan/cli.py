@@ -10,7 +10,7 @@ from typing import Sequence
 
 import jax
 
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, verdict
 from mimesis_jax.plan.compiled import SPLIT_CHECKED, TOLERANCE, ProgramMemory, format_programs, need_devices, program_memory
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh

@@ -61,7 +61,8 @@ import jax.numpy as jnp
 
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan.budget import engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config

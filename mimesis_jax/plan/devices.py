@@ -7,7 +7,7 @@ import dataclasses
 import math
 import os
 
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 
 GiB = 2 ** 30
 HEADROOM = 0.05  # of the device's memory, kept free for the runtime and allocator fragmentation

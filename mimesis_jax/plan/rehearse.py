@@ -43,7 +43,8 @@ import dataclasses
 import math
 
 from mimesis_jax.config import TokenizerConfig
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 
 HEAD_DIM = 16

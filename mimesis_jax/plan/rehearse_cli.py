@@ -59,7 +59,7 @@ import time
 import jax
 
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, SHAPE_FIELDS
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.budget import plan
 from mimesis_jax.plan.devices import DEVICES, mesh_text
 from mimesis_jax.plan.rehearse import narrow_config

@@ -10,7 +10,7 @@ import math
 from typing import Sequence
 
 from mimesis_jax.config import RunConfig
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.budget import Plan, plan_config
 from mimesis_jax.plan.devices import mesh_text
 from mimesis_jax.plan.workload import load_run_config

@@ -10,7 +10,8 @@ from typing import Sequence
 from mimesis_jax.algorithms.rl_batch import NOTE_TOKENS, ROW_STEPS, SHAPE_FIELDS, bucket, ladder_for_config
 from mimesis_jax.config import AgentRLConfig, RunConfig, SimRLConfig, load_config
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan.memory import divisor
 from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.sampler import Buckets

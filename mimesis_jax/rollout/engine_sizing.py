@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 
 GiB = 2 ** 30
 

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 
 from mimesis_jax import checkpoints, models  # checkpoints as a module: tests patch checkpoints.load_trained
 from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.rollout.batching import BatchingEngine
 from mimesis_jax.rollout.endpoints import LocalChatModel, derive_seed
 from mimesis_jax.rollout.engine import EngineConfig, EngineError, EngineLoop

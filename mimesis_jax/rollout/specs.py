@@ -19,7 +19,8 @@ import jax
 
 from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout.base import SimulatorAsResponder
 from mimesis_jax.rollout.batching import BatchedChatModel
 from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, RemoteCompletionsAgent

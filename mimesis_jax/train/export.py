@@ -13,7 +13,8 @@ import os
 from mimesis_jax import models
 from mimesis_jax.checkpoints import load_trained
 from mimesis_jax.data.tokenizer import load_tokenizer, save_hf_tokenizer
-from mimesis_jax.models.config import DTYPES, ConfigError
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import DTYPES
 
 
 def export_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32", log=print) -> int:

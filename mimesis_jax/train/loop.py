@@ -33,7 +33,8 @@ from mimesis_jax.checkpoints import CheckpointError, Checkpointer
 from mimesis_jax.config import RunConfig
 from mimesis_jax.data.pipeline import check_data_files, make_iterator
 from mimesis_jax.data.tokenizer import load_tokenizer as _load
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule, schedule_hparams
 from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,

@@ -11,7 +11,7 @@ length 24,576, 32x A100 -- see configs/mimesis_{4b,9b}_midtrain.py for how they 
 from __future__ import annotations
 
 from mimesis_jax.config import RunConfig
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.train import loop
 
 STAGE = "midtrain"

@@ -11,7 +11,7 @@ configs/mimesis_{4b,9b}_sft.py.
 from __future__ import annotations
 
 from mimesis_jax.config import RunConfig
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.train import loop
 from mimesis_jax.train.midtrain import check_data_formats
 

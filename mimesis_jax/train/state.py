@@ -23,7 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mimesis_jax import config as config_lib, models, sharding
 from mimesis_jax.checkpoints import Checkpointer, abstract_like
-from mimesis_jax.models.config import RUNTIME_FIELDS, ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from mimesis_jax.train.optim import opt_state_shardings
 from mimesis_jax.train.step import init_train_state
 

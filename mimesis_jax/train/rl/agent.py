@@ -21,7 +21,8 @@ One RL step:
    each turn's feedback, from one extra scoring pass with the pre-update parameters (logged: infopo_ig_mean, the
    mean IG over the step's defined turns, infopo_turns, infopo_s);
 5. with CSD (rl.alpha > 0): the coach writes hindsight notes for every turn the simulator answered (Eq 7, one
-   batched call), inserted before each turn's assistant header;
+   batched call: `coach_notes_batch` here, the prompts and segments from algorithms/coach.py), inserted before
+   each turn's assistant header;
 6. the kept groups are split into PPO mini-batches of `rollout.mini_batch_prompts` groups, each packed
    (algorithms/rl_batch.py); old log-probs are fixed once for the whole step (the sampler's, or recomputed with
    the pre-update parameters) BEFORE the first update, so from the second mini-batch on the ratios of Eq 5 move
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -54,12 +55,15 @@ from mimesis_jax.algorithms import coach, grpo, infopo
 # the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the stage's callers
 from mimesis_jax.config.rl import (HEADER_TOKENS, AgentRLConfig, RLConfig, RolloutConfig,  # noqa: F401
                                    UserSideConfig, ValidationConfig, context_budget)
+from mimesis_jax.data.trajectory import Trajectory
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import scoring
 from mimesis_jax.episodes.userrl import episode_tasks
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
+from mimesis_jax.rollout.base import ChatModel
+from mimesis_jax.rollout.endpoints import chat_many
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import (UserSide, build_user_side, engine_of, ladder_buckets,
                                               simulator_engine_config)
@@ -72,6 +76,47 @@ STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "ro
 # ------------------------------------------------------------------------------------------ config
 def load(path: str, overrides=()) -> AgentRLConfig:
     return load_stage_config(path, overrides, AgentRLConfig)
+
+
+def coach_notes_batch(coach_model: ChatModel, trajectories: Sequence[Trajectory], *,
+                      decode: Callable[[list[int]], str] | None = None, task_contexts: Sequence[str] | None = None,
+                      max_tokens: int = 256, temperature: float = 0.0) -> list[list[str | None]]:
+    """Eq 7 notes for many trajectories through ONE batched call (rollout.endpoints.chat_many): per trajectory,
+    per agent turn, the note or None (prompts: algorithms/coach.py `coach_requests`; a coach answer of exactly
+    NONE, or nothing, is None). A failed coach call is an error naming the trajectory and the turn, never a silent
+    skip."""
+    reqs = []  # (trajectory index, turn, messages)
+    for i, tr in enumerate(trajectories):
+        ctx = None if task_contexts is None else task_contexts[i]
+        try:
+            reqs += [(i, t, m) for t, m in coach.coach_requests(tr, decode=decode, task_context=ctx)]
+        except ValueError as e:
+            raise ValueError(f"trajectory {i}: {e}") from None
+    responses = chat_many(coach_model, [m for _, _, m in reqs], max_tokens=max_tokens, temperature=temperature)
+    notes: list[list[str | None]] = [[None] * tr.num_agent_turns for tr in trajectories]
+    for (i, t, _), resp in zip(reqs, responses):
+        if resp.finish_reason == "error":
+            raise RuntimeError(f"trajectory {i}: coach failed on agent turn {t}: {resp.meta or resp.text!r}")
+        notes[i][t] = coach.note_from_reply(resp.text)
+    return notes
+
+
+def coach_notes(coach_model: ChatModel, trajectory: Trajectory, *, decode: Callable[[list[int]], str] | None = None,
+                task_context: str | None = None, turns: Sequence[int] | None = None, max_tokens: int = 256,
+                temperature: float = 0.0) -> list[str | None]:
+    """One Eq 7 note per agent turn of one trajectory (in order), None where there is none (algorithms/coach.py
+    `coach_requests`), one chat call per turn.
+
+    The coach answering exactly NONE (or nothing) means no note; a coach reply with finish_reason "error" is an
+    error naming the turn, never a silent skip.
+    """
+    notes: list[str | None] = [None] * trajectory.num_agent_turns
+    for t, msgs in coach.coach_requests(trajectory, decode=decode, task_context=task_context, turns=turns):
+        resp = coach_model.chat(msgs, max_tokens=max_tokens, temperature=temperature)
+        if resp.finish_reason == "error":
+            raise RuntimeError(f"coach failed on agent turn {t}: {resp.meta or resp.text!r}")
+        notes[t] = coach.note_from_reply(resp.text)
+    return notes
 
 
 def _group_filter(trajs, min_valid: int):
@@ -195,8 +240,8 @@ class AgentLearner(RLLearner):
         cfg = self.cfg
         if cfg.rl.alpha > 0 and kept:
             flat = [t for g in kept for t in g]
-            notes = coach.coach_notes_batch(self.side.coach, flat, decode=self.tok.decode,
-                                          max_tokens=cfg.users.coach_max_tokens, temperature=0.0)
+            notes = coach_notes_batch(self.side.coach, flat, decode=self.tok.decode,
+                                    max_tokens=cfg.users.coach_max_tokens, temperature=0.0)
             for t, ns in zip(flat, notes):
                 counts["notes"] += coach.add_coach_notes(t, ns, self.render_note)
 

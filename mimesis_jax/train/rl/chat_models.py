@@ -28,7 +28,8 @@ import jax
 from mimesis_jax.config.rl import AgentRLConfig, SidesConfig, UserSideConfig, context_budget
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import engine_chat, sampler
 from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.base import SimulatorAsResponder

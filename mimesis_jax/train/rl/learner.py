@@ -76,7 +76,8 @@ from mimesis_jax import config as config_lib, profiling
 from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.checkpoints import Checkpointer, gather_json
 from mimesis_jax.data.tokenizer import load_tokenizer
-from mimesis_jax.models.config import ConfigError, ModelConfig
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule

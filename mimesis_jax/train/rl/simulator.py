@@ -54,7 +54,7 @@ from mimesis_jax.config.rl import (BEHAVIOUR, DomainMixConfig, RLConfig, SidesCo
 from mimesis_jax.envs.abcd_env import BehaviourEnvConfig, behaviour_report
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.domains import DomainSampler, default_weights, domain, make_domain_env
-from mimesis_jax.models.config import ConfigError
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import build_sides, fixed_buckets

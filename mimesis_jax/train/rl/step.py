@@ -51,7 +51,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mimesis_jax import models, profiling, sharding
 from mimesis_jax.algorithms import csd, grpo, rl_batch
 from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
-from mimesis_jax.config.rl import CREDITS, KL_ESTIMATORS, OLD_LOGPROBS, RLConfig  # noqa: F401 (re-exported)
+from mimesis_jax.config.choices import KL_ESTIMATORS
+from mimesis_jax.config.rl import RLConfig
 from mimesis_jax.models.config import ModelConfig
 import contextlib
 
