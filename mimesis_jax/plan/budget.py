@@ -138,8 +138,9 @@ def plan(w: Workload, device: Device) -> Plan:
     dense scores, or its blocks), LM-head backward, layer backward (`layer_backward_phase` + the gradient of the
     hidden states in the compute dtype + the [V, D] tables beside it: two fp32 gradient buffers, in the LM train
     step also the gathered table(s)), embedding backward and the optimizer update; the backward phases with the gradient
-    buffers. Rollout peak = parameters + optimizer state + caches (+ a copy of a K or V stack) + prefill + the
-    sampler's gathered [V, D] tables (static sampler).
+    buffers. Rollout peak (static sampler) = parameters + optimizer state + the larger of its prefill (caches + a
+    copy of a K or V stack + one layer's prefill + the 3 gathered [V, D] tables) and its decode (the cache carried
+    and the cache updated, both whole, + one layer's keys and values read in blocks + the loop's 2 tables).
     """
     m, mesh = w.model, w.mesh
     c = DTYPES[m.dtype].dtype.itemsize
@@ -280,10 +281,19 @@ def plan(w: Workload, device: Device) -> Plan:
                  f"one layer's forward over {bp} prompts x {r.prompt_len} tokens per device (attending {S} cache "
                  "slots) with its weights gathered over fsdp (compute dtype) + the rope tables (2 fp32 [b, P, "
                  "rotary dims], live through the layer scan) + the final hidden states + 2 fp32 [B, V] logit buffers")
-        st = add("rollout", "sampler tables", 3 * (table_bytes(m, mesh) * c // 4),
+        tc = table_bytes(m, mesh) * c // 4
+        st = add("rollout", "sampler tables", 3 * tc,
                  "3 [V, D] tables in the compute dtype gathered over fsdp: the prefill's LM head and the decode "
                  "loop's embedding and LM head (loop invariants, hoisted out of the loop, live from the start)")
-        rollout_peak = P + O + kv + kv // 2 + rec + pf + st
+        n_attn = _layer_types(m).get("full_attention", 0)
+        dec = add("rollout", "decode step", kv + rec + (3 * kv // (2 * n_attn) if n_attn else 0)
+                  + max(_gathered_layer(m, mesh, lt) for lt in _layer_types(m)) + 2 * bp * W.V * 4,
+                  "the decode loop's updated cache beside the one it carries (the whole KV cache and recurrent "
+                  "state again) + one layer's keys and values read in blocks (1.5 x its share) + its weights "
+                  "gathered over fsdp + 2 fp32 [B, V] logit buffers")
+        prefill_phase = kv + kv // 2 + rec + pf + st
+        decode_phase = kv + rec + dec + 2 * tc
+        rollout_peak = P + O + max(prefill_phase, decode_phase)
     return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
 
 
