@@ -6,11 +6,11 @@ with 32), and the CLI's error when the process sees fewer devices than the mesh.
 The programs compile in float32 compute (train.dtype=float32): XLA's CPU backend computes bfloat16 in float32,
 and its float normalization adds float32 copies of the whole saved-activation stack (the backward scan's
 dynamic-slice input, hoisted out of the loop) and of the KV cache that GPU programs do not hold (measured on
-qwen3_8b_agentrl.py:grpo in bf16: update 31.29 planned / 48.32 compiled GiB, of which 20.5 GiB is the float32
-stack; sampler 45.15 / 76.09). The bf16 update programs are compared apart, with those copies split out of
-their buffer assignment (plan/compiled.py `normalization_split`), within 10%: the Stage II GRPO update, its
-old-log-prob scoring pass and the 4B SFT train step. Compile time does not grow with the model width (scanned layers, abstract
-inputs), so the paper widths are kept."""
+qwen3_8b_agentrl.py:grpo in bf16: update 31.29 planned / 48.88 compiled GiB, of which 20.5 GiB is the float32
+stack; sampler 45.55 / 76.09). The bf16 programs are compared apart, with those copies and the heap's gaps split
+out of their buffer assignment (plan/compiled.py `normalization_split`), within 10%: the Stage II GRPO update, its
+old-log-prob scoring pass and its static sampler, and the 4B SFT train step. Compile time does not grow with the
+model width (scanned layers, abstract inputs), so the paper widths are kept."""
 
 import argparse
 import dataclasses
@@ -176,9 +176,10 @@ def test_the_ladders_cheapest_program_and_every_sampler_rung_match_the_plan():
 
 
 # the bf16 programs as the paper configs train them: the Stage II GRPO update, its old-log-prob scoring pass and its
-# static sampler (the longest prompt rung) on its 16 devices and the 4B SFT train step on its 8, compiled with a dump of XLA's buffer assignment; the
-# float-normalization copies split out by plan/compiled.py `normalization_split`; the HLO text comes back for the
-# test's own reading of the copies
+# static sampler (the longest prompt rung) on its 16 devices and the 4B SFT train step on its 8, compiled with a
+# dump of XLA's buffer assignment; the float-normalization copies split out by plan/compiled.py
+# `normalization_split`; the HLO text (and the program before optimization) comes back for the test's own reading
+# of the copies
 BF16_SCRIPT = r"""
 import glob, json, math, tempfile
 from mimesis_jax.plan import workload
