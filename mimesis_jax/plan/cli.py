@@ -37,7 +37,8 @@ def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "mesh's devices (fake CPU ones: XLA_FLAGS=--xla_force_host_platform_device_count=N "
                         "JAX_PLATFORMS=cpu); a planned / compiled ratio under 1 - plan/compiled.py TOLERANCE widens "
                         "the verdicts' planner error to 1 - that ratio; bf16 on CPU: each program's "
-                        "float-normalization copies are split out and the ratio is planned / (compiled - copies)")
+                        "float-normalization copies and its heap's gaps (fragmentation) are split out and the ratio is "
+                        "planned / (compiled - copies - gaps)")
     return p
 
 
@@ -50,10 +51,10 @@ def checked_error(programs: Sequence[ProgramMemory] = ()) -> tuple[float, str]:
     budget.error_bytes(peak, error) = peak / (1 - error) - peak. The error is plan/compiled.py TOLERANCE, the bound
     the tests hold every planned program to (|planned / compiled - 1| <= TOLERANCE), or, with --compiled, 1 - the
     compiled programs' smallest planned / compiled ratio when that is larger (those programs under-counted by more);
-    for a bf16 program on CPU with its float-normalization copies split out, planned / (compiled - copies)
-    (ProgramMemory.ratio). A bf16 program split but not of SPLIT_CHECKED (the sampler, the engine: their rest
-    keeps float32 values the split does not catch) measures the CPU backend, not the plan: it
-    does not widen the error (those programs are checked in float32)."""
+    for a bf16 program on CPU with its float-normalization copies split out, planned / (compiled - copies - gaps)
+    (ProgramMemory.ratio). A bf16 program split but not of SPLIT_CHECKED (the engine's: their rest keeps float32
+    values the split does not catch) measures the CPU backend, not the plan: it does not widen the error (those
+    programs are checked in float32)."""
     error = TOLERANCE, (f"{TOLERANCE:.0%}: plan/compiled.py TOLERANCE, the tests' bound on |planned / compiled - 1| "
                         "of every planned program")
     programs = [r for r in programs if r.copies is None or r.name.startswith(SPLIT_CHECKED)]

@@ -77,10 +77,10 @@ FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes"
 # --compiled` reports FAST's.
 QUICK = FAST | {"xla_cpu_use_fusion_emitters": False}
 TOLERANCE = 0.10  # |planned / compiled - 1| the tests accept
-# the programs whose bf16 rest (compiled - normalization copies) tests/test_plan_compiled.py compares with the plan
-# (the update programs and the old-log-prob scoring pass); the sampler and the engine programs are compared in
-# float32 only
-SPLIT_CHECKED = ("rl update", "train step", "old log-probs")
+# the programs whose bf16 rest (compiled - normalization copies - heap gaps) tests/test_plan_compiled.py compares
+# with the plan (the update programs, the old-log-prob scoring pass and the static sampler); the engine programs are
+# compared in float32 only
+SPLIT_CHECKED = ("rl update", "train step", "old log-probs", "sampler")
 PALLAS_ON_CPU = ("attention_impl=pallas: the CPU backend cannot compile its GPU (Triton) or TPU (Splash) kernels and "
                  "runs them in Pallas interpret mode (models/pallas_attention.py), so these compiled bytes are the "
                  "interpreter's; a GPU or TPU compile decides the kernels' own")
@@ -93,11 +93,13 @@ class ProgramMemory:
     compiled: int  # bytes per device, compiled.memory_analysis()
     copies: int | None = None  # of `compiled`, the CPU's float-normalization copies (`normalization_split`); None:
     # not split (float32 compute, another backend, or a program the split does not cover)
+    gaps: int = 0  # of `compiled`, where split: the temp heap's fragmentation (Normalization.gaps)
 
     @property
     def rest(self) -> int:
-        """The compiled bytes less the normalization copies: what the plan is compared with."""
-        return self.compiled - (self.copies or 0)
+        """The compiled bytes less the normalization copies and, where split, the heap's fragmentation: what the
+        plan is compared with."""
+        return self.compiled - (self.copies or 0) - self.gaps
 
     @property
     def ratio(self) -> float:
@@ -132,11 +134,15 @@ def within(planned: int, compiled: int, tol: float = TOLERANCE) -> bool:
 # A float32 value that is no such convert is a copy too when every reader converts it to bf16 first with such an
 # XLA-inserted convert (a standalone one, or in a fusion every use of the parameter it is passed as): the
 # normalized op computed a bf16 value in float32 (the MLP dots' float32 outputs); its excess is half its bytes,
-# the un-normalized program holding that value in bf16.
+# the un-normalized program holding that value in bf16. So is a float32 `broadcast` whose op_name metadata names a
+# bf16 broadcast of the program before XLA's optimizations (there the metadata names the instruction it came from,
+# where jax's own ops carry jax's op_name paths): the normalization made jax's bf16 broadcast a float32 one (the
+# sampler's zero KV cache its prefill loop reads), half its bytes.
 # copies = the heap's largest live bytes - the largest live bytes less the live copies' excess, over the
-# program's schedule; rest = compiled - copies (the heap's fragmentation stays in the rest). The rest is an estimate
-# of the un-normalized program's heap on the same schedule: other float32 stand-ins (a value also read in float32,
-# or carried through a loop's tuple: the sampler's KV cache) stay counted in full.
+# program's schedule; gaps = the heap's allocated bytes - its largest live bytes (its fragmentation: the plan has
+# no such term, and a GPU's heap is laid out by another allocator); rest = compiled - copies - gaps. The rest is an
+# estimate of the un-normalized program's peak on the same schedule: other float32 stand-ins (a value also read in
+# float32, or written in a float32 loop: the engine's page pool) stay counted in full.
 def _dump_options(directory: str) -> dict:
     return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True}
 
@@ -152,13 +158,20 @@ class Normalization:
     copies: tuple[tuple[str, str, int, str | None], ...]  # (instruction, shape, excess bytes at the peak, the bf16
     # buffer it reads or None) of the copies live at the peak
     hlo: str  # the optimized HLO text the copies name
+    charged: tuple[tuple[str, str, int, str | None], ...]  # every copy of the heap, live at the peak or not:
+    # (instruction, shape, its charge while its bf16 buffer lives or when it has none, that buffer or None)
     peak_time: int  # the schedule step of the peak (the live-range dump's numbering)
     live: str  # the live-range dump the excesses were read with
 
     @property
     def extra(self) -> int:
-        """The bytes the copies add to the peak: compiled = rest + extra."""
+        """The bytes the copies add to the peak: compiled = rest + extra + gaps."""
         return self.peak - self.rest_peak
+
+    @property
+    def gaps(self) -> int:
+        """The temp heap's fragmentation: its allocated bytes less its largest live bytes."""
+        return self.temp - self.peak
 
 
 def _operand(rest: str, i: int = 0) -> str:
@@ -205,7 +218,7 @@ def _read_as_bf16(name: str, insts: dict, users: dict, bodies: dict) -> bool:
     return True
 
 
-def _excess(name: str, insts: dict, bodies: dict, users: dict) -> tuple[int, str | None]:
+def _excess(name: str, insts: dict, bodies: dict, users: dict, jax_bf16: set) -> tuple[int, str | None]:
     """(excess, bf16 buffer) of the value `name` defines (see the rule above): (0, None) if it is no copy; the
     bf16 buffer (a live-range key) when the copy reads one of its own, then the excess is all of its bytes while
     that buffer lives and half after; else the half it always is."""
@@ -214,9 +227,18 @@ def _excess(name: str, insts: dict, bodies: dict, users: dict) -> tuple[int, str
         return 0, None
     full = math.prod(int(d) for d in re.match(r"f32\[([\d,]*)\]", shape)[1].split(",") if d) * 4
     ex = _convert_excess(name, full, insts, bodies)
-    if ex == (0, None) and _read_as_bf16(name, insts, users, bodies):
+    if ex == (0, None) and (_read_as_bf16(name, insts, users, bodies)
+                                 or op == "broadcast" and _normalized_broadcast(rest, jax_bf16)):
         return full // 2, None
     return ex
+
+
+def _normalized_broadcast(rest: str, jax_bf16: set) -> bool:
+    """Whether a float32 `broadcast` is one of jax's bf16 broadcasts, normalized: its op_name metadata names a
+    bf16 broadcast of the program before XLA's optimizations (the sampler's zero KV cache); `jax_bf16`: the names
+    of that program's bf16 broadcasts."""
+    m = re.search(r'op_name="([^"]+)"', rest)
+    return m is not None and m[1] in jax_bf16
 
 
 def _convert_excess(name: str, full: int, insts: dict, bodies: dict) -> tuple[int, str | None]:
@@ -259,6 +281,11 @@ def normalization_split(directory: str) -> Normalization:
         live = f.read()
     with open(base + ".txt") as f:
         hlo = f.read()
+    before = glob.glob(re.sub(r"\.[^.]*after_optimizations$", ".before_optimizations.txt", base))
+    jax_bf16 = set()
+    for b in before:
+        with open(b) as f:
+            jax_bf16 |= set(re.findall(r"^\s+(?:ROOT )?%(\S+) = bf16\[\S* broadcast\(", f.read(), re.M))
     insts, bodies, current = {}, {}, None
     for line in hlo.splitlines():
         if line.startswith("%") or line.startswith("ENTRY"):
@@ -297,7 +324,7 @@ def normalization_split(directory: str) -> Normalization:
                              block):
             key = v[1] + (v[2] or "{}")
             if key in ranges:
-                ex, src = _excess(v[1], insts, bodies, users) if (v[2] or "{}") == "{}" else (0, None)
+                ex, src = _excess(v[1], insts, bodies, users, jax_bf16) if (v[2] or "{}") == "{}" else (0, None)
                 values.append((*ranges[key], int(v[4]), int(v[3]), ex, src, v[1], v[5]))
     end = max((v[1] for v in values), default=0)
     best_rest, peak, peak_t = 0, -1, 0
@@ -315,7 +342,8 @@ def normalization_split(directory: str) -> Normalization:
     held = set()
     copies = tuple((n, sh, excess_at(peak_t, ex, src, held), src) for a, b, _, _, ex, src, n, sh in values
                    if ex and a <= peak_t <= b)
-    return Normalization(temp, peak, best_rest, copies, hlo, peak_t, live)
+    charged = tuple(dict.fromkeys((n, sh, ex, src) for _, _, _, _, ex, src, n, sh in values if ex))
+    return Normalization(temp, peak, best_rest, copies, hlo, charged, peak_t, live)
 
 
 def splits(model: ModelConfig) -> bool:
@@ -547,7 +575,7 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         if not split:
             return ProgramMemory(name, planned, compile_fn(options))
         compiled, n = split_compile(compile_fn, options)
-        return ProgramMemory(name, planned, compiled, n.extra)
+        return ProgramMemory(name, planned, compiled, n.extra, n.gaps)
 
     for name, wp in (progs[-1:] if largest_only else progs):
         if w.kind == "lm":
@@ -586,8 +614,8 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
 
 def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
     """The `plan --compiled` table: program | planned GiB | compiled GiB | planned / compiled; where a row's
-    float-normalization copies were split out (bf16 on CPU, `normalization_split`), also its copies and the rest
-    (compiled - copies), and the ratio is planned / rest."""
+    float-normalization copies were split out (bf16 on CPU, `normalization_split`), also its copies, its temp heap's
+    fragmentation (gaps) and the rest (compiled - copies - gaps), and the ratio is planned / rest."""
     split = any(r.copies is not None for r in rows)
     if not split:
         lines = [f"  {'program':40s} {'planned GiB':>12s} {'compiled GiB':>13s} {'ratio':>7s}"]
@@ -595,23 +623,27 @@ def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
             lines.append(f"  {r.name:40s} {r.planned / 2 ** 30:12.2f} {r.compiled / 2 ** 30:13.2f} {r.ratio:7.3f}")
     else:
         lines = [f"  {'program':40s} {'planned GiB':>12s} {'compiled GiB':>13s} {'copies GiB':>11s} "
-                 f"{'rest GiB':>9s} {'ratio':>7s}"]
+                 f"{'gaps GiB':>9s} {'rest GiB':>9s} {'ratio':>7s}"]
         for r in rows:
-            copies, rest = ("-", "-") if r.copies is None else (f"{r.copies / 2 ** 30:.2f}", f"{r.rest / 2 ** 30:.2f}")
+            copies, gaps, rest = ("-", "-", "-") if r.copies is None else (
+                f"{r.copies / 2 ** 30:.2f}", f"{r.gaps / 2 ** 30:.2f}", f"{r.rest / 2 ** 30:.2f}")
             lines.append(f"  {r.name:40s} {r.planned / 2 ** 30:12.2f} {r.compiled / 2 ** 30:13.2f} {copies:>11s} "
-                         f"{rest:>9s} {r.ratio:7.3f}")
+                         f"{gaps:>9s} {rest:>9s} {r.ratio:7.3f}")
         names = ", ".join(r.name for r in rows if r.copies is not None)
         checked = [r.name for r in rows if r.copies is not None and r.name.startswith(SPLIT_CHECKED)]
         unchecked = [r.name for r in rows if r.copies is not None and not r.name.startswith(SPLIT_CHECKED)]
         lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32; copies: the "
                      "float32 stand-ins its float normalization holds at the peak (plan/compiled.py "
                      "`normalization_split`: convert-produced float32 buffers of bf16 values and float32 values read "
-                     "only through converts to bf16, read from XLA's buffer assignment), rest = compiled - copies, "
+                     "only through converts to bf16, float32 broadcasts of jax's bf16 ones, read from XLA's buffer "
+                     "assignment), gaps: its temp heap's fragmentation (the plan has none; a GPU allocates its heap "
+                     "differently), rest = compiled - copies - gaps, "
                      f"ratio = planned / rest; split for: {names}; checked this way (tests/test_plan_compiled.py "
-                     "holds the bf16 update programs' and the scoring pass's rest within 10% of the plan): "
+                     "holds the bf16 update programs', the scoring pass's and the sampler's rest within 10% of the "
+                     "plan): "
                      f"{', '.join(checked) or 'none'}"
                      + (f"; not checked this way, in float32 only (their rest keeps float32 values the split does "
-                        f"not catch, e.g. the sampler's KV cache through its decode loop): {', '.join(unchecked)}"
+                        f"not catch, e.g. the engine's page pool written in float32): {', '.join(unchecked)}"
                         if unchecked else "")
                      + "; the other rows are compiled totals (planned / compiled); --set train.dtype=float32 "
                      "compares like with like")
