@@ -127,7 +127,8 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
 @pytest.mark.parametrize("variant", ["grpo", "csd"])
 def test_packed_arrays_have_the_ladder_shape_and_the_counted_padding(variant):
     """Two paper-size mini-batches packed for real: the arrays have the shape key `ladder_shape_key` gives from
-    the sizes, and their padding (zero segment ids, masks, branch ids) is the one counted from the sizes."""
+    the sizes, their padding (zero segment ids, masks, branch ids) is the one counted from the sizes, and so are
+    the step record's pad/head_fraction and (CSD) pad/branch_head_fraction."""
     cfg, multiple = _paper(variant)
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     fused = variant == "csd"
@@ -148,6 +149,13 @@ def test_packed_arrays_have_the_ladder_shape_and_the_counted_padding(variant):
             got_real += [(a["branch_ids"] > 0).sum(), a["coached_mask"].sum()]
             got_padded += [a["branch_tokens"].size, a["branch_head_idx"].size]
         assert list(r) == [int(x) for x in got_real] and list(p) == got_padded
+        # the step record's pad/* fractions of this batch (learner.pad_counts -> update_record), from the sizes
+        rec = L.update_record([dict(L.pad_counts(a), clip_frac=0.0)], None)
+        assert rec["pad/head_fraction"] == pytest.approx(1 - r[1] / p[1])
+        if fused:  # the teacher's head: coached tokens in rows x branch_head slots
+            assert rec["pad/branch_head_fraction"] == pytest.approx(1 - r[3] / p[3]) and 0 < r[3] < p[3]
+        else:
+            assert "pad/branch_head_fraction" not in rec
 
 
 def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys):
