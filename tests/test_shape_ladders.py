@@ -158,30 +158,37 @@ def test_packed_arrays_have_the_ladder_shape_and_the_counted_padding(variant):
             assert "pad/branch_head_fraction" not in rec
 
 
-def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys):
-    """`plan` on the paper's Stage II GRPO config prints its LM-head positions per update against the real agent
-    tokens on the synthetic mix (plan/mix.py): the same figures counted here from the mix's own dialogues (agent
-    segments) and the programs the ladder takes, and at most 1.5 x the real tokens."""
+@pytest.mark.parametrize("variant", ["grpo", "csd"])
+def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys, variant):
+    """`plan` on the paper's Stage II configs prints its LM-head positions per update against the real agent
+    tokens on the synthetic mix (plan/mix.py), and for CSD the teacher head's positions against the real coached
+    tokens and both heads' together: the same figures counted here from the mix's own dialogues (agent segments,
+    those after a coach note) and the programs the ladder takes, each at most 1.5 x the real tokens."""
     import argparse
     from mimesis_jax.plan import cli as plan_cli
 
-    cfg, multiple = _paper("grpo")
-    assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", f"{PAPER}:grpo"])) == 0
+    cfg, multiple = _paper(variant)
+    fused = variant == "csd"
+    assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", f"{PAPER}:{variant}"])) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("LM head: ")]
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     rng = np.random.RandomState(mix.SEED)
-    n, head, agent, seen = plan_cli.HEAD_MIX_MINIBATCHES, 0, 0, set()
+    n, head, agent, bhead, coached, seen = plan_cli.HEAD_MIX_MINIBATCHES, 0, 0, 0, 0, set()
     for _ in range(n):
         plans = [_dialogue_plan(rng, cfg, mix.COACH_PROB) for _ in range(cfg.rollout.mini_batch_prompts
                                                                          * cfg.rollout.group_size)]
-        key, _ = rl_batch.ladder_shape_key(_sizes(plans, False), ladder, multiple)
+        key, _ = rl_batch.ladder_shape_key(_sizes(plans, fused), ladder, multiple)
         seen.add(key)
         head += key[0] * key[2]
+        bhead += key[0] * key[4]
         agent += sum(k for p in plans for kind, k in p if kind == "agent")
+        coached += sum(p[i + 2][1] for p in plans for i, (kind, _) in enumerate(p) if kind == "coach")
+    teacher = (f"; teacher head {bhead / n:.0f} vs {coached / n:.0f} real coached tokens ({bhead / coached:.2f}x), "
+               f"both heads {(head + bhead) / (agent + coached):.2f}x") if fused else ""
     assert line == [f"LM head: {head / n:.0f} positions per update vs {agent / n:.0f} real agent tokens "
-                    f"({head / agent:.2f}x) on a synthetic paper-like mix ({n} mini-batches, plan/mix.py; "
+                    f"({head / agent:.2f}x){teacher} on a synthetic paper-like mix ({n} mini-batches, plan/mix.py; "
                     f"{len(seen)} step programs taken)"]
-    assert head <= 1.5 * agent
+    assert head <= 1.5 * agent and bhead <= 1.5 * coached and (bhead > 0) == fused
 
 
 # ------------------------------------------------------------------------------ padding is masked
