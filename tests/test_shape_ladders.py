@@ -169,7 +169,8 @@ def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys, variant):
 
     cfg, multiple = _paper(variant)
     fused = variant == "csd"
-    assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", f"{PAPER}:{variant}"])) == 0
+    args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", f"{PAPER}:{variant}"])
+    assert plan_cli.run(args) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("LM head: ")]
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     rng = np.random.RandomState(mix.SEED)

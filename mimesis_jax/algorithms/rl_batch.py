@@ -50,14 +50,17 @@ short ladder derived from the config gives a known, bounded set of step programs
   of a head group: a mini-batch whose head groups' agent tokens fit G x a smaller head takes it, so the LM head
   runs on fewer padded positions;
 * CSD (fused teacher): branch_tokens on `BRANCH_RUNGS` fractions (1/2, 1) of the longest branch block the config
-  allows, branch_head_idx coupled to it and to the head (min(Tb, head): a row's coached tokens are some of its
-  agent tokens); a mini-batch without a coached turn is packed in the fused layout with empty branches, so it
-  reuses a CSD program.
-GRPO: 3 programs x the head rungs, CSD: 3 x 2 x the head rungs (1 head rung by default: 3 and 6). Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
+  allows; branch_head_idx at `rollout.branch_head_rungs` fractions of each head rung (rounded up to 64; 1 always
+  among them), capped at min(Tb, head): a row's coached tokens are some of its agent tokens and sit in its
+  branches, and only the coached share of its turns fills the teacher's head; a mini-batch without a coached turn
+  is packed in the fused layout with empty branches, so it reuses a CSD program.
+GRPO: 3 programs x the head rungs, CSD: 3 x 2 x the head rungs x the branch-head rungs, less those the caps make
+equal (1 rung of each by default: 3 and 6). Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
 trajectories). A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
 forward and backward of the trunk, the forward of the branches; at equal cost the smaller head) whose shapes it
-fits (`_ladder_rows`: `_first_fit` under the row caps, longest trunk first or fullest cap first, then the head
-groups checked against G x head and G x branch_head). Padding is masked (zero masks and weights, segment and
+fits (`_ladder_rows`: `_first_fit` under the row caps, longest trunk first or fullest cap first, or for CSD with each
+row also within head and branch_head; the rows ordered into head groups even against both heads, then checked
+against G x head and G x branch_head). Padding is masked (zero masks and weights, segment and
 branch id 0, head index 0), so the loss and gradients are the unpadded batch's. A mini-batch that fits no program
 (a dialogue past the config's bounds) falls back to the fine ladders (`PackedRL.ladder_overflow`): one more
 program, counted by the step's num_compilations.
@@ -287,8 +290,10 @@ def _order_rows(sizes: np.ndarray, rows: list[list[int]], B: int, group: int,
 
 def _ladder_rows(sizes: np.ndarray, key: tuple[int, ...], fused: bool, group: int) -> list[list[int]] | None:
     """Rows of one ladder program, or None if the trajectories do not fit it: a first fit into at most B rows
-    under the row caps (longest trunk first, else the items filling most of some cap first), ordered into head
-    groups (`_order_rows`) whose agent (coached) tokens fit group x head (group x branch_head)."""
+    under the row caps (longest trunk first, else the items filling most of some cap first, else with fused
+    branches the items filling most of a row's share of the heads, each row within head and branch_head), ordered
+    into head groups (`_order_rows`, even against both heads) whose agent (coached) tokens fit group x head
+    (group x branch_head)."""
     caps = np.array(_ladder_caps(key, fused), np.int64)
     if np.any(sizes.max(1) > caps):
         return None

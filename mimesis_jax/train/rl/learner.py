@@ -23,17 +23,18 @@ train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on 
 (a learner built with save_checkpoints=False, as `rehearse` builds it, writes one on SIGTERM only).
 
 Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
-the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs, rows at
-rollout.row_rungs of one row per dialogue). A stage may fix the policy sampler's shapes too (`policy_buckets`;
-Stage I.3: one sampler program per run, Stage II: one per prompt rung, at most 4). Each step's record carries
-`num_compilations`, the programs this process has compiled so far in the run (jax's compile events), and its parts
-(`compilation_record`): compilations/update (RLStep.num_compilations), compilations/old_logprobs (the pre-update
-scoring of rl.old_logprobs=recompute), compilations/sampler (the static sampler's programs: the policy's and those
-of in-process frozen models) and compilations/engine (the rollout engines' prefill and decode programs). A resumed
-process counts from 0. `pad/row_fraction` and `pad/head_fraction` (`pad_counts`): the fractions of the step's
-trunk slots (rows x row_len) and LM-head slots (rows x head) that are padding, over the whole update batches
-(summed over the processes); with the fused CSD teacher also `pad/branch_head_fraction`, of the teacher's LM-head
-slots (rows x branch_head) against the coached tokens.
+the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs per head rung
+(CSD: and branch-head rung), rows at rollout.row_rungs of one row per dialogue). A stage may fix the policy
+sampler's shapes too (`policy_buckets`; Stage I.3: one sampler program per run, Stage II: one per prompt rung, at
+most 4). Each step's record carries `num_compilations`, the programs this process has compiled so far in the run
+(jax's compile events), and its parts (`compilation_record`): compilations/update (RLStep.num_compilations),
+compilations/old_logprobs (the pre-update scoring of rl.old_logprobs=recompute), compilations/sampler (the static
+sampler's programs: the policy's and those of in-process frozen models) and compilations/engine (the rollout
+engines' prefill and decode programs). A resumed process counts from 0. `pad/row_fraction` and
+`pad/head_fraction` (`pad_counts`): the fractions of the step's trunk slots (rows x row_len) and LM-head slots
+(rows x head) that are padding, over the whole update batches (summed over the processes); with the fused CSD
+teacher also `pad/branch_head_fraction`, of the teacher's LM-head slots (rows x branch_head) against the coached
+tokens.
 
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
