@@ -256,11 +256,12 @@ def _group_rows(loads: np.ndarray, group: int, caps: Sequence[int] | None = None
     n = B // group
     members: list[list[int]] = [[] for _ in range(n)]
     sums = np.zeros((n, len(w)), np.float64)
+    full = np.zeros(n, bool)
     for r in np.argsort(-w.max(0), kind="stable"):
-        open_ = [g for g in range(n) if len(members[g]) < group]
-        g = min(open_, key=lambda g: ((sums[g] + w[:, r]).max(), g))
+        g = int(np.argmin(np.where(full, np.inf, (sums + w[:, r]).max(1))))  # ties: the first group
         members[g].append(int(r))
         sums[g] += w[:, r]
+        full[g] = len(members[g]) >= group
     return [r for m in members for r in m]
 
 
@@ -297,11 +298,14 @@ def _ladder_rows(sizes: np.ndarray, key: tuple[int, ...], fused: bool, group: in
     caps = np.array(_ladder_caps(key, fused), np.int64)
     if np.any(sizes.max(1) > caps):
         return None
+    heads = (key[2], key[4]) if fused else (key[2],)
+    if any(int(x.sum()) > key[0] * h for x, h in zip(sizes[2:] if fused else sizes[1:], heads)):
+        return None  # more agent (coached) tokens than all the rows' head (branch head) positions
     tight = np.max(sizes / np.maximum(caps, 1)[:, None], axis=0)
     tries = [(sizes[0], caps), (tight, caps)]
     if fused:  # each row within the heads too: the groups then fit whatever their order
-        heads = np.array([key[1], key[3], key[2], key[4]], np.int64)
-        tries.append((np.max(sizes / np.maximum(heads, 1)[:, None], axis=0), heads))
+        within = np.array([key[1], key[3], key[2], key[4]], np.int64)
+        tries.append((np.max(sizes / np.maximum(within, 1)[:, None], axis=0), within))
     for o, c in tries:
         rows = _first_fit(np.argsort(-o, kind="stable"), sizes, c, max_rows=key[0])
         if rows is None:
