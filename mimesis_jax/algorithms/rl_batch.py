@@ -752,10 +752,11 @@ def unpack_turns(packed: PackedRL, per_token: np.ndarray) -> list[list[np.ndarra
 
 # ------------------------------------------------------------------------- multi-process assembly
 # One PPO mini-batch on P processes: every process packs its own trajectories (whole GRPO groups), the shapes and
-# the loss normalisers are agreed on (`layout_info` of every process -> `common_layout`), and `conform` pads the
-# local arrays to the common shapes and re-folds the GLOBAL normalisers into the token weights. The global batch
-# is then process 0's rows, process 1's rows, ... (per micro-batch): its loss is the one of packing all
-# trajectories together, only the row layout (and so the fp32 summation order) differs.
+# the loss normalisers are agreed on (`layout_info` of every process -> `common_layout`: on a ShapeLadder, the
+# cheapest of its programs holding every process's shapes), and `conform` pads the local arrays to the common
+# shapes and re-folds the GLOBAL normalisers into the token weights. The global batch is then process 0's rows,
+# process 1's rows, ... (per micro-batch): its loss is the one of packing all trajectories together, only the row
+# layout (and so the fp32 summation order) differs.
 _MODE_CODE = {"none": 0, "fused": 1, "naive": 2}
 
 
@@ -774,9 +775,13 @@ def layout_info(packed: PackedRL | None) -> dict:
     return info
 
 
-def common_layout(infos: Sequence[dict], rows_multiple: int = 1) -> dict:
+def common_layout(infos: Sequence[dict], rows_multiple: int = 1, ladder: ShapeLadder | None = None) -> dict:
     """The shapes every process pads to (the largest of each; rows at least `rows_multiple`), the teacher layout
-    and the global counts (sums) that normalise the loss. Fused and naive teachers cannot mix (one config)."""
+    and the global counts (sums) that normalise the loss. Fused and naive teachers cannot mix (one config).
+    ladder (the one the processes packed with): the largest shapes are raised to the cheapest of its programs that
+    holds them all, so the step compiles only programs the plan lists (the field-wise largest of two programs,
+    e.g. one's head and the other's branch head, need not be one); none holds them (a process's batch past the
+    ladder, `PackedRL.ladder_overflow`): the largest shapes."""
     modes = {i["mode"] for i in infos} - {0}
     if len(modes) > 1:
         raise ValueError(f"processes packed different teacher layouts {sorted(modes)}")
@@ -790,6 +795,12 @@ def common_layout(infos: Sequence[dict], rows_multiple: int = 1) -> dict:
             out[k] = max(vals)
     for k in ("n_agent", "n_coached", "n_seq"):
         out[k] = sum(int(i[k]) for i in infos)
+    if ladder is not None and out["mode"] == _MODE_CODE["fused" if ladder.fused else "none"]:
+        need = (out["rows"], out["T"], out["Ka"], out.get("Tb", 0), out.get("Kc", 0))
+        for k in ladder.programs():
+            if k[1] == need[1] and k[0] % max(1, int(rows_multiple)) == 0 and all(a >= b for a, b in zip(k, need)):
+                out.update(rows=k[0], Ka=k[2], **({"Tb": k[3], "Kc": k[4]} if ladder.fused else {}))
+                break
     return out
 
 

@@ -237,7 +237,8 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
                                                 step_fn.rows_multiple(), row_len=None if ladder else row_len,
                                                 ladder=ladder)
         if multi:  # this process's share of the mini-batch, in the shapes and normalisers all processes agree on
-            layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple())
+            layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple(),
+                                            ladder)
             local = rl_batch.split_microbatches(rl_batch.conform(packed, layout, rl.loss_agg), rl.num_microbatches)
             batch = step_fn.place(local, process_local=True)
         else:
