@@ -19,7 +19,9 @@ Choices where the paper is silent (this project's):
 * the response budget is the dialogue's context: `rollout.max_context_tokens` = 1,152 + 8,192 = 9,344 (verl's
   multi-turn response length counts every turn after the prompt, tool results included) and each agent turn
   may use up to 2,048 of it; rows of 9,344 tokens (one dialogue never spans rows), LM-head counts per row at 0.55
-  and 1 of the row (`rollout.head_rungs`; per row of a head group: the rows of one device in one micro-batch);
+  and 1 of the row (`rollout.head_rungs`; per row of a head group: the rows of one device in one micro-batch) and
+  the CSD teacher's at 0.5, 0.7 and 1 of those (`rollout.branch_head_rungs`): on plan's synthetic mix 1.28x the
+  agent tokens, and for csd the teacher's 1.42x the coached tokens (2.6x when it was min(branch, head));
 * 4 gradient micro-batches per update (`rl.num_microbatches`), a constant LR after 3 warmup updates, grad clipping
   at 1.0, AdamW without weight decay;
 * at most 256 dialogues per sampler call (`rollout.max_batch`; 1,024 per step run as 4 calls with the same
@@ -65,9 +67,8 @@ def get_config(variant: str = "grpo") -> AgentRLConfig:
                     credit="equalized", score="sum", old_logprobs="recompute", num_microbatches=4),
         rollout=RolloutConfig(prompts_per_step=128, group_size=8, mini_batch_prompts=16, max_turns=16,
                               agent_max_tokens=2048, max_context_tokens=PROMPT + RESPONSE,
-                              row_len=PROMPT + RESPONSE, head_rungs=(0.55, 1), temperature=1.0, env_workers=64,
-                              max_batch=256,
-                              engine_memory_gib=ENGINE_GIB),
+                              row_len=PROMPT + RESPONSE, head_rungs=(0.55, 1), branch_head_rungs=(0.5, 0.7),
+                              temperature=1.0, env_workers=64, max_batch=256, engine_memory_gib=ENGINE_GIB),
         optimizer=OptimizerConfig(lr=1e-6, schedule="constant", warmup_steps=3, weight_decay=0.0, clip_norm=1.0),
         train=TrainConfig(steps=100, seed=0, remat="full", dtype="bfloat16", log_every=1),
         mesh=MeshConfig(data=1, fsdp=8, tensor=2),

@@ -93,9 +93,11 @@ def test_agent_csd_keeps_the_paper_structure():
     assert (r32.agent_max_tokens, u32.coach_max_tokens, u32.simulator_max_tokens) == (64, 8, 32)
     assert t32.gyms.max_prompt_tokens == 72 and r32.max_turns == 16
     assert len(mixture.build_tasks(t32.gyms, load_tokenizer("tiny"))[0]) == 64
-    # heads at the paper's rollout.head_rungs (0.55 of 328 -> 192, and 328); branch heads min(branch, head)
-    assert workload_from_config(t32, t32.mesh.axes(), runtime_model(t32)).programs == (
-        (32, 328, 192, 448, 192), (32, 328, 328, 448, 328), (32, 328, 192, 896, 192), (32, 328, 328, 896, 328))
+    # heads at the paper's rollout.head_rungs (0.55 of 328 -> 192, and 328); branch heads at its
+    # rollout.branch_head_rungs (0.5, 0.7, 1 of each head, rounded up to 64): 128, 192, 192 and 192, 256, 328
+    heads = ((192, (128, 192)), (328, (192, 256, 328)))
+    assert workload_from_config(t32, t32.mesh.axes(), runtime_model(t32)).programs == tuple(
+        (32, 328, k, b, kc) for b in (448, 896) for k, kcs in heads for kc in kcs)
     assert (u.simulator, u.coach, g.sources) == ("toy-user", "toy-coach", ("toy:64:s:16",))
     # every toy task survives the scaled prompt filter and plays the paper's 16 turns
     tasks, dropped = mixture.build_tasks(g, load_tokenizer("tiny"))
@@ -104,9 +106,9 @@ def test_agent_csd_keeps_the_paper_structure():
     # mini-batch span 64 / 96 / 128 rows (multiples of 4 micro-batches x 8 batch shards), the rehearsal's 8 fit 32
     w_paper = workload_from_config(paper, paper.mesh.axes(), runtime_model(paper))
     w = workload_from_config(tiny, tiny.mesh.axes(), runtime_model(tiny))
-    assert sorted({p[0] for p in w_paper.programs}) == [64, 96, 128] and len(w_paper.programs) == 12
-    assert w.programs == ((32, 584, 384, 640, 384), (32, 584, 584, 640, 584), (32, 584, 384, 1280, 384),
-                          (32, 584, 584, 1280, 584))
+    assert sorted({p[0] for p in w_paper.programs}) == [64, 96, 128] and len(w_paper.programs) == 33
+    heads = ((384, (192, 320, 384)), (584, (320, 448, 584)))
+    assert w.programs == tuple((32, 584, k, b, kc) for b in (640, 1280) for k, kcs in heads for kc in kcs)
     assert (w.rows, w.microbatches) == (32, 4) and len({p[3] for p in w_paper.programs}) == 2
 
 
@@ -266,7 +268,7 @@ def test_rehearse_agent_csd(tmp_path):
     # the update compiled once per ladder program it met, and each of those is one the plan lists
     updates = [p for p in rep["programs"] if p["program"] == "rl_update"]
     plan = [list(p.values()) for p in rep["plan_programs"]]
-    assert len(plan) == 4 and 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan)
+    assert len(plan) == 10 and 1 <= len(updates) == rep["compilations"]["rl_update"] <= len(plan)
     assert all(list(p["shape"].values()) in plan for p in updates)
     sampler = [p for p in rep["programs"] if p["program"] == "sampler"]
     assert len(sampler) == rep["compilations"]["sampler"] >= 1

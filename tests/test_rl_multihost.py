@@ -101,6 +101,26 @@ def test_common_layout_refuses_mixed_teachers_and_empty_minibatches():
         rl_batch.common_layout([rl_batch.layout_info(None)] * 2)
 
 
+def test_common_layout_takes_a_program_the_ladder_lists():
+    """Two processes packed to two programs of one ladder (head 64 with the 1/4 branch head, head 32 with the
+    whole one): the field-wise largest shapes (head 64, branch head 32) are no program of it, so the common layout
+    is the cheapest listed one holding both; without the ladder, the largest shapes."""
+    ladder = rl_batch.ShapeLadder(64, (4,), (64,), (32, 64), (0.25, 1.0), pad_multiple=8)
+    listed = ladder.programs()
+    a, b = ladder.key(4, 64, 64, 0.25), ladder.key(4, 64, 32, 1.0)
+    assert a in listed and b in listed and (a[2], a[4], b[2], b[4]) == (64, 16, 32, 32)
+    infos = [dict(rows=k[0], mode=1, n_agent=1, n_coached=1, n_seq=1, T=k[1], Ka=k[2], Tb=k[3], Kc=k[4])
+             for k in (a, b)]
+
+    def key(layout):
+        return tuple(layout[f] for f in ("rows", "T", "Ka", "Tb", "Kc"))
+    largest = tuple(max(x) for x in zip(a, b))
+    assert key(rl_batch.common_layout(infos, 4)) == largest and largest not in listed
+    got = key(rl_batch.common_layout(infos, 4, ladder))
+    assert got == min((k for k in listed if all(x >= y for x, y in zip(k, largest))), key=listed.index)
+    assert got == ladder.key(4, 64, 64, 1.0)
+
+
 # ------------------------------------------------------------------------------------------ 2 processes
 OVERRIDES = ["train.steps=2", "checkpoint.every=1", "checkpoint.keep=4", "rollout.prompts_per_step=4",
              "rollout.group_size=2", "rollout.mini_batch_prompts=2", "rollout.max_turns=1",

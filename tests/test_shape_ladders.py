@@ -9,6 +9,7 @@ its one sampler program). The Stage II policy's sampler on its prompt ladder (ch
 programs `plan` lists, all reached by the first step of a paper-like step's growing contexts."""
 
 import dataclasses
+import math
 import os
 
 import numpy as np
@@ -70,11 +71,13 @@ def _paper_mix(cfg):
     return _MIX["sizes"]
 
 
-@pytest.mark.parametrize("variant,most", [("grpo", 2), ("csd", 4)])
+@pytest.mark.parametrize("variant,most", [("grpo", 2), ("csd", 6)])
 def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
     """The head rungs (rollout.head_rungs = 0.55, 1 of the row, per row of a head group: the rows of one device
-    in one micro-batch) against the ladder of one head (the whole row): fewer padded LM-head positions, at most
-    1.5 x the agent tokens; both costs printed."""
+    in one micro-batch) and, with CSD, the teacher's branch-head rungs (rollout.branch_head_rungs = 0.5, 0.7 and 1
+    of the head) against the ladder of one rung each (the whole row; min(branch, head)): fewer padded LM-head
+    positions, at most 1.5 x the agent tokens, and for CSD at most 1.5 x the coached tokens in the teacher's head
+    and 1.5 x the agent + coached tokens in both heads together; all costs printed."""
     cfg, multiple = _paper(variant)
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     fused = variant == "csd"
@@ -83,10 +86,15 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
     assert ladder.head == (5184, 9344)  # 0.55 of 9,344 rounded up to 64, and the row
     # the longest branch block: 8,192 agent tokens + 16 turns x (256 + 32) note tokens = 12,800
     assert ladder.branch == ((6400, 12800) if fused else ())
+    assert ladder.branch_head == ((0.5, 0.7, 1.0) if fused else ())
     listed = ladder.programs()
-    assert len(listed) == 3 * 2 * (2 if fused else 1) and listed == list(workload.workload_from_config(
-        cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model).programs)
-    one_head = dataclasses.replace(ladder, head=())
+    # every (rows, branch, head, branch-head fraction): the branch head rounded up to 64, within the branch and head
+    want = {(B, 9344, K, Tb, min(Tb, K, -(-math.ceil(f * K) // 64) * 64) if Tb else 0)
+            for B in ladder.rows for K in ladder.head for Tb in (ladder.branch or (0,))
+            for f in (ladder.branch_head or (1,))}
+    assert len(listed) == len(want) == (33 if fused else 6) and set(listed) == want
+    assert listed == list(workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model).programs)
+    one_rung = dataclasses.replace(ladder, head=(), branch_head=())
     seen, before = {}, set()
     padded, real, padded_one = 0, 0, 0
     for s in _paper_mix(cfg):
@@ -96,7 +104,7 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
         seen[key] = seen.get(key, 0) + 1
         p, r = _padding(key, s, fused)
         padded, real = padded + p, real + r
-        padded_one = padded_one + _padding(rl_batch.ladder_shape_key(s, one_head, multiple)[0], s, fused)[0]
+        padded_one = padded_one + _padding(rl_batch.ladder_shape_key(s, one_rung, multiple)[0], s, fused)[0]
         # the fine ladders the packer used before (rows, head and branch dims each on their own)
         _, old, _ = rl_batch._choose_shapes(s, [ladder.row_len] + [None] * (len(s) - 1), fused=fused, ladder=None,
                                             num_rows=None, head_len=None, branch_len=None, branch_head_len=None,
@@ -104,18 +112,23 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
         before.add(old)
     cost, cost_one = padded / real, padded_one / real
     names = ["trunk", "head", "branch", "branch_head"][:len(cost)]
-    print(f"{variant}: {len(seen)} programs over {MINIBATCHES} mini-batches (fine ladders: {len(before)}); uses "
-          f"{dict(sorted(seen.items()))}; padded / real tokens: "
-          + ", ".join(f"{k} {v:.3f} (one head {w:.3f})" for k, v, w in zip(names, cost, cost_one)))
+    print(f"{variant}: {len(seen)} programs of {len(listed)} over {MINIBATCHES} mini-batches (fine ladders: "
+          f"{len(before)}); uses {dict(sorted(seen.items()))}; padded / real tokens: "
+          + ", ".join(f"{k} {v:.3f} (one rung {w:.3f})" for k, v, w in zip(names, cost, cost_one))
+          + (f", both heads {(padded[1] + padded[3]) / (real[1] + real[3]):.3f}" if fused else ""))
     assert len(seen) <= most and len(before) > most
     assert cost[1] < cost_one[1] and cost[0] == cost_one[0]  # the head rungs cut head padding, not the rows
     assert cost[1] <= 1.5
+    if fused:  # the teacher's head: its own rungs; both heads' work together
+        assert cost[3] < cost_one[3] and cost[2] == cost_one[2]
+        assert cost[3] <= 1.5 and padded[1] + padded[3] <= 1.5 * (real[1] + real[3])
 
 
 @pytest.mark.parametrize("variant", ["grpo", "csd"])
 def test_packed_arrays_have_the_ladder_shape_and_the_counted_padding(variant):
     """Two paper-size mini-batches packed for real: the arrays have the shape key `ladder_shape_key` gives from
-    the sizes, and their padding (zero segment ids, masks, branch ids) is the one counted from the sizes."""
+    the sizes, their padding (zero segment ids, masks, branch ids) is the one counted from the sizes, and so are
+    the step record's pad/head_fraction and (CSD) pad/branch_head_fraction."""
     cfg, multiple = _paper(variant)
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     fused = variant == "csd"
@@ -136,32 +149,47 @@ def test_packed_arrays_have_the_ladder_shape_and_the_counted_padding(variant):
             got_real += [(a["branch_ids"] > 0).sum(), a["coached_mask"].sum()]
             got_padded += [a["branch_tokens"].size, a["branch_head_idx"].size]
         assert list(r) == [int(x) for x in got_real] and list(p) == got_padded
+        # the step record's pad/* fractions of this batch (learner.pad_counts -> update_record), from the sizes
+        rec = L.update_record([dict(L.pad_counts(a), clip_frac=0.0)], None)
+        assert rec["pad/head_fraction"] == pytest.approx(1 - r[1] / p[1])
+        if fused:  # the teacher's head: coached tokens in rows x branch_head slots
+            assert rec["pad/branch_head_fraction"] == pytest.approx(1 - r[3] / p[3]) and 0 < r[3] < p[3]
+        else:
+            assert "pad/branch_head_fraction" not in rec
 
 
-def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys):
-    """`plan` on the paper's Stage II GRPO config prints its LM-head positions per update against the real agent
-    tokens on the synthetic mix (plan/mix.py): the same figures counted here from the mix's own dialogues (agent
-    segments) and the programs the ladder takes, and at most 1.5 x the real tokens."""
+@pytest.mark.parametrize("variant", ["grpo", "csd"])
+def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys, variant):
+    """`plan` on the paper's Stage II configs prints its LM-head positions per update against the real agent
+    tokens on the synthetic mix (plan/mix.py), and for CSD the teacher head's positions against the real coached
+    tokens and both heads' together: the same figures counted here from the mix's own dialogues (agent segments,
+    those after a coach note) and the programs the ladder takes, each at most 1.5 x the real tokens."""
     import argparse
     from mimesis_jax.plan import cli as plan_cli
 
-    cfg, multiple = _paper("grpo")
-    assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", f"{PAPER}:grpo"])) == 0
+    cfg, multiple = _paper(variant)
+    fused = variant == "csd"
+    args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", f"{PAPER}:{variant}"])
+    assert plan_cli.run(args) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("LM head: ")]
     ladder = rl_batch.ladder_for_config(cfg, multiple)
     rng = np.random.RandomState(mix.SEED)
-    n, head, agent, seen = plan_cli.HEAD_MIX_MINIBATCHES, 0, 0, set()
+    n, head, agent, bhead, coached, seen = plan_cli.HEAD_MIX_MINIBATCHES, 0, 0, 0, 0, set()
     for _ in range(n):
         plans = [_dialogue_plan(rng, cfg, mix.COACH_PROB) for _ in range(cfg.rollout.mini_batch_prompts
                                                                          * cfg.rollout.group_size)]
-        key, _ = rl_batch.ladder_shape_key(_sizes(plans, False), ladder, multiple)
+        key, _ = rl_batch.ladder_shape_key(_sizes(plans, fused), ladder, multiple)
         seen.add(key)
         head += key[0] * key[2]
+        bhead += key[0] * key[4]
         agent += sum(k for p in plans for kind, k in p if kind == "agent")
+        coached += sum(p[i + 2][1] for p in plans for i, (kind, _) in enumerate(p) if kind == "coach")
+    teacher = (f"; teacher head {bhead / n:.0f} vs {coached / n:.0f} real coached tokens ({bhead / coached:.2f}x), "
+               f"both heads {(head + bhead) / (agent + coached):.2f}x") if fused else ""
     assert line == [f"LM head: {head / n:.0f} positions per update vs {agent / n:.0f} real agent tokens "
-                    f"({head / agent:.2f}x) on a synthetic paper-like mix ({n} mini-batches, plan/mix.py; "
+                    f"({head / agent:.2f}x){teacher} on a synthetic paper-like mix ({n} mini-batches, plan/mix.py; "
                     f"{len(seen)} step programs taken)"]
-    assert head <= 1.5 * agent
+    assert head <= 1.5 * agent and bhead <= 1.5 * coached and (bhead > 0) == fused
 
 
 # ------------------------------------------------------------------------------ padding is masked
@@ -267,7 +295,7 @@ def test_paper_configs_plan_their_programs():
     cfg, _ = _paper("csd")
     w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 2}, cfg.model)
     text = workload.programs_text(w)[0]
-    assert text.startswith("step programs: 12 (rows x row_len x head x branch x branch_head")
+    assert text.startswith("step programs: 33 (rows x row_len x head x branch x branch_head")
     assert "64x9344x9344x6400x6400" in text and "128x9344x9344x12800x9344" in text
     bare = workload.workload_from_config(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
                                                                                             row_len=0)),

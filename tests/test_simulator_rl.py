@@ -235,6 +235,7 @@ def test_fold_advantages_count_each_rollout_once():
     (["domains.neutral_share=1.5"], "domains.neutral_share"),
     (["rollout.row_rungs=(0.5, 0.0)"], "'rollout.row_rungs': must be a tuple of finite numbers > 0"),
     (["rollout.head_rungs=(0.5, 1.5)"], "'rollout.head_rungs': must be a tuple of numbers in \\(0, 1\\]"),
+    (["rollout.branch_head_rungs=(0,)"], "'rollout.branch_head_rungs': must be a tuple of numbers in \\(0, 1\\]"),
 ])
 def test_config_errors_name_the_key(tmp_path, sets, match):
     with pytest.raises(ConfigError, match=match):

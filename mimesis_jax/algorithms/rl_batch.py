@@ -50,14 +50,17 @@ short ladder derived from the config gives a known, bounded set of step programs
   of a head group: a mini-batch whose head groups' agent tokens fit G x a smaller head takes it, so the LM head
   runs on fewer padded positions;
 * CSD (fused teacher): branch_tokens on `BRANCH_RUNGS` fractions (1/2, 1) of the longest branch block the config
-  allows, branch_head_idx coupled to it and to the head (min(Tb, head): a row's coached tokens are some of its
-  agent tokens); a mini-batch without a coached turn is packed in the fused layout with empty branches, so it
-  reuses a CSD program.
-GRPO: 3 programs x the head rungs, CSD: 3 x 2 x the head rungs (1 head rung by default: 3 and 6). Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
+  allows; branch_head_idx at `rollout.branch_head_rungs` fractions of each head rung (rounded up to 64; 1 always
+  among them), capped at min(Tb, head): a row's coached tokens are some of its agent tokens and sit in its
+  branches, and only the coached share of its turns fills the teacher's head; a mini-batch without a coached turn
+  is packed in the fused layout with empty branches, so it reuses a CSD program.
+GRPO: 3 programs x the head rungs, CSD: 3 x 2 x the head rungs x the branch-head rungs, less those the caps make
+equal (1 rung of each by default: 3 and 6). Both RL stages pack this way (Stage I.3: GRPO programs, its segments the
 trajectories). A mini-batch takes the cheapest program (trunk rows x 3 + branch tokens: the
 forward and backward of the trunk, the forward of the branches; at equal cost the smaller head) whose shapes it
-fits (`_ladder_rows`: `_first_fit` under the row caps, longest trunk first or fullest cap first, then the head
-groups checked against G x head and G x branch_head). Padding is masked (zero masks and weights, segment and
+fits (`_ladder_rows`: `_first_fit` under the row caps, longest trunk first or fullest cap first, or for CSD with each
+row also within head and branch_head; the rows ordered into head groups even against both heads, then checked
+against G x head and G x branch_head). Padding is masked (zero masks and weights, segment and
 branch id 0, head index 0), so the loss and gradients are the unpadded batch's. A mini-batch that fits no program
 (a dialogue past the config's bounds) falls back to the fine ladders (`PackedRL.ladder_overflow`): one more
 program, counted by the step's num_compilations.
@@ -88,6 +91,7 @@ HEAD_STEPS = 8  # ... of the LM-head counts (head_idx, branch_head_idx)
 ROW_RUNGS = (1 / 2, 3 / 4, 1)  # `ShapeLadder` rows: fractions of the most rows a mini-batch can need
 BRANCH_RUNGS = (1 / 2, 1)  # `ShapeLadder` CSD branch row length: fractions of the longest branch block
 HEAD_RUNGS = (1,)  # `ShapeLadder` LM-head counts per row: fractions of the row length
+BRANCH_HEAD_RUNGS = (1,)  # `ShapeLadder` branch-head counts per row: fractions of the head count
 NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header
 SHAPE_FIELDS = ("rows", "row_len", "head", "branch", "branch_head")  # a shape key: B, T, Ka, Tb, Kc (0: none)
 
@@ -178,22 +182,30 @@ def _round_up(n: int, multiple: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class ShapeLadder:
     """The fixed rungs a run's mini-batches are packed to (module docstring): row counts, LM-head counts and, with
-    fused CSD branches, branch row lengths; the branch head count follows (branch_head = min(branch, head): a
-    row's coached tokens are some of its agent tokens)."""
+    fused CSD branches, branch row lengths and branch-head counts: `branch_head` fractions of the head count
+    (rounded up to pad_multiple), each capped at min(branch, head) (a row's coached tokens are some of its agent
+    tokens and sit in its branches); () = (1,): branch_head = min(branch, head)."""
 
     row_len: int
     rows: tuple[int, ...]  # ascending
     branch: tuple[int, ...] = ()  # ascending; () = no teacher branches (GRPO)
     head: tuple[int, ...] = ()  # ascending LM-head counts per row; () = row_len only
+    branch_head: tuple[float, ...] = ()  # fractions of the head count; () = (1,)
+    pad_multiple: int = 64  # what the branch-head fractions round up to
 
     @property
     def fused(self) -> bool:
         return bool(self.branch)
 
-    def key(self, rows: int, branch: int = 0, head: int = 0) -> tuple[int, ...]:
+    def key(self, rows: int, branch: int = 0, head: int = 0, branch_head: float = 1.0) -> tuple[int, ...]:
+        """The program of `rows` rows, a `branch` branch row (0: GRPO), `head` LM-head positions per row (0: the
+        row) and a branch head of the `branch_head` fraction of the head (capped at min(branch, head))."""
         T = self.row_len
         K = head or T
-        return (rows, T, K, branch, min(branch, K)) if branch else (rows, T, K, 0, 0)
+        if not branch:
+            return (rows, T, K, 0, 0)
+        Kc = min(branch, K, _round_up(max(1, math.ceil(branch_head * K)), self.pad_multiple))
+        return (rows, T, K, branch, Kc)
 
     def cost(self, key: tuple[int, ...]) -> int:
         """Tokens through the model, weighted: the trunk's forward and backward (3 x), the branches' forward."""
@@ -202,8 +214,8 @@ class ShapeLadder:
     def programs(self) -> list[tuple[int, ...]]:
         """Every step program's shape key, cheapest first (the order a mini-batch tries them in; at equal cost the
         smaller head first)."""
-        keys = [self.key(B, Tb, K) for B in self.rows for Tb in (self.branch or (0,))
-                for K in (self.head or (self.row_len,))]
+        keys = {self.key(B, Tb, K, f) for B in self.rows for Tb in (self.branch or (0,))
+                for K in (self.head or (self.row_len,)) for f in (self.branch_head or (1.0,))}
         return sorted(keys, key=lambda k: (self.cost(k), k))
 
     def fit(self, sizes: np.ndarray, rows_multiple: int = 1) -> tuple[int, ...] | None:
@@ -230,21 +242,27 @@ def _ladder_caps(key: tuple[int, ...], fused: bool) -> list[int]:
     return [T, Tb, T, Tb] if fused else [T, T]
 
 
-def _group_rows(loads: np.ndarray, group: int) -> list[int]:
-    """Row order that puts `group` consecutive rows in each head group with even agent-token sums: longest
-    processing time first (rows by decreasing load, each to the group with the smallest sum that still has room).
-    loads [B] per row; returns the row indices in their new order (group 0's rows, then group 1's, ...)."""
-    B = len(loads)
+def _group_rows(loads: np.ndarray, group: int, caps: Sequence[int] | None = None) -> list[int]:
+    """Row order that puts `group` consecutive rows in each head group with even loads: longest processing time
+    first (rows by decreasing load, each to the group with room whose load after it is smallest). loads [B] (one
+    load, e.g. agent tokens) or [D, B] with caps [D] (e.g. agent and coached tokens against the program's head and
+    branch head): the load of a row or group is then its largest fraction of the caps. Returns the row indices in
+    their new order (group 0's rows, then group 1's, ...)."""
+    w = np.atleast_2d(np.asarray(loads, np.float64))
+    if caps is not None:
+        w = w / np.maximum(np.asarray(caps, np.float64), 1)[:, None]
+    B = w.shape[1]
     if group <= 1 or group >= B:
         return list(range(B))
     n = B // group
     members: list[list[int]] = [[] for _ in range(n)]
-    sums = np.zeros(n, np.int64)
-    for r in np.argsort(-np.asarray(loads), kind="stable"):
-        open_ = [g for g in range(n) if len(members[g]) < group]
-        g = min(open_, key=lambda g: (sums[g], g))
+    sums = np.zeros((n, len(w)), np.float64)
+    full = np.zeros(n, bool)
+    for r in np.argsort(-w.max(0), kind="stable"):
+        g = int(np.argmin(np.where(full, np.inf, (sums + w[:, r]).max(1))))  # ties: the first group
         members[g].append(int(r))
-        sums[g] += int(loads[r])
+        sums[g] += w[:, r]
+        full[g] = len(members[g]) >= group
     return [r for m in members for r in m]
 
 
@@ -258,27 +276,42 @@ def _group_need(sizes: np.ndarray, rows: list[list[int]], group: int) -> tuple[i
     return int(agent.reshape(-1, g).sum(1).max()), int(coached.reshape(-1, g).sum(1).max())
 
 
-def _order_rows(sizes: np.ndarray, rows: list[list[int]], B: int, group: int) -> list[list[int]]:
-    """rows padded to B (empty rows last) and ordered into head groups of `group` rows (`_group_rows`)."""
+def _order_rows(sizes: np.ndarray, rows: list[list[int]], B: int, group: int,
+                heads: Sequence[int] | None = None) -> list[list[int]]:
+    """rows padded to B (empty rows last) and ordered into head groups of `group` rows (`_group_rows`) with even
+    agent tokens, or with heads = (head, branch_head) of a fused program, even fractions of both."""
     rows = [list(r) for r in rows] + [[] for _ in range(B - len(rows))]
-    agent = sizes[-2] if len(sizes) == 4 else sizes[-1]
-    order = _group_rows(np.array([int(agent[r].sum()) for r in rows], np.int64), group)
+    if heads is not None and len(sizes) == 4:
+        loads = np.array([[int(sizes[d][r].sum()) for r in rows] for d in (2, 3)], np.int64)
+        order = _group_rows(loads, group, heads)
+    else:
+        agent = sizes[-2] if len(sizes) == 4 else sizes[-1]
+        order = _group_rows(np.array([int(agent[r].sum()) for r in rows], np.int64), group)
     return [rows[i] for i in order]
 
 
 def _ladder_rows(sizes: np.ndarray, key: tuple[int, ...], fused: bool, group: int) -> list[list[int]] | None:
     """Rows of one ladder program, or None if the trajectories do not fit it: a first fit into at most B rows
-    under the row caps (longest trunk first, else the items filling most of some cap first), ordered into head
-    groups (`_order_rows`) whose agent (coached) tokens fit group x head (group x branch_head)."""
+    under the row caps (longest trunk first, else the items filling most of some cap first, else with fused
+    branches the items filling most of a row's share of the heads, each row within head and branch_head), ordered
+    into head groups (`_order_rows`, even against both heads) whose agent (coached) tokens fit group x head
+    (group x branch_head)."""
     caps = np.array(_ladder_caps(key, fused), np.int64)
     if np.any(sizes.max(1) > caps):
         return None
+    heads = (key[2], key[4]) if fused else (key[2],)
+    if any(int(x.sum()) > key[0] * h for x, h in zip(sizes[2:] if fused else sizes[1:], heads)):
+        return None  # more agent (coached) tokens than all the rows' head (branch head) positions
     tight = np.max(sizes / np.maximum(caps, 1)[:, None], axis=0)
-    for o in (sizes[0], tight):
-        rows = _first_fit(np.argsort(-o, kind="stable"), sizes, caps, max_rows=key[0])
+    tries = [(sizes[0], caps), (tight, caps)]
+    if fused:  # each row within the heads too: the groups then fit whatever their order
+        within = np.array([key[1], key[3], key[2], key[4]], np.int64)
+        tries.append((np.max(sizes / np.maximum(within, 1)[:, None], axis=0), within))
+    for o, c in tries:
+        rows = _first_fit(np.argsort(-o, kind="stable"), sizes, c, max_rows=key[0])
         if rows is None:
             continue
-        rows = _order_rows(sizes, rows, key[0], group)
+        rows = _order_rows(sizes, rows, key[0], group, (key[2], key[4]) if fused else None)
         agent, coached = _group_need(sizes, rows, group)
         if agent <= group * key[2] and coached <= group * (key[4] if fused else 0):
             return rows
@@ -287,11 +320,13 @@ def _ladder_rows(sizes: np.ndarray, key: tuple[int, ...], fused: bool, group: in
 
 def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max: int = 0,
                  pad_multiple: int = 64, row_rungs: Sequence[float] = ROW_RUNGS,
-                 head_rungs: Sequence[float] = HEAD_RUNGS) -> ShapeLadder:
+                 head_rungs: Sequence[float] = HEAD_RUNGS,
+                 branch_head_rungs: Sequence[float] = BRANCH_HEAD_RUNGS) -> ShapeLadder:
     """The ladder of a run: rows at `row_rungs` (default `ROW_RUNGS`) of max_rows (the most rows a mini-batch
     can need: one per dialogue), rounded up to rows_multiple; LM-head counts at `head_rungs` (default
     `HEAD_RUNGS`) of row_len, rounded up to pad_multiple, row_len always among them; with branch_max > 0 (the
-    longest CSD branch block of one dialogue) branch rungs at `BRANCH_RUNGS` of it, rounded up to pad_multiple."""
+    longest CSD branch block of one dialogue) branch rungs at `BRANCH_RUNGS` of it, rounded up to pad_multiple, and
+    branch-head counts at `branch_head_rungs` (default `BRANCH_HEAD_RUNGS`) of each head count (`ShapeLadder`)."""
     if row_len < 1 or max_rows < 1 or rows_multiple < 1:
         raise ValueError(f"shape_ladder: row_len={row_len}, max_rows={max_rows}, rows_multiple={rows_multiple} "
                          "must be >= 1")
@@ -301,7 +336,9 @@ def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max
     branch = ()
     if branch_max > 0:
         branch = tuple(sorted({_round_up(max(1, math.ceil(f * branch_max)), pad_multiple) for f in BRANCH_RUNGS}))
-    return ShapeLadder(int(row_len), rows, branch, head if len(head) > 1 else ())
+    bh = tuple(sorted({float(f) for f in branch_head_rungs} | {1.0})) if branch else ()
+    return ShapeLadder(int(row_len), rows, branch, head if len(head) > 1 else (), bh if len(bh) > 1 else (),
+                       int(pad_multiple))
 
 
 def config_bounds(cfg) -> dict:
@@ -337,7 +374,8 @@ def ladder_for_config(cfg, rows_multiple: int, processes: int = 1) -> ShapeLadde
     b = config_bounds(cfg)
     return shape_ladder(cfg.rollout.row_len, -(-b["dialogues"] // max(1, processes)), rows_multiple,
                         b["branch_tokens"], row_rungs=tuple(getattr(cfg.rollout, "row_rungs", ()) or ROW_RUNGS),
-                        head_rungs=tuple(getattr(cfg.rollout, "head_rungs", ()) or HEAD_RUNGS))
+                        head_rungs=tuple(getattr(cfg.rollout, "head_rungs", ()) or HEAD_RUNGS),
+                        branch_head_rungs=tuple(getattr(cfg.rollout, "branch_head_rungs", ()) or BRANCH_HEAD_RUNGS))
 
 
 # --------------------------------------------------------------------------------- per trajectory
@@ -715,10 +753,11 @@ def unpack_turns(packed: PackedRL, per_token: np.ndarray) -> list[list[np.ndarra
 
 # ------------------------------------------------------------------------- multi-process assembly
 # One PPO mini-batch on P processes: every process packs its own trajectories (whole GRPO groups), the shapes and
-# the loss normalisers are agreed on (`layout_info` of every process -> `common_layout`), and `conform` pads the
-# local arrays to the common shapes and re-folds the GLOBAL normalisers into the token weights. The global batch
-# is then process 0's rows, process 1's rows, ... (per micro-batch): its loss is the one of packing all
-# trajectories together, only the row layout (and so the fp32 summation order) differs.
+# the loss normalisers are agreed on (`layout_info` of every process -> `common_layout`: on a ShapeLadder, the
+# cheapest of its programs holding every process's shapes), and `conform` pads the local arrays to the common
+# shapes and re-folds the GLOBAL normalisers into the token weights. The global batch is then process 0's rows,
+# process 1's rows, ... (per micro-batch): its loss is the one of packing all trajectories together, only the row
+# layout (and so the fp32 summation order) differs.
 _MODE_CODE = {"none": 0, "fused": 1, "naive": 2}
 
 
@@ -737,9 +776,13 @@ def layout_info(packed: PackedRL | None) -> dict:
     return info
 
 
-def common_layout(infos: Sequence[dict], rows_multiple: int = 1) -> dict:
+def common_layout(infos: Sequence[dict], rows_multiple: int = 1, ladder: ShapeLadder | None = None) -> dict:
     """The shapes every process pads to (the largest of each; rows at least `rows_multiple`), the teacher layout
-    and the global counts (sums) that normalise the loss. Fused and naive teachers cannot mix (one config)."""
+    and the global counts (sums) that normalise the loss. Fused and naive teachers cannot mix (one config).
+    ladder (the one the processes packed with): the largest shapes are raised to the cheapest of its programs that
+    holds them all, so the step compiles only programs the plan lists (the field-wise largest of two programs,
+    e.g. one's head and the other's branch head, need not be one); none holds them (a process's batch past the
+    ladder, `PackedRL.ladder_overflow`): the largest shapes."""
     modes = {i["mode"] for i in infos} - {0}
     if len(modes) > 1:
         raise ValueError(f"processes packed different teacher layouts {sorted(modes)}")
@@ -753,6 +796,12 @@ def common_layout(infos: Sequence[dict], rows_multiple: int = 1) -> dict:
             out[k] = max(vals)
     for k in ("n_agent", "n_coached", "n_seq"):
         out[k] = sum(int(i[k]) for i in infos)
+    if ladder is not None and out["mode"] == _MODE_CODE["fused" if ladder.fused else "none"]:
+        need = (out["rows"], out["T"], out["Ka"], out.get("Tb", 0), out.get("Kc", 0))
+        for k in ladder.programs():
+            if k[1] == need[1] and k[0] % max(1, int(rows_multiple)) == 0 and all(a >= b for a, b in zip(k, need)):
+                out.update(rows=k[0], Ka=k[2], **({"Tb": k[3], "Kc": k[4]} if ladder.fused else {}))
+                break
     return out
 
 

@@ -87,6 +87,9 @@ class RolloutSection:
     # with row_len set, the LM-head counts per row (head_idx) of the step programs, as fractions of row_len (each
     # rounded up to 64; row_len itself is always one); () = (1,): the head is the whole row
     head_rungs: tuple = ()
+    # with row_len set and the fused CSD teacher, the teacher's LM-head counts per row (branch_head_idx) of the step
+    # programs, as fractions of each head rung (rounded up to 64, capped at the branch row and the head); () = (1,)
+    branch_head_rungs: tuple = ()
     min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
     env_workers: int = 16  # env steps run concurrently (gyms and fixed sides wait on their models)
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
@@ -131,6 +134,10 @@ class RolloutSection:
         need(isinstance(self.head_rungs, (tuple, list)) and all(
             isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in self.head_rungs),
              "rollout.head_rungs", "must be a tuple of numbers in (0, 1] (fractions of rollout.row_len; () = (1,))")
+        need(isinstance(self.branch_head_rungs, (tuple, list)) and all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in self.branch_head_rungs),
+             "rollout.branch_head_rungs",
+             "must be a tuple of numbers in (0, 1] (fractions of the LM-head rungs; () = (1,))")
         self.check_engine(need)
         key = f"rollout.{self.turn_tokens_key}"
         self.check_context_budget(need, getattr(self, self.turn_tokens_key), key, prompt_tokens=prompt_tokens,

@@ -151,16 +151,22 @@ HEAD_MIX_MINIBATCHES = 20  # mini-batches of the synthetic mix `plan` packs for 
 
 def head_padding_text(cfg, model, mesh: dict) -> str | None:
     """The plan's line on the LM head's padding of an RL config: its positions per update (rows x head of the
-    ladder programs taken) against the real agent tokens, on `HEAD_MIX_MINIBATCHES` mini-batches of the synthetic
-    paper-like mix (plan/mix.py; one process's ladder). None where the shapes are not on a ladder or the mix does
-    not fit the config."""
+    ladder programs taken) against the real agent tokens, and with the fused CSD teacher its head's positions (rows
+    x branch_head) against the real coached tokens and both heads' positions against both real counts, on
+    `HEAD_MIX_MINIBATCHES` mini-batches of the synthetic paper-like mix (plan/mix.py; one process's ladder). None
+    where the shapes are not on a ladder or the mix does not fit the config."""
     hp = mix.head_padding(cfg, cfg.rl.num_microbatches * batch_multiple(model, mesh), HEAD_MIX_MINIBATCHES)
     if hp is None:
         return None
     n = hp["minibatches"]
+    teacher = ""
+    if hp["fused"]:
+        both = (hp["head"] + hp["branch_head"]) / max(1, hp["agent"] + hp["coached"])
+        teacher = (f"; teacher head {hp['branch_head'] / n:.0f} vs {hp['coached'] / n:.0f} real coached tokens "
+                   f"({hp['branch_head'] / max(1, hp['coached']):.2f}x), both heads {both:.2f}x")
     return (f"LM head: {hp['head'] / n:.0f} positions per update vs {hp['agent'] / n:.0f} real agent tokens "
-            f"({hp['head'] / hp['agent']:.2f}x) on a synthetic paper-like mix ({n} mini-batches, plan/mix.py; "
-            f"{hp['programs']} step programs taken)")
+            f"({hp['head'] / hp['agent']:.2f}x){teacher} on a synthetic paper-like mix ({n} mini-batches, "
+            f"plan/mix.py; {hp['programs']} step programs taken)")
 
 
 def run(args) -> int:

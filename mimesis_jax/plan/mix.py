@@ -97,13 +97,14 @@ def applies(cfg) -> bool:
 def head_padding(cfg, rows_multiple: int, minibatches: int, seed: int = SEED) -> dict | None:
     """The config's ladder (rl_batch.ladder_for_config) over `minibatches` mini-batches of its synthetic mix:
     head = LM-head positions of the programs taken (rows x head, summed), agent = real agent tokens, programs =
-    how many distinct programs were taken. None where the shapes are not on a ladder or the mix does not fit
-    the config (`applies`)."""
+    how many distinct programs were taken; with fused CSD branches (fused: True) also the teacher's head:
+    branch_head = its positions (rows x branch_head), coached = real coached tokens. None where the shapes are not
+    on a ladder or the mix does not fit the config (`applies`)."""
     ladder = rl_batch.ladder_for_config(cfg, rows_multiple)
     if ladder is None or not applies(cfg):
         return None
     rng = np.random.RandomState(seed)
-    head = agent = 0
+    head = agent = branch_head = coached = 0
     seen = set()
     for _ in range(minibatches):
         s = minibatch_sizes(rng, cfg, ladder.fused)
@@ -111,4 +112,8 @@ def head_padding(cfg, rows_multiple: int, minibatches: int, seed: int = SEED) ->
         seen.add(key)
         head += key[0] * key[2]
         agent += int(s[2 if ladder.fused else 1].sum())
-    return {"head": head, "agent": agent, "programs": len(seen), "minibatches": minibatches}
+        if ladder.fused:
+            branch_head += key[0] * key[4]
+            coached += int(s[3].sum())
+    return {"head": head, "agent": agent, "programs": len(seen), "minibatches": minibatches,
+            "fused": ladder.fused, "branch_head": branch_head, "coached": coached}

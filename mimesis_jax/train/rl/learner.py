@@ -23,16 +23,18 @@ train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on 
 (a learner built with save_checkpoints=False, as `rehearse` builds it, writes one on SIGTERM only).
 
 Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
-the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs, rows at
-rollout.row_rungs of one row per dialogue). A stage may fix the policy sampler's shapes too (`policy_buckets`;
-Stage I.3: one sampler program per run, Stage II: one per prompt rung, at most 4). Each step's record carries
-`num_compilations`, the programs this process has compiled so far in the run (jax's compile events), and its parts
-(`compilation_record`): compilations/update (RLStep.num_compilations), compilations/old_logprobs (the pre-update
-scoring of rl.old_logprobs=recompute), compilations/sampler (the static sampler's programs: the policy's and those
-of in-process frozen models) and compilations/engine (the rollout engines' prefill and decode programs). A resumed
-process counts from 0. `pad/row_fraction` and `pad/head_fraction` (`pad_counts`): the fractions of the step's
-trunk slots (rows x row_len) and LM-head slots (rows x head) that are padding, over the whole update batches
-(summed over the processes).
+the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs per head rung
+(CSD: and branch-head rung), rows at rollout.row_rungs of one row per dialogue). A stage may fix the policy
+sampler's shapes too (`policy_buckets`; Stage I.3: one sampler program per run, Stage II: one per prompt rung, at
+most 4). Each step's record carries `num_compilations`, the programs this process has compiled so far in the run
+(jax's compile events), and its parts (`compilation_record`): compilations/update (RLStep.num_compilations),
+compilations/old_logprobs (the pre-update scoring of rl.old_logprobs=recompute), compilations/sampler (the static
+sampler's programs: the policy's and those of in-process frozen models) and compilations/engine (the rollout
+engines' prefill and decode programs). A resumed process counts from 0. `pad/row_fraction` and
+`pad/head_fraction` (`pad_counts`): the fractions of the step's trunk slots (rows x row_len) and LM-head slots
+(rows x head) that are padding, over the whole update batches (summed over the processes); with the fused CSD
+teacher also `pad/branch_head_fraction`, of the teacher's LM-head slots (rows x branch_head) against the coached
+tokens.
 
 Learning rate. The schedule (train/optim.py, over train.steps x updates per step) is indexed by the optimizer
 updates actually applied, the count optax keeps in the optimizer state (so it is checkpointed and resumes
@@ -236,7 +238,8 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
                                                 step_fn.rows_multiple(), row_len=None if ladder else row_len,
                                                 ladder=ladder)
         if multi:  # this process's share of the mini-batch, in the shapes and normalisers all processes agree on
-            layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple())
+            layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple(),
+                                            ladder)
             local = rl_batch.split_microbatches(rl_batch.conform(packed, layout, rl.loss_agg), rl.num_microbatches)
             batch = step_fn.place(local, process_local=True)
         else:
@@ -263,15 +266,21 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     return dict(state, params=params, opt_state=opt_state), ms
 
 
-PAD_KEYS = ("pad_rows_real", "pad_rows_slots", "pad_head_real", "pad_head_slots")
+PAD_KEYS = ("pad_rows_real", "pad_rows_slots", "pad_head_real", "pad_head_slots", "pad_branch_head_real",
+            "pad_branch_head_slots")
 
 
 def pad_counts(arrays: dict) -> dict:
     """The padding of one update's packed host arrays (any leading axes: [B, ...] or [M, B/M, ...]): real trunk
     tokens (segment id > 0) and trunk slots (rows x row_len), real LM-head positions (agent tokens) and head slots
-    (rows x head_idx width). The step record's pad/* fractions (`update_record`) come from their sums."""
+    (rows x head_idx width), and with fused CSD branches the teacher's: coached tokens and branch-head slots (rows x
+    branch_head_idx width; 0 and 0 without). The step record's pad/* fractions (`update_record`) come from their
+    sums."""
+    fused = "branch_head_idx" in arrays
     return {"pad_rows_real": int((arrays["segment_ids"] > 0).sum()), "pad_rows_slots": int(arrays["tokens"].size),
-            "pad_head_real": int(arrays["agent_mask"].sum()), "pad_head_slots": int(arrays["head_idx"].size)}
+            "pad_head_real": int(arrays["agent_mask"].sum()), "pad_head_slots": int(arrays["head_idx"].size),
+            "pad_branch_head_real": int(arrays["coached_mask"].sum()) if fused else 0,
+            "pad_branch_head_slots": int(arrays["branch_head_idx"].size) if fused else 0}
 
 
 def run_ladder(run: RLRun) -> rl_batch.ShapeLadder | None:
@@ -299,6 +308,8 @@ def update_record(ms: list[dict], train_s: float | None) -> dict:
             tot = {k: sum(int(m[k]) for m in ms) for k in PAD_KEYS}
             rec["pad/row_fraction"] = 1 - tot["pad_rows_real"] / max(1, tot["pad_rows_slots"])
             rec["pad/head_fraction"] = 1 - tot["pad_head_real"] / max(1, tot["pad_head_slots"])
+            if tot["pad_branch_head_slots"]:  # the CSD teacher's LM head (fused branches)
+                rec["pad/branch_head_fraction"] = 1 - tot["pad_branch_head_real"] / tot["pad_branch_head_slots"]
         if train_s is not None:
             rec["train_tokens_per_s"] = sum(float(m["agent_tokens"]) for m in ms) / max(train_s, 1e-9)
     return rec
