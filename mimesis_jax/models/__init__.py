@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -31,20 +30,21 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.layers import init_from_specs, is_spec, spec_axes, spec_shapes
 
-_FAMILY_MODULES = {"qwen3": "mimesis_jax.models.qwen3", "qwen3_5_text": "mimesis_jax.models.qwen3_5"}
-
-
-FAMILY_PARTS = {"model": "", "paged": "_paged", "hf": "_hf"}
-
-
 def family(config: ModelConfig, part: str = "model"):
     """The module implementing `part` of `config.model_type`: "model", "paged" (the rollout engine's paged
-    cache) or "hf" (the HF tensor table)."""
-    try:
-        name = _FAMILY_MODULES[config.model_type]
-    except KeyError:
-        raise ConfigError(f"config key 'model_type': no implementation for {config.model_type!r}") from None
-    return importlib.import_module(name + FAMILY_PARTS[part])
+    cache) or "hf" (the HF tensor table).
+
+    A family's modules are imported on first use, not with this package: they bring the attention kernels,
+    which a command that never builds a model (and `import mimesis_jax.cli`) should not pay for."""
+    if config.model_type == "qwen3":
+        from mimesis_jax.models import qwen3, qwen3_hf, qwen3_paged
+        parts = {"model": qwen3, "paged": qwen3_paged, "hf": qwen3_hf}
+    elif config.model_type == "qwen3_5_text":
+        from mimesis_jax.models import qwen3_5, qwen3_5_hf, qwen3_5_paged
+        parts = {"model": qwen3_5, "paged": qwen3_5_paged, "hf": qwen3_5_hf}
+    else:
+        raise ConfigError(f"config key 'model_type': no implementation for {config.model_type!r}")
+    return parts[part]
 
 
 def param_specs(config: ModelConfig):

@@ -359,7 +359,7 @@ def _error(status: int, message: str, param=None, kind="invalid_request_error", 
 class _Guard:
     """ASGI middleware in front of the app: the API keys (`Authorization: Bearer KEY`, compared in constant time
     with every configured key; /health is open) and the declared body size (Content-Length; a chunked body is
-    counted as it is read, in `create_app`). Keys are never logged or echoed."""
+    counted as it is read, in `_Routes._body`). Keys are never logged or echoed."""
 
     def __init__(self, app, keys=(), max_body_bytes: int = 0):
         self.app, self.keys, self.max_body = app, [k.encode() for k in keys], int(max_body_bytes)
@@ -395,46 +395,97 @@ async def _disconnected(request) -> None:
         pass
 
 
-def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 32768, max_n: int = 16,
-               api_keys=(), max_queued: int = 0, max_body_bytes: int = 0):
-    """The FastAPI app of the OpenAI-compatible API over `backend` (see the module docstring).
+class _TooLarge(Exception):
+    """A chunked request body grew past the body limit while it was read."""
 
-    api_keys: accepted bearer keys (none = no authentication; 401 otherwise). max_queued: most choices queued or
-    generating at once (0 = unbounded; beyond it 429 with Retry-After). max_body_bytes: largest request body
-    (0 = unbounded; beyond it 413). Every request's prompt tokens + max_tokens are checked against
-    `backend.context()` before any work (400 naming the field and what sets the limit)."""
-    app = FastAPI(title="mimesis_jax serve", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(_Guard, keys=list(api_keys), max_body_bytes=max_body_bytes)
-    tok = backend.tok
-    error = _error
-    active = {"choices": 0}  # choices queued or generating (the event loop's thread only: no lock)
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request, exc):
+async def _pump(q: asyncio.Queue, i: int, backend, prompt, params, stops) -> None:
+    """Puts choice `i`'s events on `q` as (i, event), a failure as (i, exception), then (i, None)."""
+    try:
+        async for item in _events(backend, prompt, params, stops):
+            await q.put((i, item))
+    except Exception as e:  # noqa: BLE001 -- sent to the client as an error event
+        await q.put((i, e))
+    await q.put((i, None))
+
+
+class _Routes:
+    """The route handlers of one app and what they share: the backend, the limits and the number of choices
+    queued or generating (touched by the event loop's thread only: no lock).
+
+    A request is read and checked (`_body`, `_max_tokens`), admitted or turned away (`_respond`), then answered
+    whole (`_answer`) or as an SSE stream (`_stream`)."""
+
+    def __init__(self, backend: Backend, model_name: str, max_tokens_limit: int, max_n: int, max_queued: int,
+                 max_body_bytes: int):
+        self.backend, self.tok, self.model_name, self.active = backend, backend.tok, model_name, 0
+        self.max_tokens_limit, self.max_n, self.max_queued, self.max_body = (max_tokens_limit, max_n, max_queued,
+                                                                             max_body_bytes)
+
+    async def http_error(self, request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind=kind)
+        return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind=kind)
 
-    class TooLarge(Exception):
-        pass
+    async def health(self):
+        why = self.backend.health() if hasattr(self.backend, "health") else None
+        if why:
+            return JSONResponse({"status": "unhealthy", "error": why}, status_code=503)
+        # what is held right now: choices queued or generating, and the backend's own (the engine's KV pages)
+        held = self.backend.held() if hasattr(self.backend, "held") else {}
+        return {"status": "ok", "active_choices": self.active, **held}
 
-    async def body_of(request: Request):
+    async def list_models(self):
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "mimesis_jax"}]}
+
+    async def chat_completions(self, request: Request):
+        try:
+            req = parse_request(await self._body(request), self.max_tokens_limit, self.max_n)
+            if self._queue_full(req["n"]):
+                return self._busy()
+            prompt, thinking = self.backend.render(req["messages"], req["enable_thinking"])
+            req["max_tokens"] = self._max_tokens([prompt], req, "messages")
+        except BadRequest as e:
+            return _error(400, str(e), e.param)
+        except _TooLarge:
+            return self._too_large()
+        choices = [(prompt, self._sampling(req, i)) for i in range(req["n"])]
+        return await self._respond("chat", req, choices, thinking, request)
+
+    async def completions(self, request: Request):
+        try:
+            req = parse_completion_request(await self._body(request), self.max_tokens_limit, self.tok.vocab_size,
+                                           self.max_n)
+            if self._queue_full(req["n"] * len(req["prompts"])):
+                return self._busy()
+            prompts = [list(self.tok.encode(p)) if isinstance(p, str) else list(p) for p in req["prompts"]]
+            req["max_tokens"] = self._max_tokens(prompts, req, "prompt")
+        except BadRequest as e:
+            return _error(400, str(e), e.param)
+        except _TooLarge:
+            return self._too_large()
+        choices = [(p, self._sampling(req, k * req["n"] + i)) for k, p in enumerate(prompts) for i in range(req["n"])]
+        return await self._respond("text", req, choices, False, request)
+
+    async def _body(self, request: Request):
         data = b""
         async for chunk in request.stream():
             data += chunk
-            if max_body_bytes and len(data) > max_body_bytes:
-                raise TooLarge()
+            if self.max_body and len(data) > self.max_body:
+                raise _TooLarge()
         try:
             return json.loads(data or b"null")
         except ValueError as e:
             raise BadRequest(f"request body is not valid JSON ({getattr(e, 'msg', e)})") from None
 
-    def too_large():
-        return error(413, f"request body exceeds the {max_body_bytes}-byte limit (serve --max-body-bytes)",
-                     code="request_too_large")
+    def _too_large(self):
+        return _error(413, f"request body exceeds the {self.max_body}-byte limit (serve --max-body-bytes)",
+                      code="request_too_large")
 
-    def check_context(prompts, req, prompt_param):
+    def _max_tokens(self, prompts, req, prompt_param):
         """max_tokens for the request (the default clipped to the context); BadRequest when prompt + max_tokens
         cannot fit: before any work, so a stream is refused before its first byte."""
+        backend = self.backend
         limit, source = backend.context() if hasattr(backend, "context") else (None, None)
         longest = max(len(p) for p in prompts)
         mt = req["max_tokens"]
@@ -451,146 +502,99 @@ def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 327
                              f"of {limit} tokens ({source}); lower {f} to at most {limit - longest}", f)
         return mt
 
-    def queue_full(n):
-        return max_queued and active["choices"] + n > max_queued
-
-    def busy():
-        return error(429, f"the server is at its limit of {max_queued} queued choices (serve --max-queued); "
-                          "retry later", kind="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
-
-    @app.get("/health")
-    async def health():
-        why = backend.health() if hasattr(backend, "health") else None
-        if why:
-            return JSONResponse({"status": "unhealthy", "error": why}, status_code=503)
-        # what is held right now: choices queued or generating, and the backend's own (the engine's KV pages)
-        held = backend.held() if hasattr(backend, "held") else {}
-        return {"status": "ok", "active_choices": active["choices"], **held}
-
-    @app.get("/v1/models")
-    @app.get("/models")
-    async def list_models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "mimesis_jax"}]}
-
-    def sampling(req, i) -> SamplingParams:
-        return SamplingParams(req["max_tokens"] or backend.max_tokens, req["temperature"], req["top_p"],
+    def _sampling(self, req, i) -> SamplingParams:
+        return SamplingParams(req["max_tokens"] or self.backend.max_tokens, req["temperature"], req["top_p"],
                               req["top_k"], _choice_seed(req["seed"], i))
 
-    @app.post("/v1/chat/completions")
-    @app.post("/chat/completions")
-    async def chat_completions(request: Request):
-        try:
-            req = parse_request(await body_of(request), max_tokens_limit, max_n)
-            if queue_full(req["n"]):
-                return busy()
-            prompt, thinking = backend.render(req["messages"], req["enable_thinking"])
-            req["max_tokens"] = check_context([prompt], req, "messages")
-        except BadRequest as e:
-            return error(400, str(e), e.param)
-        except TooLarge:
-            return too_large()
-        return await respond("chat", req, [(prompt, sampling(req, i)) for i in range(req["n"])], thinking, request)
+    def _queue_full(self, n):
+        return self.max_queued and self.active + n > self.max_queued
 
-    @app.post("/v1/completions")
-    @app.post("/completions")
-    async def completions(request: Request):
-        try:
-            req = parse_completion_request(await body_of(request), max_tokens_limit, tok.vocab_size, max_n)
-            if queue_full(req["n"] * len(req["prompts"])):
-                return busy()
-            prompts = [list(tok.encode(p)) if isinstance(p, str) else list(p) for p in req["prompts"]]
-            req["max_tokens"] = check_context(prompts, req, "prompt")
-        except BadRequest as e:
-            return error(400, str(e), e.param)
-        except TooLarge:
-            return too_large()
-        choices = [(p, sampling(req, k * req["n"] + i)) for k, p in enumerate(prompts) for i in range(req["n"])]
-        return await respond("text", req, choices, False, request)
+    def _busy(self):
+        return _error(429, f"the server is at its limit of {self.max_queued} queued choices (serve --max-queued); "
+                           "retry later", kind="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
 
-    async def respond(kind, req, choices, thinking, request=None):
-        if queue_full(len(choices)):  # checked again: the prompt was rendered meanwhile
-            return busy()
-        why = backend.health() if hasattr(backend, "health") else None
+    async def _respond(self, kind, req, choices, thinking, request=None):
+        """Admits the choices (429 when the queue is full, 503 while the backend is unhealthy) and counts them
+        until they are answered, the stream ends or the client goes away (499, its generation cancelled)."""
+        if self._queue_full(len(choices)):  # checked again: the prompt was rendered meanwhile
+            return self._busy()
+        why = self.backend.health() if hasattr(self.backend, "health") else None
         if why:
-            return error(503, why, kind="server_error", code="unhealthy", headers={"Retry-After": "5"})
-        active["choices"] += len(choices)
+            return _error(503, why, kind="server_error", code="unhealthy", headers={"Retry-After": "5"})
+        self.active += len(choices)
         if not req["stream"]:
-            work = asyncio.ensure_future(answer(kind, req, choices, thinking))
+            work = asyncio.ensure_future(self._answer(kind, req, choices, thinking))
             gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
             try:
                 await asyncio.wait([work] + ([gone] if gone else []), return_when=asyncio.FIRST_COMPLETED)
                 if not work.done():  # the client went away: its generation is cancelled
                     work.cancel()
-                    return error(499, "client closed the request")
+                    return _error(499, "client closed the request")
                 return work.result()
             finally:
                 if gone is not None:
                     gone.cancel()
-                active["choices"] -= len(choices)
+                self.active -= len(choices)
 
         async def counted(gen):
             try:
                 async for x in gen:
                     yield x
             finally:
-                active["choices"] -= len(choices)
-        return await answer(kind, req, choices, thinking, counted)
+                self.active -= len(choices)
+        return await self._answer(kind, req, choices, thinking, counted)
 
-    async def answer(kind, req, choices, thinking, counted=None):
+    async def _answer(self, kind, req, choices, thinking, counted=None):
         n_prompt = sum(len(p) for p, _ in choices[::req["n"]])  # each prompt once, however many choices
         head = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-                "created": int(time.time()), "model": model_name}
+                "created": int(time.time()), "model": self.model_name}
         if req["stream"]:
-            return StreamingResponse(counted(stream(kind, req, choices, thinking, head, n_prompt)),
+            return StreamingResponse(counted(self._stream(kind, req, choices, thinking, head, n_prompt)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
         async def run(prompt, params):
             det = None
-            async for det, *_ in _events(backend, prompt, params, req["stop"]):
+            async for det, *_ in _events(self.backend, prompt, params, req["stop"]):
                 pass
             return det
         try:
             dets = await asyncio.gather(*(run(p, s) for p, s in choices))
         except Exception as e:  # noqa: BLE001 -- the engine's failure, reported as a 500
-            return error(500, f"{type(e).__name__}: {e}", kind="server_error")
-        out = []
-        for i, d in enumerate(dets):
-            c = {"index": i, "finish_reason": d.finish_reason}
-            if kind == "chat":
-                c["message"] = _chat_message(d.text, thinking)
-                c["logprobs"] = {"content": _chat_logprobs(tok, d.tokens, d.logprobs)} if req["logprobs"] else None
-            else:
-                c["text"] = d.text
-                c["logprobs"] = _completion_logprobs(tok, d.tokens, d.logprobs, 0) if req["logprobs"] else None
-            if req["return_token_ids"]:
-                c["token_ids"] = list(d.tokens)
-            out.append(c)
+            return _error(500, f"{type(e).__name__}: {e}", kind="server_error")
+        out = [self._choice(kind, req, i, d.tokens, d.logprobs, d.finish_reason,
+                            {"message": _chat_message(d.text, thinking)} if kind == "chat" else None, d.text, 0)
+               for i, d in enumerate(dets)]
         n_out = sum(len(d.tokens) for d in dets)
         return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": out,
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
-    async def stream(kind, req, choices, thinking, head, n_prompt):
+    def _choice(self, kind, req, i: int, ids, lps, finish, chat: dict | None, text: str, offset: int) -> dict:
+        """One choice of an answer or a stream chunk: (chat) the `chat` fields (message or delta); (text) `text`,
+        its log-probs counted from character `offset`; then the token ids when asked."""
+        c = {"index": i, "finish_reason": finish}
+        if kind == "chat":
+            c.update(chat)
+            c["logprobs"] = {"content": _chat_logprobs(self.tok, ids, lps)} if req["logprobs"] else None
+        else:
+            c["text"] = text
+            c["logprobs"] = _completion_logprobs(self.tok, ids, lps, offset) if req["logprobs"] else None
+        if req["return_token_ids"]:
+            c["token_ids"] = list(ids)
+        return c
+
+    async def _stream(self, kind, req, choices, thinking, head, n_prompt):
         """SSE: (chat) a role delta per choice, then content deltas (with their log-probs), the finish reason on
         each choice's last chunk, the usage chunk when asked, then `data: [DONE]`."""
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        q: asyncio.Queue = asyncio.Queue()
-        n_out = 0
 
         def sse(choice_list, **extra):
             return f"data: {json.dumps({**head, 'object': obj, 'choices': choice_list, **extra})}\n\n"
 
-        async def run(i, prompt, params):
-            try:
-                async for item in _events(backend, prompt, params, req["stop"]):
-                    await q.put((i, item))
-            except Exception as e:  # noqa: BLE001 -- sent to the client as an error event
-                await q.put((i, e))
-            await q.put((i, None))
-
-        tasks = [asyncio.create_task(run(i, p, s)) for i, (p, s) in enumerate(choices)]
+        q: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(_pump(q, i, self.backend, p, s, req["stop"])) for i, (p, s) in enumerate(choices)]
         splitters = [_ThoughtStream() if thinking else None for _ in choices]
         offsets = [0] * len(choices)
+        n_out = 0
         try:
             if kind == "chat":
                 for i in range(len(choices)):
@@ -611,21 +615,15 @@ def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 327
                 n_out += len(ids)
                 if not (delta or ids or finish):
                     continue
-                c = {"index": i, "finish_reason": finish}
+                chat = None
                 if kind == "chat":
                     d = {"content": delta}
                     if thinking:
                         r, text = splitters[i].feed(delta, finish is not None)
                         d = {k: v for k, v in (("reasoning_content", r), ("content", text)) if v}
-                    c["delta"] = d
-                    c["logprobs"] = {"content": _chat_logprobs(tok, ids, lps)} if req["logprobs"] else None
-                else:
-                    c["text"] = delta
-                    c["logprobs"] = _completion_logprobs(tok, ids, lps, offsets[i]) if req["logprobs"] else None
-                    offsets[i] += len(delta)
-                if req["return_token_ids"]:
-                    c["token_ids"] = list(ids)
-                yield sse([c])
+                    chat = {"delta": d}
+                yield sse([self._choice(kind, req, i, ids, lps, finish, chat, delta, offsets[i])])
+                offsets[i] += len(delta)
             if req["include_usage"]:
                 yield sse([], usage={"prompt_tokens": n_prompt, "completion_tokens": n_out,
                                      "total_tokens": n_prompt + n_out})
@@ -634,6 +632,23 @@ def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 327
             for t in tasks:
                 t.cancel()
 
+
+def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 32768, max_n: int = 16,
+               api_keys=(), max_queued: int = 0, max_body_bytes: int = 0):
+    """The FastAPI app of the OpenAI-compatible API over `backend` (see the module docstring); its routes are
+    the handlers of `_Routes`.
+
+    api_keys: accepted bearer keys (none = no authentication; 401 otherwise). max_queued: most choices queued or
+    generating at once (0 = unbounded; beyond it 429 with Retry-After). max_body_bytes: largest request body
+    (0 = unbounded; beyond it 413). Every request's prompt tokens + max_tokens are checked against
+    `backend.context()` before any work (400 naming the field and what sets the limit)."""
+    app = FastAPI(title="mimesis_jax serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(_Guard, keys=list(api_keys), max_body_bytes=max_body_bytes)
+    routes = _Routes(backend, model_name, max_tokens_limit, max_n, max_queued, max_body_bytes)
+    app.add_exception_handler(HTTPException, routes.http_error)
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/models", routes.list_models, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", routes.chat_completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/completions", routes.completions, methods=["POST"])
     return app
-
-
