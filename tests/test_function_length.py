@@ -18,7 +18,6 @@ STILL_TO_SPLIT = {
     "algorithms/rl_batch.py:pack_trajectories",
     "episodes/agent.py:run_episodes",
     "episodes/simulator.py:run_sim_episodes",
-    "plan/budget.py:plan",
 }
 
 

@@ -240,62 +240,76 @@ def plan(w: Workload, device: Device) -> Plan:
     }
     train_peak = P + O + batch + max(phases.values())
     rollout_peak = 0
-    if w.engine is not None:  # rollout.engine: every dialogue of the step on the engine, on the training mesh
-        e = w.engine
-        ep = add("rollout", "engine parameters", 0,
-                 "none beyond the parameters: on one process the engine samples with the training arrays, laid out "
-                 "as the learner's (chat_models.engine_params -> distributed.rollout_params, no copy)")
-        pool = add("rollout", "engine pool", engine_pool_bytes(m, mesh, e.num_pages, e.page_size, e.num_states),
-                   f"{e.num_pages} KV pages x {e.page_size} tokens (full-attention layers, compute dtype)"
-                   + (f" + {e.num_states} state slots" if e.state_bytes else "")
-                   + f" (rollout/engine_sizing.py: {e.pool_bytes / 2 ** 30:.2f} GiB in all), split over heads on "
-                   "`tensor` (paged_cache.pool_axes)")
-        S = e.max_pages_per_seq * e.page_size
-        ec = e.engine_config()
-        kvs = kv_head_split(m, mesh)
-        pf = engine_prefill_bytes(w) + engine_prefill_copies(w)
-        burst = e.slots * (e.max_pages_per_seq + 1) * e.page_bytes // kvs
-        work = add("rollout", "engine programs", max(pf, burst),
-                   f"the larger of a prefill chunk's ({pf / GiB:.2f} GiB: one layer's forward over {ec.prefill_rows} "
-                   f"rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values, "
-                   + ("every layer's weights and the [V, D] tables gathered over fsdp" if engine_prefill_rows_on_fsdp(w)
-                      else "a copy of the layers' weight shards and the gathered LM head") + ") "
-                   f"and a decode burst's slot-major copy of its rows' pages ({burst / GiB:.2f} GiB: {e.slots} slots "
-                   f"x {e.max_pages_per_seq + 1} pages), heads split {kvs} ways on `tensor`")
-        rollout_peak = P + O + ep + pool + work
+    if w.engine is not None:
+        rollout_peak = P + O + _engine_rollout(w, add)
     elif w.rollout is not None:
-        r = w.rollout
-        S = r.prompt_len + r.new_tokens
-        caches = cache_bytes(m, mesh, r.batch, S)
-        kv = add("rollout", "KV cache", sum(v for k, v in caches.items() if k not in ("state", "conv")),
-                 f"{r.batch} sequences x {S} slots (prompt {r.prompt_len} + {r.new_tokens} new), "
-                 "full-attention layers, compute dtype; the peak adds a copy of its K or V stack (the update)")
-        rec = 0
-        if "state" in caches:
-            rec = add("rollout", "recurrent state", caches["state"] + caches["conv"],
-                      "DeltaNet fp32 state [B,Hv,Dk,Dv] + conv window, per linear layer")
-        bp = r.batch // batch_shards(m, mesh, r.batch)
-        pf = max(prefill_bytes(m, W, lt, bp, r.prompt_len, S) + _gathered_layer(m, mesh, lt) for lt in _layer_types(m))
-        rope = 2 * bp * r.prompt_len * m.rotary_dim * 4
-        pf = add("rollout", "prefill + logits", pf + rope + 2 * bp * W.V * 4 + bp * r.prompt_len * W.D * c,
-                 f"one layer's forward over {bp} prompts x {r.prompt_len} tokens per device (attending {S} cache "
-                 "slots) with its weights gathered over fsdp (compute dtype) + the rope tables (2 fp32 [b, P, "
-                 "rotary dims], live through the layer scan) + the final hidden states + 2 fp32 [B, V] logit buffers")
-        tc = table_bytes(m, mesh) * c // 4
-        st = add("rollout", "sampler tables", 3 * tc,
-                 "3 [V, D] tables in the compute dtype gathered over fsdp: the prefill's LM head and the decode "
-                 "loop's embedding and LM head (loop invariants, hoisted out of the loop, live from the start)")
-        n_attn = _layer_types(m).get("full_attention", 0)
-        dec = add("rollout", "decode step", kv + rec + (3 * kv // (2 * n_attn) if n_attn else 0)
-                  + max(_gathered_layer(m, mesh, lt) for lt in _layer_types(m)) + 2 * bp * W.V * 4,
-                  "the decode loop's updated cache beside the one it carries (the whole KV cache and recurrent "
-                  "state again) + one layer's keys and values read in blocks (1.5 x its share) + its weights "
-                  "gathered over fsdp + 2 fp32 [B, V] logit buffers")
-        prefill_phase = kv + kv // 2 + rec + pf + st
-        decode_phase = kv + rec + dec + 2 * tc
-        rollout_peak = P + O + max(prefill_phase, decode_phase)
+        rollout_peak = P + O + _sampler_rollout(w, add, W, c)
     return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
 
+
+
+def _engine_rollout(w: Workload, add) -> int:
+    """The rollout engine's items (rollout.engine: every dialogue of the step on the engine, on the training mesh);
+    its peak beyond the parameters and optimizer state."""
+    m, mesh = w.model, w.mesh
+    e = w.engine
+    ep = add("rollout", "engine parameters", 0,
+             "none beyond the parameters: on one process the engine samples with the training arrays, laid out "
+             "as the learner's (chat_models.engine_params -> distributed.rollout_params, no copy)")
+    pool = add("rollout", "engine pool", engine_pool_bytes(m, mesh, e.num_pages, e.page_size, e.num_states),
+               f"{e.num_pages} KV pages x {e.page_size} tokens (full-attention layers, compute dtype)"
+               + (f" + {e.num_states} state slots" if e.state_bytes else "")
+               + f" (rollout/engine_sizing.py: {e.pool_bytes / 2 ** 30:.2f} GiB in all), split over heads on "
+               "`tensor` (paged_cache.pool_axes)")
+    S = e.max_pages_per_seq * e.page_size
+    ec = e.engine_config()
+    kvs = kv_head_split(m, mesh)
+    pf = engine_prefill_bytes(w) + engine_prefill_copies(w)
+    burst = e.slots * (e.max_pages_per_seq + 1) * e.page_bytes // kvs
+    work = add("rollout", "engine programs", max(pf, burst),
+               f"the larger of a prefill chunk's ({pf / GiB:.2f} GiB: one layer's forward over {ec.prefill_rows} "
+               f"rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values, "
+               + ("every layer's weights and the [V, D] tables gathered over fsdp" if engine_prefill_rows_on_fsdp(w)
+                  else "a copy of the layers' weight shards and the gathered LM head") + ") "
+               f"and a decode burst's slot-major copy of its rows' pages ({burst / GiB:.2f} GiB: {e.slots} slots "
+               f"x {e.max_pages_per_seq + 1} pages), heads split {kvs} ways on `tensor`")
+    return ep + pool + work
+
+
+def _sampler_rollout(w: Workload, add, W, c: int) -> int:
+    """The static sampler's items; its peak beyond the parameters and optimizer state: the larger of its prefill
+    and its decode."""
+    m, mesh = w.model, w.mesh
+    r = w.rollout
+    S = r.prompt_len + r.new_tokens
+    caches = cache_bytes(m, mesh, r.batch, S)
+    kv = add("rollout", "KV cache", sum(v for k, v in caches.items() if k not in ("state", "conv")),
+             f"{r.batch} sequences x {S} slots (prompt {r.prompt_len} + {r.new_tokens} new), "
+             "full-attention layers, compute dtype; the peak adds a copy of its K or V stack (the update)")
+    rec = 0
+    if "state" in caches:
+        rec = add("rollout", "recurrent state", caches["state"] + caches["conv"],
+                  "DeltaNet fp32 state [B,Hv,Dk,Dv] + conv window, per linear layer")
+    bp = r.batch // batch_shards(m, mesh, r.batch)
+    pf = max(prefill_bytes(m, W, lt, bp, r.prompt_len, S) + _gathered_layer(m, mesh, lt) for lt in _layer_types(m))
+    rope = 2 * bp * r.prompt_len * m.rotary_dim * 4
+    pf = add("rollout", "prefill + logits", pf + rope + 2 * bp * W.V * 4 + bp * r.prompt_len * W.D * c,
+             f"one layer's forward over {bp} prompts x {r.prompt_len} tokens per device (attending {S} cache "
+             "slots) with its weights gathered over fsdp (compute dtype) + the rope tables (2 fp32 [b, P, "
+             "rotary dims], live through the layer scan) + the final hidden states + 2 fp32 [B, V] logit buffers")
+    tc = table_bytes(m, mesh) * c // 4
+    st = add("rollout", "sampler tables", 3 * tc,
+             "3 [V, D] tables in the compute dtype gathered over fsdp: the prefill's LM head and the decode "
+             "loop's embedding and LM head (loop invariants, hoisted out of the loop, live from the start)")
+    n_attn = _layer_types(m).get("full_attention", 0)
+    dec = add("rollout", "decode step", kv + rec + (3 * kv // (2 * n_attn) if n_attn else 0)
+              + max(_gathered_layer(m, mesh, lt) for lt in _layer_types(m)) + 2 * bp * W.V * 4,
+              "the decode loop's updated cache beside the one it carries (the whole KV cache and recurrent "
+              "state again) + one layer's keys and values read in blocks (1.5 x its share) + its weights "
+              "gathered over fsdp + 2 fp32 [B, V] logit buffers")
+    prefill_phase = kv + kv // 2 + rec + pf + st
+    decode_phase = kv + rec + dec + 2 * tc
+    return max(prefill_phase, decode_phase)
 
 
 def engine_prefill_bytes(w: Workload) -> int:
