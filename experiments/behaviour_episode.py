@@ -25,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from mimesis_jax.envs import abcd, abcd_env  # noqa: E402
-from mimesis_jax.envs.behaviour import BEHAVIOURS  # noqa: E402
+from mimesis_jax.envs.abcd import dataset as abcd  # noqa: E402
+from mimesis_jax.envs.abcd import env as abcd_env  # noqa: E402
+from mimesis_jax.envs.abcd.behaviour import BEHAVIOURS  # noqa: E402
 from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes  # noqa: E402
 
 SCRIPTED_B4 = (  # a customer who keeps asking for what the agent has said policy does not allow

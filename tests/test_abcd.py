@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from mimesis_jax.envs import abcd, behaviour
+from mimesis_jax.envs.abcd import behaviour
+from mimesis_jax.envs.abcd import dataset as abcd
 from mimesis_jax.envs.agent_env import EnvError
 
 

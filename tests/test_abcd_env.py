@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from mimesis_jax.envs import abcd
-from mimesis_jax.envs.abcd_env import (
+from mimesis_jax.envs.abcd import dataset as abcd
+from mimesis_jax.envs.abcd.env import (
     BehaviourEnv, BehaviourEnvConfig, behaviour_report, make_behaviour_env, policy_text, replay_messages,
 )
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
-from mimesis_jax.envs.behaviour import ALL_IDS, BEHAVIOURS, CARD_FIELDS
+from mimesis_jax.envs.abcd.behaviour import ALL_IDS, BEHAVIOURS, CARD_FIELDS
 from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
 
 CONVS = {c.convo_id: c for c in abcd.load_conversations(abcd.SAMPLE_PATH)}

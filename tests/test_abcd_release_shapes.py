@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from mimesis_jax.envs import abcd
-from mimesis_jax.envs.abcd_env import BehaviourEnv, scenario_facts
+from mimesis_jax.envs.abcd import dataset as abcd
+from mimesis_jax.envs.abcd.env import BehaviourEnv, scenario_facts
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.rollout.base import ScriptedChatModel
 

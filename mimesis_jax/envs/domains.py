@@ -1,6 +1,6 @@
 """The 24 domains of Stage I's joint RL (docs/reference/paper.md 3.3, Eq 4): max_phi E_{d ~ p(d)} E_{(c,tau) ~ P^d_phi}[r_d(c, tau)].
 
-One place lists every domain -- the ABCD realistic-behaviour task (``abcd_behaviour``, envs/abcd_env.py) and the
+One place lists every domain -- the ABCD realistic-behaviour task (``abcd_behaviour``, envs/abcd/env.py) and the
 23 SOUL tasks (envs/soul) -- with its protocol family, whether it is multi-turn, its reward r_d in [0, 1], its
 record format, the fixed sides it needs, how to load its records, and how to build an environment for a record.
 The RL stage draws d ~ p(d) with `DomainSampler` and gets a `SimEnv` from `make_domain_env`, whatever the domain.
@@ -20,7 +20,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from mimesis_jax.envs import abcd, abcd_env, soul
+from mimesis_jax.envs import soul
+from mimesis_jax.envs.abcd import dataset as abcd
+from mimesis_jax.envs.abcd import env as abcd_env
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimEnv
 

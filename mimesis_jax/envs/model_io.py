@@ -1,7 +1,7 @@
 """What every environment that calls other models shares: prompt templates stored as data, calls to a fixed
 side (user, judge, support agent, interlocutor) with the failure rules, robust JSON extraction, record fields.
 
-Used by the UserRL gyms (envs/userrl), the ABCD behaviour environment (envs/abcd_env.py) and the SOUL tasks
+Used by the UserRL gyms (envs/userrl), the ABCD behaviour environment (envs/abcd/env.py) and the SOUL tasks
 (envs/soul). Failure rules (docs/reference/paper.md 4.3, docs/reference/metrics.md): a model call that raises or answers with an error is
 `InvalidEpisode` -- the episode is INVALID with the reason, never a reward of 0. Local (in-process) models are
 called one request at a time from the env threads; remote endpoints run concurrently.

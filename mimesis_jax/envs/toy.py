@@ -159,7 +159,7 @@ class ToyCoach:
 
 # ------------------------------------------------------------------------------------ simulator-stage toy sides
 class ToySupportAgent:
-    """A rule-based ABCD support agent for CPU runs of Stage I's joint RL (envs/abcd_env.py's fixed side): it
+    """A rule-based ABCD support agent for CPU runs of Stage I's joint RL (envs/abcd/env.py's fixed side): it
     acknowledges the customer's last message, quoting its first words, and asks for the next detail."""
 
     def chat(self, messages, **_):
@@ -173,7 +173,7 @@ class ToySupportAgent:
 
 
 class ToyBehaviourJudge:
-    """A rule-based ABCD behaviour judge for CPU runs (the format of abcd_data/prompts.toml's judge): it reads the
+    """A rule-based ABCD behaviour judge for CPU runs (the format of envs/abcd/data/prompts.toml's judge): it reads the
     customer lines of the simulated part and scores them on surface features only -- n (naturalness) peaks at
     customer turns of about `target_words` words, e is the fraction of turns that push (a '?' or '!'), p is 1.0
     when the first simulated turn does not push yet, else 0.5, c is 1.0 -- so a tiny simulator has a graded,

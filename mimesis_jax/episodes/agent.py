@@ -209,32 +209,28 @@ def _env_steps(live: list[_Live], calls: list, workers: int) -> list:
         return list(pool.map(_env_step, live, calls))
 
 
-def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfig | None = None, *,
-                 tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[Trajectory]:
-    """Runs every task to its end and returns one Trajectory per task, in order.
+@dataclasses.dataclass(frozen=True)
+class _Turns:
+    """What every turn step of one `run_episodes` call shares: the settings, the tokenizer and its fixed pieces."""
 
-    agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel`, `engine_chat.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
-    None. An agent / user with persistent dialogue state (`release`, e.g. EngineChatModel) gets keys
-    ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
-    ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.
-    tokenizer: the agent's tokenizer (default `agent.tok`); all public segments are rendered with data/chat.py.
-    progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, dialogues still
-    active, agent tokens sampled so far), and once more with 0 active if the batch ends before a round (context
-    limit); `episodes.progress.TurnReporter` prints it.
-    """
-    cfg = config or EpisodeConfig()
-    if cfg.max_turns < 1:
-        raise ValueError(f"EpisodeConfig.max_turns must be >= 1, got {cfg.max_turns}")
-    tok = tokenizer if tokenizer is not None else agent.tok
-    refusal = RefusalDetector(cfg.refusal_rules, check_thought=cfg.check_thought_for_refusal)
-    tools = list(cfg.tools) if cfg.tools else None
-    header = list(generation_prompt(tok, "assistant", enable_thinking=cfg.agent_thinking))
-    newline = list(tok.encode("\n"))
-    im_end = int(tok.im_end_id)
+    cfg: EpisodeConfig
+    tok: Any
+    refusal: RefusalDetector
+    tools: list | None
+    header: list[int]  # the assistant header every agent turn starts with
+    newline: list[int]
+    im_end: int
 
-    limit = cfg.max_context_tokens
-    agent_keys = cfg.dialogue_keys and hasattr(agent, "release")
+    @classmethod
+    def of(cls, cfg: EpisodeConfig, tok) -> "_Turns":
+        return cls(cfg, tok, RefusalDetector(cfg.refusal_rules, check_thought=cfg.check_thought_for_refusal),
+                   list(cfg.tools) if cfg.tools else None,
+                   list(generation_prompt(tok, "assistant", enable_thinking=cfg.agent_thinking)),
+                   list(tok.encode("\n")), int(tok.im_end_id))
+
+
+def _start(tasks: Sequence[EpisodeTask], user) -> list[_Live]:
+    """Checks the tasks' rollout ids, resets every env and opens one live dialogue per task (nothing recorded)."""
     eps: list[_Live] = []
     seen_ids: dict[int, int] = {}
     for i, task in enumerate(tasks):
@@ -249,21 +245,147 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
         traj = Trajectory(segments=[], group_id=task.group_id, rollout_id=rid, task=dict(task.task), meta=meta)
         view = None if (user is None or task.user_messages is None) else [dict(m) for m in task.user_messages]
         eps.append(_Live(i, task, traj, [], view, seed_key=i if task.rollout_id is None else int(rid)))
+    return eps
 
-    # the opening user turn: given in the agent's messages, or written by the simulator
+
+def _open(eps: list[_Live], user, t: _Turns) -> None:
+    """The opening user turn (given in the agent's messages, or written by the simulator) and each dialogue's
+    first recorded segment: the agent's rendered starting messages."""
     openers = [ep for ep in eps if ep.task.agent_messages[-1].get("role") != "user" and ep.user_view is not None]
     given = {id(ep) for ep in eps if ep.task.agent_messages[-1].get("role") == "user"}
-    opened = {id(ep): u for ep, u in _user_turns(openers, user, cfg, refusal, opening=True)} if openers else {}
+    opened = {id(ep): u for ep, u in _user_turns(openers, user, t.cfg, t.refusal, opening=True)} if openers else {}
     for ep in eps:
         msgs = [dict(m) for m in ep.task.agent_messages]
         if id(ep) in opened:
             msgs.append({"role": "user", "content": opened[id(ep)]})
         elif id(ep) in given and ep.user_view is not None:
             ep.user_view.append({"role": "user", "content": msgs[-1]["content"]})
-        rendered = render_messages(tok, msgs, enable_thinking=cfg.agent_thinking, add_generation_prompt=False,
-                                   tools=tools if getattr(ep.task.env, "tool_mode", True) else None)
+        rendered = render_messages(t.tok, msgs, enable_thinking=t.cfg.agent_thinking, add_generation_prompt=False,
+                                   tools=t.tools if getattr(ep.task.env, "tool_mode", True) else None)
         _add(ep, "public", rendered.ids)
 
+
+def _live(eps: list[_Live], t: _Turns) -> list[_Live]:
+    """The dialogues that take another agent turn: not ended, and (with a context limit) room for a full reply."""
+    live = [ep for ep in eps if not ep.done]
+    if t.cfg.max_context_tokens is not None:
+        for ep in live:
+            if len(ep.context) + len(t.header) + t.cfg.agent_max_tokens > t.cfg.max_context_tokens:
+                _end(ep, "context_limit")
+        live = [ep for ep in live if not ep.done]
+    return live
+
+
+def _agent_turn(live: list[_Live], agent, t: _Turns) -> tuple[list[ToolCall], int]:
+    """One sampler call for every live dialogue; records header, reply and closing newline. Returns each
+    dialogue's env call and the number of tokens sampled."""
+    cfg = t.cfg
+    keyed = ({"keys": [("agent", ep.traj.rollout_id) for ep in live]}
+             if cfg.dialogue_keys and hasattr(agent, "release") else {})
+    samples = agent.generate_tokens(
+        [ep.context + t.header for ep in live], max_tokens=cfg.agent_max_tokens,
+        temperature=cfg.agent_temperature, top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
+        seed=[derive_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live], **keyed)
+    calls = []
+    for ep, s in zip(live, samples):
+        _add(ep, "public", t.header)
+        ended_cleanly = bool(s.tokens) and s.tokens[-1] == t.im_end
+        body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
+        reply = t.tok.decode(body)
+        _add(ep, "agent", s.tokens, s.logprobs, text=reply)
+        _add_tail(ep, t.newline if ended_cleanly else [t.im_end] + t.newline, cfg.max_context_tokens)
+        ep.turns += 1
+        if getattr(ep.task.env, "tool_mode", True):
+            calls.append(parse_tool_call(reply))
+        else:  # a free-text env reads the visible reply itself
+            calls.append(ToolCall(choice="text", content=visible_reply(reply)))
+    return calls, sum(len(s.tokens) for s in samples)
+
+
+def _env_turn(live: list[_Live], calls: list[ToolCall], t: _Turns) -> list[_Live]:
+    """Every live dialogue's env step (concurrent, since an env may call its own user / judge models, as the
+    UserRL gyms do); records rewards, info and the tool result. Returns the dialogues whose user speaks next."""
+    results = _env_steps(live, calls, t.cfg.env_workers)
+    pending = []
+    for ep, call, result in zip(live, calls, results):
+        if isinstance(result, InvalidEpisode):  # the env's user/judge refused, failed or never parsed
+            ep.traj.turn_rewards.append(0.0)
+            ep.traj.env_info.append({"choice": call.choice, "content": call.content, "tool_error": call.error,
+                                     "invalid": str(result)})
+            ep.traj.user_thoughts.append(None)
+            ep.traj.user_utterances.append(None)
+            _end(ep, "invalid", f"agent turn {ep.turns - 1}: {result}")
+            continue
+        if isinstance(result, Exception):
+            raise RuntimeError(f"task {ep.index} (rollout {ep.traj.rollout_id}), agent turn {ep.turns - 1}: "
+                               f"the environment raised {type(result).__name__}: {result}") from result
+        obs, reward, terminated, truncated, info = result
+        feedback = str((obs or {}).get("feedback", ""))
+        info = dict(info or {})
+        to_user = info.pop("to_user", call.content if call.ok and call.choice in ("action", "text") else None)
+        ep.traj.env_info.append({**info, "feedback": feedback, "reward": float(reward),
+                                 "terminated": bool(terminated), "truncated": bool(truncated),
+                                 "choice": call.choice, "content": call.content, "tool_error": call.error,
+                                 "to_user": to_user})
+        ep.traj.turn_rewards.append(float(reward))
+        tool_msg = {"role": "tool", "content": tool_feedback(feedback, reward)}
+        _add_tail(ep, render_turn(t.tok, tool_msg).ids, t.cfg.max_context_tokens)
+        if terminated or truncated:
+            _end(ep, "terminated" if terminated else "truncated")
+        elif to_user is not None and ep.user_view is not None:
+            ep.user_view.append({"role": "assistant", "content": to_user})
+            pending.append(ep)
+        if ep not in pending:  # an env that talks to its user itself reports the turn in info
+            ep.traj.user_thoughts.append(info.get("user_thought"))
+            ep.traj.user_utterances.append(info.get("user_utterance"))
+    return pending
+
+
+def _user_turn(pending: list[_Live], user, t: _Turns) -> None:
+    """One batched simulator call for the dialogues whose env addressed the user; the agent sees the utterance
+    only, as a plain user turn (no think block of any kind), and the env observes it."""
+    for ep, utterance in (_user_turns(pending, user, t.cfg, t.refusal, opening=False) if pending else []):
+        _add_tail(ep, render_turn(t.tok, {"role": "user", "content": utterance}, enable_thinking=False).ids,
+                  t.cfg.max_context_tokens)
+        extra, stop, uinfo = ep.task.env.observe_user(utterance)
+        ep.traj.turn_rewards[-1] += float(extra)
+        if uinfo:
+            ep.traj.env_info[-1]["user"] = dict(uinfo)
+        if stop:
+            _end(ep, "user_ended")
+
+
+def _close_round(live: list[_Live], cfg: EpisodeConfig) -> None:
+    for ep in live:
+        if not ep.done and ep.cut:  # what followed this turn passed the limit: no room for another
+            _end(ep, "context_limit")
+        if not ep.done and ep.turns >= cfg.max_turns:
+            _end(ep, "turn_limit")
+
+
+def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfig | None = None, *,
+                 tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[Trajectory]:
+    """Runs every task to its end and returns one Trajectory per task, in order.
+
+    agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
+    (`endpoints.LocalChatModel`, `engine_chat.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
+    None. An agent / user with persistent dialogue state (`release`, e.g. EngineChatModel) gets keys
+    ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
+    ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.
+    tokenizer: the agent's tokenizer (default `agent.tok`); all public segments are rendered with data/chat.py.
+    progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, dialogues still
+    active, agent tokens sampled so far), and once more with 0 active if the batch ends before a round (context
+    limit); `episodes.progress.TurnReporter` prints it.
+
+    A round is the module docstring's three steps: `_agent_turn`, `_env_turn`, `_user_turn`; `_start` and
+    `_open` begin the dialogues, `_live` and `_close_round` end them.
+    """
+    cfg = config or EpisodeConfig()
+    if cfg.max_turns < 1:
+        raise ValueError(f"EpisodeConfig.max_turns must be >= 1, got {cfg.max_turns}")
+    t = _Turns.of(cfg, tokenizer if tokenizer is not None else agent.tok)
+    eps = _start(tasks, user)
+    _open(eps, user, t)
     rounds, sampled, reported_active = 0, 0, None
 
     def report():
@@ -276,87 +398,16 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     try:
         while True:
             _release([ep for ep in eps if ep.done], agent, user, cfg)  # free ended dialogues' pages early
-            live = [ep for ep in eps if not ep.done]
-            if cfg.max_context_tokens is not None:
-                for ep in live:
-                    if len(ep.context) + len(header) + cfg.agent_max_tokens > cfg.max_context_tokens:
-                        _end(ep, "context_limit")
-                live = [ep for ep in live if not ep.done]
+            live = _live(eps, t)
             if not live:
                 if reported_active:  # the last report still counted dialogues that the context limit ended
                     report()
                 break
-            # 1. agent turn: one sampler call for every live dialogue
-            keyed = {"keys": [("agent", ep.traj.rollout_id) for ep in live]} if agent_keys else {}
-            samples = agent.generate_tokens(
-                [ep.context + header for ep in live], max_tokens=cfg.agent_max_tokens,
-                temperature=cfg.agent_temperature, top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
-                seed=[derive_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live], **keyed)
+            calls, n_sampled = _agent_turn(live, agent, t)
             rounds += 1
-            sampled += sum(len(s.tokens) for s in samples)
-            calls = []
-            for ep, s in zip(live, samples):
-                _add(ep, "public", header)
-                ended_cleanly = bool(s.tokens) and s.tokens[-1] == im_end
-                body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
-                reply = tok.decode(body)
-                _add(ep, "agent", s.tokens, s.logprobs, text=reply)
-                _add_tail(ep, newline if ended_cleanly else [im_end] + newline, limit)
-                ep.turns += 1
-                if getattr(ep.task.env, "tool_mode", True):
-                    calls.append(parse_tool_call(reply))
-                else:  # a free-text env reads the visible reply itself
-                    calls.append(ToolCall(choice="text", content=visible_reply(reply)))
-            # 2. environment steps: concurrent, since an env may call its own user / judge models (UserRL gyms)
-            results = _env_steps(live, calls, cfg.env_workers)
-            pending = []
-            for ep, call, result in zip(live, calls, results):
-                if isinstance(result, InvalidEpisode):  # the env's user/judge refused, failed or never parsed
-                    ep.traj.turn_rewards.append(0.0)
-                    ep.traj.env_info.append({"choice": call.choice, "content": call.content, "tool_error": call.error,
-                                             "invalid": str(result)})
-                    ep.traj.user_thoughts.append(None)
-                    ep.traj.user_utterances.append(None)
-                    _end(ep, "invalid", f"agent turn {ep.turns - 1}: {result}")
-                    continue
-                if isinstance(result, Exception):
-                    raise RuntimeError(f"task {ep.index} (rollout {ep.traj.rollout_id}), agent turn {ep.turns - 1}: "
-                                       f"the environment raised {type(result).__name__}: {result}") from result
-                obs, reward, terminated, truncated, info = result
-                feedback = str((obs or {}).get("feedback", ""))
-                info = dict(info or {})
-                to_user = info.pop("to_user", call.content if call.ok and call.choice in ("action", "text") else None)
-                ep.traj.env_info.append({**info, "feedback": feedback, "reward": float(reward),
-                                         "terminated": bool(terminated), "truncated": bool(truncated),
-                                         "choice": call.choice, "content": call.content, "tool_error": call.error,
-                                         "to_user": to_user})
-                ep.traj.turn_rewards.append(float(reward))
-                tool_msg = {"role": "tool", "content": tool_feedback(feedback, reward)}
-                _add_tail(ep, render_turn(tok, tool_msg).ids, limit)
-                if terminated or truncated:
-                    _end(ep, "terminated" if terminated else "truncated")
-                elif to_user is not None and ep.user_view is not None:
-                    ep.user_view.append({"role": "assistant", "content": to_user})
-                    pending.append(ep)
-                if ep not in pending:  # an env that talks to its user itself reports the turn in info
-                    ep.traj.user_thoughts.append(info.get("user_thought"))
-                    ep.traj.user_utterances.append(info.get("user_utterance"))
-            # 3. user-simulator turn: one batched call
-            for ep, utterance in (_user_turns(pending, user, cfg, refusal, opening=False) if pending else []):
-                # the agent sees the utterance only, as a plain user turn (no think block of any kind)
-                _add_tail(ep, render_turn(tok, {"role": "user", "content": utterance}, enable_thinking=False).ids,
-                          limit)
-                extra, stop, uinfo = ep.task.env.observe_user(utterance)
-                ep.traj.turn_rewards[-1] += float(extra)
-                if uinfo:
-                    ep.traj.env_info[-1]["user"] = dict(uinfo)
-                if stop:
-                    _end(ep, "user_ended")
-            for ep in live:
-                if not ep.done and ep.cut:  # what followed this turn passed the limit: no room for another
-                    _end(ep, "context_limit")
-                if not ep.done and ep.turns >= cfg.max_turns:
-                    _end(ep, "turn_limit")
+            sampled += n_sampled
+            _user_turn(_env_turn(live, calls, t), user, t)
+            _close_round(live, cfg)
             report()
     finally:  # an env that raised leaves no dialogue state behind either
         _release(eps, agent, user, cfg)

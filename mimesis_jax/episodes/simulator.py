@@ -145,20 +145,8 @@ def _check_turn(ep: _Live, result, what: str) -> SimTurn | None:
     return result
 
 
-def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisodeConfig | None = None, *,
-                     tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[SimRollout]:
-    """Runs every task to its end; one SimRollout per task, in order.
-
-    policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel` over the simulator's weights, or `episodes.agent.ScriptedAgent` in tests). A policy with
-    `release` (`engine_chat.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
-    tokenizer: the policy's tokenizer (default `policy.tok`).
-    progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, of at most the
-    largest turn limit of the batch; rollouts still active; policy tokens sampled so far), and once more with 0
-    active if the batch ends before a round (context limit); `episodes.progress.TurnReporter` prints it.
-    """
-    cfg = config or SimEpisodeConfig()
-    tok = tokenizer if tokenizer is not None else policy.tok
+def _start(tasks: Sequence[SimEpisodeTask], cfg: SimEpisodeConfig) -> list[_Live]:
+    """Checks the tasks' policy roles and rollout ids and opens one live rollout per task (envs not reset yet)."""
     eps: list[_Live] = []
     seen: dict[int, int] = {}
     for i, task in enumerate(tasks):
@@ -174,8 +162,13 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
         out = SimRollout(segments=[], domain=task.domain or env.domain, group_id=task.group_id, rollout_id=rid,
                          task=dict(task.task))
         eps.append(_Live(i, task, out, [], limit, seed_key=i if task.rollout_id is None else rid))
+    return eps
+
+
+def _reset(eps: list[_Live], workers: int) -> None:
+    """Resets every env concurrently; each rollout's view starts as its env's opening messages."""
     for ep, view in zip(eps, _pool_map(lambda ep: _call(ep.task.env.reset, ep.task.reset_seed),
-                                       [(ep,) for ep in eps], cfg.env_workers)):
+                                       [(ep,) for ep in eps], workers)):
         if isinstance(view, InvalidEpisode):
             _invalid(ep, f"reset: {view}")
         elif isinstance(view, Exception):
@@ -184,6 +177,94 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
         else:
             ep.view = [dict(m) for m in view]
 
+
+def _finish_at(eps: list[_Live], reason: str, what: str, workers: int) -> None:
+    """Asks each env in `eps` for its reward at a limit (``env.finish(reason)``, concurrently) and ends it."""
+    for ep, result in zip(eps, _pool_map(lambda ep: _call(ep.task.env.finish, reason), [(ep,) for ep in eps],
+                                         workers)):
+        t = _check_turn(ep, result, what)
+        if t is not None:
+            _finish(ep, t, reason)
+
+
+def _prompts(eps: list[_Live], cfg: SimEpisodeConfig, tok) -> tuple[list[_Live], list[list[int]]]:
+    """The rollouts that take another policy turn with their rendered prompts; those whose prompt + max_tokens
+    would pass the context limit are finished first, before sampling what would not fit."""
+    live = [ep for ep in eps if not ep.done]
+    prompts = [list(render_messages(tok, ep.view, enable_thinking=ep.task.env.thinking, add_generation_prompt=True,
+                                    generation_role=ep.task.env.policy_role).ids) for ep in live]
+    if cfg.max_context_tokens is not None:
+        over = [ep for ep, p in zip(live, prompts) if len(p) + cfg.max_tokens > cfg.max_context_tokens]
+        _finish_at(over, "context_limit", "finish at the context limit", cfg.env_workers)
+        keep = [(ep, p) for ep, p in zip(live, prompts) if not ep.done]
+        live, prompts = [e for e, _ in keep], [p for _, p in keep]
+    return live, prompts
+
+
+def _policy_turn(live: list[_Live], prompts: list[list[int]], policy, cfg: SimEpisodeConfig, tok, turn: int,
+                 keyed_policy: bool) -> tuple[list[tuple], int]:
+    """One sampler call for every live rollout; records each turn's segment, thought and utterance. Returns
+    (rollout, thought, utterance) per rollout and the number of tokens sampled."""
+    keyed = {"keys": [ep.out.rollout_id for ep in live]} if keyed_policy else {}
+    samples = policy.generate_tokens(prompts, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                                     top_p=cfg.top_p, top_k=cfg.top_k,
+                                     seed=[derive_seed(cfg.seed, ep.seed_key, turn) for ep in live], **keyed)
+    steps = []
+    for ep, prompt, s in zip(live, prompts, samples):
+        body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
+        text = tok.decode(body)
+        thought, utterance = split_thought(text, thinking=ep.task.env.thinking)
+        ep.out.thoughts.append(thought)
+        ep.out.utterances.append(utterance)
+        ep.out.segments.append(Trajectory(
+            segments=[Segment("public", prompt), Segment("agent", s.tokens, s.logprobs, text=text)],
+            group_id=ep.out.group_id, rollout_id=ep.out.rollout_id, task=ep.out.task,
+            meta={"domain": ep.out.domain, "turn": turn, "finish_reason": s.finish_reason}))
+        steps.append((ep, thought, utterance))
+    return steps, sum(len(s.tokens) for s in samples)
+
+
+def _env_turn(steps: list[tuple], cfg: SimEpisodeConfig, turn: int) -> None:
+    """The env steps (concurrent): ends the rollouts that are done, appends the utterance and the env's messages
+    to the others' views, and finishes those that reached their turn limit."""
+    results = _pool_map(lambda ep, th, ut: _call(ep.task.env.step, th, ut), steps, cfg.env_workers)
+    finishing = []
+    for (ep, thought, utterance), result in zip(steps, results):
+        t = _check_turn(ep, result, f"policy turn {turn}")
+        if t is None:
+            continue
+        if t.done:
+            _finish(ep, t, "done")
+            continue
+        own = {"role": ep.task.env.policy_role, "content": utterance or ""}
+        if thought is not None and ep.task.env.thinking:
+            own["reasoning"] = thought
+        ep.view.append(own)
+        ep.view.extend(dict(m) for m in t.messages)
+        if len(ep.out.segments) >= ep.limit:
+            finishing.append(ep)
+    _finish_at(finishing, "turn_limit", "finish at the turn limit", cfg.env_workers)
+
+
+def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisodeConfig | None = None, *,
+                     tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[SimRollout]:
+    """Runs every task to its end; one SimRollout per task, in order.
+
+    policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
+    (`endpoints.LocalChatModel` over the simulator's weights, or `episodes.agent.ScriptedAgent` in tests). A policy with
+    `release` (`engine_chat.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
+    tokenizer: the policy's tokenizer (default `policy.tok`).
+    progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, of at most the
+    largest turn limit of the batch; rollouts still active; policy tokens sampled so far), and once more with 0
+    active if the batch ends before a round (context limit); `episodes.progress.TurnReporter` prints it.
+
+    A round is the module docstring's two steps, `_policy_turn` and `_env_turn`; `_start` and `_reset` begin
+    the rollouts, `_prompts` (the context limit) and `_env_turn` (done, the turn limit) end them.
+    """
+    cfg = config or SimEpisodeConfig()
+    tok = tokenizer if tokenizer is not None else policy.tok
+    eps = _start(tasks, cfg)
+    _reset(eps, cfg.env_workers)
     keyed_policy = cfg.dialogue_keys and hasattr(policy, "release")
     max_rounds = max((ep.limit for ep in eps), default=0)
     sampled, reported_active = 0, None
@@ -198,67 +279,14 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
     try:
         turn = 0
         while True:
-            live = [ep for ep in eps if not ep.done]
-            prompts = []
-            for ep in live:
-                env = ep.task.env
-                prompts.append(list(render_messages(tok, ep.view, enable_thinking=env.thinking,
-                                                    add_generation_prompt=True, generation_role=env.policy_role).ids))
-            # the context limit: finish before sampling what would not fit
-            if cfg.max_context_tokens is not None:
-                over = [(ep, p) for ep, p in zip(live, prompts) if len(p) + cfg.max_tokens > cfg.max_context_tokens]
-                finished = _pool_map(lambda ep: _call(ep.task.env.finish, "context_limit"), [(e,) for e, _ in over],
-                                     cfg.env_workers)
-                for ep, result in zip([e for e, _ in over], finished):
-                    t = _check_turn(ep, result, "finish at the context limit")
-                    if t is not None:
-                        _finish(ep, t, "context_limit")
-                keep = [(ep, p) for ep, p in zip(live, prompts) if not ep.done]
-                live, prompts = [e for e, _ in keep], [p for _, p in keep]
+            live, prompts = _prompts(eps, cfg, tok)
             if not live:
                 if reported_active:  # the last report still counted rollouts that the context limit ended
                     report(turn)
                 break
-            # 1. policy turn: one sampler call for every live episode
-            keyed = {"keys": [ep.out.rollout_id for ep in live]} if keyed_policy else {}
-            samples = policy.generate_tokens(prompts, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                                             top_p=cfg.top_p, top_k=cfg.top_k,
-                                             seed=[derive_seed(cfg.seed, ep.seed_key, turn) for ep in live], **keyed)
-            sampled += sum(len(s.tokens) for s in samples)
-            steps = []
-            for ep, prompt, s in zip(live, prompts, samples):
-                body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
-                text = tok.decode(body)
-                thought, utterance = split_thought(text, thinking=ep.task.env.thinking)
-                ep.out.thoughts.append(thought)
-                ep.out.utterances.append(utterance)
-                ep.out.segments.append(Trajectory(
-                    segments=[Segment("public", prompt), Segment("agent", s.tokens, s.logprobs, text=text)],
-                    group_id=ep.out.group_id, rollout_id=ep.out.rollout_id, task=ep.out.task,
-                    meta={"domain": ep.out.domain, "turn": turn, "finish_reason": s.finish_reason}))
-                steps.append((ep, thought, utterance))
-            # 2. environment steps, concurrent
-            results = _pool_map(lambda ep, th, ut: _call(ep.task.env.step, th, ut), steps, cfg.env_workers)
-            finishing = []
-            for (ep, thought, utterance), result in zip(steps, results):
-                t = _check_turn(ep, result, f"policy turn {turn}")
-                if t is None:
-                    continue
-                if t.done:
-                    _finish(ep, t, "done")
-                    continue
-                own = {"role": ep.task.env.policy_role, "content": utterance or ""}
-                if thought is not None and ep.task.env.thinking:
-                    own["reasoning"] = thought
-                ep.view.append(own)
-                ep.view.extend(dict(m) for m in t.messages)
-                if len(ep.out.segments) >= ep.limit:
-                    finishing.append(ep)
-            for ep, result in zip(finishing, _pool_map(lambda ep: _call(ep.task.env.finish, "turn_limit"),
-                                                       [(ep,) for ep in finishing], cfg.env_workers)):
-                t = _check_turn(ep, result, "finish at the turn limit")
-                if t is not None:
-                    _finish(ep, t, "turn_limit")
+            steps, n_sampled = _policy_turn(live, prompts, policy, cfg, tok, turn, keyed_policy)
+            sampled += n_sampled
+            _env_turn(steps, cfg, turn)
             turn += 1
             report(turn)
     finally:  # free the engine state (pages, state slots) of every rollout, also when a step raised

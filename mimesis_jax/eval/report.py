@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from mimesis_jax.envs.agent_env import EnvError
-from mimesis_jax.envs.behaviour import ALL_IDS
+from mimesis_jax.envs.abcd.behaviour import ALL_IDS
 from mimesis_jax.eval import metrics
 
 STAGES = ("midtrain", "sft", "simrl", "agentrl")

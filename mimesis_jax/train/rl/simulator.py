@@ -51,7 +51,7 @@ from mimesis_jax.algorithms import grpo
 # the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the stage's callers
 from mimesis_jax.config.rl import (BEHAVIOUR, DomainMixConfig, RLConfig, SidesConfig, SimRLConfig,  # noqa: F401
                                    SimRolloutConfig, SimValidationConfig, context_budget)
-from mimesis_jax.envs.abcd_env import BehaviourEnvConfig, behaviour_report
+from mimesis_jax.envs.abcd.env import BehaviourEnvConfig, behaviour_report
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.domains import DomainSampler, default_weights, domain, make_domain_env
 from mimesis_jax.errors import ConfigError

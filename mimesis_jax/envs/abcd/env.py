@@ -4,7 +4,7 @@ assigned behaviour (B1..B13 of Table 5) or none (N) against a fixed support agen
 One of the 24 environments of the joint RL stage (Eq 4, domain ``abcd_behaviour``), on the `SimEnv` protocol
 (envs/sim_env.py). The policy writes the CUSTOMER's turns (``policy_role = "user"``); in its view the support
 agent is ``assistant``. The fixed agent sees the same dialogue with the same roles (customer ``user``, itself
-``assistant``) under its own system prompt. Prompts are data: ``abcd_data/prompts.toml``.
+``assistant``) under its own system prompt. Prompts are data: ``envs/abcd/data/prompts.toml``.
 
 An episode:
 
@@ -12,7 +12,7 @@ An episode:
    ``assign_behaviour(np.random.default_rng(seed), neutral_share)`` (N with probability 1/3 by default). Building
    the envs of one GRPO group from the same record and seed gives every rollout of the group the same behaviour;
    ``reset`` never redraws it (its seed is unused: nothing else is random here).
-2. **Replay** (``reset``). The identity-verification prefix (`abcd.identity_verification_turns`) is replayed
+2. **Replay** (``reset``). The identity-verification prefix (`dataset.identity_verification_turns`) is replayed
    verbatim: customer turns -> ``user``, agent turns -> ``assistant``. A run of consecutive ``action`` turns is
    folded, one ``[action: <text>]`` note per line (template ``action_note``), into the agent turn that follows it
    immediately, above its text; when a customer turn follows instead (or the replay ends), the run becomes an
@@ -65,9 +65,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mimesis_jax.envs import abcd
+from mimesis_jax.envs.abcd import dataset as abcd
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
-from mimesis_jax.envs.behaviour import (
+from mimesis_jax.envs.abcd.behaviour import (
     ALL_IDS, BEHAVIOUR_IDS, BEHAVIOURS, CARD_FIELDS, NEUTRAL, SCORE_KEYS, BehaviourCard, assign_behaviour,
     behaviour_reward, meta_narration_candidates, meta_narration_rule, resolve_weights,
 )
@@ -146,11 +146,11 @@ class BehaviourEnvConfig:
 
 # ------------------------------------------------------------------------------------ prompts and text
 def prompt(key: str, **values) -> str:
-    """Template ``key`` of abcd_data/prompts.toml filled with ``values``."""
+    """Template ``key`` of data/prompts.toml filled with ``values``."""
     table = load_templates(PROMPTS_PATH)
     if key not in table:
         raise EnvError(f"prompt file {PROMPTS_PATH}: no template {key!r}")
-    return fill(table[key], f"abcd_data/prompts.toml:{key}", **values)
+    return fill(table[key], f"abcd/data/prompts.toml:{key}", **values)
 
 
 def _kv_lines(values: Mapping[str, Any]) -> str:
@@ -260,13 +260,13 @@ def required_actions(kb: Mapping, subflow: str) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def shipped_kb() -> dict[str, list[str]]:
-    """The shipped abcd_data/kb.json, read once."""
+    """The shipped data/kb.json, read once."""
     return abcd.load_kb(abcd.KB_PATH)
 
 
 @functools.lru_cache(maxsize=1)
 def shipped_guidelines() -> dict:
-    """The shipped abcd_data/guidelines.json, read once."""
+    """The shipped data/guidelines.json, read once."""
     return abcd.load_guidelines(abcd.GUIDELINES_PATH)
 
 
@@ -469,7 +469,7 @@ class BehaviourEnv(SimEnv):
 def make_behaviour_env(record: abcd.Conversation, *, agent: ChatModel, judge: ChatModel, seed: int | None = None,
                        config: BehaviourEnvConfig | None = None, kb: Mapping | None = None,
                        guidelines: Mapping | None = None, behaviour: str | None = None) -> BehaviourEnv:
-    """A BehaviourEnv with kb/guidelines defaulting to the shipped abcd_data files (read once per process)."""
+    """A BehaviourEnv with kb/guidelines defaulting to the shipped data/ files (read once per process)."""
     return BehaviourEnv(record, agent=agent, judge=judge, kb=shipped_kb() if kb is None else kb,
                         guidelines=shipped_guidelines() if guidelines is None else guidelines,
                         behaviour=behaviour, config=config, seed=seed)

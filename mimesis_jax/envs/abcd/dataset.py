@@ -289,7 +289,7 @@ def identity_verification_turns(record: Conversation) -> list[tuple[str, str]]:
     return list(record.original[: identity_verification_end(record) + 1])
 
 
-DATA_DIR = os.path.join(os.path.dirname(__file__), "abcd_data")
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 SAMPLE_PATH = os.path.join(DATA_DIR, "abcd_sample.json")
 KB_PATH = os.path.join(DATA_DIR, "kb.json")
 GUIDELINES_PATH = os.path.join(DATA_DIR, "guidelines.json")

@@ -1,7 +1,7 @@
 """ABCD realistic-behaviour cards, the behaviour reward (docs/reference/paper.md 3.4, Eq 12-13) and meta-narration detection.
 
 * ``BEHAVIOURS``: the 13 behaviours of Table 5 (B1..B13) and neutral ``N``, as cards
-  {id, name, definition, looks_like, when, must_not} read from ``abcd_data/behaviours.json`` (this project's
+  {id, name, definition, looks_like, when, must_not} read from ``data/behaviours.json`` (this project's
   own wording of Table 5).
 * ``behaviour_reward(scores)``: Eq 12, r = (w_e e + w_p p + w_n n + w_c c) / (w_e + w_p + w_n + w_c) with judged
   components e (expression), p (placement in time), n (naturalness), c (task/fact/policy consistency), each in
@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import EnvError
 
-BEHAVIOURS_PATH = os.path.join(os.path.dirname(__file__), "abcd_data", "behaviours.json")
+BEHAVIOURS_PATH = os.path.join(os.path.dirname(__file__), "data", "behaviours.json")
 CARD_FIELDS = ("id", "name", "definition", "looks_like", "when", "must_not")
 BEHAVIOUR_IDS = tuple(f"B{i}" for i in range(1, 14))  # the 13 behaviours, without neutral
 NEUTRAL = "N"
