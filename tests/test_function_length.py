@@ -16,8 +16,6 @@ MAX_LINES = 120
 # "path under mimesis_jax/:qualified name", each in the hands of a #42 piece still open
 STILL_TO_SPLIT = {
     "algorithms/rl_batch.py:pack_trajectories",
-    "episodes/agent.py:run_episodes",
-    "episodes/simulator.py:run_sim_episodes",
 }
 
 
