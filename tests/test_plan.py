@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from mimesis_jax import models, sharding
-from mimesis_jax.algorithms.rl_batch import ladder_for_config
+from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.config import OptimizerConfig
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig

@@ -292,7 +292,7 @@ def test_rehearse_simrl_9b(tmp_path):
         assert (rep["group_size"], rep["updates_per_step"], rep["csd"]) == (8, 4, False)
         assert rep["row_len"] == rep["max_context_tokens"] == 1024 and rep["dtype"] == "float32"
         assert rep["model"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]  # one period
-        # Stage I.3 packs on its ladder too (rl_batch.ladder_for_config): every update program is one the plan
+        # Stage I.3 packs on its ladder too (train/rl/ladder.py ladder_for_config): every update is one the plan
         # lists
         plan = [list(p.values()) for p in rep["plan_programs"]]
         updates = [p for p in rep["programs"] if p["program"] == "rl_update"]

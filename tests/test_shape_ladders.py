@@ -22,6 +22,7 @@ from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.plan import mix, workload
 from mimesis_jax.train.rl import agent as A, learner as L
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
+from mimesis_jax.train.rl.ladder import ladder_for_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER = os.path.join(ROOT, "configs", "qwen3_8b_agentrl.py")
@@ -79,7 +80,7 @@ def test_paper_mix_compiles_a_bounded_known_set_of_programs(variant, most):
     positions, at most 1.5 x the agent tokens, and for CSD at most 1.5 x the coached tokens in the teacher's head
     and 1.5 x the agent + coached tokens in both heads together; all costs printed."""
     cfg, multiple = _paper(variant)
-    ladder = rl_batch.ladder_for_config(cfg, multiple)
+    ladder = ladder_for_config(cfg, multiple)
     fused = variant == "csd"
     assert ladder.fused == fused and ladder.row_len == cfg.rollout.row_len == 9344
     assert ladder.rows == (64, 96, 128)  # 1/2, 3/4, 1 of 16 x 8 dialogues, multiples of 4 micro-batches x fsdp 8
@@ -130,7 +131,7 @@ def test_packed_arrays_have_the_ladder_shape_and_the_counted_padding(variant):
     the sizes, their padding (zero segment ids, masks, branch ids) is the one counted from the sizes, and so are
     the step record's pad/head_fraction and (CSD) pad/branch_head_fraction."""
     cfg, multiple = _paper(variant)
-    ladder = rl_batch.ladder_for_config(cfg, multiple)
+    ladder = ladder_for_config(cfg, multiple)
     fused = variant == "csd"
     rng = np.random.RandomState(5)
     for _ in range(2):
@@ -172,7 +173,7 @@ def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys, variant):
     args = plan_cli.add_args(argparse.ArgumentParser()).parse_args(["--config", f"{PAPER}:{variant}"])
     assert plan_cli.run(args) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("LM head: ")]
-    ladder = rl_batch.ladder_for_config(cfg, multiple)
+    ladder = ladder_for_config(cfg, multiple)
     rng = np.random.RandomState(mix.SEED)
     n, head, agent, bhead, coached, seen = plan_cli.HEAD_MIX_MINIBATCHES, 0, 0, 0, 0, set()
     for _ in range(n):
@@ -319,7 +320,7 @@ def test_simrl_paper_mix_compiles_a_bounded_known_set_of_programs():
     NumPy count). The first 20 mini-batches on the fine ladders the packer used before need more programs."""
     cfg, multiple = _paper_sim()
     r = cfg.rollout
-    ladder = rl_batch.ladder_for_config(cfg, multiple)
+    ladder = ladder_for_config(cfg, multiple)
     # heads at rollout.head_rungs = 0.2, 0.3, 1 of the row, rounded up to 64
     assert multiple == 32 and ladder == rl_batch.ShapeLadder(16384, (64, 96, 128), (), (3328, 4928, 16384))
     w = workload.workload_from_config(cfg, {"data": 2, "fsdp": 4, "tensor": 2}, cfg.model)

@@ -93,7 +93,7 @@ def straight(tmp_path_factory):
 
 @pytest.mark.slow  # early in a worker: see the module docstring
 def test_one_step_program_and_one_sampler_program(straight):
-    """The run's fixed shapes (rl_batch.ladder_for_config, chat_models.fixed_buckets): every mini-batch of both
+    """The run's fixed shapes (train/rl/ladder.py ladder_for_config, chat_models.fixed_buckets): every mini-batch of both
     steps packs to the ladder's one program, 4 rows of 1,536 tokens (2 per dialogue), and every policy call,
     validation included, to one sampler program: 4 sequences x the 1,528-token prompts the context budget allows
     (1,536 - 8 new tokens) + 8 new tokens; each compiled once (the metrics' compilations/*; sampler traces), and

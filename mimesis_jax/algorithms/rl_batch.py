@@ -92,7 +92,6 @@ ROW_RUNGS = (1 / 2, 3 / 4, 1)  # `ShapeLadder` rows: fractions of the most rows 
 BRANCH_RUNGS = (1 / 2, 1)  # `ShapeLadder` CSD branch row length: fractions of the longest branch block
 HEAD_RUNGS = (1,)  # `ShapeLadder` LM-head counts per row: fractions of the row length
 BRANCH_HEAD_RUNGS = (1,)  # `ShapeLadder` branch-head counts per row: fractions of the head count
-NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header
 SHAPE_FIELDS = ("rows", "row_len", "head", "branch", "branch_head")  # a shape key: B, T, Ka, Tb, Kc (0: none)
 
 
@@ -339,43 +338,6 @@ def shape_ladder(row_len: int, max_rows: int, rows_multiple: int = 1, branch_max
     bh = tuple(sorted({float(f) for f in branch_head_rungs} | {1.0})) if branch else ()
     return ShapeLadder(int(row_len), rows, branch, head if len(head) > 1 else (), bh if len(bh) > 1 else (),
                        int(pad_multiple))
-
-
-def config_bounds(cfg) -> dict:
-    """What an RL run config bounds per mini-batch: dialogues (mini_batch_prompts x group_size), agent tokens of
-    one dialogue and, with CSD, one dialogue's branch block.
-    Stage II (AgentRLConfig): agent tokens = min(row_len - 1, turns x agent_max_tokens, the context past the
-    longest prompt); the branch block = its agent tokens + per turn a coach note of users.coach_max_tokens and
-    `NOTE_TOKENS` of template. Stage I.3 (SimRLConfig, every policy turn its own segment of at most the context
-    budget): agent tokens = min(row_len - 1, domains.max_user_turns x max_tokens); no branches."""
-    r = cfg.rollout
-    T = int(r.row_len)
-    dialogues = r.mini_batch_prompts * r.group_size
-    if not hasattr(cfg, "users"):  # Stage I.3
-        return {"dialogues": dialogues, "agent_tokens": min(T - 1, cfg.domains.max_user_turns * r.max_tokens),
-                "branch_tokens": 0}
-    agent = min(T - 1, r.max_turns * r.agent_max_tokens)
-    if r.max_context_tokens and cfg.gyms.max_prompt_tokens:
-        agent = min(agent, r.max_context_tokens - cfg.gyms.max_prompt_tokens)
-    csd = cfg.rl.alpha > 0 and cfg.rl.teacher == "fused"
-    branch = agent + r.max_turns * (cfg.users.coach_max_tokens + NOTE_TOKENS) if csd else 0
-    return {"dialogues": dialogues, "agent_tokens": agent, "branch_tokens": branch}
-
-
-def ladder_for_config(cfg, rows_multiple: int, processes: int = 1) -> ShapeLadder | None:
-    """The `ShapeLadder` of an RL run config, Stage II or Stage I.3 (one process's share of a mini-batch with
-    `processes`): rows at `rollout.row_rungs` (() = `ROW_RUNGS`) of one row per dialogue, LM-head counts at
-    `rollout.head_rungs` (() = `HEAD_RUNGS`: the row length) of row_len. None where shapes stay
-    on the fine ladders: rollout.row_len = 0 (bucketed from the batch) or the naive teacher."""
-    if not cfg.rollout.row_len:
-        return None
-    if cfg.rl.alpha > 0 and cfg.rl.teacher != "fused":
-        return None
-    b = config_bounds(cfg)
-    return shape_ladder(cfg.rollout.row_len, -(-b["dialogues"] // max(1, processes)), rows_multiple,
-                        b["branch_tokens"], row_rungs=tuple(getattr(cfg.rollout, "row_rungs", ()) or ROW_RUNGS),
-                        head_rungs=tuple(getattr(cfg.rollout, "head_rungs", ()) or HEAD_RUNGS),
-                        branch_head_rungs=tuple(getattr(cfg.rollout, "branch_head_rungs", ()) or BRANCH_HEAD_RUNGS))
 
 
 # --------------------------------------------------------------------------------- per trajectory

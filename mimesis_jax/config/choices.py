@@ -14,3 +14,4 @@ LOSS_AGGS = ("token-mean", "seq-mean")  # Eq 6 reductions (grpo.loss_token_weigh
 CREDITS = CREDIT_METHODS + ("infopo",)  # RLConfig.credit: "infopo" is the §4.3 baseline (algorithms/infopo.py)
 KL_ESTIMATORS = ("k1", "k2", "k3")  # Schulman's per-token KL estimators (train/rl/step.py kl_estimate)
 OLD_LOGPROBS = ("rollout", "recompute")  # where the update's old log-probs come from
+NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header (the packing bound)

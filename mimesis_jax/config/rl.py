@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from mimesis_jax.config.checks import need as _need
-from mimesis_jax.config.choices import CREDITS, KL_ESTIMATORS, LOSS_AGGS, OLD_LOGPROBS, SCORE_METHODS
+from mimesis_jax.config.choices import CREDITS, KL_ESTIMATORS, LOSS_AGGS, NOTE_TOKENS, OLD_LOGPROBS, SCORE_METHODS
 from mimesis_jax.config.mixture import MixtureConfig
 from mimesis_jax.config.sections import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
                                          TrainConfig)
@@ -299,6 +299,20 @@ class AgentRLConfig(_RLRun):
         self.gyms.validate()
         return self
 
+    def packing_bounds(self) -> dict:
+        """What this config bounds per mini-batch, as numbers for the shape ladder (algorithms/rl_batch.py
+        `shape_ladder`): dialogues (mini_batch_prompts x group_size); agent tokens of one dialogue = min(row_len - 1,
+        turns x agent_max_tokens, the context past the longest prompt); with the fused CSD teacher, one dialogue's
+        branch block = its agent tokens + per turn a coach note of users.coach_max_tokens and `NOTE_TOKENS` of
+        template (else 0)."""
+        r = self.rollout
+        agent = min(int(r.row_len) - 1, r.max_turns * r.agent_max_tokens)
+        if r.max_context_tokens and self.gyms.max_prompt_tokens:
+            agent = min(agent, r.max_context_tokens - self.gyms.max_prompt_tokens)
+        csd = self.rl.alpha > 0 and self.rl.teacher == "fused"
+        branch = agent + r.max_turns * (self.users.coach_max_tokens + NOTE_TOKENS) if csd else 0
+        return {"dialogues": r.mini_batch_prompts * r.group_size, "agent_tokens": agent, "branch_tokens": branch}
+
 
 # ------------------------------------------------------------------------------------------ Stage I.3
 @dataclasses.dataclass(frozen=True)
@@ -387,3 +401,11 @@ class SimRLConfig(_RLRun):
         need(not (self.init.from_workdir and self.init.from_hf), "init.from_hf",
              "set at most one of init.from_workdir (mid-trained) and init.from_hf (pretrained)")
         return self
+
+    def packing_bounds(self) -> dict:
+        """What this config bounds per mini-batch, as numbers for the shape ladder: rollouts (mini_batch_prompts x
+        group_size); policy tokens of one rollout (every policy turn its own segment of at most the context budget)
+        = min(row_len - 1, domains.max_user_turns x max_tokens); no branches."""
+        r = self.rollout
+        return {"dialogues": r.mini_batch_prompts * r.group_size,
+                "agent_tokens": min(int(r.row_len) - 1, self.domains.max_user_turns * r.max_tokens), "branch_tokens": 0}

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from mimesis_jax.algorithms import rl_batch
+from mimesis_jax.config.choices import NOTE_TOKENS
+from mimesis_jax.train.rl.ladder import ladder_for_config
 
 HEADER = 3  # assistant-header tokens before each agent turn
 COACH_PROB = 0.5  # the chance a Stage II turn has a coach note
@@ -37,7 +39,7 @@ def agent_dialogue(rng: np.random.RandomState, cfg, coach_prob: float = COACH_PR
         used += env + HEADER + agent
         plan.append(("public", env))
         if rng.rand() < coach_prob:
-            plan.append(("coach", rng.randint(16, cfg.users.coach_max_tokens + rl_batch.NOTE_TOKENS - HEADER + 1)))
+            plan.append(("coach", rng.randint(16, cfg.users.coach_max_tokens + NOTE_TOKENS - HEADER + 1)))
         plan += [("public", HEADER), ("agent", agent)]
     return plan
 
@@ -95,12 +97,12 @@ def applies(cfg) -> bool:
 
 
 def head_padding(cfg, rows_multiple: int, minibatches: int, seed: int = SEED) -> dict | None:
-    """The config's ladder (rl_batch.ladder_for_config) over `minibatches` mini-batches of its synthetic mix:
+    """The config's ladder (ladder_for_config) over `minibatches` mini-batches of its synthetic mix:
     head = LM-head positions of the programs taken (rows x head, summed), agent = real agent tokens, programs =
     how many distinct programs were taken; with fused CSD branches (fused: True) also the teacher's head:
     branch_head = its positions (rows x branch_head), coached = real coached tokens. None where the shapes are not
     on a ladder or the mix does not fit the config (`applies`)."""
-    ladder = rl_batch.ladder_for_config(cfg, rows_multiple)
+    ladder = ladder_for_config(cfg, rows_multiple)
     if ladder is None or not applies(cfg):
         return None
     rng = np.random.RandomState(seed)

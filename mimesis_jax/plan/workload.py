@@ -7,7 +7,8 @@ import dataclasses
 import math
 from typing import Sequence
 
-from mimesis_jax.algorithms.rl_batch import NOTE_TOKENS, ROW_STEPS, SHAPE_FIELDS, bucket, ladder_for_config
+from mimesis_jax.algorithms.rl_batch import ROW_STEPS, SHAPE_FIELDS, bucket
+from mimesis_jax.config.choices import NOTE_TOKENS
 from mimesis_jax.config import AgentRLConfig, RunConfig, SimRLConfig, load_config
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
@@ -17,6 +18,7 @@ from mimesis_jax.rollout.engine_sizing import rollout_sizing
 from mimesis_jax.rollout.sampler import Buckets
 from mimesis_jax.sharding import rules_of
 from mimesis_jax.train.rl.chat_models import fixed_buckets, ladder_buckets
+from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.state import model_config_for
 
 

@@ -23,7 +23,7 @@ train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on 
 (a learner built with save_checkpoints=False, as `rehearse` builds it, writes one on SIGTERM only).
 
 Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
-the run's shape ladder (`run_ladder`: rl_batch.ladder_for_config; at most 3 GRPO / 6 CSD programs per head rung
+the run's shape ladder (`run_ladder`: train/rl/ladder.py ladder_for_config; at most 3 GRPO / 6 CSD programs per head rung
 (CSD: and branch-head rung), rows at rollout.row_rungs of one row per dialogue). A stage may fix the policy
 sampler's shapes too (`policy_buckets`; Stage I.3: one sampler program per run, Stage II: one per prompt rung, at
 most 4). Each step's record carries `num_compilations`, the programs this process has compiled so far in the run
@@ -85,6 +85,7 @@ from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import EngineMeter, PolicySampler, engine_of
+from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.step import make_rl_step
 from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
                                      state_shardings)
@@ -284,11 +285,11 @@ def pad_counts(arrays: dict) -> dict:
 
 
 def run_ladder(run: RLRun) -> rl_batch.ShapeLadder | None:
-    """The shape ladder this process packs its mini-batch shares to (rl_batch.ladder_for_config; None: the fine
+    """The shape ladder this process packs its mini-batch shares to (ladder.ladder_for_config; None: the fine
     ladders)."""
     multi = jax.process_count() > 1
     multiple = run.step_fn.local_rows_multiple() if multi else run.step_fn.rows_multiple()
-    return rl_batch.ladder_for_config(run.cfg, multiple, jax.process_count())
+    return ladder_for_config(run.cfg, multiple, jax.process_count())
 
 
 def update_record(ms: list[dict], train_s: float | None) -> dict:
