@@ -14,6 +14,7 @@ model width (scanned layers, abstract inputs), so the paper widths are kept."""
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -184,8 +185,8 @@ BF16_SCRIPT = r"""
 import glob, json, math, tempfile
 from mimesis_jax.plan import workload
 from mimesis_jax.plan.budget import plan, scoring_peak
-from mimesis_jax.plan.compiled import (QUICK, lm_step_memory, normalization_split, program_workloads, rl_step_memory,
-                                       sampler_memory, scoring_memory)
+from mimesis_jax.plan.compiled import (QUICK, engine_decode_memory, lm_step_memory, normalization_split,
+                                       program_workloads, rl_step_memory, sampler_memory, scoring_memory)
 from mimesis_jax.plan.devices import device_for
 out = []
 
@@ -233,6 +234,14 @@ for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_sft.py:4b"):
                  r.prompt_len + r.new_tokens, m.num_key_value_heads // mesh["tensor"], m.head_dim]
         row(name + " sampler", p.rollout_peak - p.item("optimizer state"), compiled, n)
         out[-1]["cache"] = cache
+# the rollout engine's decode burst (rollout.engine=true), its page pool updated in place
+cfg = workload.load_run_config("configs/qwen3_8b_agentrl.py:grpo", ["rollout.engine=true", "rollout.max_batch=0"])
+w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
+p = plan(w, device_for("a100-80g", w.num_devices))
+compiled, n = split(lambda opts: engine_decode_memory(w, opts))
+row("qwen3_8b_agentrl.py:grpo engine decode",
+    sum(p.item(x) for x in ("parameters", "engine parameters", "engine pool", "engine programs")), compiled, n)
+out[-1]["pool"] = p.item("engine pool")
 print("RESULT " + json.dumps(out))
 """
 
@@ -242,8 +251,24 @@ def bf16_programs():
     return _run_script(BF16_SCRIPT, 16)
 
 
+@functools.lru_cache(maxsize=2)
+def _index(hlo: str) -> tuple[dict, dict]:
+    """({instruction: its defining lines}, {computation: its body's lines}) of an HLO module's text, read once."""
+    lines, bodies, body = {}, {}, None
+    for x in hlo.splitlines():
+        if c := re.match(r"(?:ENTRY )?%(\S+) .*\{$", x):
+            body = bodies.setdefault(c[1], [])
+        elif x == "}":
+            body = None
+        elif body is not None:
+            body.append(x)
+            if m := re.match(r"\s+(?:ROOT )?%(\S+) = ", x):
+                lines.setdefault(m[1], []).append(x)
+    return lines, bodies
+
+
 def _defining_line(hlo: str, name: str) -> str:
-    (line,) = [x for x in hlo.splitlines() if re.match(rf"\s+(ROOT )?%{re.escape(name)} = ", x)]
+    (line,) = _index(hlo)[0][name]
     return line
 
 
@@ -252,7 +277,7 @@ def _is_bf16(hlo: str, name: str) -> bool:
 
 
 def _body(hlo: str, computation: str) -> list[str]:
-    return re.search(rf"^%{re.escape(computation)} .*?\n(.*?)\n}}", hlo, re.M | re.S)[1].splitlines()
+    return _index(hlo)[1][computation]
 
 
 def _readers(lines: list[str], name: str) -> list[str]:
@@ -277,18 +302,35 @@ def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_prog
     live at the peak hold at least what the split takes off the peak (compiled = rest + copies + gaps). A float32
     `broadcast` is a copy, half its bytes, exactly when its op_name names a bf16 broadcast of the program before
     XLA's optimizations: the sampler's zero KV cache (layers x rows per device x cache length x KV heads per
-    device x head dim elements)."""
+    device x head dim elements). A value of a bf16 argument the module updates in place (input_output_alias) --
+    its element count, made from that argument or another such value, or a loop's tuple element -- is a copy, all
+    its bytes: the engine decode burst's page pool, converted whole to float32 (K and V: twice the plan's pool)."""
     assert any(p["stack"] is None for p in bf16_programs)  # the scoring pass is among them
     lines = {p["config"]: p["hlo"].splitlines() for p in bf16_programs}
-    read_as_bf16, broadcasts = 0, []
+    read_as_bf16, broadcasts, in_place = 0, [], 0
     for p in bf16_programs:
         hlo, copies, t = p["hlo"], p["copies"], p["peak_time"]
         assert copies, p["config"]
         ranges = {k: (int(a), int(b)) for k, a, b in re.findall(r"^\s+(\S+\{[\d,]*\}):(\d+)-(\d+)$", p["live"], re.M)}
         dead = {}  # bf16 buffer that died before the peak -> the charges of the copies reading it
+        # the bf16 arguments the module updates in place (input_output_alias) and the values charged as theirs
+        aliased = {int(i) for i in re.findall(r"\{[\d,]*\}: \((\d+), \{\}", hlo.split("\n", 1)[0])}
+        entry = hlo.split("\nENTRY ", 1)[1].split("\n}", 1)[0]
+        pools = {m[1]: math.prod(int(d) for d in m[2].split(",")) for m in re.finditer(
+            r"^\s+%(\S+) = bf16\[([\d,]+)\]\S* parameter\((\d+)\)", entry, re.M) if int(m[3]) in aliased}
+        carried = {n for n, sh, ex, src in p["charged"] if src is None and ex == math.prod(
+            int(d) for d in re.match(r"\w+\[([\d,]*)\]", sh)[1].split(",") if d) * (2 if sh.startswith("bf16") else 4)}
         for name, shape, excess, src in copies:
             line = _defining_line(hlo, name)
-            dims = [int(d) for d in re.match(r"f32\[([\d,]*)\]", shape)[1].split(",") if d]
+            dims = [int(d) for d in re.match(r"(?:f32|bf16)\[([\d,]*)\]", shape)[1].split(",") if d]
+            if pools and math.prod(dims) in pools.values() and name in carried:
+                # a value of the in-place updated argument: all its bytes, made from that argument or another value
+                # charged as its (a convert, a copy, an update), or a tuple element a loop carries it in
+                operands = re.findall(r"%([^\s,)]+)", line.split("=", 1)[1].split(")")[0])
+                assert src is None and excess == math.prod(dims) * (2 if shape.startswith("bf16") else 4), line
+                assert set(operands) & (set(pools) | carried) or re.search(r"= \(.*\) (while|parameter)\(", line), line
+                in_place += excess
+                continue
             assert f"= {shape} " in line and shape.startswith("f32[")
             nbytes = math.prod(dims) * 4
             if " broadcast(" in line:  # checked below with the program before XLA's optimizations
@@ -358,6 +400,9 @@ def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_prog
                 assert b[3] in jax_bf16 and charged.get(b[1], (None, 0))[1] == nbytes // 2, line
                 broadcasts.append((p["config"], b[2], nbytes))
     assert read_as_bf16  # the scoring pass's MLP dot outputs
+    # the engine decode burst's page pool (K and V, bf16 per device) held whole in float32 at its peak: twice its bytes
+    (engine,) = [p for p in bf16_programs if p["config"].endswith(" engine decode")]
+    assert in_place == 2 * engine["pool"], (in_place, engine["pool"])
     (sampler,) = [p for p in bf16_programs if p["config"].endswith(" sampler")]
     assert [b for b in broadcasts if b[0] == sampler["config"]] and all(
         f"f32[{','.join(map(str, sampler['cache']))}]" == sh for c, sh, _ in broadcasts if c == sampler["config"]), \
@@ -369,7 +414,8 @@ def test_bf16_programs_less_their_copies_match_the_plan(bf16_programs):
     pass and its sampler, the SFT step) within 10% of its rest (the ratios are in docs/scale-out.md)."""
     got = {p["config"]: p for p in bf16_programs}
     assert list(got) == ["qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:grpo old log-probs",
-                         "qwen3_8b_agentrl.py:grpo sampler", "mimesis_sft.py:4b"]
+                         "qwen3_8b_agentrl.py:grpo sampler", "mimesis_sft.py:4b",
+                         "qwen3_8b_agentrl.py:grpo engine decode"]
     for name, g in got.items():
         rest = g["compiled"] - (g["temp"] - g["rest_peak"])
         assert 0 < rest < g["compiled"]
@@ -471,11 +517,11 @@ def test_compiled_table_splits_the_normalization_copies_where_measured():
     """A row with its float-normalization copies split out shows compiled, copies, gaps, rest = compiled - copies -
     gaps and planned / rest; a row without keeps its compiled total and planned / compiled; the note names the split
     rows and, of them, those whose rest the bf16 test above checks (the update programs, the scoring pass, the
-    sampler) and those it does not (the engine's)."""
+    sampler, the engine's decode burst) and those it does not (the engine's prefill)."""
     cfg = workload.load_run_config("configs/tiny_sft.py", ["train.dtype=bfloat16"])
     rows = [ProgramMemory("rl update", 3 * GiB, 5 * GiB, 2 * GiB), ProgramMemory("sampler", 3 * GiB, 4 * GiB),
             ProgramMemory("old log-probs", 4 * GiB, 6 * GiB, 1 * GiB),
-            ProgramMemory("engine decode", 2 * GiB, 9 * GiB, 1 * GiB, GiB // 2),
+            ProgramMemory("engine prefill", 2 * GiB, 9 * GiB, 1 * GiB, GiB // 2),
             ProgramMemory("sampler", 3 * GiB, 7 * GiB, 2 * GiB, 2 * GiB)]
     lines = format_programs(rows, workload.runtime_model(cfg)).splitlines()
     assert lines[0].split()[-6:] == ["GiB", "gaps", "GiB", "rest", "GiB", "ratio"]
@@ -486,9 +532,9 @@ def test_compiled_table_splits_the_normalization_copies_where_measured():
     assert lines[5].split()[-6:] == ["3.00", "7.00", "2.00", "2.00", "3.00", "1.000"]
     note = lines[6]
     assert "rest = compiled - copies - gaps" in note
-    assert note.count("split for: rl update, old log-probs, engine decode, sampler;") == 1
+    assert note.count("split for: rl update, old log-probs, engine prefill, sampler;") == 1
     assert re.search(r"checked this way \(.*\): rl update, old log-probs, sampler; not checked this way, in float32 "
-                     r"only \(.*\): engine decode; the other rows", note), note
+                     r"only \(.*\): engine prefill; the other rows", note), note
     # the smallest ratio, the split engine's 0.267 left out: the unsplit row's 0.750 (split rows: planned / rest)
     assert plan_cli.checked_error(rows)[0] == 0.25
     # a split row the bf16 test does not check measures the CPU backend: it does not widen the error, a checked one does

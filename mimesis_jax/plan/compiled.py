@@ -78,9 +78,9 @@ FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes"
 QUICK = FAST | {"xla_cpu_use_fusion_emitters": False}
 TOLERANCE = 0.10  # |planned / compiled - 1| the tests accept
 # the programs whose bf16 rest (compiled - normalization copies - heap gaps) tests/test_plan_compiled.py compares
-# with the plan (the update programs, the old-log-prob scoring pass and the static sampler); the engine programs are
-# compared in float32 only
-SPLIT_CHECKED = ("rl update", "train step", "old log-probs", "sampler")
+# with the plan (the update programs, the old-log-prob scoring pass, the static sampler and the engine's decode
+# burst); the engine's prefill is compared in float32 only
+SPLIT_CHECKED = ("rl update", "train step", "old log-probs", "sampler", "engine decode")
 PALLAS_ON_CPU = ("attention_impl=pallas: the CPU backend cannot compile its GPU (Triton) or TPU (Splash) kernels and "
                  "runs them in Pallas interpret mode (models/pallas_attention.py), so these compiled bytes are the "
                  "interpreter's; a GPU or TPU compile decides the kernels' own")
@@ -138,11 +138,18 @@ def within(planned: int, compiled: int, tol: float = TOLERANCE) -> bool:
 # bf16 broadcast of the program before XLA's optimizations (there the metadata names the instruction it came from,
 # where jax's own ops carry jax's op_name paths): the normalization made jax's bf16 broadcast a float32 one (the
 # sampler's zero KV cache its prefill loop reads), half its bytes.
+# A value of a bf16 argument the program updates in place (aliased to an output in the HLO module's
+# input_output_alias: the rollout engine's page pool) is a copy, all its bytes, when it carries that argument: it
+# has the argument's element count and is made from the argument or another such value (a convert, a copy, a
+# fusion, a scatter or update of it), or it is the tuple element a `tuple`, a `while` (its output, its body's and
+# condition's parameter) or a get-tuple-element carries it in. The CPU program round-trips the pool through float32
+# (converts it whole, writes it in a float32 loop, converts it back); an un-normalized program updates it in place in
+# the argument's allocation, which the compiled total already counts.
 # copies = the heap's largest live bytes - the largest live bytes less the live copies' excess, over the
 # program's schedule; gaps = the heap's allocated bytes - its largest live bytes (its fragmentation: the plan has
 # no such term, and a GPU's heap is laid out by another allocator); rest = compiled - copies - gaps. The rest is an
 # estimate of the un-normalized program's peak on the same schedule: other float32 stand-ins (a value also read in
-# float32, or written in a float32 loop: the engine's page pool) stay counted in full.
+# float32) stay counted in full.
 def _dump_options(directory: str) -> dict:
     return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True}
 
@@ -265,6 +272,54 @@ def _convert_excess(name: str, full: int, insts: dict, bodies: dict) -> tuple[in
     return full, _buffer(_operand(rest, int(re.match(r"(\d+)", src[2])[1])), insts)
 
 
+def _elements(shape: str) -> int | None:
+    """The element count of an array shape's text (`f32[36,4,128]{2,1,0}`); None for a tuple or a token."""
+    m = re.match(r"[a-z]\w*\[([\d,]*)\]", shape)
+    return m and math.prod(int(d) for d in m[1].split(",") if d)
+
+
+def _in_place(hlo: str, insts: dict, entry: dict) -> set:
+    """The live-range keys (`while.4{1}`) of the values that carry a bf16 argument the program updates in place (see
+    the rule above): from the arguments input_output_alias names, to a fixed point over the module."""
+    header = hlo.split("\n", 1)[0]
+    aliased = {int(i) for i in re.findall(r"\{[\d,]*\}: \((\d+), \{\}", header)}
+    seeds = [k for k, (shape, op, rest) in entry.items() if op == "parameter" and shape.startswith("bf16[")
+             and int(re.match(r"(\d+)", rest)[1]) in aliased]
+    sizes = {_elements(insts[k][0]) for k in seeds}
+    carried = {k + "{}" for k in seeds}
+    tuples = {m[1]: (m[2], m[3]) for m in re.finditer(r"^\s+(?:ROOT )?%(\S+) = \([^()]*\) (tuple|while)\((.*)$", hlo,
+                                                         re.M)}
+    params = {}  # computation -> its tuple-shaped parameter
+    current = None
+    for line in hlo.splitlines():
+        if line.startswith("%") or line.startswith("ENTRY"):
+            current = re.match(r"(?:ENTRY )?%(\S+)", line)[1]
+        elif m := re.match(r"\s+(?:ROOT )?%(\S+) = \([^()]*\) parameter\(", line):
+            params[current] = m[1]
+    operands = {k: re.findall(r"%([^\s,)]+)", v[-1].split(")")[0]) for k, v in {**insts, **tuples}.items()}
+    while True:
+        before = len(carried)
+        for k, (op, rest) in tuples.items():
+            if op == "tuple":
+                carried |= {f"{k}{{{i}}}" for i, o in enumerate(operands[k]) if o + "{}" in carried}
+                continue
+            init = operands[k][0]
+            for key in [c for c in carried if c.startswith(init + "{") and c != init + "{}"]:
+                index = key[len(init):]
+                carried.add(k + index)
+                for c in ("body", "condition"):
+                    if computation := re.search(rf"{c}=%([^\s,]+)", rest):
+                        carried.add(params.get(computation[1], "") + index)
+        for k, (shape, op, rest) in insts.items():
+            if op == "get-tuple-element":
+                if operands[k][0] + "{" + re.search(r"index=(\d+)", rest)[1] + "}" in carried:
+                    carried.add(k + "{}")
+            elif _elements(shape) in sizes and any(o + "{}" in carried for o in operands[k]):
+                carried.add(k + "{}")
+        if len(carried) == before:
+            return carried
+
+
 def normalization_split(directory: str) -> Normalization:
     """The normalization copies of the program dumped to `directory` (the largest module's temp heap when it holds
     several): see the rule above."""
@@ -286,15 +341,17 @@ def normalization_split(directory: str) -> Normalization:
     for b in before:
         with open(b) as f:
             jax_bf16 |= set(re.findall(r"^\s+(?:ROOT )?%(\S+) = bf16\[\S* broadcast\(", f.read(), re.M))
-    insts, bodies, current = {}, {}, None
+    insts, bodies, current, entry = {}, {}, None, {}
     for line in hlo.splitlines():
         if line.startswith("%") or line.startswith("ENTRY"):
             current = bodies.setdefault(re.match(r"(?:ENTRY )?%(\S+)", line)[1], {})
+            entry = current if line.startswith("ENTRY") else entry
             continue
         m = _INST.match(line)
         if m and current is not None:
             insts[m[1]] = current[m[1]] = (m[2], m[3], m[4], line.lstrip().startswith("ROOT "))
     insts = {k: v[:3] for k, v in insts.items()}
+    entry = {k: v[:3] for k, v in entry.items()}
     users = {}  # value -> [(reader, [operand positions])]; HLO names are unique in the module
     for k, (_, _, rest) in insts.items():
         for i, o in enumerate(re.findall(r"%([^\s,)]+)", rest.split(")")[0])):
@@ -316,6 +373,7 @@ def normalization_split(directory: str) -> Normalization:
         held.add(src)
         return ex // 2
 
+    in_place = _in_place(hlo, insts, entry)
     values = []  # (start, end, offset, size, excess, bf16 buffer, instruction, shape)
     for block in re.split(r"\n(?=allocation \d+:)", text):
         if not re.match(r"allocation \d+: size \d+, preallocated-temp", block):
@@ -325,6 +383,8 @@ def normalization_split(directory: str) -> Normalization:
             key = v[1] + (v[2] or "{}")
             if key in ranges:
                 ex, src = _excess(v[1], insts, bodies, users, jax_bf16) if (v[2] or "{}") == "{}" else (0, None)
+                if key in in_place:
+                    ex, src = int(v[3]), None
                 values.append((*ranges[key], int(v[4]), int(v[3]), ex, src, v[1], v[5]))
     end = max((v[1] for v in values), default=0)
     best_rest, peak, peak_t = 0, -1, 0
@@ -635,15 +695,16 @@ def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
         lines.append(f"  note: compiled for the CPU backend, which computes {model.dtype} in float32; copies: the "
                      "float32 stand-ins its float normalization holds at the peak (plan/compiled.py "
                      "`normalization_split`: convert-produced float32 buffers of bf16 values and float32 values read "
-                     "only through converts to bf16, float32 broadcasts of jax's bf16 ones, read from XLA's buffer "
-                     "assignment), gaps: its temp heap's fragmentation (the plan has none; a GPU allocates its heap "
+                     "only through converts to bf16, float32 broadcasts of jax's bf16 ones, values of a bf16 "
+                     "argument updated in place (the engine's page pool), read from XLA's buffer assignment), "
+                     "gaps: its temp heap's fragmentation (the plan has none; a GPU allocates its heap "
                      "differently), rest = compiled - copies - gaps, "
                      f"ratio = planned / rest; split for: {names}; checked this way (tests/test_plan_compiled.py "
-                     "holds the bf16 update programs', the scoring pass's and the sampler's rest within 10% of the "
-                     "plan): "
+                     "holds the bf16 update programs', the scoring pass's, the sampler's and the engine decode "
+                     "burst's rest within 10% of the plan): "
                      f"{', '.join(checked) or 'none'}"
-                     + (f"; not checked this way, in float32 only (their rest keeps float32 values the split does "
-                        f"not catch, e.g. the engine's page pool written in float32): {', '.join(unchecked)}"
+                     + (f"; not checked this way, in float32 only (their bf16 rest is not held to the plan, e.g. "
+                        f"the engine's prefill, planned above it): {', '.join(unchecked)}"
                         if unchecked else "")
                      + "; the other rows are compiled totals (planned / compiled); --set train.dtype=float32 "
                      "compares like with like")
