@@ -344,12 +344,13 @@ def engine_prefill_copies(w: Workload) -> int:
     start (the paged forward unrolls the layers, models/qwen3_paged.py, with no loop between them). With its rows
     split over fsdp (`engine_prefill_rows_on_fsdp`): every layer's weights gathered over fsdp (split over tensor)
     and the [V, D] table(s), embedding and LM head, gathered (compute dtype); else a copy of every layer's weight
-    shards (XLA materialises every layer's static slice of the stacked weights) and the LM head's table gathered.
-    Counted, so the plan errs high where a GPU compile may not keep them (none was lent here)."""
+    shards (XLA materialises every layer's static slice of the stacked weights, cast to the compute dtype) and the
+    LM head's table gathered. Counted, so the plan errs high where a GPU compile may not keep them (none was lent
+    here)."""
     m, mesh = w.model, w.mesh
     c = DTYPES[m.dtype].dtype.itemsize
     gathered = engine_prefill_rows_on_fsdp(w)
-    layers = sum(n * layer_weight_bytes(m, mesh, lt, split=not gathered) for lt, n in _layer_types(m).items())
+    layers = sum(n * layer_weight_bytes(m, mesh, lt, split=not gathered) for lt, n in _layer_types(m).items()) * c // 4
     tables = 1 if m.tie_word_embeddings or not gathered else 2
     return int(layers + tables * (table_bytes(m, mesh) * c // 4))
 

@@ -52,9 +52,9 @@ def checked_error(programs: Sequence[ProgramMemory] = ()) -> tuple[float, str]:
     the tests hold every planned program to (|planned / compiled - 1| <= TOLERANCE), or, with --compiled, 1 - the
     compiled programs' smallest planned / compiled ratio when that is larger (those programs under-counted by more);
     for a bf16 program on CPU with its float-normalization copies split out, planned / (compiled - copies - gaps)
-    (ProgramMemory.ratio). A bf16 program split but not of SPLIT_CHECKED (the engine's prefill: its bf16 rest is not
-    held to the plan) measures the CPU backend, not the plan: it does not widen the error (it is checked in
-    float32)."""
+    (ProgramMemory.ratio). A bf16 program split but not of SPLIT_CHECKED (none of the loops' programs today: a
+    program whose bf16 rest is not held to the plan) measures the CPU backend, not the plan: it does not widen the
+    error (it is checked in float32)."""
     error = TOLERANCE, (f"{TOLERANCE:.0%}: plan/compiled.py TOLERANCE, the tests' bound on |planned / compiled - 1| "
                         "of every planned program")
     programs = [r for r in programs if r.copies is None or r.name.startswith(SPLIT_CHECKED)]

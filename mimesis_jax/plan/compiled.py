@@ -80,7 +80,7 @@ TOLERANCE = 0.10  # |planned / compiled - 1| the tests accept
 # the programs whose bf16 rest (compiled - normalization copies - heap gaps) tests/test_plan_compiled.py compares
 # with the plan (the update programs, the old-log-prob scoring pass, the static sampler and the engine's decode
 # burst); the engine's prefill is compared in float32 only
-SPLIT_CHECKED = ("rl update", "train step", "old log-probs", "sampler", "engine decode")
+SPLIT_CHECKED = ("rl update", "train step", "old log-probs", "sampler", "engine decode", "engine prefill")
 PALLAS_ON_CPU = ("attention_impl=pallas: the CPU backend cannot compile its GPU (Triton) or TPU (Splash) kernels and "
                  "runs them in Pallas interpret mode (models/pallas_attention.py), so these compiled bytes are the "
                  "interpreter's; a GPU or TPU compile decides the kernels' own")
@@ -700,11 +700,11 @@ def format_programs(rows: list[ProgramMemory], model: ModelConfig) -> str:
                      "gaps: its temp heap's fragmentation (the plan has none; a GPU allocates its heap "
                      "differently), rest = compiled - copies - gaps, "
                      f"ratio = planned / rest; split for: {names}; checked this way (tests/test_plan_compiled.py "
-                     "holds the bf16 update programs', the scoring pass's, the sampler's and the engine decode "
-                     "burst's rest within 10% of the plan): "
+                     "holds the bf16 update programs', the scoring pass's, the sampler's and the engine's decode "
+                     "burst's and prefill's rest within 10% of the plan): "
                      f"{', '.join(checked) or 'none'}"
-                     + (f"; not checked this way, in float32 only (their bf16 rest is not held to the plan, e.g. "
-                        f"the engine's prefill, planned above it): {', '.join(unchecked)}"
+                     + (f"; not checked this way, in float32 only (their bf16 rest is not held to the plan): "
+                        f"{', '.join(unchecked)}"
                         if unchecked else "")
                      + "; the other rows are compiled totals (planned / compiled); --set train.dtype=float32 "
                      "compares like with like")
