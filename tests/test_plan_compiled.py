@@ -133,10 +133,9 @@ def test_engine_pool_is_planned_as_the_engine_shards_it(rl_programs):
 
 
 
-# the rest of each paper RL config's ladders, float32, QUICK: the cheapest update program (rows, head and branch at
-# their lowest rungs) and every sampler prompt rung but the longest (above); the rungs between were compiled by
-# script, all within 10% (docs/scale-out.md)
-ENDS_SCRIPT = r"""
+# the rest of each paper RL config's ladders, float32, QUICK: every update program the ladder lists but the largest
+# (above), and every sampler prompt rung but the longest (above)
+RUNGS_SCRIPT = r"""
 import json, sys
 from mimesis_jax.plan import workload
 from mimesis_jax.plan.compiled import QUICK, program_memory, program_workloads, rl_step_memory
@@ -147,8 +146,8 @@ for name in sys.argv[1:]:
     cfg = workload.load_run_config("configs/" + name, ["train.dtype=float32"])
     mesh = dict(cfg.mesh.axes())
     w = workload.workload_from_config(cfg, mesh, workload.runtime_model(cfg))
-    first, wp = program_workloads(w)[0]
-    out.append([name, first, plan(wp, device_for("a100-80g", 16)).train_peak, rl_step_memory(wp, cfg.rl, QUICK)])
+    for rung, wp in program_workloads(w)[:-1]:
+        out.append([name, rung, plan(wp, device_for("a100-80g", 16)).train_peak, rl_step_memory(wp, cfg.rl, QUICK)])
     if name.endswith("grpo"):  # the Stage II sampler's prompt ladder (the CSD config samples with the same)
         for p in program_memory(cfg, mesh, "a100-80g", updates=False, options=QUICK)[:-1]:
             out.append([name, p.name, p.planned, p.compiled])
@@ -158,15 +157,19 @@ RL_CONFIGS = ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd", "mimesis_si
 
 
 @pytest.mark.slow
-def test_the_ladders_cheapest_program_and_every_sampler_rung_match_the_plan():
-    """Beside the largest programs (above): each paper RL config's cheapest update program and the Stage II
-    sampler's shorter prompt rungs, the programs the ladders' names say, each within 10% of its plan."""
-    rows = _run_script(ENDS_SCRIPT, 16, *RL_CONFIGS)
+@pytest.mark.parametrize("configs", [RL_CONFIGS[1:2], RL_CONFIGS[:1] + RL_CONFIGS[2:]], ids=["csd", "grpo-simrl"])
+def test_every_ladder_program_matches_the_plan(configs):
+    """Beside the largest programs (above): every other update program of each paper RL config's shape ladder
+    (the CSD ladder's 32, the GRPO ladder's 5, each simulator's 8) and the Stage II sampler's shorter prompt rungs,
+    the programs the ladders' names say, each compiled and within 10% of its plan."""
+    rows = _run_script(RUNGS_SCRIPT, 16, *configs)
     want = []
-    for name in RL_CONFIGS:
+    for name in configs:
         cfg = workload.load_run_config("configs/" + name, F32)
         w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
-        want.append((name, "rl update " + "x".join(map(str, w.programs[0]))))
+        rungs = ["rl update " + "x".join(map(str, p)) for p in w.programs]
+        assert len(rungs) == len(set(rungs)) == {"grpo": 6, "csd": 33}.get(name.split(":")[1], 9), rungs
+        want += [(name, r) for r in rungs[:-1]]
         if name.endswith("grpo"):
             assert len(w.sampler_prompts) == 4 and w.rollout.prompt_len == max(w.sampler_prompts)
             r = w.rollout
