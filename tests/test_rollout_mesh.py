@@ -339,3 +339,23 @@ def test_each_process_caps_its_sampler_calls_at_its_share_of_max_batch(monkeypat
     assert [distributed.process_max_batch(b) for b in (256, 5, 1, 0)] == [128, 3, 1, 0]
     monkeypatch.setattr(jax, "process_count", lambda: 1)
     assert distributed.process_max_batch(256) == 256
+
+
+def test_weight_sync_on_one_process_casts_on_the_devices_and_keeps_the_layout():
+    """The weight sync (inference/weight_sync.py) on one process, to bfloat16: every array equals the training
+    array cast by NumPy, laid out as models.shard_params lays it out on the mesh (the rollout mesh of one process
+    is the training mesh), and a second sync of new values reuses the programs of the first."""
+    from mimesis_jax.inference.weight_sync import WeightSync
+    _, mc, _ = _tiny()
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    params = models.init_params(mc, jax.random.key(3), mesh)
+    sync = WeightSync(mc, mesh, dtype=jax.numpy.bfloat16)
+    got = sync(params)
+    want = models.param_shardings(mc, mesh)
+    for x, y, sh in zip(jax.tree.leaves(params), jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert y.dtype == jax.numpy.bfloat16
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x).astype(jax.numpy.bfloat16))
+        assert y.sharding.is_equivalent_to(sh, x.ndim)
+    sync(jax.tree.map(lambda x: x * 2, params))
+    assert len(sync._programs) == len(jax.tree.leaves(params))
+    assert [f._cache_size() for f in sync._programs.values()] == [1] * len(sync._programs)  # compiled once each
