@@ -20,6 +20,16 @@ Compilation is excluded from the timed runs and reported apart: the engine compi
 Reported per turn count: wall time, prefill tokens, decode-slot utilisation (engine: slot-steps that produced a
 token / slot-steps run; baseline: generated tokens / (batch rows x decode steps)). The last line is parsed by
 other tools: ``rollout speedup: 8 turns X.XXx, 16 turns Y.YYx, slot use Z%``.
+
+Paper-like shapes (issue #43 item 5): ``--mesh data=4,tensor=2 --group 8`` runs both paths on that mesh (8 fake
+CPU devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8; the engine's weights and pool split as
+RolloutEngine(mesh=) splits them, the sampler's rows over the batch axes) with the dialogues in GRPO groups of 8
+that share their task (system prompt and persona), and adds per path decode tokens per device-second (sampled
+tokens / (wall x devices)) and the prefill tokens the engine saved (`engine.stats["reused_tokens"]`: prefixes
+it did not compute again), so the faster generator is picked by measurement:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/bench_rollout.py \
+        --mesh data=4,tensor=2 --group 8 --dialogues 32 --turns 16
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import time
 import jax
 import numpy as np
 
-from mimesis_jax import models
+from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import sampler
 from mimesis_jax.rollout import engine_programs
@@ -63,10 +73,15 @@ class Plan:
     tools: list  # [dialogue][turn] -> tokens
 
 
-def make_plan(n: int, turns: int, vocab: int, seed: int = 0) -> Plan:
+def make_plan(n: int, turns: int, vocab: int, seed: int = 0, group: int = 1) -> Plan:
+    """n dialogues; each run of `group` consecutive ones shares its task (agent system prompt, simulator persona),
+    as a GRPO group's rollouts do."""
     rng = np.random.RandomState(seed)
     tok = lambda k: [int(t) for t in rng.randint(5, vocab, size=k)]  # noqa: E731
-    return Plan([tok(rng.randint(60, 141)) for _ in range(n)], [tok(rng.randint(40, 81)) for _ in range(n)],
+    tasks = -(-n // group)
+    agent_sys = [tok(rng.randint(60, 141)) for _ in range(tasks)]
+    user_sys = [tok(rng.randint(40, 81)) for _ in range(tasks)]
+    return Plan([agent_sys[i // group] for i in range(n)], [user_sys[i // group] for i in range(n)],
                 rng.randint(40, 201, size=(n, turns)), rng.randint(10, 61, size=(n, turns)),
                 [[tok(rng.randint(20, 101)) for _ in range(turns)] for _ in range(n)])
 
@@ -80,6 +95,8 @@ class Result:
     offered: int = 0  # slot-steps run
     compile_s: float = 0.0
     late_compiles: int = 0  # engine: programs compiled inside the timed run (warmup missed them)
+    reused: int = 0  # engine: prompt tokens found in its cache (not prefilled again)
+    evictions: int = 0
     tokens: list = dataclasses.field(default_factory=list)
 
 
@@ -101,14 +118,14 @@ def rollout(plan: Plan, turns: int, agent_call, user_call) -> list:
     return sampled
 
 
-def run_baseline(agent, user, plan: Plan, turns: int) -> Result:
+def run_baseline(agent, user, plan: Plan, turns: int, mesh=None) -> Result:
     res = Result()
 
     def call(model):
         config, params = model
 
         def f(prompts, max_new, seeds):
-            kw = dict(max_new_tokens=max_new, temperature=1.0, seed=seeds, stop_ids=())
+            kw = dict(max_new_tokens=max_new, temperature=1.0, seed=seeds, stop_ids=(), mesh=mesh)
             before = sampler.trace_count()
             t0 = time.perf_counter()
             out = sampler.generate(config, params, prompts, **kw)
@@ -131,12 +148,12 @@ def run_baseline(agent, user, plan: Plan, turns: int) -> Result:
     return res
 
 
-def run_engine(agent, user, plan: Plan, turns: int, ec: EngineConfig) -> Result:
+def run_engine(agent, user, plan: Plan, turns: int, ec: EngineConfig, mesh=None) -> Result:
     res = Result()
     engines = []
     t0 = time.perf_counter()
     for config, params in (agent, user):
-        eng = RolloutEngine(config, params, ec)
+        eng = RolloutEngine(config, params, ec, mesh=mesh)
         eng.warmup()
         engines.append(eng)
     res.compile_s = time.perf_counter() - t0
@@ -160,6 +177,8 @@ def run_engine(agent, user, plan: Plan, turns: int, ec: EngineConfig) -> Result:
         res.prefill_tokens += eng.stats["prefill_tokens"]
         res.used += eng.stats["slot_steps_used"]
         res.offered += eng.stats["slot_steps_offered"]
+        res.reused += eng.stats["reused_tokens"]
+        res.evictions += eng.stats["evictions"]
     res.generated = sum(len(t) for t in res.tokens)
     return res
 
@@ -176,36 +195,50 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--skip-baseline", action="store_true", help="engine only (no speed-up line)")
+    ap.add_argument("--mesh", default="", help="run both paths on this mesh, e.g. data=4,tensor=2 (needs that many "
+                    "devices: XLA_FLAGS=--xla_force_host_platform_device_count=8 on a CPU)")
+    ap.add_argument("--group", type=int, default=1, help="dialogues per task (a GRPO group shares its prompt)")
     args = ap.parse_args()
 
+    mesh = None
+    if args.mesh:
+        try:
+            axes = {k: int(v) for k, v in (kv.split("=") for kv in args.mesh.split(","))}
+        except ValueError:
+            ap.error(f"--mesh {args.mesh!r}: expected axis=size pairs, e.g. data=4,tensor=2")
+        mesh = sharding.make_mesh(axes)
+    devices = 1 if mesh is None else mesh.devices.size
     acfg, ucfg = tiny_configs(args.vocab, args.hidden)
-    agent = (acfg, models.init_params(acfg, jax.random.key(0)))
-    user = (ucfg, models.init_params(ucfg, jax.random.key(1)))
+    agent = (acfg, models.init_params(acfg, jax.random.key(0), mesh))
+    user = (ucfg, models.init_params(ucfg, jax.random.key(1), mesh))
     max_turns = max(args.turns)
     longest = 140 + max_turns * (2 * len(HEADER) + 200 + 1 + 100 + 60 + 1) + len(HEADER)
     pages_per_seq = -(-longest // args.page_size)
     ec = EngineConfig(slots=args.slots, page_size=args.page_size, num_pages=args.dialogues * pages_per_seq + 1,
                       max_pages_per_seq=pages_per_seq, prefill_chunk=args.prefill_chunk,
                       prefill_rows=args.prefill_rows, decode_steps=args.decode_steps, num_states=args.dialogues + 1)
-    print(f"devices: {jax.devices()}  dialogues: {args.dialogues}  engine: {ec}")
+    print(f"devices: {jax.devices()}  mesh: {args.mesh or 'none'}  dialogues: {args.dialogues} in groups of "
+          f"{args.group}  engine: {ec}")
     rows, speed, used, offered = [], {}, 0, 0
     for turns in args.turns:
-        plan = make_plan(args.dialogues, turns, args.vocab)
-        eng = run_engine(agent, user, plan, turns, ec)
+        plan = make_plan(args.dialogues, turns, args.vocab, group=args.group)
+        eng = run_engine(agent, user, plan, turns, ec, mesh)
         used, offered = used + eng.used, offered + eng.offered
         rows.append((f"engine   {turns:2d} turns", eng))
         if not args.skip_baseline:
-            base = run_baseline(agent, user, plan, turns)
+            base = run_baseline(agent, user, plan, turns, mesh)
             rows.append((f"generate {turns:2d} turns", base))
             same = sum(a == b for a, b in zip(eng.tokens, base.tokens)) / max(len(eng.tokens), 1)
             speed[turns] = base.wall / eng.wall
             print(f"{turns} turns: identical samples {100 * same:.1f}% of requests, speed-up {speed[turns]:.2f}x")
         if eng.late_compiles:
             print(f"{turns} turns: WARNING the engine compiled {eng.late_compiles} programs inside its timed run")
-    print(f"{'path':18s} {'wall s':>9s} {'compile s':>10s} {'prefill tok':>12s} {'generated':>10s} {'slot use':>9s}")
+    print(f"{'path':18s} {'wall s':>9s} {'compile s':>10s} {'prefill tok':>12s} {'saved tok':>10s} "
+          f"{'generated':>10s} {'tok/dev-s':>10s} {'slot use':>9s} {'evictions':>9s}")
     for name, r in rows:
-        print(f"{name:18s} {r.wall:9.2f} {r.compile_s:10.2f} {r.prefill_tokens:12d} {r.generated:10d} "
-              f"{100 * r.used / max(r.offered, 1):8.1f}%")
+        print(f"{name:18s} {r.wall:9.2f} {r.compile_s:10.2f} {r.prefill_tokens:12d} {r.reused:10d} "
+              f"{r.generated:10d} {r.generated / max(r.wall * devices, 1e-9):10.1f} "
+              f"{100 * r.used / max(r.offered, 1):8.1f}% {r.evictions:9d}")
     if speed:
         s8 = speed.get(8, float("nan"))
         s16 = speed.get(16, float("nan"))
