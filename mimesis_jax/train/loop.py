@@ -12,6 +12,10 @@ One run = `cfg.train.steps` optimizer steps over the batches of the data iterato
   current step, saves, and returns with `preempted=True` (the CLI then exits 0);
 * stops with `NonFiniteLossError` naming the step when the loss or gradient norm is not finite
   (`train.nonfinite=stop`), or skips the update and counts it (`train.nonfinite=skip`).
+
+What surrounds the steps (validation, mesh, checkpointer, restore or init and run_config.json, metrics logger, stop
+flag, scheduled and preemption saves, the non-finite-loss guard, cleanup) is train/run.py `Run`, which the RL learner
+shares; this module adds the data (iterator, prefetch thread, batch checks) and the compiled LM step.
 """
 
 from __future__ import annotations

@@ -52,7 +52,12 @@ so `train_s` is the host's time of the update phase (packing, dispatch) and `tra
 
 Checkpoints (checkpoints.py) hold params, optimizer state, step, RNG and the data state (the stage's sampler, the
 next rollout id and the stage's own counters), so a resumed run reproduces the uninterrupted run's per-step
-metrics. SIGTERM (or a first Ctrl-C) finishes the current step, saves and returns with preempted=True.
+metrics. SIGTERM (or a first Ctrl-C, or the checkpoint manager's preemption notice) finishes the current step,
+saves and returns with preempted=True. The run skeleton (validation, mesh, checkpointer, restore or init, metrics
+logger, stop flag, saves, cleanup) is train/run.py `Run`, shared with the LM loop; `setup` returns an RLRun, a Run
+with the update. Its non-finite-loss guard runs on each step's mean update loss and grad norm when the metrics are
+fetched, so before that step's checkpoint: a non-finite one stops the run with NonFiniteLossError
+(train.nonfinite=stop; `skip` is a ConfigError, the RL update having no skip).
 
 `setup` builds (or resumes) the training state in a workdir; in `ppo_updates` each process packs its own part of
 each mini-batch, the processes agree on shapes and on the loss normalisers (rl_batch.layout_info / common_layout /
