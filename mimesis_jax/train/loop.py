@@ -12,14 +12,17 @@ One run = `cfg.train.steps` optimizer steps over the batches of the data iterato
   current step, saves, and returns with `preempted=True` (the CLI then exits 0);
 * stops with `NonFiniteLossError` naming the step when the loss or gradient norm is not finite
   (`train.nonfinite=stop`), or skips the update and counts it (`train.nonfinite=skip`).
+
+What surrounds the steps (validation, mesh, checkpointer, restore or init and run_config.json, metrics logger, stop
+flag, scheduled and preemption saves, the non-finite-loss guard, cleanup) is train/run.py `Run`, which the RL learner
+shares; this module adds the data (iterator, prefetch thread, batch checks) and the compiled LM step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-import json
-import os
 import queue
 import threading
 import time
@@ -28,27 +31,22 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from mimesis_jax import config as config_lib, sharding
-from mimesis_jax.checkpoints import CheckpointError, Checkpointer
+from mimesis_jax import sharding
+from mimesis_jax.checkpoints import CheckpointError
 from mimesis_jax.config import RunConfig
 from mimesis_jax.data.pipeline import check_data_files, make_iterator
 from mimesis_jax.data.tokenizer import load_tokenizer as _load
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule, schedule_hparams
-from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
-    state_shardings)
+from mimesis_jax.train.run import NonFiniteLossError, Run
+from mimesis_jax.train.state import state_shardings
 from mimesis_jax.train.step import init_train_state, make_train_step
 
 BATCH_KEYS = ("tokens", "positions", "segment_ids", "loss_mask")
 
 # (tokenizer, batch_size, seed, process_index, process_count) -> iterator with get_state()/set_state()
 DataFactory = Callable[[Any, int, int, int, int], Any]
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or gradient norm was NaN/inf (the message names the step and what to try)."""
 
 
 class DataExhaustedError(RuntimeError):
@@ -182,71 +180,52 @@ def compiled_functions(model_config: ModelConfig, opt_cfg, total_steps: int, mes
 def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, tokenizer=None,
           handle_signals: bool = True) -> TrainResult:
     """Runs (or resumes) a training run in `workdir`; see the module docstring."""
-    cfg = config_lib.validate(cfg)
-    workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
     primary = jax.process_index() == 0
-    log = print if primary else (lambda *a, **k: None)
-
+    run = Run(cfg, workdir, log=print if primary else (lambda *a, **k: None))
+    cfg, workdir, log = run.cfg, run.workdir, run.log
     if data is None and not hasattr(cfg.data, "make_iterator"):
         check_data_files(cfg.data)  # every data file read once up front: a bad line is named before any step
     needs_tokenizer = cfg.tokenizer.set_model_vocab or (data is None and not hasattr(cfg.data, "make_iterator"))
     if tokenizer is None and needs_tokenizer:
         tokenizer = load_tokenizer(cfg)
-    model_config = model_config_for(cfg, tokenizer)
-    cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
-    run_dict = cfg.to_dict()
-    t = cfg.train
+    run.prepare(tokenizer)
+    cfg, model_config, mesh, t = run.cfg, run.model_config, run.mesh, run.cfg.train
     if t.global_batch % jax.process_count():
         raise ConfigError(f"config key 'train.global_batch': {t.global_batch} is not divisible by the "
                           f"{jax.process_count()} processes")
     local_batch = t.global_batch // jax.process_count()
 
-    mesh = make_mesh(cfg)
     tx, schedule, abs_state, shardings, init, step_fn = compiled_functions(
         model_config, cfg.optimizer, t.steps, mesh, t.grad_accum, t.nonfinite == "skip")
-    ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
     factory = data or default_data_factory(cfg)
     it = factory(tokenizer, local_batch, t.seed, jax.process_index(), jax.process_count())
-
-    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log, cfg.checkpoint.fallback)
-    if latest is not None:
+    run.restore_or_init(abs_state, shardings, init)
+    if run.latest is not None:
         try:
-            it.set_state(data_state)
+            it.set_state(run.data_state)
         except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{ckpt.directory}/{latest}: cannot resume the data iterator: {e}") from None
-        log(f"resume: {workdir} from step {latest}")
-    else:
-        params = initial_params(cfg, model_config, mesh, shardings["params"], log)
-        state = init(params, jax.random.fold_in(jax.random.key(t.seed), 1))
-        data_state = it.get_state()
-        if primary:
-            with open(os.path.join(workdir, "run_config.json"), "w") as f:
-                json.dump(run_dict, f, indent=2)
-    start = int(jax.device_get(state["step"]))
-    if start >= t.steps:
-        log(f"nothing to do: checkpoint step {start} >= train.steps={t.steps}")
-        ckpt.close()
-        return TrainResult(workdir, start, start, {}, False, latest, int(jax.device_get(state["nonfinite"])))
+            raise CheckpointError(f"{run.ckpt.directory}/{run.latest}: cannot resume the data iterator: {e}") \
+                from None
+    state, data_state = run.state, (run.data_state if run.latest is not None else it.get_state())
+    start = run.start
+    if run.nothing_to_do():
+        return TrainResult(workdir, start, start, {}, False, run.latest, int(jax.device_get(state["nonfinite"])))
 
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abs_state["params"]))
     log(f"{cfg.stage}: {model_config.model_type} {n_params / 1e6:.2f}M params | mesh {dict(mesh.shape)} | "
         f"global batch {t.global_batch} x grad_accum {t.grad_accum} | steps {start}->{t.steps} | "
         f"dtype {model_config.dtype} | remat {model_config.remat}")
-    logger = MetricsLogger(workdir, total_steps=t.steps, start_step=start, log_every=t.log_every,
-                           tensorboard=t.tensorboard, progress_bar=t.progress_bar, stage=cfg.stage)
-    stop = StopFlag(handle_signals)
     feed = _Prefetcher(it, t.prefetch)
     losses: dict[int, float] = {}
-    step, saved, preempted, consecutive_bad = start, (latest if latest is not None else None), False, 0
+    step = start
     last = time.perf_counter()
-    try:
+    with run, contextlib.closing(feed):
+        run.open_logs(stage=cfg.stage, handle_signals=handle_signals)
         while step < t.steps:
             item = feed.next()
             if item is None:
-                if saved != step:
-                    ckpt.save(step, state, data_state, run_dict)
-                    saved = step
+                if run.saved != step:
+                    run.save(step, state, data_state)
                 raise DataExhaustedError(f"the data iterator ended after step {step} of train.steps={t.steps} "
                                          f"(checkpoint saved at step {step}); add data/epochs or lower train.steps")
             batch, next_data_state, stats = item
@@ -259,40 +238,20 @@ def train(cfg: RunConfig, workdir: str, *, data: DataFactory | None = None, toke
             dt, last = now - last, now
             loss = float(m["loss"])
             losses[step] = loss
-            finite = bool(m["finite"])
             record = {"loss": loss, "lr": float(m.get("lr", np.nan)), "grad_norm": float(m["grad_norm"]),
                       "param_norm": float(m["param_norm"]), "tokens": int(m["tokens"]),
                       "target_tokens": int(m["target_tokens"]), "tokens_per_s": float(m["tokens"]) / max(dt, 1e-9),
-                      "step_time_s": dt, "finite": finite,
+                      "step_time_s": dt, "finite": bool(m["finite"]),
                       "nonfinite_total": int(jax.device_get(state["nonfinite"]))}
             record.update({f"data/{k}": v for k, v in stats.items() if isinstance(v, (int, float))})
-            logger.log(step, record)
-            if not finite:
-                consecutive_bad += 1
-                what = f"loss {loss}, grad norm {float(m['grad_norm'])}"
-                if t.nonfinite == "stop":
-                    raise NonFiniteLossError(
-                        f"step {step}: non-finite {what}. Stopping (train.nonfinite=stop); the last checkpoint "
-                        f"is step {ckpt.latest_step()}. Lower optimizer.lr, check the data, or set "
-                        f"train.nonfinite=skip to skip such updates.")
-                logger.write(f"step {step}: non-finite {what}; update skipped "
-                             f"({consecutive_bad} in a row, {record['nonfinite_total']} in total)")
-                if consecutive_bad >= t.max_consecutive_skips:
-                    raise NonFiniteLossError(f"step {step}: {consecutive_bad} non-finite steps in a row "
-                                             f"(train.max_consecutive_skips={t.max_consecutive_skips}); stopping")
-            else:
-                consecutive_bad = 0
-            preempted = stop.is_set() or ckpt.manager.reached_preemption(step)
-            if step % cfg.checkpoint.every == 0 or step == t.steps or preempted:
-                ckpt.save(step, state, data_state, run_dict)
-                saved = step
+            run.logger.log(step, record)
+            run.check_finite(step, loss, record["grad_norm"], finite=record["finite"],
+                             skipped_total=record["nonfinite_total"])
+            if run.save_due(step):
+                run.save(step, state, data_state)
                 last = time.perf_counter()  # a synchronous part of the save is not step time
-            if preempted:
-                logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to resume")
+            if run.preempted:
+                run.say_stopped(step)
                 break
-    finally:
-        feed.close()
-        stop.restore()
-        logger.close()
-        ckpt.close()
-    return TrainResult(workdir, start, step, losses, preempted, saved, int(jax.device_get(state["nonfinite"])))
+    return TrainResult(workdir, start, step, losses, run.preempted, run.saved,
+                       int(jax.device_get(state["nonfinite"])))

@@ -52,7 +52,12 @@ so `train_s` is the host's time of the update phase (packing, dispatch) and `tra
 
 Checkpoints (checkpoints.py) hold params, optimizer state, step, RNG and the data state (the stage's sampler, the
 next rollout id and the stage's own counters), so a resumed run reproduces the uninterrupted run's per-step
-metrics. SIGTERM (or a first Ctrl-C) finishes the current step, saves and returns with preempted=True.
+metrics. SIGTERM (or a first Ctrl-C, or the checkpoint manager's preemption notice) finishes the current step,
+saves and returns with preempted=True. The run skeleton (validation, mesh, checkpointer, restore or init, metrics
+logger, stop flag, saves, cleanup) is train/run.py `Run`, shared with the LM loop; `setup` returns an RLRun, a Run
+with the update. Its non-finite-loss guard runs on each step's mean update loss and grad norm when the metrics are
+fetched, so before that step's checkpoint: a non-finite one stops the run with NonFiniteLossError
+(train.nonfinite=stop; `skip` is a ConfigError, the RL update having no skip).
 
 `setup` builds (or resumes) the training state in a workdir; in `ppo_updates` each process packs its own part of
 each mini-batch, the processes agree on shapes and on the loss normalisers (rl_batch.layout_info / common_layout /
@@ -66,7 +71,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import time
 from typing import Any, Sequence
@@ -79,16 +83,14 @@ from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.checkpoints import Checkpointer, gather_json
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.episodes.progress import TurnReporter
-from mimesis_jax.train.metrics import MetricsLogger
 from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import EngineMeter, PolicySampler, engine_of
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.step import make_rl_step
-from mimesis_jax.train.state import (StopFlag, initial_params, make_mesh, model_config_for, restore_latest,
-                                     state_shardings)
+from mimesis_jax.train.run import Run
+from mimesis_jax.train.state import initial_params, state_shardings
 from mimesis_jax.train.step import init_train_state
 
 VALIDATION_SEED = 12345  # the sampling seed of every validation pass (temperature `validation.temperature`)
@@ -132,63 +134,41 @@ UPDATE_METRICS = ("loss", "grpo_loss", "csd_loss", "mean_w", "frac_delta_pos", "
                   "grad_norm")
 
 
-@dataclasses.dataclass
-class RLRun:
-    cfg: Any  # the validated run config, with the runtime model filled in
-    model_config: ModelConfig
-    mesh: Any
-    schedule: Any
-    step_fn: Any  # train/rl/step.RLStep
-    ckpt: Checkpointer
-    state: dict
-    latest: int | None  # the checkpoint step resumed from, or None for a fresh run
-    data_state: dict | None  # the resumed checkpoint's data state (samplers, counters)
-    run_dict: dict
-    ref_params: Any = None  # the KL reference (initial weights) when rl.kl_coef > 0
+class RLRun(Run):
+    """An RL stage's run (train/run.py `Run`) with its update: schedule, step_fn (train/rl/step.RLStep) and
+    ref_params (the KL reference, the initial weights, when rl.kl_coef > 0)."""
 
-    @property
-    def start(self) -> int:
-        return int(jax.device_get(self.state["step"]))
+    schedule: Any = None
+    step_fn: Any = None
+    ref_params: Any = None
 
 
 def setup(cfg, workdir: str, tok, log=print) -> RLRun:
     """Validates `cfg`, builds mesh / optimizer / step, and restores the latest checkpoint of `workdir` or
-    initialises the state (writing run_config.json). `cfg` has the RL run-config fields (model, tokenizer, init,
-    rl, optimizer, train, mesh, checkpoint) and `updates_per_step()`."""
-    cfg = cfg.validate()
-    os.makedirs(workdir, exist_ok=True)
-    model_config = model_config_for(cfg, tok)
-    cfg = cfg.replace(model=dataclasses.replace(model_config, dtype="float32", remat="none"))
-    run_dict = cfg.to_dict()
-    mesh = make_mesh(cfg)
+    initialises the state (writing run_config.json): the Run skeleton's first steps (train/run.py). `cfg` has the
+    RL run-config fields (model, tokenizer, init, rl, optimizer, train, mesh, checkpoint) and `updates_per_step()`;
+    train.nonfinite=skip is a ConfigError (an RL update cannot be skipped)."""
+    run = RLRun(cfg, workdir, log=log, skips=False)
+    run.prepare(tok)
+    cfg, model_config, mesh = run.cfg, run.model_config, run.mesh
     total_updates = cfg.train.steps * cfg.updates_per_step()
     tx = make_optimizer(cfg.optimizer, total_updates, model_config)
-    schedule = make_schedule(cfg.optimizer, total_updates)
-    step_fn = make_rl_step(model_config, tx, mesh, cfg.rl, schedule=schedule)
+    run.schedule = make_schedule(cfg.optimizer, total_updates)
+    run.step_fn = make_rl_step(model_config, tx, mesh, cfg.rl, schedule=run.schedule)
     if jax.process_count() > 1:
         if getattr(cfg.rl, "credit", "") == "infopo":
             raise ConfigError("config key 'rl.credit': infopo needs a scoring pass over the whole batch on one "
                               "process; it is not supported with more than one process yet")
         try:
-            step_fn.local_rows_multiple()
+            run.step_fn.local_rows_multiple()
         except ValueError as e:
             raise ConfigError(f"config section 'mesh': {e}") from None
     abs_state, shardings = state_shardings(model_config, tx, mesh)
-    ckpt = Checkpointer(workdir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-    latest, state, data_state = restore_latest(ckpt, abs_state, shardings, run_dict, log, cfg.checkpoint.fallback)
-    if latest is None:
-        params = initial_params(cfg, model_config, mesh, shardings["params"], log)
-        init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
-        state = init(params, jax.random.fold_in(jax.random.key(cfg.train.seed), 1))
-        if jax.process_index() == 0:
-            with open(os.path.join(workdir, "run_config.json"), "w") as f:
-                json.dump(run_dict, f, indent=2)
-    else:
-        log(f"resume: {workdir} from step {latest}")
-    ref_params = None
+    init = jax.jit(lambda p, r: init_train_state(p, tx, r), out_shardings=shardings, donate_argnums=(0,))
+    run.restore_or_init(abs_state, shardings, init)
     if getattr(cfg.rl, "kl_coef", 0.0) > 0:  # the reference policy: the run's initial weights, never updated
-        ref_params = initial_params(cfg, model_config, mesh, shardings["params"], log)
-    return RLRun(cfg, model_config, mesh, schedule, step_fn, ckpt, state, latest, data_state, run_dict, ref_params)
+        run.ref_params = initial_params(cfg, model_config, mesh, shardings["params"], log)
+    return run
 
 
 ABORT_ENV = "MIMESIS_ABORT_AFTER_STEP"
@@ -441,48 +421,53 @@ class RLLearner:
         self.read_inputs()
         run_ = self.run_state = setup(self.cfg, self.workdir, self.tok, self.log)
         self.cfg = cfg = run_.cfg
-        ckpt, latest = run_.ckpt, run_.latest
         self.on_setup()
         next_rid = 0
-        if latest is not None:
+        if run_.latest is not None:
             self.restore(run_.data_state)
             next_rid = int(run_.data_state["next_rollout_id"])
         start = run_.start
-        if start >= cfg.train.steps:
-            self.log(f"nothing to do: checkpoint step {start} >= train.steps={cfg.train.steps}")
-            ckpt.close()
-            return RLResult(self.workdir, start, start, {}, False, latest)
+        if run_.nothing_to_do():
+            return RLResult(self.workdir, start, start, {}, False, run_.latest)
 
         r = cfg.rollout
         P = jax.process_count()
         # dialogues in flight at once on this process: a step's share of the groups, or the validation rollouts
         in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-self.num_validation() // P))
-        step, saved, preempted = start, latest, False
+        step = start
         history: dict[int, dict] = {}
         pending: list[tuple[int, dict, list]] = []  # (step, host record, the step's device update metrics)
-        logger = stop = None
         sync_every, waited = cfg.train.metrics_sync_every, waits_for_updates(run_)
         ladder = run_ladder(run_)
 
-        def flush():  # one host transfer for the pending steps' update metrics; each row under its own step
+        def flush(check: bool = True):  # one host transfer for the pending steps' update metrics, each row under
+            # its own step; then the non-finite-loss guard on each step's mean update loss (train.nonfinite)
             fetched = iter(fetch_metrics([ms for _, _, ms in pending if ms]) if any(ms for _, _, ms in pending)
                            else [])
             for s, rec, ms in pending:
                 rec.update(update_record(next(fetched) if ms else [], rec.get("train_s") if waited else None))
                 history[s] = rec
-                logger.log(s, rec)
+                run_.logger.log(s, rec)
+            done = [(s, rec) for s, rec, _ in pending] if check else []
             pending.clear()
+            for s, rec in done:
+                run_.check_finite(s, rec["loss"], rec["grad_norm"])
 
-        watch = contextlib.ExitStack()  # jax's compile events of the whole run (compilation_record)
-        compiled = watch.enter_context(profiling.count_compilations())
-        try:
+        def flush_after_error():  # an error mid-run: keep the rows of the steps that ran (they follow no checkpoint)
+            if pending:
+                try:
+                    flush(check=False)
+                except Exception as e:  # the device failed: the error being raised says why
+                    run_.logger.write(f"metrics of steps {[s for s, _, _ in pending]} not written: {e}")
+
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(self.close)
+            cleanup.enter_context(run_)  # at exit: the stop flag, the metrics logger and the checkpointer closed
+            compiled = cleanup.enter_context(profiling.count_compilations())  # the run's compile events
             self.open_models(in_flight)
             self.log(self.banner(start))
-            logger = MetricsLogger(self.workdir, total_steps=cfg.train.steps, start_step=start,
-                                   log_every=cfg.train.log_every, tensorboard=cfg.train.tensorboard,
-                                   progress_bar=cfg.train.progress_bar, stage=self.stage,
-                                   stdout_keys=self.stdout_keys)
-            stop = StopFlag(self.handle_signals)
+            run_.open_logs(stage=self.stage, handle_signals=self.handle_signals, stdout_keys=self.stdout_keys)
+            cleanup.callback(flush_after_error)
             # one policy sampler for the run; with rollout.engine its weights follow the updates
             policy = PolicySampler(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
                                    max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh,
@@ -522,32 +507,15 @@ class RLLearner:
                     rec.update(self.validate(policy.model(run_.state["params"]),
                                              f"{self.stage} step {step} validation"))
                 pending.append((step, rec, ms))
-                preempted = stop.is_set()
-                saving = preempted or self.save_checkpoints and (step % cfg.checkpoint.every == 0
-                                                                 or step == cfg.train.steps)
+                saving = run_.save_due(step, scheduled=self.save_checkpoints)
                 if len(pending) >= sync_every or validating or saving:
                     flush()
                 if saving:
                     data = self.data_state()
-                    data = {"sampler": data.pop("sampler"), "next_rollout_id": next_rid, **data}
-                    ckpt.save(step, run_.state, data, run_.run_dict)
-                    saved = step
-                    abort_if_requested(step, ckpt)
-                if preempted:
-                    logger.write(f"stop requested: checkpoint saved at step {step}; rerun the same command to "
-                                 "resume")
+                    run_.save(step, run_.state, {"sampler": data.pop("sampler"), "next_rollout_id": next_rid, **data})
+                    abort_if_requested(step, run_.ckpt)
+                if run_.preempted:
+                    run_.say_stopped(step)
                     break
-        finally:
-            watch.close()
-            if stop is not None:
-                stop.restore()
-            if logger is not None:
-                if pending:  # an error mid-run: keep the rows of the steps that ran (they follow no checkpoint)
-                    try:
-                        flush()
-                    except Exception as e:  # the device failed: the error being raised says why
-                        logger.write(f"metrics of steps {[s for s, _, _ in pending]} not written: {e}")
-                logger.close()
-            ckpt.close()
-            self.close()
-        return RLResult(self.workdir, start, step, history, preempted, saved)
+        return RLResult(self.workdir, start, step, history, run_.preempted, run_.saved)
+
