@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from helpers import subprocess_env
@@ -145,14 +146,14 @@ import glob, json, math, tempfile
 from mimesis_jax.plan import workload
 from mimesis_jax.plan.budget import engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.compiled import (QUICK, engine_decode_memory, engine_prefill_memory, lm_step_memory,
-                                       normalization_split,
+                                       normalization_split, without_persistent_cache,
                                        program_workloads, rl_step_memory, sampler_memory, scoring_memory)
 from mimesis_jax.plan.devices import device_for
 out = []
 
 
 def split(compile_fn):
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, without_persistent_cache():
         compiled = compile_fn(QUICK | {"xla_dump_to": d, "xla_dump_hlo_as_text": True})
         n = normalization_split(d)
         # the program before XLA's optimizations, of the module the split read
@@ -516,6 +517,24 @@ def test_compiled_table_splits_the_normalization_copies_where_measured():
     assert plan_cli.checked_error(rows[:1] + [low])[0] == TOLERANCE
     error, what = plan_cli.checked_error([ProgramMemory("rl update", 1 * GiB, 6 * GiB, 1 * GiB), low])
     assert error == pytest.approx(0.8) and "(rl update)" in what
+
+
+def test_a_split_program_compiled_before_is_dumped_again():
+    """The persistent compilation cache (on in this test run: tests/conftest.py) keys programs without their dump
+    options, so a program compiled before would come back from it with no buffer assignment dumped: the split
+    compiles it afresh (plan/compiled.py `without_persistent_cache`), the same copies each time."""
+    from mimesis_jax.config import tiny_qwen3
+    from mimesis_jax.plan.compiled import lm_step_memory, split_compile
+    from mimesis_jax.train.optim import OptimizerConfig
+    assert jax.config.jax_compilation_cache_dir  # the cache this test is about
+    mc = tiny_qwen3().replace(dtype="bfloat16")
+    axes = {"data": 1, "fsdp": 2, "tensor": 1}
+
+    def compile_fn(opts):
+        return lm_step_memory(mc, 4, 64, axes, 1, OptimizerConfig(), options=opts)
+    first, second = split_compile(compile_fn, QUICK), split_compile(compile_fn, QUICK)
+    assert first[0] == second[0] and first[1].extra == second[1].extra > 0
+    assert jax.config.jax_enable_compilation_cache  # left on
 
 
 def test_compiled_needs_the_mesh_devices(capsys):

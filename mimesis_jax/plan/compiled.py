@@ -49,6 +49,7 @@ float32 (the sampler's KV cache through its decode loop) stays in the rest.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import math
@@ -58,6 +59,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.compilation_cache import compilation_cache
 
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
@@ -412,10 +414,25 @@ def splits(model: ModelConfig) -> bool:
     return jax.default_backend() == "cpu" and model.dtype == "bfloat16"
 
 
+@contextlib.contextmanager
+def without_persistent_cache():
+    """jax's persistent compilation cache off for the block: its key leaves the dump options out, so a program
+    compiled before (by another test, another `plan --compiled`) would come back from the cache with nothing
+    dumped."""
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # the cache's on/off decision is made once; make it again
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
+
+
 def split_compile(compile_fn, options: dict) -> tuple[int, Normalization]:
     """(compiled bytes, Normalization) of compile_fn(options | a dump of the compiled program), a function that
     compiles one program and returns its `compiled_total` (`lm_step_memory`, `rl_step_memory`)."""
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, without_persistent_cache():
         total = compile_fn(options | _dump_options(d))
         return total, normalization_split(d)
 
