@@ -1,5 +1,5 @@
 """Rehearsal configs: a paper config at tiny width but with the paper's structure, for `python -m mimesis_jax
-rehearse` (plan/rehearse_cli.py) to run 1-2 RL steps of on a CPU's fake devices.
+rehearse` (commands/rehearse.py) to run 1-2 RL steps of on a CPU's fake devices.
 
 `narrow_config(cfg)` keeps what decides which programs a run compiles and how they are sharded, and shrinks what
 only sets their size:
@@ -33,7 +33,7 @@ narrowed
   (rollout.thinking = False: a random-init policy never closes its thought with `</think>`, one token of 1,024,
   so it would never reply and every reward would be 0; the programs are the same, the sampler's shapes fixed by
   the token budgets); nothing is served or read from disk;
-* train.steps, no validation, no checkpoint (rehearse_cli builds the learner with save_checkpoints=False);
+* train.steps, no validation, no checkpoint (commands/rehearse.py builds the learner with save_checkpoints=False);
   rollout.engine_memory_gib = 0 (no cap: the tiny engine's whole pool is small).
 """
 

@@ -24,14 +24,13 @@ the record index and the field. A row's ``data_source`` must name the task loade
 `ODYSSIM_ALIASES`); `load_mixed` routes the rows of a file that mixes tasks. Each task ships 3-10 invented
 records in ``samples/<task>.jsonl``.
 
-Registering a task: subclass `ChoiceEnv` or `JudgeEnv`, set the class attributes documented on `SoulEnv`, and
-decorate with `@register`.
+Registering a task: subclass `ChoiceEnv` or `JudgeEnv`, set the class attributes documented on `SoulEnv`,
+decorate with `@register`, and add the module to the imports of the package's __init__.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-import importlib
 import json
 import os
 import pathlib
@@ -85,29 +84,13 @@ def register(cls):
     return cls
 
 
-# One module per OdysSim task folder; importing a module registers its task(s).
-TASK_MODULES = (
-    "fantom", "hitom", "paratomi", "lifechoices", "mistakes", "twinvoice", "socsci210", "alignx", "behaviorchain",
-    "social_r1", "coser", "sotopia", "mirrorbench", "userllm", "humanllm", "sim_arena", "humanual",
-)
-
-
-def _load_all() -> None:
-    """Imports every task module (each registers its tasks on import)."""
-    for m in TASK_MODULES:
-        importlib.import_module(f"mimesis_jax.envs.soul.{m}")
-
-
 def task_info(name: str) -> TaskInfo:
-    if name not in _REGISTRY:
-        _load_all()
     if name not in _REGISTRY:
         raise EnvError(f"unknown SOUL task {name!r}; registered: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
 
 
 def task_names() -> list[str]:
-    _load_all()
     return sorted(_REGISTRY)
 
 
