@@ -48,9 +48,9 @@ from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 
 HEAD_DIM = 16
-# the memory-safe log-prob path's token chunk (model.logits_seq_chunk): the paper's 256 / 16 = 16 tokens made the
-# 9B simrl update a 64-step loop per 1,024-token row: 64 tokens halve its compile (21 -> 11 s) and leave its compiled
-# bytes and the plan's as they were (the chunk's [chunk, vocab chunk] logits are small next to the activations)
+# the memory-safe log-prob path's token chunk (model.logits_seq_chunk): the paper's 256 / 16 = 16 tokens would make
+# the 9B simrl update a 64-step loop per 1,024-token row; 64 tokens compile quicker and leave its compiled bytes and
+# the plan's as they are (the chunk's [chunk, vocab chunk] logits are small next to the activations)
 MIN_LOGPROB_CHUNK = 64
 TOY_TASKS = 64
 # the toy tasks' prompts are 58-64 tiny tokens (system + user turn, rendered): the paper's 1,152 / 16
