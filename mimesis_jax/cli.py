@@ -35,13 +35,10 @@ import sys
 import jax
 
 from mimesis_jax.checkpoints import CheckpointError
-from mimesis_jax.commands import demo, export, plan, profile, rehearse, rollout, show_config, theory, train
+from mimesis_jax.commands import (ablate, demo, evalagent, evalsim, export, plan, profile, rehearse, report, rollout,
+                                  serve, show_config, theory, train)
 from mimesis_jax.data.tokenizer import TokenizerError
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.eval import ablate, report
-from mimesis_jax.eval import agent as evalagent
-from mimesis_jax.eval import simulator as evalsim
-from mimesis_jax.rollout import serve
 from mimesis_jax.sharding import initialize_distributed
 from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
 
