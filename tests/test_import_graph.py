@@ -178,6 +178,14 @@ def test_config_and_algorithms_sit_below_the_code_that_runs_them():
     assert not bad, f"algorithms/ may import none of {ALGORITHMS_MAY_NOT_IMPORT}: {bad}"
 
 
+def test_command_modules_sit_on_top():
+    graph = package_graph()
+    assert "mimesis_jax.commands.serve" in graph["mimesis_jax.cli"]  # the command table's arrows are seen
+    inward = [f"{m} -> {d}" for m in sorted(graph) for d in sorted(graph[m])
+              if d.startswith("mimesis_jax.commands") and not m.startswith(("mimesis_jax.commands", "mimesis_jax.cli"))]
+    assert not inward, f"only cli.py and commands/ may import commands/ (docs/package-map.md): {inward}"
+
+
 def computed_imports(modules: dict[str, str]) -> list[str]:
     """'module:line' of every call of importlib.import_module or __import__ (a module imported by a computed name)."""
     out = []
