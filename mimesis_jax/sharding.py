@@ -238,3 +238,28 @@ def describe(tree) -> dict[str, str]:
         sh = getattr(x, "sharding", None)
         out[key] = str(getattr(sh, "spec", sh))
     return out
+
+
+def local_rollout_mesh(mesh: Mesh, process: int | None = None, process_of=None) -> Mesh:
+    """This process's (or `process`'s) part of the training `mesh` as a mesh of its own: the same axis names, each
+    axis as long as the block of local devices spans it (2 processes x 4 devices under fsdp=8: fsdp=4 here; under
+    data=2,fsdp=4: data=1,fsdp=4), the local devices in the order they have in `mesh`. A layout whose local
+    devices are no sub-grid of `mesh` (a hand-made device order) gets every local device on one axis the sampler
+    splits rows over (fsdp, else data, else the first axis), the others 1. process_of: a device's process (default
+    its process_index; the planner and tests pass one that emulates several processes on one)."""
+    devs = np.asarray(mesh.devices)
+    me = jax.process_index() if process is None else process
+    process_of = process_of or (lambda d: d.process_index)
+    local = np.vectorize(lambda d: process_of(d) == me)(devs)
+    n_local = int(local.sum())
+    if n_local == 0:
+        raise ValueError(f"the mesh {dict(mesh.shape)} holds no device of process {me}")
+    spans = [np.unique(ix) for ix in np.nonzero(local)]
+    block = devs[np.ix_(*spans)]
+    if block.size == n_local:  # a sub-grid: its shape on the same axes
+        return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
+    names = mesh.axis_names
+    axis = next((a for a in ("fsdp", "data") if a in names), names[0])
+    shape = tuple(n_local if a == axis else 1 for a in names)
+    ordered = [d for d in devs.flat if process_of(d) == me]
+    return Mesh(np.asarray(ordered, dtype=object).reshape(shape), names, axis_types=mesh.axis_types)

@@ -27,7 +27,7 @@ import pytest
 
 from helpers import subprocess_env
 from mimesis_jax.commands import plan as plan_cli
-from mimesis_jax.plan import budget, workload
+from mimesis_jax.plan import budget, memory, workload
 from mimesis_jax.plan.budget import (engine_prefill_bytes, engine_prefill_copies, engine_prefill_peak, plan,
                                      plan_config, scoring_peak)
 from mimesis_jax.plan.compiled import (PALLAS_ON_CPU, QUICK, TOLERANCE, ProgramMemory, engine_decode_memory,
@@ -669,6 +669,55 @@ def test_one_process_of_two_samples_the_simulator_within_the_plan(config):
     (p,) = program_memory(workload.process_config(cfg, 2), local, "a100-80g", updates=False, options=QUICK)
     assert p.name == "sampler 128x14336+2048"
     assert within(p.planned, p.compiled, TOLERANCE), (p.planned / 2 ** 30, p.compiled / 2 ** 30)
+
+
+SYNC_SCRIPT = r"""
+import json, jax
+from mimesis_jax import models
+from mimesis_jax.plan import workload
+from mimesis_jax.plan.compiled import QUICK, weight_sync_memory
+from mimesis_jax.plan.memory import weight_sync_bytes
+out = []
+for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_simrl.py:9b"):
+    cfg = workload.load_run_config("configs/" + name, [])
+    m, mesh = workload.runtime_model(cfg), dict(cfg.mesh.axes())
+    local = workload.process_mesh(mesh, 2)
+    b = weight_sync_bytes(m, mesh, local)
+    largest = max(x.size * x.dtype.itemsize for x in jax.tree.leaves(models.abstract_params(m)))
+    out.append([name, b.peak, b.moved, b.copy, weight_sync_memory(m, mesh, 2, QUICK), largest])
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_weight_sync_of_two_processes_is_planned_and_never_holds_a_whole_weight():
+    """The weight sync (inference/weight_sync.py) from the paper meshes' training layout to 2 processes' blocks,
+    compiled on 16 devices: its largest program per device within 10% of `weight_sync_bytes` and under half of
+    one whole copy of the largest weight; the copy it leaves is the process block's parameter bytes, and what it
+    moves is that less what the device holds already: Stage II's fsdp=8 shards become fsdp=4 ones, the 9B
+    simulator's params are replicated over data=2, the axis the processes split, so nothing moves."""
+    rows = {name: r for name, *r in _run_script(SYNC_SCRIPT, 16)}
+    for name, (peak, moved, copy, compiled, largest) in rows.items():
+        assert within(peak, compiled, TOLERANCE) and compiled < largest / 2, (name, peak, compiled, largest)
+        cfg = workload.load_run_config("configs/" + name, [])
+        m, mesh = workload.runtime_model(cfg), dict(cfg.mesh.axes())
+        local = workload.process_mesh(mesh, 2)
+        assert copy == memory.param_bytes(m, local)
+        assert moved == (copy - memory.param_bytes(m, mesh) if name.startswith("qwen3") else 0)
+
+
+def test_plan_on_processes_prints_the_weight_sync(capsys):
+    """`plan --processes 2` on the Stage II config: the sync line gives the bytes each device receives, by hand
+    the process block's fp32 parameter bytes less the training shard's (fsdp=8 -> fsdp=4)."""
+    name = "configs/qwen3_8b_agentrl.py:grpo"
+    argv = ["--config", name, "--processes", "2"]
+    assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("weight sync into each process")]
+    cfg = workload.load_run_config(name, [])
+    m, mesh = workload.runtime_model(cfg), dict(cfg.mesh.axes())
+    assert workload.process_mesh(mesh, 2) == {"data": 1, "fsdp": 4, "tensor": 2}
+    moved = memory.param_bytes(m, {"data": 1, "fsdp": 4, "tensor": 2}) - memory.param_bytes(m, mesh)
+    assert f": {moved / GiB:.2f} GiB received per device, " in line, line
 
 
 def test_plan_on_processes_names_the_key_that_fits(capsys):

@@ -13,7 +13,7 @@ import pytest
 
 from rl_helpers import jaxpr_dims, random_batch, scaled_params, tiny_config, tree_rel_err
 from mimesis_jax import models, sharding
-from mimesis_jax.algorithms import csd
+from mimesis_jax.algorithms import csd, rl_shapes
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
 from mimesis_jax.algorithms.rl_batch import HEAD_KEYS, bucket, pack_trajectories, regroup_heads
 
@@ -100,6 +100,33 @@ def test_fixed_shapes_are_kept_and_overflow_is_an_error():
         pack_trajectories(trajs, **{**kw, "branch_head_len": 2})
     with pytest.raises(ValueError, match="num_rows=1: the trajectories need"):
         pack_trajectories(trajs, **{**kw, "num_rows": 1, "row_len": 160})
+
+
+def test_shape_policy_reads_counts_only_and_the_filler_follows_it():
+    """rl_shapes.pack_shape, given the per-trajectory token counts read off the segments (trunk = non-coach tokens,
+    branch = coach + header + agent tokens of each coached turn, agent, coached agent tokens), picks the rows and
+    shape key the packed arrays have: every trajectory's turns sit in the row the policy gave it."""
+    trajs = random_batch(5, CFG.vocab_size, (3, 5, 2, 4, 1, 6), max_len=20)
+    counts = {k: [] for k in ("trunk", "branch", "agent", "coached")}
+    for tr in trajs:
+        segs, coach = tr.segments, tr.coach_for_turn()
+        turns = [(a, c) for a, c in zip(tr.agent_indices(), coach)]
+        counts["trunk"].append(sum(len(x.tokens) for x in segs if x.kind != "coach"))
+        counts["branch"].append(sum(len(segs[c].tokens) + len(segs[a - 1].tokens) + len(segs[a].tokens)
+                                    for a, c in turns if c is not None))
+        counts["agent"].append(sum(len(segs[a].tokens) for a, _ in turns))
+        counts["coached"].append(sum(len(segs[a].tokens) for a, c in turns if c is not None))
+    assert sum(counts["coached"]) > 0
+    for kw in (dict(pad_multiple=16, rows_multiple=2), dict(row_len=256, num_rows=6, pad_multiple=16)):
+        packed = pack_trajectories(trajs, use_rollout_logprobs=False, **kw)
+        T = kw.get("row_len") or bucket(max(counts["trunk"]), kw["pad_multiple"])
+        shape = rl_shapes.pack_shape(*(np.array(v, np.int64) for v in counts.values()), row_len=T, mode="fused",
+                                     num_rows=kw.get("num_rows"), rows_multiple=kw.get("rows_multiple", 1),
+                                     pad_multiple=kw["pad_multiple"])
+        assert shape.key == packed.shape_key and shape.group == packed.head_group
+        row_of = {i: r for r, row in enumerate(shape.rows) for i in row}
+        assert sorted(row_of) == list(range(len(trajs)))
+        assert all(slot.row == row_of[i] for i, turns in enumerate(packed.turns) for slot in turns)
 
 
 # ------------------------------------------------------------------------------ LM head at agent positions

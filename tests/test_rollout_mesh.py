@@ -31,6 +31,7 @@ from helpers import subprocess_env
 from mimesis_jax import models, sharding
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.plan import budget, devices, memory, workload
+from mimesis_jax.plan.compiled import TOLERANCE
 from mimesis_jax.rollout import sampler
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import PolicySampler
@@ -211,7 +212,7 @@ def test_local_rollout_mesh_is_the_process_block(shape, want, monkeypatch):
     fake = types.SimpleNamespace(devices=devs, axis_names=("data", "fsdp", "tensor"), axis_types=None,
                                  shape=dict(zip(("data", "fsdp", "tensor"), shape)))
     built = []
-    monkeypatch.setattr(distributed, "Mesh", lambda d, names, axis_types=None: built.append((d, names)) or d)
+    monkeypatch.setattr(sharding, "Mesh", lambda d, names, axis_types=None: built.append((d, names)) or d)  # where local_rollout_mesh lives
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     local = distributed.local_rollout_mesh(fake)
     assert local.shape == want and [d.id for d in local.flat] == [4, 5, 6, 7]
@@ -230,6 +231,7 @@ def test_local_rollout_mesh_is_the_process_block(shape, want, monkeypatch):
 WORKER = r"""
 import json, os, sys
 import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")  # as the CLI's --distributed does
 jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
 import numpy as np, types
 from mimesis_jax import models, sharding
@@ -240,9 +242,25 @@ cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo")
 mc, tok = workload.runtime_model(cfg), load_tokenizer("tiny")
 mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
 params = models.init_params(mc, jax.random.key(1), mesh)
+from jax.experimental import multihost_utils
+
+
+def no_gather(*a, **k):
+    raise AssertionError("the rollout parameters were gathered through the host")
+
+
+multihost_utils.process_allgather = no_gather  # the sync must move them device to device
 policy = PolicySampler(mc, tok, types.SimpleNamespace(engine=False, max_batch=0), params, name="agent",
                        max_tokens=8, in_flight=1, mesh=mesh)
 model = policy.model(params)
+# the sync's programs (inference/weight_sync.py) against their plan: the largest per-device bytes of one
+from mimesis_jax.plan.memory import weight_sync_bytes
+from mimesis_jax.train.rl import distributed
+sync = distributed._weight_sync(mc, mesh)
+mem = [c.memory_analysis() for _, c in sync.compiled(params)]
+compiled = max(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+               for m in mem)
+planned = weight_sync_bytes(mc, dict(mesh.shape), dict(model.mesh.shape)).peak
 local = set(jax.local_devices())
 leaves = []
 for x in jax.tree.leaves(model.params):
@@ -253,7 +271,8 @@ prompts, seeds, temps = json.loads(sys.argv[3])
 mine = [i for i in range(len(prompts)) if i % 2 == jax.process_index()]
 out = model.generate_tokens([prompts[i] for i in mine], seed=[seeds[i] for i in mine],
                             temperature=[temps[i] for i in mine])
-json.dump({"mesh": dict(model.mesh.shape), "leaves": leaves, "rows": mine, "tokens": [s.tokens for s in out]},
+json.dump({"mesh": dict(model.mesh.shape), "leaves": leaves, "rows": mine, "tokens": [s.tokens for s in out],
+           "sync": [planned, compiled]},
           open(sys.argv[4], "w"))
 """
 
@@ -290,6 +309,10 @@ def test_two_processes_sample_on_their_own_devices(tmp_path):
         assert on_first < full / 3  # far from the whole fp32 model on one device
         print(f"process {i}: rollout params on its first device {on_first / MiB:.3f} of {full / MiB:.3f} MiB")
         assert got["tokens"] == [ref[r].tokens for r in got["rows"]]
+        # the weight sync's largest program per device: within the plan, under one whole copy of the largest weight
+        planned, compiled = got["sync"]
+        largest = max(x.nbytes for x in jax.tree.leaves(params))
+        assert abs(planned / compiled - 1) <= TOLERANCE and compiled < largest, (planned, compiled, largest)
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 2), (2, 4, 2), (1, 16, 1), (4, 2, 2)])
@@ -302,7 +325,7 @@ def test_the_plans_process_mesh_is_the_loops(shape, processes, monkeypatch):
     devs = np.asarray([_FakeDevice(i, i // (n // processes)) for i in range(n)], dtype=object).reshape(shape)
     names = ("data", "fsdp", "tensor")
     fake = types.SimpleNamespace(devices=devs, axis_names=names, axis_types=None, shape=dict(zip(names, shape)))
-    monkeypatch.setattr(distributed, "Mesh", lambda d, names, axis_types=None: d)
+    monkeypatch.setattr(sharding, "Mesh", lambda d, names, axis_types=None: d)  # where local_rollout_mesh lives
     want = process_mesh(dict(zip(names, shape)), processes)
     for me in range(processes):
         monkeypatch.setattr(jax, "process_index", lambda me=me: me)
@@ -316,3 +339,23 @@ def test_each_process_caps_its_sampler_calls_at_its_share_of_max_batch(monkeypat
     assert [distributed.process_max_batch(b) for b in (256, 5, 1, 0)] == [128, 3, 1, 0]
     monkeypatch.setattr(jax, "process_count", lambda: 1)
     assert distributed.process_max_batch(256) == 256
+
+
+def test_weight_sync_on_one_process_casts_on_the_devices_and_keeps_the_layout():
+    """The weight sync (inference/weight_sync.py) on one process, to bfloat16: every array equals the training
+    array cast by NumPy, laid out as models.shard_params lays it out on the mesh (the rollout mesh of one process
+    is the training mesh), and a second sync of new values reuses the programs of the first."""
+    from mimesis_jax.inference.weight_sync import WeightSync
+    _, mc, _ = _tiny()
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    params = models.init_params(mc, jax.random.key(3), mesh)
+    sync = WeightSync(mc, mesh, dtype=jax.numpy.bfloat16)
+    got = sync(params)
+    want = models.param_shardings(mc, mesh)
+    for x, y, sh in zip(jax.tree.leaves(params), jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert y.dtype == jax.numpy.bfloat16
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x).astype(jax.numpy.bfloat16))
+        assert y.sharding.is_equivalent_to(sh, x.ndim)
+    sync(jax.tree.map(lambda x: x * 2, params))
+    assert len(sync._programs) == len(jax.tree.leaves(params))
+    assert [f._cache_size() for f in sync._programs.values()] == [1] * len(sync._programs)  # compiled once each

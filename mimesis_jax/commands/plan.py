@@ -12,9 +12,11 @@ import jax
 
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, verdict
-from mimesis_jax.plan.compiled import SPLIT_CHECKED, TOLERANCE, ProgramMemory, format_programs, need_devices, program_memory
+from mimesis_jax.plan.compiled import (SPLIT_CHECKED, TOLERANCE, ProgramMemory, format_programs, need_devices,
+                                       program_memory, weight_sync_memory)
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan import mix
+from mimesis_jax.plan.memory import weight_sync_bytes
 from mimesis_jax.plan.suggestions import suggest
 from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, process_config, process_mesh,
                                       programs_text)
@@ -112,14 +114,26 @@ def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error:
         what = f"an engine for {w.engine.dialogues} dialogues in flight ({w.engine.pool_bytes / GiB:.2f} GiB pool)"
     else:
         what = f"sampler calls of {w.rollout.batch} x ({w.rollout.prompt_len} + {w.rollout.new_tokens}) tokens"
+    state = p.item("parameters") + p.item("optimizer state")
     return "\n".join([
         f"rollout on each of {processes} processes: its sub-mesh {mesh_text(pp.workload.mesh)}, "
         f"{what} ({-(-tasks // processes)} of {tasks} tasks per step)",
         f"  its rollout program {rollout / GiB:.2f} GiB per device (of which its own parameter copy "
         f"{pp.item('parameters') / GiB:.2f} GiB) + the training state kept on every device "
-        f"{(p.item('parameters') + p.item('optimizer state')) / GiB:.2f} GiB = rollout peak {peak / GiB:.2f} GiB",
+        f"{state / GiB:.2f} GiB = rollout peak {peak / GiB:.2f} GiB",
         f"total {total / GiB:.2f} GiB of {p.device.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable): "
         f"{_verdict(total, p.usable, error)} on {processes} processes"])
+
+
+def format_weight_sync(p: Plan, pp: Plan) -> str:
+    """The weight sync into each process's rollout devices (inference/weight_sync.py), per device: the bytes it
+    receives, the sync's largest program, and the bound with the training state and the copy it leaves."""
+    sync = weight_sync_bytes(p.workload.model, p.workload.mesh, pp.workload.mesh)
+    state = p.item("parameters") + p.item("optimizer state")
+    return (f"weight sync into each process's devices (device to device, one array at a time): "
+            f"{sync.moved / GiB:.2f} GiB received per device, its largest program {sync.peak / GiB:.2f} GiB per "
+            f"device (working set {sync.work / GiB:.2f} GiB); at most {(state + sync.copy + sync.work) / GiB:.2f} GiB "
+            "with the training state and the copy")
 
 
 def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: float = TOLERANCE) -> str:
@@ -200,6 +214,9 @@ def run(args) -> int:
             programs = program_memory(cfg, mesh, p.device)
             if processes > 1:
                 process_programs = program_memory(cfg_p, local, p.device, updates=False)
+                process_programs.append(ProgramMemory(
+                    "weight sync (largest program)", weight_sync_bytes(p.workload.model, mesh, local).peak,
+                    weight_sync_memory(p.workload.model, mesh, processes)))
         error = checked_error(programs + process_programs)
         print(format_plan(p, args.config, error))
         head = head_padding_text(cfg, p.workload.model, mesh) if p.workload.kind != "lm" else None
@@ -209,6 +226,7 @@ def run(args) -> int:
             print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step, error[0]))
             if verdict(max(p.train_peak, process_rollout_peak(p, pp)), p.usable, error[0]) != "FITS":
                 print(process_suggestion(args, cfg, mesh, p, processes, error[0]))
+            print(format_weight_sync(p, pp))
         if getattr(args, "compiled", False):
             print(f"compiled programs ({jax.default_backend()} backend, {jax.device_count()} devices):")
             print(format_programs(programs, p.workload.model))

@@ -61,6 +61,7 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.errors import ConfigError
+from mimesis_jax.inference.weight_sync import WeightSync
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan.budget import engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
@@ -597,6 +598,14 @@ def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
 
 
 # ----------------------------------------------------------------------------------------- per config
+def weight_sync_memory(model: ModelConfig, axes: dict, processes: int, options: dict = FAST) -> int:
+    """Compiled per-device bytes of the largest program of the weight sync (inference/weight_sync.py) from the
+    training mesh `axes` to each of `processes` processes' blocks, the processes emulated on this one's devices:
+    what plan/memory.py `weight_sync_bytes(...).peak` plans."""
+    sync = WeightSync(model, _mesh(axes), processes=processes)
+    return max(compiled_total(c) for _, c in sync.compiled(models.abstract_params(model), options))
+
+
 def program_workloads(w: Workload) -> list[tuple[str, Workload]]:
     """(name, workload) of each update program: one per ladder program (rows x row_len x head x branch x
     branch_head), else the planner's worst-case shapes."""

@@ -38,6 +38,40 @@ def param_bytes(model: ModelConfig, mesh: dict) -> int:
                for s in jax.tree.leaves(param_specs(model), is_leaf=is_spec))
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncBytes:
+    """The weight sync of several processes (inference/weight_sync.py), per device: `peak` the largest one
+    program holds (its training shard, its rollout shard and the reshard's working set), `work` the largest
+    working set alone, `copy` the rollout copy it leaves, `moved` the bytes a device receives (its rollout shards
+    less the part of its training shards they hold)."""
+
+    peak: int
+    work: int
+    copy: int
+    moved: int
+
+
+def weight_sync_bytes(model: ModelConfig, mesh: dict, local: dict, itemsize: int | None = None) -> SyncBytes:
+    """Per-device bytes of the weight sync from the training `mesh` (axis sizes) to one process's `local` block
+    (workload.process_mesh), the rollout copy in `itemsize` bytes per element (default the parameters')."""
+    item = DTYPES[model.param_dtype].dtype.itemsize
+    out_item = itemsize or item
+    peak = most = copy = moved = 0
+    for s in jax.tree.leaves(param_specs(model), is_leaf=is_spec):
+        n = math.prod(s.shape)
+        src, dst = n // divisor(s.axes, s.shape, mesh, model), n // divisor(s.axes, s.shape, local, model)
+        src_b, dst_b = src * item, dst * out_item
+        work = 0
+        if dst != src:  # a reshard: a copy of the training shard laid out for the collective, and what it gathers
+            # (a stacked weight one layer at a time: its layer's slice and gathered slice)
+            L = s.shape[0] if s.axes[0] == "layers" and s.shape[0] > 1 else 1
+            work = src_b + (src_b + dst_b) // L if L > 1 else src_b + dst_b
+        peak, most = max(peak, src_b + dst_b + work), max(most, work)
+        copy += dst_b
+        moved += (dst - src) * out_item
+    return SyncBytes(peak, most, copy, moved)
+
+
 def optimizer_bytes(model: ModelConfig, mesh: dict, opt_cfg, total_updates: int) -> int:
     """Optimizer-state bytes on one device, from jax.eval_shape of the run's optax chain: a parameter-shaped leaf
     (Adam's moments) is split like its parameter, everything else (step counts) is replicated."""

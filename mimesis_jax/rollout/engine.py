@@ -1,6 +1,7 @@
 """Multi-turn rollout engine: persistent per-dialogue caches, a paged KV pool and continuous batching.
 
-This module is the scheduler (requests, admission, rounds); the jitted programs are in rollout/engine_programs.py,
+This module is the scheduler (admission, rounds); the settings and requests (`EngineConfig`, `EngineRequest`,
+importable from here too) are in rollout/engine_requests.py, the jitted programs in rollout/engine_programs.py,
 the pages and cached dialogues in rollout/page_pool.py, the chat-model adapter in rollout/engine_chat.py.
 
     engine = RolloutEngine(config, params, EngineConfig(slots=16), stop_ids=(im_end,))
@@ -60,7 +61,6 @@ The RL stages log them per step (`engine/*`, train/rl/chat_models.EngineMeter); 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections import deque
@@ -73,78 +73,11 @@ from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.rollout import engine_programs, sampler
 from mimesis_jax.rollout.endpoints import derive_seed
-from mimesis_jax.rollout.page_pool import Dialogue, EngineError, PagePool
+from mimesis_jax.rollout.engine_requests import EngineConfig, EngineRequest, make_requests
+from mimesis_jax.rollout.page_pool import EngineError, PagePool
 from mimesis_jax.rollout.sampler import Sample
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    slots: int = 16  # decode slots: requests decoded together
-    page_size: int = 16  # tokens per cache page
-    num_pages: int = 2048  # pages in the pool (page 0 is the trash page): memory = num_pages * page_size tokens
-    max_pages_per_seq: int = 256  # page-table width: the longest dialogue is max_pages_per_seq * page_size tokens
-    prefill_chunk: int = 64  # tokens per prefill row and round
-    prefill_rows: int = 4  # requests prefilled together per round
-    decode_steps: int = 16  # one-token steps per compiled decode call (it returns early when a slot frees)
-    num_states: int = 0  # Qwen3.5: per-dialogue state slots (0 = 4 * slots); slot 0 is reserved
-
-    def validate(self) -> None:
-        for name in ("slots", "page_size", "num_pages", "max_pages_per_seq", "prefill_chunk", "prefill_rows",
-                     "decode_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_pages < 2:
-            raise ValueError(f"EngineConfig.num_pages must be >= 2 (page 0 is the trash page), got {self.num_pages}")
-        if self.num_states < 0 or self.num_states == 1:
-            raise ValueError(f"EngineConfig.num_states must be 0 (auto) or >= 2 (slot 0 is reserved), "
-                             f"got {self.num_states}")
-
-    @property
-    def states(self) -> int:
-        return self.num_states or 4 * self.slots + 1
-
-
-@dataclasses.dataclass(eq=False)
-class EngineRequest:
-    """One sampling request: the handle `RolloutEngine.submit` returns. Its fields fill in as the scheduler runs:
-    `out` / `lps` (sampled ids and their log-probs), `finish` ("stop" | "length" | "cancelled" | "error") with
-    `error` (a message) on the last, and `on_token(request, token, logprob)` (optional) is called from the thread
-    that runs the scheduler right after each token is recorded (`finish` is already set on the last one); a
-    request ended without a token (cancelled while waiting, a failed program) gets one call with token None."""
-
-    index: int
-    prompt: list[int]
-    key: object
-    max_new: int
-    temperature: float
-    lp_temperature: float
-    top_k: int
-    top_p: float
-    seed: int
-    salt: int
-    stops: list[int]
-    on_token: object = None
-    serial: int = 0
-    dialogue: Dialogue | None = None
-    slot: int = -1
-    pending: list[int] = dataclasses.field(default_factory=list)  # prompt tokens still to prefill
-    pos: int = 0  # position of the next token fed to the model
-    out: list[int] = dataclasses.field(default_factory=list)
-    lps: list[float] = dataclasses.field(default_factory=list)
-    finish: str | None = None
-    error: str | None = None
-    cancelled: bool = False  # set by RolloutEngine.cancel from any thread; the scheduler acts on it
-    exception: BaseException | None = None  # why it ended with "error" when it was refused at admission
-
-    @property
-    def done(self) -> bool:
-        return self.finish is not None
-
-    def sample(self) -> Sample:
-        return Sample(self.out, self.lps, self.finish, len(self.prompt))
-
 
 
 class RolloutEngine:
@@ -388,55 +321,16 @@ class RolloutEngine:
 
     def _requests(self, prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids, logprob_temperature,
                   first_index: int = 0) -> list[EngineRequest]:
-        """Validated requests (errors name the request by its index in the call)."""
-        n = len(prompts)
-        if n == 0:
-            return []
-        keys = [None] * n if keys is None else list(keys)
-        if len(keys) != n:
-            raise ValueError(f"keys: got {len(keys)} keys for {n} prompts")
-        dup = [k for k in keys if k is not None]
-        if len(set(dup)) != len(dup):
-            raise ValueError("keys: a dialogue key appears twice in one call")
-        V = self.config.vocab_size
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {first_index + i} is empty: every request needs at least one token")
-            arr = np.asarray(p)
-            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0 or arr.max() >= V:
-                raise ValueError(f"prompt {first_index + i} must be a flat list of token ids in [0, {V})")
-        per = sampler.per_request
-        max_new = per("max_new_tokens", max_tokens, n, int)
-        temps = per("temperature", temperature, n, float)
-        tps, tks = per("top_p", top_p, n, float), per("top_k", top_k, n, int)
-        stops = sampler.stop_lists(self.stop_ids if stop_ids is None else stop_ids, n)
-        if seed is None:
-            seed = [derive_seed(self.seed, self._calls, i) for i in range(n)]
-        if isinstance(seed, (list, tuple, np.ndarray)):
-            seeds, salts = per("seed", seed, n, int), [0] * n
-        else:
-            seeds, salts = [int(seed)] * n, list(range(n))
-        if logprob_temperature == "sampling":
-            lp_temps = [t if t > 0 else 1.0 for t in temps]
-        else:
-            lp_temps = [float(logprob_temperature)] * n
-        reqs = []
-        for i in range(n):
-            j = first_index + i
-            if max_new[i] < 1:
-                raise ValueError(f"request {j}: max_tokens must be >= 1, got {max_new[i]}")
-            if temps[i] < 0 or not 0.0 < tps[i] <= 1.0 or tks[i] < 0:
-                raise ValueError(f"request {j}: need temperature >= 0, top_p in (0, 1], top_k >= 0")
-            if len(prompts[i]) + max_new[i] - 1 > self.max_len:
-                raise EngineError(f"request {j}: prompt ({len(prompts[i])}) + max_tokens ({max_new[i]}) exceeds the "
-                                  f"{self.max_len}-token page table; raise EngineConfig.max_pages_per_seq "
-                                  f"(now {self.ec.max_pages_per_seq})")
-            with self._serial_lock:
-                self._serial += 1
-                serial = self._serial
-            reqs.append(EngineRequest(j, [int(t) for t in prompts[i]], keys[i], max_new[i], temps[i], lp_temps[i],
-                                      tks[i], tps[i], seeds[i] % (1 << 32), salts[i], stops[i], serial=serial))
-        return reqs
+        """Validated requests (`engine_requests.make_requests`; errors name the request by its index in the call)."""
+        return make_requests(prompts, keys, max_tokens, temperature, top_p, top_k, seed, stop_ids,
+                             logprob_temperature, ec=self.ec, vocab_size=self.config.vocab_size,
+                             default_stops=self.stop_ids, engine_seed=self.seed, call=self._calls,
+                             next_serial=self._next_serial, first_index=first_index)
+
+    def _next_serial(self) -> int:
+        with self._serial_lock:
+            self._serial += 1
+            return self._serial
 
 
     # ------------------------------------------------------------------------------------ scheduling

@@ -13,6 +13,7 @@ from per-episode summaries gathered from every process (`gather_list`, identical
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -20,8 +21,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mimesis_jax import models
 from mimesis_jax.checkpoints import gather_json
+from mimesis_jax.inference.weight_sync import WeightSync
+from mimesis_jax.sharding import local_rollout_mesh  # noqa: F401  (this module's name for it, as before)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -73,29 +75,6 @@ def global_groups(local_ids: Sequence[int]) -> list[int]:
     return sorted({int(g) for g in gather_list(list(local_ids))})
 
 
-def local_rollout_mesh(mesh: Mesh) -> Mesh:
-    """This process's part of the training `mesh` as a mesh of its own: the same axis names, each axis as long as
-    the block of local devices spans it (2 processes x 4 devices under fsdp=8: fsdp=4 here; under data=2,fsdp=4:
-    data=1,fsdp=4), the local devices in the order they have in `mesh`. A layout whose local devices are no
-    sub-grid of `mesh` (a hand-made device order) gets every local device on one axis the sampler splits rows
-    over (fsdp, else data, else the first axis), the others 1."""
-    devs = np.asarray(mesh.devices)
-    me = jax.process_index()
-    local = np.vectorize(lambda d: d.process_index == me)(devs)
-    n_local = int(local.sum())
-    if n_local == 0:
-        raise ValueError(f"the mesh {dict(mesh.shape)} holds no device of process {me}")
-    spans = [np.unique(ix) for ix in np.nonzero(local)]
-    block = devs[np.ix_(*spans)]
-    if block.size == n_local:  # a sub-grid: its shape on the same axes
-        return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
-    names = mesh.axis_names
-    axis = next((a for a in ("fsdp", "data") if a in names), names[0])
-    shape = tuple(n_local if a == axis else 1 for a in names)
-    ordered = [d for d in devs.flat if d.process_index == me]
-    return Mesh(np.asarray(ordered, dtype=object).reshape(shape), names, axis_types=mesh.axis_types)
-
-
 def rollout_mesh(mesh: Mesh | None) -> Mesh | None:
     """The mesh this process samples on. One process: the training mesh itself (the sampler's rows split over its
     batch axes, its params sharded as the learner's). Several: this process's `local_rollout_mesh`, because each
@@ -109,7 +88,7 @@ def rollout_mesh(mesh: Mesh | None) -> Mesh | None:
 def host_params(params):
     """The full parameters on this process: the sharded training arrays as they are on one process; on several,
     a host (NumPy) copy gathered from every process's shards (a collective: every process calls it). What the
-    rollout engine is given (chat_models.engine_params) and what `rollout_params` shards again locally."""
+    rollout engine is given without a mesh (chat_models.engine_params)."""
     if jax.process_count() == 1:
         return params
     return multihost_utils.process_allgather(params, tiled=True)
@@ -119,15 +98,20 @@ def rollout_params(config, params, mesh: Mesh | None):
     """The parameters the sampler uses, placed on `rollout_mesh(mesh)` as `models.shard_params` lays them out.
 
     One process: the training parameters as they are (already sharded on the training mesh: no copy). Several:
-    gathered to the host once (`host_params`) and sharded over this process's local devices -- every device of
-    every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on the mesh").
-    Without a mesh (several processes): the gathered copy on this process's first device, as before."""
+    resharded device to device from the training layout to this process's local devices
+    (inference/weight_sync.py: every process calls it; no host copy, no device holds more than its shards) --
+    every device of every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on
+    the mesh"). Without a mesh (several processes): the host-gathered copy on this process's first device."""
     if jax.process_count() == 1:
         return params
-    full = host_params(params)
     if mesh is None:
-        return jax.device_put(full, jax.local_devices()[0])
-    return models.shard_params(config, full, local_rollout_mesh(mesh))
+        return jax.device_put(host_params(params), jax.local_devices()[0])
+    return _weight_sync(config, mesh)(params)
+
+
+@functools.lru_cache(maxsize=4)
+def _weight_sync(config, mesh: Mesh) -> WeightSync:
+    return WeightSync(config, mesh)
 
 
 def step_array(step: int, mesh):

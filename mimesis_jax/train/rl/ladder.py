@@ -1,11 +1,11 @@
 """The shape ladder of an RL run config: the config's packing bounds (`AgentRLConfig.packing_bounds`,
-`SimRLConfig.packing_bounds`: numbers) and its rung settings handed to algorithms/rl_batch.py `shape_ladder`, which
+`SimRLConfig.packing_bounds`: numbers) and its rung settings handed to algorithms/rl_shapes.py `shape_ladder`, which
 takes numbers only. Used by the learner (`learner.run_ladder`) and the planner (plan/workload.py, plan/mix.py)."""
 
 from __future__ import annotations
 
-from mimesis_jax.algorithms.rl_batch import (BRANCH_HEAD_RUNGS, HEAD_RUNGS, ROW_RUNGS, ShapeLadder,
-                                             shape_ladder)
+from mimesis_jax.algorithms.rl_shapes import (BRANCH_HEAD_RUNGS, HEAD_RUNGS, ROW_RUNGS, ShapeLadder,
+                                              shape_ladder)
 
 
 def ladder_for_config(cfg, rows_multiple: int, processes: int = 1) -> ShapeLadder | None:

@@ -1,0 +1,152 @@
+"""Weight sync: the training parameters re-laid out for the rollouts, device to device, without a gather.
+
+On one process the sampler reads the training arrays as they are (the rollout mesh is the training mesh). On P
+jax.distributed processes each process samples its own episodes on its own devices (`sharding.local_rollout_mesh`),
+so each needs the whole model split over its local devices. The training arrays are split over every process's
+devices; the sync is a reshard between two layouts of the same global devices:
+
+    training layout  NamedSharding(training mesh, the rules' spec)
+    sync layout      NamedSharding(sync mesh, the same spec)   sync mesh = [replica = P, *one process's block]
+
+The sync mesh stacks every process's block of the training mesh along a new `replica` axis that no spec names,
+so each process's devices hold a complete copy split as the local rollout mesh splits it. One jitted program per
+parameter array (a stacked layer weight is one array: every layer of it at once) casts it to the rollout dtype on
+the devices that hold it and reshards it; XLA moves the shards between devices (collectives across processes), so
+no device ever holds more than its shard of the training array and its shard of the rollout copy, and the host
+never sees a weight. The outputs' local shards are then viewed as arrays on the process's own rollout mesh
+(`jax.make_array_from_single_device_arrays`, no copy); an array whose training shards already are its rollout
+shards (replicated over a data axis that runs across processes) is viewed so without a program.
+
+Per-device peak of the sync beyond the training state: the rollout copy built so far + one program's working set
+(plan/budget.py `weight_sync`). Every process calls the sync at the same step (the programs span every device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from mimesis_jax import models
+from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.sharding import local_rollout_mesh
+
+REPLICA = "replica"
+
+
+def emulated_processes(mesh: Mesh, processes: int):
+    """A device -> process map of `processes` processes owning the mesh's devices in id order, equal shares (as
+    jax.distributed numbers the devices of process-major hosts): to plan and compile a sync of several processes
+    on one."""
+    ids = sorted(d.id for d in np.asarray(mesh.devices).flat)
+    if len(ids) % processes:
+        raise ValueError(f"{len(ids)} devices do not split over {processes} processes")
+    rank = {i: k // (len(ids) // processes) for k, i in enumerate(ids)}
+    return lambda d: rank[d.id]
+
+
+def sync_mesh(mesh: Mesh, processes: int | None = None) -> Mesh:
+    """Every device of the training `mesh` as [replica = process count, *one process's rollout block]: process
+    p's devices at index p, laid out as `local_rollout_mesh(mesh, p)` lays them out (the same block shape on
+    every process, else ValueError). processes: emulate that many (`emulated_processes`) instead of the run's."""
+    process_of = None if processes is None else emulated_processes(mesh, processes)
+    count = jax.process_count() if processes is None else processes
+    blocks = [local_rollout_mesh(mesh, p, process_of) for p in range(count)]
+    shapes = {tuple(b.devices.shape) for b in blocks}
+    if len(shapes) != 1:
+        raise ValueError(f"the mesh {dict(mesh.shape)} splits into process blocks of different shapes {shapes}: "
+                         "the weight sync needs one block shape on every process")
+    devices = np.stack([np.asarray(b.devices) for b in blocks])
+    return Mesh(devices, (REPLICA,) + tuple(mesh.axis_names),
+                axis_types=(mesh.axis_types[0],) + tuple(mesh.axis_types))
+
+
+def _same_shards(x, local: NamedSharding) -> bool:
+    """Whether each of this process's devices holds, of the training array `x`, exactly the part the rollout
+    layout `local` gives it (parameters replicated over a data axis that runs across processes)."""
+    want = local.devices_indices_map(x.shape)
+    return all(want.get(s.device) == s.index for s in x.addressable_shards)
+
+
+@dataclasses.dataclass
+class WeightSync:
+    """The rollout copy of `config`'s parameters on this process's devices from the training ones on `mesh`.
+
+    dtype: the rollout copy's dtype (None, the default: the training arrays' own -- the samples then equal the
+    training layout's bit for bit; a narrower one, e.g. bfloat16 under bf16 compute, halves the copy and the bytes
+    moved, but the RMSNorm scales are read in float32, so samples may differ in the last bits). A sync of the same
+    tree structure reuses its compiled programs (one per parameter array)."""
+
+    config: ModelConfig
+    mesh: Mesh
+    dtype: object = None
+    processes: int | None = None  # emulate this many processes (planning, tests); None: the run's own
+
+    def __post_init__(self):
+        self.global_mesh = sync_mesh(self.mesh, self.processes)
+        block = self.global_mesh.devices[0]
+        self.local = Mesh(block, self.mesh.axis_names, axis_types=self.mesh.axis_types)
+        if self.processes is None:
+            self.local = local_rollout_mesh(self.mesh)
+        self._specs = jax.tree.map(lambda s: s.spec, models.param_shardings(self.config, self.local))
+        self._axes = models.param_axes(self.config)
+        self._programs: dict = {}
+
+    def _program(self, path: str, spec, layered: bool, src=None):
+        if path not in self._programs:
+            dtype, out = self.dtype, NamedSharding(self.global_mesh, spec)
+
+            def whole(x):
+                return x if dtype is None else x.astype(dtype)
+
+            def by_layer(x):
+                # the stacked layers one at a time into the output buffer: the reshard's working set is one
+                # layer's, not the whole stack's (the slice is pinned to the training layout first, so the
+                # partitioner does not carry the rollout layout back to the whole stack)
+                def body(i, y):
+                    piece = jax.lax.dynamic_index_in_dim(x, i, 0)
+                    piece = jax.lax.with_sharding_constraint(piece, x.sharding if src is None else src)
+                    piece = jax.lax.with_sharding_constraint(whole(piece), out)
+                    return jax.lax.dynamic_update_index_in_dim(y, piece, i, 0)
+                y = jax.lax.with_sharding_constraint(jnp.zeros(x.shape, dtype or x.dtype), out)
+                return jax.lax.fori_loop(0, x.shape[0], body, y)
+
+            self._programs[path] = jax.jit(by_layer if layered else whole, out_shardings=out)
+        return self._programs[path]
+
+    def _leaves(self, params):
+        flat, tree = jax.tree_util.tree_flatten_with_path(params)
+        specs = jax.tree_util.tree_structure(params).flatten_up_to(self._specs)
+        axes = jax.tree_util.tree_structure(params).flatten_up_to(self._axes)
+        return [(jax.tree_util.keystr(p), x, s, a[0] == "layers" and s and s[0] is None and x.shape[0] > 1)
+                for (p, x), s, a in zip(flat, specs, axes)], tree
+
+    def __call__(self, params):
+        """The rollout copy: every array cast and resharded, one program at a time, then viewed on this process's
+        rollout mesh. Every process calls it with its part of the same global arrays."""
+        out = []
+        flat, tree = self._leaves(params)
+        for path, x, spec, layered in flat:
+            local = NamedSharding(self.local, spec)
+            if self.dtype is None and _same_shards(x, local):  # every device holds its rollout shard already
+                y = x
+            else:
+                y = self._program(path, spec, layered, x.sharding)(x)
+            out.append(jax.make_array_from_single_device_arrays(
+                y.shape, local, [s.data for s in y.addressable_shards]))
+        return jax.tree_util.tree_unflatten(tree, out)
+
+    def compiled(self, params, options: dict | None = None) -> list[tuple[str, object]]:
+        """(array path, compiled program) of every sync program for `params` (arrays or jax.ShapeDtypeStructs
+        laid out on the training mesh; XLA compile `options`): what `plan` is checked against."""
+        out = []
+        shardings = models.param_shardings(self.config, self.mesh)
+        flat, _ = self._leaves(params)
+        for (path, x, spec, layered), sh in zip(flat, jax.tree.leaves(shardings)):
+            arg = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+            out.append((path, self._program(path, spec, layered, sh).lower(arg).compile(options)))
+        return out
+
