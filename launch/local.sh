@@ -5,7 +5,7 @@
 #   launch/local.sh sft configs/tiny_sft.py runs/tiny_sft --set init.from_workdir=runs/tiny_mid
 #   launch/local.sh simrl configs/tiny_simrl.py runs/tiny_simrl --set init.from_workdir=runs/tiny_sft
 #   launch/local.sh agentrl configs/tiny_agentrl.py:csd runs/tiny_agent
-#   launch/local.sh rehearse configs/qwen3_8b_agentrl.py:csd runs/rehearse [--tokens 32 ...]   (plan/rehearse_cli.py)
+#   launch/local.sh rehearse configs/qwen3_8b_agentrl.py:csd runs/rehearse [--tokens 32 ...]   (commands/rehearse.py)
 #
 # Rerunning the same command resumes from the workdir's latest checkpoint. SIGTERM (e.g. `kill PID`) makes
 # the trainer finish its step, checkpoint and exit 0. Set JAX_COMPILATION_CACHE_DIR to reuse compiled steps

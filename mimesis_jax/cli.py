@@ -30,37 +30,38 @@ Multi-host: add ``--distributed`` (jax.distributed, auto-detected on TPU pods an
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 import jax
 
 from mimesis_jax.checkpoints import CheckpointError
+from mimesis_jax.commands import (ablate, demo, evalagent, evalsim, export, plan, profile, rehearse, report, rollout,
+                                  serve, show_config, theory, train)
 from mimesis_jax.data.tokenizer import TokenizerError
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.sharding import initialize_distributed
 from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError
 
-# Every command: (module, help). The module exposes add_args(parser) and run(args) -> exit code.
+# Every command: (its module, help). The module exposes add_args(parser) and run(args) -> exit code.
 COMMANDS = {
-    "midtrain": ("mimesis_jax.commands.train", "run the midtrain stage"),
-    "sft": ("mimesis_jax.commands.train", "run the sft stage"),
-    "simrl": ("mimesis_jax.commands.train", "Stage I.3: joint multi-domain RL of the simulator (FoldGRPO, Eq 4)"),
-    "agentrl": ("mimesis_jax.commands.train", "Stage II: train the agent against the frozen simulator (GRPO + CSD)"),
-    "export": ("mimesis_jax.commands.export", "write a checkpoint as a HF model directory"),
-    "demo": ("mimesis_jax.commands.demo", "the tiny end-to-end Stage I job on shipped samples"),
-    "serve": ("mimesis_jax.rollout.serve", "serve a local model on an OpenAI-compatible /v1/chat/completions"),
-    "rollout": ("mimesis_jax.episodes.rollout_cmd", "run episodes of the UserRL gyms; trajectories to JSONL"),
-    "evalagent": ("mimesis_jax.eval.agent", "evaluate agents x users x gyms: pass@1, per-gym means, Avg, MR"),
-    "evalsim": ("mimesis_jax.eval.simulator", "evaluate a simulator: USI / USI5, fidelity index, Turing, SOUL-Index"),
-    "report": ("mimesis_jax.eval.report", "report.md + plots from training, evaluation and ablation dirs"),
-    "ablate": ("mimesis_jax.eval.ablate", "run a grid of runs differing in named switches and tabulate them"),
-    "theory": ("mimesis_jax.theory.cli", "check the CSD theory (paper Appendix E) on small finite problems"),
-    "plan": ("mimesis_jax.plan.cli", "per-device memory plan of a config on a mesh and device: fits or not"),
-    "rehearse": ("mimesis_jax.plan.rehearse_cli", "run a paper RL config narrowed to tiny widths: compiled memory "
+    "midtrain": (train, "run the midtrain stage"),
+    "sft": (train, "run the sft stage"),
+    "simrl": (train, "Stage I.3: joint multi-domain RL of the simulator (FoldGRPO, Eq 4)"),
+    "agentrl": (train, "Stage II: train the agent against the frozen simulator (GRPO + CSD)"),
+    "export": (export, "write a checkpoint as a HF model directory"),
+    "demo": (demo, "the tiny end-to-end Stage I job on shipped samples"),
+    "serve": (serve, "serve a local model on an OpenAI-compatible /v1/chat/completions"),
+    "rollout": (rollout, "run episodes of the UserRL gyms; trajectories to JSONL"),
+    "evalagent": (evalagent, "evaluate agents x users x gyms: pass@1, per-gym means, Avg, MR"),
+    "evalsim": (evalsim, "evaluate a simulator: USI / USI5, fidelity index, Turing, SOUL-Index"),
+    "report": (report, "report.md + plots from training, evaluation and ablation dirs"),
+    "ablate": (ablate, "run a grid of runs differing in named switches and tabulate them"),
+    "theory": (theory, "check the CSD theory (paper Appendix E) on small finite problems"),
+    "plan": (plan, "per-device memory plan of a config on a mesh and device: fits or not"),
+    "rehearse": (rehearse, "run a paper RL config narrowed to tiny widths: compiled memory "
                  "vs plan, compilations, seconds, tokens"),
-    "profile": ("mimesis_jax.profile_cmd", "profile a step: trace with named scopes, HLO, cost analysis, MFU"),
-    "config": ("mimesis_jax.commands.show_config", "print the resolved run config as JSON"),
+    "profile": (profile, "profile a step: trace with named scopes, HLO, cost analysis, MFU"),
+    "config": (show_config, "print the resolved run config as JSON"),
 }
 
 
@@ -69,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
     for name, (module, help_text) in COMMANDS.items():
-        importlib.import_module(module).add_args(sub.add_parser(name, help=help_text))
+        module.add_args(sub.add_parser(name, help=help_text))
     return p
 
 
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        return importlib.import_module(COMMANDS[args.command][0]).run(args)
+        return COMMANDS[args.command][0].run(args)
     except (ConfigError, CheckpointError, TokenizerError, FileNotFoundError, NotADirectoryError,
             IsADirectoryError, PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)

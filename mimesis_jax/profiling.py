@@ -10,7 +10,7 @@
   reuses its compiled programs: a new shape bucket compiles once, the same shapes never again).
 * model FLOPs: `pass_flops` (one pass over given tokens, head positions and attention key pairs) and
   `model_flops_per_token` (the conventional 6N + 12 L H Dh c); `PEAK_FLOPS` / `device_for_kind` give the
-  dense bf16 peak of a chip for MFU (the `profile` command, profile_cmd.py).
+  dense bf16 peak of a chip for MFU (the `profile` command, commands/profile.py).
 * compiled programs: `xla_cost` (XLA's whole-program cost analysis) and `hlo_matmul_flops` (matmul FLOPs per
   jax.named_scope from the optimized HLO text, loop bodies multiplied by their trip counts).
 """

@@ -6,7 +6,7 @@
 #      time over the GRPO step's (target <= 1.15x): `profile --what csd_step --set rl.alpha=0.01`;
 #   3. the rollout engine's decode tokens/s at batch 64, against `sampler.generate` in the same process:
 #      benchmarks/bench_engine_decode.py;
-#   4. memory against the plan: a rehearsal (`python -m mimesis_jax rehearse`, plan/rehearse_cli.py) of the paper
+#   4. memory against the plan: a rehearsal (`python -m mimesis_jax rehearse`, commands/rehearse.py) of the paper
 #      Stage II CSD config (configs/qwen3_8b_agentrl.py:csd) at hidden REH_WIDTH (2048) with REH_REPEATS (16)
 #      layers on this one device (its mesh set to 1 x 1 x 1), in the config's bf16: one real RL step, then every
 #      program it compiled (the update on its ladder rungs, the sampler's buckets) with the backend's own compiled
@@ -32,7 +32,7 @@
 # $OUT/traces: large), ONLY (the steps to run, default "grpo csd engine memory sampler": a rerun of some).
 #
 # Written to $OUT (at most 8 files, so that all of them come back from a lent machine): device_figures.log (every
-# step's output), grpo_summary.json, csd_summary.json (profile_cmd.py's summary.json: step times, tokens/s,
+# step's output), grpo_summary.json, csd_summary.json (commands/profile.py's summary.json: step times, tokens/s,
 # model FLOPs, MFU, memory), engine.json (bench_engine_decode.py's numbers), rehearse.json (the rehearsal's
 # report), sampler.txt (bench_sampler.py's output) and figures.txt (the summary printed at the end).
 set -uo pipefail
@@ -83,7 +83,7 @@ SETS="$SIZE model.attention_impl=$ATTN ${SET_EXTRA:-}"
 # time the steps without the profiler's trace (its device tracing slows the kernels it times) where the profile
 # command offers that; KEEP_TRACES=1 keeps it
 NOTRACE=""
-if [[ ${KEEP_TRACES:-0} != 1 ]] && grep -q -- '"--no-trace"' mimesis_jax/profile_cmd.py; then NOTRACE="--no-trace"; fi
+if [[ ${KEEP_TRACES:-0} != 1 ]] && grep -q -- '"--no-trace"' mimesis_jax/commands/profile.py; then NOTRACE="--no-trace"; fi
 
 say() { echo "[device_figures $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 : >"$LOG"

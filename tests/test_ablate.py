@@ -1,4 +1,4 @@
-"""`ablate` (mimesis_jax/eval/ablate.py): --dry-run lists every cell's stages with their exact overrides for the
+"""`ablate` (mimesis_jax/commands/ablate.py): --dry-run lists every cell's stages with their exact overrides for the
 shipped matrices (chain, shared stages, stages switched off); a real 2-cell x 1-stage tiny agent RL grid writes
 ablation.json with each cell's final metrics read from its metrics.jsonl, and a rerun does not rerun finished
 cells; failing stages mark their cells; bad matrices and --set items are errors naming the switch / stage / key."""
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from mimesis_jax.eval import ablate
+from mimesis_jax.commands import ablate
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.train.rl import agent as agent_rl_loop
 

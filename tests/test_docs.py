@@ -1,6 +1,7 @@
 """Docs hold together: every doc path cited in code or docs exists, every relative Markdown link (and its
 #anchor) in README.md and docs/ resolves, section citations of docs/reference/paper.md name real sections, no
-citation points outside the repository, and .ci/run runs exactly the README's test command. Pure Python."""
+citation points outside the repository, every other Markdown file named in the package's code opens in the repository
+or is one the package writes, and .ci/run runs exactly the README's test command. Pure Python."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ DOC_PATH = re.compile(r"(?<![\w./-])(docs/[\w./-]*\w\.md)")
 _REF = "|".join(("paper", "environments", "metrics"))
 BARE_REF = re.compile(r"(?<![\w/.-])(?:shared/reference/)?(?:" + _REF + r")\.md|shared/reference/")
 PAPER_SECTION = re.compile(r"docs/reference/paper\.md,?\s+§?(\d+(?:\.\d+)?)\b")
+# Any Markdown file named in the package's code (docs/ paths are DOC_PATH's; bare names, e.g. `report.md`)
+MD_NAME = re.compile(r"(?<![\w./-])([\w./-]*\w\.md)\b")
+# A quoted .md name in a module: a file the code writes or reads by that name
+MD_LITERAL = re.compile(r"[\"']([\w./-]*\w\.md)[\"']")
 MD_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -60,6 +65,25 @@ def bare_reference_citations(root: pathlib.Path) -> list[str]:
             cleaned = line.replace("docs/reference/", "ok_")
             if BARE_REF.search(cleaned):
                 out.append(f"{rel}:{n}: {line.strip()[:100]}")
+    return out
+
+
+def unopenable_md_names(root: pathlib.Path) -> list[str]:
+    """'file:line: name.md' for every Markdown file named under mimesis_jax/ (outside docs/ paths) that is neither
+    a file of the repository (a path from the root or the citing file's folder, or the name of a .md file under
+    docs/ or mimesis_jax/) nor a name the package's code quotes (an output it writes, e.g. "report.md")."""
+    package = [p for p in text_files(root) if p.relative_to(root).parts[0] == "mimesis_jax"]
+    shipped = {p.name for top in ("docs", "mimesis_jax") for p in (root / top).rglob("*.md")}
+    quoted = {pathlib.PurePath(m).name for p in package if p.suffix == ".py" for m in MD_LITERAL.findall(read(p))}
+    out = []
+    for p in package:
+        for n, line in enumerate(read(p).splitlines(), 1):
+            for m in MD_NAME.finditer(line):
+                name = m.group(1)
+                if name.startswith("docs/") or (root / name).is_file() or (p.parent / name).is_file():
+                    continue
+                if pathlib.PurePath(name).name not in shipped | quoted:
+                    out.append(f"{p.relative_to(root)}:{n}: {name}")
     return out
 
 
@@ -125,6 +149,10 @@ def bad_paper_sections(root: pathlib.Path) -> list[str]:
 
 def test_every_cited_doc_path_exists():
     assert missing_doc_citations(ROOT) == []
+
+
+def test_every_markdown_file_the_package_names_opens():
+    assert unopenable_md_names(ROOT) == []
 
 
 def test_no_citation_points_outside_the_repository():
@@ -194,6 +222,17 @@ def test_checks_fail_on_missing_paths_links_and_sections(tmp_path):
     assert sorted(broken_links(root)) == ["README.md: docs/a.md#no-such (no heading #no-such)",
                                           "README.md: docs/gone.md (no such file)"]
     assert bad_paper_sections(root) == ["mimesis_jax/m.py:2: §4.7"]
+
+
+def test_md_name_check_tells_a_missing_doc_from_a_shipped_file_or_an_output(tmp_path):
+    root = _tree(tmp_path)
+    (root / "mimesis_jax" / "data").mkdir()
+    (root / "mimesis_jax" / "data" / "policy.md").write_text("# policy\n")
+    (root / "mimesis_jax" / "m.py").write_text(
+        '"""Format in eval_common.md; the policy in data/policy.md and policy.md;\n'
+        'docs/a.md, a.md; writes OUT/report.md."""\n'
+        'open("report.md", "w")\n')
+    assert unopenable_md_names(root) == ["mimesis_jax/m.py:1: eval_common.md"]
 
 
 @pytest.mark.parametrize("heading,expected", [

@@ -1,4 +1,4 @@
-"""The agent evaluation matrix (mimesis_jax/eval/agent.py): 2 scripted agents x 2 scripted users x FunctionGym and
+"""The agent evaluation matrix (mimesis_jax/commands/evalagent.py): 2 scripted agents x 2 scripted users x FunctionGym and
 TurtleGym (their first two shipped test tasks) x 2 seeds, every number worked out by hand below; invalid episodes
 (a host that refuses one story) counted and left out of the means; resuming reruns exactly a deleted cell; a
 changed spec or setting is an error; the `evalagent` command line."""
@@ -16,7 +16,7 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import tool_call_text
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import DATA_DIR
-from mimesis_jax.eval import agent as ev
+from mimesis_jax.commands import evalagent as ev
 from mimesis_jax.rollout.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import ScriptedAgent
 

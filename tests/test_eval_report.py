@@ -1,4 +1,4 @@
-"""`report` (mimesis_jax/eval/report.py): report.md tables with the exact numbers of hand-written result folders
+"""`report` (mimesis_jax/commands/report.py): report.md tables with the exact numbers of hand-written result folders
 (training runs of each stage, evalagent summary.json, evalsim evalsim.json, ablation.json), valid PNG figures, and
 errors that name the folder, file and key."""
 
@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 
 from mimesis_jax.envs.agent_env import EnvError
-from mimesis_jax.eval import report
+from mimesis_jax.commands import report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -13,7 +13,8 @@ import re
 import pytest
 
 from mimesis_jax.envs.agent_env import EnvError
-from mimesis_jax.eval import sim_judges, simulator, soul_eval, usi
+from mimesis_jax.commands import evalsim as simulator
+from mimesis_jax.eval import sim_judges, soul_eval, usi
 from mimesis_jax.eval.conversations import load_conversations, pair_by_task, parse_conversation
 from mimesis_jax.rollout.base import ScriptedChatModel
 

@@ -5,8 +5,8 @@ errors.py; algorithms/ (the maths) imports no model I/O (rollout/) and nothing t
 The graph is read with `ast` from every module's import statements, the ones inside functions included (a
 function-local import is still a dependency, only a deferred one). An import of `a.b.c` is an arrow to the module
 `a.b.c` (a `from a.b import c` arrow goes to the submodule `a.b.c` when there is one, else to `a.b`); the package
-__init__ that Python runs on the way is not counted. Imports by computed name (`importlib.import_module(name)`)
-are not seen.
+__init__ that Python runs on the way is not counted. Imports by computed name (`importlib.import_module(name)`,
+`__import__`) would not be seen, so the package has none (issue #42 item 4: go-to-definition reaches every module).
 """
 
 from __future__ import annotations
@@ -176,3 +176,37 @@ def test_config_and_algorithms_sit_below_the_code_that_runs_them():
     assert not bad, f"config/ may import only {CONFIG_MAY_IMPORT} outside itself: {bad}"
     bad = arrows_out_of(graph, "mimesis_jax.algorithms", banned=ALGORITHMS_MAY_NOT_IMPORT)
     assert not bad, f"algorithms/ may import none of {ALGORITHMS_MAY_NOT_IMPORT}: {bad}"
+
+
+def test_command_modules_sit_on_top():
+    graph = package_graph()
+    assert "mimesis_jax.commands.serve" in graph["mimesis_jax.cli"]  # the command table's arrows are seen
+    inward = [f"{m} -> {d}" for m in sorted(graph) for d in sorted(graph[m])
+              if d.startswith("mimesis_jax.commands") and not m.startswith(("mimesis_jax.commands", "mimesis_jax.cli"))]
+    assert not inward, f"only cli.py and commands/ may import commands/ (docs/package-map.md): {inward}"
+
+
+def computed_imports(modules: dict[str, str]) -> list[str]:
+    """'module:line' of every call of importlib.import_module or __import__ (a module imported by a computed name)."""
+    out = []
+    for mod, path in sorted(modules.items()):
+        with open(path) as f:
+            source = f.read()
+        if "import_module(" not in source and "__import__(" not in source:
+            continue  # the common case, without a parse
+        for node in ast.walk(ast.parse(source, path)):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+                if name in ("import_module", "__import__"):
+                    out.append(f"{mod}:{node.lineno}")
+    return out
+
+
+def test_no_module_is_imported_by_a_computed_name(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import importlib\n\ndef f(m):\n    return importlib.import_module(f'pkg.{m}')\n")
+    (pkg / "b.py").write_text("import importlib.util\nspec = importlib.util.spec_from_file_location('c', 'c.py')\n")
+    assert computed_imports(_modules(str(pkg), "pkg")) == ["pkg:4"]
+    assert computed_imports(_modules()) == []

@@ -15,7 +15,7 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan import budget, devices, memory, suggestions, workload
 from mimesis_jax.plan.compiled import TOLERANCE, ProgramMemory, lm_step_memory, rl_step_memory, sampler_memory, within
-from mimesis_jax.plan import cli as plan_cli
+from mimesis_jax.commands import plan as plan_cli
 
 GiB = 2 ** 30
 # two tiny configs' programs (test_rl_step_and_sampler_match_compiled_memory), neither of the paper's structure: the

@@ -28,7 +28,7 @@ import jax
 import pytest
 
 from helpers import subprocess_env
-from mimesis_jax.plan import cli as plan_cli
+from mimesis_jax.commands import plan as plan_cli
 from mimesis_jax.plan import budget, memory, workload
 from mimesis_jax.plan.budget import (engine_prefill_bytes, engine_prefill_copies, engine_prefill_peak, plan,
                                      plan_config, scoring_peak)

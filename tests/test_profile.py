@@ -1,4 +1,4 @@
-"""The `profile` command (mimesis_jax/profile_cmd.py) on the tiny Stage II configs, and the FLOP counts it uses."""
+"""The `profile` command (mimesis_jax/commands/profile.py) on the tiny Stage II configs, and the FLOP counts it uses."""
 
 import argparse
 import glob
@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from mimesis_jax import profile_cmd, profiling
+from mimesis_jax import profiling
+from mimesis_jax.commands import profile as profile_cmd
 from mimesis_jax.config import load_config
 from mimesis_jax.errors import ConfigError
 

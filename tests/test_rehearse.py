@@ -1,5 +1,5 @@
 """`rehearse` (issue #25 item 6): a paper RL config at tiny width with the paper's structure (plan/rehearse.py), and
-the command that runs it for a step (plan/rehearse_cli.py).
+the command that runs it for a step (commands/rehearse.py).
 
 The narrowing tests are cheap (configs and shapes, nothing compiled), as are those of `off_programs` on a plan
 made off on purpose and of the Stage I.3 rehearsal's toy judge; the two slow ones run the command in a subprocess
@@ -29,7 +29,7 @@ from mimesis_jax.envs.soul import humanual
 from mimesis_jax.envs.toy import ToyBehaviourJudge
 from mimesis_jax.envs.userrl import mixture
 from mimesis_jax.models.qwen3_5 import layer_block
-from mimesis_jax.plan import rehearse_cli
+from mimesis_jax.commands import rehearse as rehearse_cli
 from mimesis_jax.plan.compiled import TOLERANCE
 from mimesis_jax.plan.rehearse import SIM_DOMAINS, narrow_config
 from mimesis_jax.plan.workload import load_run_config, runtime_model, workload_from_config

@@ -21,6 +21,7 @@ from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.commands import serve as serve_command
 from mimesis_jax.rollout import serve
 from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, derive_seed, split_thought
 from mimesis_jax.rollout.engine_chat import EngineChatModel
@@ -40,10 +41,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+    args = serve_command.add_args(__import__("argparse").ArgumentParser()).parse_args(
         ["--checkpoint", checkpoint, "--tokenizer", "tiny", "--port", "0", "--max-tokens", "12",
          "--batch-wait-ms", "200", "--model-name", "tiny-sim"])
-    srv = serve.build_server(args).start()
+    srv = serve_command.build_server(args).start()
     yield srv
     srv.stop()
 
@@ -359,9 +360,9 @@ def test_async_client_concurrent_streams_are_batched(server):
 
 
 def test_missing_tokenizer_is_a_named_error(checkpoint):
-    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(["--checkpoint", checkpoint])
+    args = serve_command.add_args(__import__("argparse").ArgumentParser()).parse_args(["--checkpoint", checkpoint])
     with pytest.raises(ConfigError, match="holds no tokenizer files"):
-        serve.build_server(args)
+        serve_command.build_server(args)
 
 
 @pytest.fixture(scope="module")
@@ -408,14 +409,14 @@ def test_cli_serve_command_serves(kind, request):
 
 
 def _serve_args(checkpoint, *extra):
-    return serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+    return serve_command.add_args(__import__("argparse").ArgumentParser()).parse_args(
         ["--checkpoint", checkpoint, "--port", "0", "--max-tokens", "6", *extra])
 
 
 def test_serves_a_training_workdir_at_any_step(workdir):
     from mimesis_jax.checkpoints import load_trained
 
-    srv = serve.build_server(_serve_args(workdir)).start()
+    srv = serve_command.build_server(_serve_args(workdir)).start()
     try:
         _, want, step, tok_name = load_trained(workdir)
         assert step == 2 and tok_name == "tiny" and srv.model.tok.vocab_size == 1024  # the run's tokenizer
@@ -425,7 +426,7 @@ def test_serves_a_training_workdir_at_any_step(workdir):
         assert status == 200 and body["choices"][0]["message"]["content"] == direct.text
     finally:
         srv.stop()
-    first = serve.build_server(_serve_args(workdir, "--step", "1"))
+    first = serve_command.build_server(_serve_args(workdir, "--step", "1"))
     step1 = load_trained(workdir, 1)[1]
     assert_trees_equal(first.model.params, step1)
     assert not np.array_equal(np.asarray(step1["embed"]), np.asarray(want["embed"]))  # a different checkpoint
@@ -435,21 +436,21 @@ def test_checkpoint_kind_errors_are_named(workdir, checkpoint, tmp_path):
     from mimesis_jax.checkpoints import CheckpointError
 
     with pytest.raises(ConfigError, match="--step 3: .* is a HF directory"):
-        serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--step", "3"))
+        serve_command.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--step", "3"))
     with pytest.raises(ConfigError, match="neither a HF directory .*nor a training workdir"):
-        serve.build_server(_serve_args(str(tmp_path)))
+        serve_command.build_server(_serve_args(str(tmp_path)))
     with pytest.raises(CheckpointError, match="no checkpoint at step 7"):
-        serve.build_server(_serve_args(workdir, "--step", "7"))
+        serve_command.build_server(_serve_args(workdir, "--step", "7"))
 
 
 # ------------------------------------------------------------------------------------ serve --engine
 def test_engine_backend_gives_the_default_backends_completions(checkpoint, server):
     """`serve --engine` (EngineChatModel behind the same API): for fixed seeds the same completions as the default
     backend through the openai client -- n=1 with log-probs, n=2, streamed -- and bad engine flags are named."""
-    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+    args = serve_command.add_args(__import__("argparse").ArgumentParser()).parse_args(
         ["--checkpoint", checkpoint, "--tokenizer", "tiny", "--port", "0", "--max-tokens", "12", "--model-name",
          "tiny-sim", "--engine", "--engine-slots", "2", "--engine-page-size", "8", "--engine-max-len", "128"])
-    eng = serve.build_server(args).start()
+    eng = serve_command.build_server(args).start()
     try:
         assert isinstance(eng.model, EngineChatModel)
         for kw in (dict(temperature=1.0, max_tokens=10, seed=7, logprobs=True),
@@ -475,7 +476,7 @@ def test_engine_backend_gives_the_default_backends_completions(checkpoint, serve
     for flag, value in (("--engine-slots", "0"), ("--engine-pages", "1"), ("--engine-max-len", "-1")):
         bad = _serve_args(checkpoint, "--tokenizer", "tiny", "--engine", flag, value)
         with pytest.raises(ConfigError, match=flag):
-            serve.build_server(bad)
+            serve_command.build_server(bad)
 
 
 def test_engine_streams_as_sampled_batches_across_calls_and_cancels(checkpoint):
@@ -483,10 +484,10 @@ def test_engine_streams_as_sampled_batches_across_calls_and_cancels(checkpoint):
     is still decoding; a second HTTP call made then joins the running batch (the engine runs both at once) and is
     answered before the long one ends, with the tokens its seed gives alone; closing the long stream cancels its
     engine request, which frees its slot and pages."""
-    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+    args = serve_command.add_args(__import__("argparse").ArgumentParser()).parse_args(
         ["--checkpoint", checkpoint, "--tokenizer", "tiny", "--port", "0", "--model-name", "tiny-sim", "--engine",
          "--engine-slots", "2", "--engine-page-size", "8", "--engine-max-len", "512", "--engine-decode-steps", "1"])
-    srv = serve.build_server(args).start()
+    srv = serve_command.build_server(args).start()
     try:
         eng = srv.model.engine
         local = LocalChatModel(srv.model.config, srv.model.params, srv.model.tok)
@@ -546,14 +547,14 @@ def guarded(tmp_path_factory):
                          max_position_embeddings=64)
     path = str(tmp_path_factory.mktemp("guarded"))
     models.save_hf(path, config, models.init_params(config, jax.random.key(1)))
-    args = serve.add_args(__import__("argparse").ArgumentParser()).parse_args(
+    args = serve_command.add_args(__import__("argparse").ArgumentParser()).parse_args(
         ["--checkpoint", path, "--tokenizer", "tiny", "--port", "0", "--max-tokens", "12", "--batch-wait-ms", "5",
          "--model-name", "tiny-sim", "--api-key", KEYS[0], "--api-key", KEYS[1], "--max-queued", "2",
          "--max-body-bytes", "4096"])
     old = os.environ.get("MIMESIS_API_KEY")
     os.environ["MIMESIS_API_KEY"] = ENV_KEYS
     try:
-        srv = serve.build_server(args).start()
+        srv = serve_command.build_server(args).start()
     finally:
         if old is None:
             os.environ.pop("MIMESIS_API_KEY")
@@ -715,7 +716,7 @@ def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(che
     answers 503 and so do requests."""
     from mimesis_jax.rollout import engine_programs
 
-    srv = serve.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--engine", "--engine-slots", "2",
+    srv = serve_command.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--engine", "--engine-slots", "2",
                                          "--engine-page-size", "8", "--engine-max-len", "64")).start()
     try:
         client, eng = _client(srv), srv.model.engine

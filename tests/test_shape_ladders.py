@@ -166,7 +166,7 @@ def test_plan_prints_the_lm_head_padding_of_the_synthetic_mix(capsys, variant):
     tokens and both heads' together: the same figures counted here from the mix's own dialogues (agent segments,
     those after a coach note) and the programs the ladder takes, each at most 1.5 x the real tokens."""
     import argparse
-    from mimesis_jax.plan import cli as plan_cli
+    from mimesis_jax.commands import plan as plan_cli
 
     cfg, multiple = _paper(variant)
     fused = variant == "csd"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mimesis_jax.theory import claims as C
-from mimesis_jax.theory import cli
+from mimesis_jax.commands import theory as cli
 from mimesis_jax.theory import mdp as M
 from mimesis_jax.theory.updates import (
     AdamW,

@@ -1,3 +1,3 @@
-"""The `python -m mimesis_jax` commands that have no home module of their own (training stages, export, config,
-demo). Every command module, here or elsewhere, exposes `add_args(parser)` and `run(args)`; cli.py's COMMANDS
-table names them."""
+"""The `python -m mimesis_jax` command modules, one per command and named after it (train.py: the four training
+stages; show_config.py: `config`). Each exposes `add_args(parser)` and `run(args)`; cli.py's COMMANDS table imports
+them (the rule: docs/package-map.md, "Command modules")."""

@@ -60,8 +60,8 @@ def run(args) -> int:
         print(f"=== simrl: {path} -> {sim_dir}", flush=True)
         release_stage_memory()
         # 4 micro-batches per update: the same update (the mini-batch's global normalisers are folded into the
-        # token weights) in quarters. In one micro-batch, the backward pass of its 2048-token rows through dense
-        # attention took this stage to a 7.7 GB peak RSS on a CPU (3.0 GB in four)
+        # token weights) in quarters, so the backward pass of its 2048-token rows through dense attention holds a
+        # quarter of them at a time (peak memory: docs/decisions.md, "The demo's Stage I.3 in four micro-batches")
         res = simulator_stage.run(simulator_stage.load(path, [f"init.from_workdir={sft_dir}",
                                                               f"train.steps={args.simrl_steps}",
                                                               "rl.num_microbatches=4"]

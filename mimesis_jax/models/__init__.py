@@ -79,10 +79,9 @@ def init_params(config: ModelConfig, rng: jax.Array, mesh=None, rules=None):
 
 
 # Inside `cheap_init_compile()` (what `rehearse` runs in) the random init compiles at LLVM's lowest effort on a
-# CPU: its threefry / erfinv code otherwise costs more than the rest of a tiny run (the Qwen3.5 of the 9B
-# simulator's rehearsal on 16 devices: 34.7 -> 1.3 CPU s). Its values then differ from the default compile's by
-# about 1 ulp (measured: <= 7.5e-9 on the tiny Qwen3 / Qwen3.5), so runs and tests keep the default: a seed's
-# weights stay what they were.
+# CPU: its threefry / erfinv code otherwise costs more than the rest of a tiny run. Its values then differ from the
+# default compile's by about 1 ulp, so runs and tests keep the default: a seed's weights do not depend on where
+# they were initialised (figures: docs/scale-out.md, "Figures behind the code").
 CPU_INIT_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 _CHEAP_INIT = {"on": False}
 

@@ -76,7 +76,7 @@ def gather_pages(pages: jax.Array, page_table: jax.Array, layer: int | None = No
     [KVH, N, page, Dh] pool or (with `layer`) from the stacked [L, KVH, N, page, Dh] pools.
 
     One gather straight into the output layout, then an optimization barrier: left free, XLA (CPU) fuses the
-    gather into the score product and re-gathers per element, ~3x slower than materialising it once."""
+    gather into the score product and re-gathers per element, slower than materialising it once (docs/engine.md)."""
     B, P = page_table.shape
     pool = pages if layer is None else pages[layer]
     KVH, _, page, Dh = pool.shape

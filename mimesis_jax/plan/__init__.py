@@ -48,7 +48,8 @@ The peak is the larger of the train step and the rollout phase, compared with th
 (`budget.verdict`): FITS when the margin is at least the planner's error on that peak, `budget.error_bytes` =
 peak / (1 - e) - peak, the most a compiled program can exceed its plan when planned / compiled is within e of 1;
 e is plan/compiled.py TOLERANCE, the bound the tests hold every planned program to, or with `--compiled` 1 - the
-compiled programs' smallest ratio when that is larger (`cli.checked_error`; the output names the e it used).
+compiled programs' smallest ratio when that is larger (`checked_error` of commands/plan.py; the output names the e
+it used).
 TIGHT when the peak fits but within that error, DOES NOT FIT when it does not fit at all; the per-process rollout
 of `--processes N` gets the same verdict. Unless it FITS, `suggest` re-plans single changes and pairs of them
 (remat full, data or tensor folded into fsdp, more micro-batches, fewer sequences per sampler call

@@ -18,12 +18,11 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   (rollout/engine_programs.py `decode_program`, the jnp path) on the training mesh, as the loops run the engine on
   one process (PolicySampler: the learner's params, no copy; the pool as rollout/engine_sizing.py sizes it for the
   config, split over KV heads as rollout/page_pool.py splits it), page tables max_pages_per_seq wide. Planned: the
-  plan's parameters + engine pool + engine programs rows (measured on qwen3_8b_agentrl.py:grpo, float32, 16
-  devices: 30.47 planned / 30.27 compiled GiB). On one device the program also held a copy of every layer's
-  weights (the paged forward unrolls the layers, models/qwen3_paged.py, and XLA hoisted their static slices out of
-  the decode loop: 87.64 planned / 114.58 compiled GiB); on the mesh, at the paper's 36 layers, the compiled
-  bytes are within 1% of the plan without it (a 4-layer cut still shows ~3 GiB of gathered weights and tables
-  beyond its plan: the hoisting depends on the layer count, so tests compile the paper's 36).
+  plan's parameters + engine pool + engine programs rows. On one device XLA can hoist the static slices of every
+  layer's weights out of the decode loop (the paged forward unrolls the layers, models/qwen3_paged.py), a copy
+  the plan does not count; on the mesh, at the paper's 36 layers, it does not, while a cut to a few layers does:
+  the hoisting depends on the layer count, so tests compile the paper's 36 (figures: docs/scale-out.md, "Figures
+  behind the code").
 
   And the engine's largest prefill chunk (rollout/engine_programs.py `prefill_program`: prefill_rows x
   prefill_chunk tokens, page tables max_pages_per_seq wide), planned by budget.engine_prefill_peak (params + pool
@@ -72,12 +71,11 @@ from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_con
 from mimesis_jax.profiling import memory_bytes
 
 # CPU code generation options only (LLVM effort): XLA's buffer assignment, hence the memory analysis, is unchanged;
-# the compiles take half the time.
+# the compiles are quicker.
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-# QUICK adds the CPU backend's older (non-MLIR) fusion emitters: compiles take half to a third of FAST's (the
-# simulator's update 16.4 -> 5.9 CPU s), its fusions differ a little: the Qwen3 8B programs' bytes are the same
-# within 320 bytes, the Qwen3.5 ones 0.5-0.8% smaller (measured on the paper RL configs). For the tests; `plan
-# --compiled` reports FAST's.
+# QUICK adds the CPU backend's older (non-MLIR) fusion emitters: quicker compiles still, whose fusions differ a
+# little from FAST's (bytes: docs/scale-out.md, "Figures behind the code"). For the tests; `plan --compiled`
+# reports FAST's.
 QUICK = FAST | {"xla_cpu_use_fusion_emitters": False}
 TOLERANCE = 0.10  # |planned / compiled - 1| the tests accept
 # the programs whose bf16 rest (compiled - normalization copies - heap gaps) tests/test_plan_compiled.py compares

@@ -1,5 +1,5 @@
 """Rehearsal configs: a paper config at tiny width but with the paper's structure, for `python -m mimesis_jax
-rehearse` (plan/rehearse_cli.py) to run 1-2 RL steps of on a CPU's fake devices.
+rehearse` (commands/rehearse.py) to run 1-2 RL steps of on a CPU's fake devices.
 
 `narrow_config(cfg)` keeps what decides which programs a run compiles and how they are sharded, and shrinks what
 only sets their size:
@@ -33,7 +33,7 @@ narrowed
   (rollout.thinking = False: a random-init policy never closes its thought with `</think>`, one token of 1,024,
   so it would never reply and every reward would be 0; the programs are the same, the sampler's shapes fixed by
   the token budgets); nothing is served or read from disk;
-* train.steps, no validation, no checkpoint (rehearse_cli builds the learner with save_checkpoints=False);
+* train.steps, no validation, no checkpoint (commands/rehearse.py builds the learner with save_checkpoints=False);
   rollout.engine_memory_gib = 0 (no cap: the tiny engine's whole pool is small).
 """
 
@@ -48,9 +48,9 @@ from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 
 HEAD_DIM = 16
-# the memory-safe log-prob path's token chunk (model.logits_seq_chunk): the paper's 256 / 16 = 16 tokens made the
-# 9B simrl update a 64-step loop per 1,024-token row: 64 tokens halve its compile (21 -> 11 s) and leave its compiled
-# bytes and the plan's as they were (the chunk's [chunk, vocab chunk] logits are small next to the activations)
+# the memory-safe log-prob path's token chunk (model.logits_seq_chunk): the paper's 256 / 16 = 16 tokens would make
+# the 9B simrl update a 64-step loop per 1,024-token row; 64 tokens compile quicker and leave its compiled bytes and
+# the plan's as they are (the chunk's [chunk, vocab chunk] logits are small next to the activations)
 MIN_LOGPROB_CHUNK = 64
 TOY_TASKS = 64
 # the toy tasks' prompts are 58-64 tiny tokens (system + user turn, rendered): the paper's 1,152 / 16

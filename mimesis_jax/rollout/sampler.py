@@ -192,7 +192,7 @@ def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array, k_max: 
 def first_argmax(x: jax.Array) -> jax.Array:
     """jnp.argmax(x, -1) of finite-or-(-inf) rows [B, V] (the first index of the row maximum), as a max and then a
     min over the indices where x equals it: two plain reductions, which XLA vectorises, instead of argmax's
-    (value, index) pair reduction (on CPU ~4x faster over V = 151,936). A row holding NaN gives index V - 1."""
+    (value, index) pair reduction (docs/benchmarks.md: quicker on a CPU). A row holding NaN gives index V - 1."""
     m = jnp.max(x, axis=-1, keepdims=True)
     idx = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
     first = jnp.min(jnp.where(x == m, idx, x.shape[-1]), axis=-1)

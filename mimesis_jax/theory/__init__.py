@@ -4,5 +4,5 @@
   tabular-softmax directions, sampled GRPO groups.
 * updates.py: Proposition E.1's closed-form update and a numerical maximiser of its objective; AdamW.
 * claims.py: one function per claim, each returning table rows (`ClaimResult`).
-* cli.py: `python -m mimesis_jax theory` (add_args / run): the table, theory.json and the plots.
+* the `python -m mimesis_jax theory` command (the table, theory.json and the plots) is commands/theory.py.
 """

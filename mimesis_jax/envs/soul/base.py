@@ -11,8 +11,8 @@ Two protocol families:
 * ``choice`` -- multiple-choice / exact-answer tasks scored by accuracy, no judge (`ChoiceEnv`): the reply is
   read exactly as the task's OdysSim agent reads it (the FIRST ``<answer>`` tag, only the forms it accepts, its
   per-task fallbacks; lifechoices' one documented difference is in its module); a reply with no readable answer
-  scores 0 (that is the policy's failure, not the environment's). ``lenient=True`` keeps this project's earlier
-  forgiving reader (`parse_choice` / `parse_exact`), off by default since format compliance is part of r_d.
+  scores 0 (that is the policy's failure, not the environment's). ``lenient=True`` selects a forgiving
+  reader (`parse_choice` / `parse_exact`), off by default since format compliance is part of r_d.
 * ``judge`` -- generation tasks scored by an LLM judge with a per-task rubric (`JudgeEnv`), single- or multi-turn
   (a fixed ``partner`` model plays the other side). The judge's score is parsed by `parse_score` and mapped to
   [0, 1]; an answer that does not parse is asked again once, then the episode is INVALID (`InvalidEpisode`).
@@ -24,14 +24,13 @@ the record index and the field. A row's ``data_source`` must name the task loade
 `ODYSSIM_ALIASES`); `load_mixed` routes the rows of a file that mixes tasks. Each task ships 3-10 invented
 records in ``samples/<task>.jsonl``.
 
-Registering a task: subclass `ChoiceEnv` or `JudgeEnv`, set the class attributes documented on `SoulEnv`, and
-decorate with `@register`.
+Registering a task: subclass `ChoiceEnv` or `JudgeEnv`, set the class attributes documented on `SoulEnv`,
+decorate with `@register`, and add the module to the imports of the package's __init__.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-import importlib
 import json
 import os
 import pathlib
@@ -85,29 +84,13 @@ def register(cls):
     return cls
 
 
-# One module per OdysSim task folder; importing a module registers its task(s).
-TASK_MODULES = (
-    "fantom", "hitom", "paratomi", "lifechoices", "mistakes", "twinvoice", "socsci210", "alignx", "behaviorchain",
-    "social_r1", "coser", "sotopia", "mirrorbench", "userllm", "humanllm", "sim_arena", "humanual",
-)
-
-
-def _load_all() -> None:
-    """Imports every task module (each registers its tasks on import)."""
-    for m in TASK_MODULES:
-        importlib.import_module(f"mimesis_jax.envs.soul.{m}")
-
-
 def task_info(name: str) -> TaskInfo:
-    if name not in _REGISTRY:
-        _load_all()
     if name not in _REGISTRY:
         raise EnvError(f"unknown SOUL task {name!r}; registered: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
 
 
 def task_names() -> list[str]:
-    _load_all()
     return sorted(_REGISTRY)
 
 
@@ -518,11 +501,11 @@ class SoulEnv(SimEnv):
 class ChoiceEnv(SoulEnv):
     """Accuracy-scored tasks: one question, one answer, reward 1.0 when the parsed answer is right else 0.0.
 
-    Reading the answer (issue 22): by default each task reads the reply exactly as its OdysSim agent does
+    Reading the answer: by default each task reads the reply exactly as its OdysSim agent does
     (`strict_extract`): for the letter tasks the FIRST ``<answer>X</answer>`` holding one letter of
     `answer_letters` (``re.search``; case-insensitive unless `answer_ignore_case` is False); an untagged answer,
     ``(B)``, ``B. text``, bare option text or ``Option B`` inside the tag scores 0, as there -- format compliance
-    is part of r_d. ``lenient=True`` (an env option) restores this project's earlier, forgiving reader
+    is part of r_d. ``lenient=True`` (an env option) selects the forgiving reader
     (`parse_choice` / `parse_exact`: the LAST tag, boxed / "answer is X" / bare-letter / option-text fallbacks);
     it changes the training signal and is off by default.
 

@@ -3,7 +3,7 @@
 Protocol (OdysSim ``agents/fantom``, this project's wording): a conversation, optional notes and one question are
 put to the policy, which reasons and writes its final answer inside ``<answer></answer>``. The answer is read
 from the FIRST ``<answer>`` tag only, as OdysSim's ``re.search`` does (a reply without one scores 0;
-``lenient=True`` reads the last tag, this project's earlier reader). Reward r_d in [0, 1] depends on
+``lenient=True`` reads the last tag). Reward r_d in [0, 1] depends on
 ``question_type``, as in OdysSim:
 
 * ``tom:belief:*:multiple-choice`` -- the options are inside the question text; ``correct_answer`` is the option
@@ -177,7 +177,7 @@ class FanToM(ChoiceEnv):
 
     def step(self, thought, utterance):
         self.replies.append(utterance)
-        # OdysSim reads the FIRST <answer> tag (lenient: this project's earlier reader, the last one)
+        # OdysSim reads the FIRST <answer> tag (lenient: the last one)
         answer = (extract_tag(utterance) if self.lenient else first_tag(utterance)) if utterance else None
         reward, predicted = self.score(answer) if answer else (0.0, None)
         return SimTurn(done=True, reward=reward,

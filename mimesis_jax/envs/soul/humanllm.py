@@ -8,7 +8,7 @@ A-T), and answers its top 5 guesses, most likely first, as ``<answer>C,A,M,B,K</
 Reward (r_d of Eq 4; reciprocal rank, no judge): r = 1 / rank of the true item within the 5 letters, 0 when it is
 not among them. As OdysSim: the first ``<answer>X1,X2,X3,X4,X5</answer>`` (5 distinct upper-case
 letters, commas, no spaces, lower-case tag) is read, each letter naming an existing candidate; anything else
-scores 0. (``lenient=True``: the last tag, spaces around the commas tolerated, this project's earlier reader.)
+scores 0. (``lenient=True``: the last tag, spaces around the commas tolerated.)
 
 Record (OdysSim's field names): ``prompt_text`` str (else ``conversations[0].messages[0].content``), ``candidates``
 list of 5-20 str (in "Candidate 1..N" order), ``answer_index`` int (0-based index of the true item); optional
@@ -52,7 +52,7 @@ def parse_ranking(text: str | None, n_candidates: int, lenient: bool = False) ->
 
     Default, as OdysSim: the first match of ``<answer>X1,X2,X3,X4,X5</answer>`` -- upper-case A-T letters and
     commas only (no spaces, case-sensitive tag), so a differently written tag is skipped for a later exact one.
-    lenient: the last <answer> tag, spaces around the letters allowed (this project's earlier reader)."""
+    lenient: the last <answer> tag, spaces around the letters allowed."""
     if not lenient:
         m = _STRICT_RE.search(text or "")
         if not m:

@@ -11,8 +11,8 @@ just A-D is that letter; else the first match, in order, of ``<answer>X</answer>
 ``X:``/``X,``, ``CHOICE X``, ``ANSWER X``, ``(X)``, a trailing X. ONE DIFFERENCE, on purpose: OdysSim's last
 fallback is the first A-D character anywhere in the upper-cased reply, which is usually the A of ``<ANSWER>``
 itself or a letter inside a word ("I THINK..." -> no, "BECAUSE" -> B); this project's last fallback is the first
-STANDALONE A-D (not inside a word), so a reply with no letter of its own scores 0. (``lenient=True`` keeps the
-earlier `parse_choice` reader.)
+STANDALONE A-D (not inside a word), so a reply with no letter of its own scores 0. (``lenient=True`` selects the
+forgiving `parse_choice` reader.)
 
 Record (OdysSim's field names): ``character_name`` str, ``input_text`` str (the character's memories),
 ``Multiple Choice Question`` object with ``Scenario`` str, ``Question`` str, ``Options`` list of 2-4 str (lettered

@@ -5,7 +5,7 @@ Protocol (OdysSim ``agents/paratomi``, this project's wording): the story, optio
 the record has them, the candidate locations are put to the policy, which reasons and writes the most specific
 location inside ``<answer></answer>``. The answer is the content of the FIRST ``<answer>`` tag, as OdysSim's
 ``re.search`` reads it; a reply without one scores 0 (``lenient=True``: `parse_exact`, the last tag, else the
-text after the last "Answer:", this project's earlier reader). Reward, as OdysSim: 1.0 when ``correct_answer``
+text after the last "Answer:"). Reward, as OdysSim: 1.0 when ``correct_answer``
 occurs in the answer as a whole word (case-insensitive) AND no other candidate does (so listing every
 candidate scores 0); else 0.0.
 

@@ -6,7 +6,7 @@ to the policy together with this project's instructions: reason briefly about ho
 give the answer alone inside ``<answer></answer>``. No judge and no partner.
 
 Reward (a numeric closeness, not plain accuracy; r_d of Eq 4). The content of the FIRST ``<answer>`` tag (OdysSim's
-``re.search``; ``lenient=True``: the last tag, this project's earlier reader) must be
+``re.search``; ``lenient=True``: the last tag) must be
 exactly an integer (binary outcomes also accept ``yes`` = 1 / ``no`` = 0); anything else scores 0.
 
 * ``ordinal`` (the default):  r = 1 - |clip(pred, r_min, r_max) - response| / (r_max - r_min), in [0, 1];
@@ -42,8 +42,8 @@ def number_text(x: float) -> str:
 
 
 def parse_prediction(text: str | None, response_type: str, lenient: bool = False) -> float | None:
-    """The predicted answer: the FIRST <answer> content (OdysSim's ``re.search``; lenient: the last one, this
-    project's earlier reader), exactly an integer (binary: also yes/no, any case), else None."""
+    """The predicted answer: the FIRST <answer> content (OdysSim's ``re.search``; lenient: the last one),
+    exactly an integer (binary: also yes/no, any case), else None."""
     inner = extract_tag(text or "") if lenient else first_tag(text)
     if inner is None:
         return None

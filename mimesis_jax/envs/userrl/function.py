@@ -229,7 +229,7 @@ class FunctionGym(UserRLEnv):
     x is f(test case) within 1e-6 (ends the episode). See the module docstring for every rule."""
 
     prompt_file = "function"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # what UserRL's InteractTool passes, not the gym config's own default
     invalid_action_feedback = FB_INVALID
 
     def __init__(self, function_id: str, *, data_dir: str | os.PathLike | None = None, max_steps: int | None = None,

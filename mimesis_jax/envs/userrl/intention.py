@@ -156,7 +156,7 @@ class IntentionEnv(UserRLEnv):
     """Ask clarifying questions until every missing detail of `intention` is covered (module docstring)."""
 
     prompt_file = "intention"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # what UserRL's InteractTool passes, not the gym config's own default
 
     def __init__(self, intention: dict, *, user=None, judge=None, max_steps: int | None = None,
                  responder_sees_record: bool = False, **options):

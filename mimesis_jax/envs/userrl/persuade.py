@@ -127,7 +127,7 @@ class PersuadeEnv(UserRLEnv):
     """Persuade the user model away from `statement["claim"]` (module docstring for the rules)."""
 
     prompt_file = "persuade"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # what UserRL's InteractTool passes, not the gym config's own default
 
     def __init__(self, statement: dict, *, user=None, judge=None, max_steps: int | None = None, **options):
         super().__init__(user=user, judge=judge, max_steps=max_steps, **options)

@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import EnvError
+from mimesis_jax.errors import ConfigError
 
 
 class RetrieverError(RuntimeError):
@@ -329,3 +330,15 @@ class HTTPRetriever:
                 time.sleep(self._delay(attempt, retry_after))
         raise RetrieverError(scrub(f"search service {self.url}: failed after {self.retries + 1} attempts; "
                                    f"last error: {last}"))
+
+
+def from_option(option: str | None, key_env: str | None = None) -> Retriever | None:
+    """The `--retriever` option of `rollout` and `evalagent` as a retriever (an http(s) URL, its API key read from
+    the `key_env` variable, or bm25:<corpus>), or None when not given."""
+    if option is None:
+        return None
+    if option.startswith(("http://", "https://")):
+        return HTTPRetriever(option, api_key_env=key_env)
+    if option.startswith("bm25:"):
+        return BM25Retriever(option[len("bm25:"):])
+    raise ConfigError(f"--retriever {option!r}: expected bm25:CORPUS.jsonl or http(s)://URL")

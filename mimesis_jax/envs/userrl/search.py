@@ -113,7 +113,7 @@ class SearchGym(UserRLEnv):
     """One multi-hop question; the agent searches (at most `max_search_steps` times) and answers."""
 
     prompt_file = "search"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # what UserRL's InteractTool passes, not the gym config's own default
     invalid_action_feedback = ("Invalid action. Use [search] followed by a query to look something up, or [answer] "
                                "followed by your answer.")
 

@@ -11,7 +11,6 @@ Struct columns of a parquet file that mixes gyms carry every gym's keys, absent 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import pathlib
 from typing import Any, Iterable
@@ -22,7 +21,7 @@ from mimesis_jax.envs import agent_env
 from mimesis_jax.envs.agent_env import EnvError, register
 from mimesis_jax.envs.userrl.common import TASKS_DIR
 
-# UserRL env name -> module under mimesis_jax.envs.userrl (imported when a task of that gym is built)
+# UserRL env name -> the stem of its module under mimesis_jax.envs.userrl and of its task files
 GYM_MODULES = {name: name.removesuffix("Gym").lower() for name in USERRL_GYMS}  # TravelGym -> travel.py
 TRAIN_GYMS = ("TravelGym", "TurtleGym", "FunctionGym", "TauGym", "PersuadeGym")
 EVAL_ONLY_GYMS = ("IntentionGym", "TelepathyGym", "SearchGym")
@@ -43,11 +42,9 @@ def register_gym(name: str):
 
 
 def gym_class(name: str) -> type:
-    """The env class of a UserRL gym (imports its module on first use), or of another registered env class that
-    builds from a Task (`from_task`, e.g. envs/toy.py's ToyKeyword)."""
-    if name in GYM_MODULES:
-        if name not in _CLASSES:
-            importlib.import_module(f"mimesis_jax.envs.userrl.{GYM_MODULES[name]}")
+    """The env class of a UserRL gym (its module registered it when the package envs/userrl/ was imported), or of
+    another registered env class that builds from a Task (`from_task`, e.g. envs/toy.py's ToyKeyword)."""
+    if name in _CLASSES:
         return _CLASSES[name]
     cls = agent_env.registered_class(name)  # e.g. ToyKeyword, registered when envs/toy.py is imported
     if cls is None or not hasattr(cls, "from_task"):

@@ -477,7 +477,7 @@ class TauEnv(UserRLEnv):
     """A tau-bench-style customer-service episode (module docstring for the rules)."""
 
     prompt_file = "tau"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 30; UserRL's InteractTool creates the tool with max_turns=15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # UserRL's InteractTool creates the tool with max_turns=15
     invalid_action_feedback = ("This step was not understood. Use the interact_with_env tool, with choice "
                                "'search', 'action' or 'answer', as the system instruction describes.")
 

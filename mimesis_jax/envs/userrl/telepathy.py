@@ -107,7 +107,7 @@ class TelepathyGym(UserRLEnv):
     """One entity to guess: Yes/No questions to the user, judged guesses (rules: module docstring)."""
 
     prompt_file = "telepathy"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # what UserRL's InteractTool passes, not the gym config's own default
     invalid_action_feedback = ("Invalid action. Call interact_with_env with choice 'action' and a Yes-or-No question, "
                                "or choice 'answer' and your guess of the entity.")
 

@@ -203,7 +203,7 @@ class TravelGym(UserRLEnv):
     """UserRL's TravelGym; rules and choices in the module docstring."""
 
     prompt_file = "travel"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # what UserRL's InteractTool passes, not the gym config's own default
     invalid_action_feedback = INVALID_FORMAT
 
     def __init__(self, record: dict, *, task_id: str = "", user=None, judge=None, classifier=None,

@@ -189,7 +189,7 @@ class TurtleGym(UserRLEnv):
     """One turtle-soup story: Yes/No questions to the host, rubric-judged answers (rules: module docstring)."""
 
     prompt_file = "turtle"
-    default_max_steps = USERRL_TOOL_MAX_TURNS  # was 20 (the gym's config default); InteractTool passes 15
+    default_max_steps = USERRL_TOOL_MAX_TURNS  # what UserRL's InteractTool passes, not the gym config's own default
     invalid_action_feedback = ("Invalid action. Call interact_with_env with choice 'action' and a Yes-or-No question, "
                                "or choice 'answer' and your version of the hidden story.")
 

@@ -412,7 +412,8 @@ def summary_markdown(s: dict, matmul: dict) -> str:
         lines += ["", f"{matmul['unknown_trip_counts']} while loop(s) without a known trip count (data-dependent) "
                       "are counted once per call."]
     lines += ["", "Files: plugins/profile/*/ (trace: TensorBoard / XProf; *.trace.json.gz: Perfetto), "
-                  "program.hlo.txt, cost_analysis.json, summary.json. Definitions: mimesis_jax/profile_cmd.py.", ""]
+                  "program.hlo.txt, cost_analysis.json, summary.json. "
+                  "Definitions: mimesis_jax/commands/profile.py.", ""]
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
 Runs a grid of training runs that differ in named switches (docs/reference/paper.md §6, Appendix C: mid-training, ThoughtTrace
 SFT and the behaviour task on/off; Stage II: alpha and beta of CSD, Eq 9-11, the coach, the turn-credit method) and
-tabulates their final metrics in ``DIR/ablation.json`` and ``DIR/report.md`` (`mimesis_jax.eval.report`).
+tabulates their final metrics in ``DIR/ablation.json`` and ``DIR/report.md`` (`mimesis_jax.commands.report`).
 
     python -m mimesis_jax ablate --matrix configs/ablations/tiny_agent_csd.py --out runs/abl --dry-run
     python -m mimesis_jax ablate --matrix configs/ablations/tiny_stage1.py --out runs/abl1 --set simrl:train.steps=2
@@ -68,7 +68,7 @@ from typing import Any
 from mimesis_jax.checkpoints import CheckpointError, Checkpointer, checkpoint_dir
 from mimesis_jax.config import load_config, split_variant
 from mimesis_jax.envs.agent_env import EnvError
-from mimesis_jax.eval.report import as_number, read_metrics, write_report
+from mimesis_jax.commands.report import as_number, read_metrics, write_report
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.train import midtrain, sft
 from mimesis_jax.train.loop import DataExhaustedError, NonFiniteLossError

@@ -14,11 +14,11 @@ all processes' devices, e.g. 2 x 8 for the 16-device paper RL configs, and proce
         launch/local.sh rehearse configs/qwen3_8b_agentrl.py:csd runs/rehearse_2proc --tokens 32
 
 (the sampler's memory is then that of each process's part of the mesh, where it runs: train/rl/distributed.py
-rollout_mesh; 236 CPU s on 2 cores, docs/scale-out.md, so no CI test runs it).
+rollout_mesh; its cost on a CPU, docs/scale-out.md, keeps it out of CI).
 
-`--set train.dtype=float32` rehearses (and plans) in fp32: on a CPU the bf16 programs compile 26-40% larger than
-the planner, sized for accelerators, counts (plan/compiled 0.60-0.80), the fp32 ones 0.86-0.97, so fp32 is the
-honest compare there.
+`--set train.dtype=float32` rehearses (and plans) in fp32: on a CPU the bf16 programs compile larger than the
+planner, sized for accelerators, counts, the fp32 ones close to it (docs/scale-out.md), so fp32 is the honest
+compare there.
 
 Prints, per rollout mode (rollout.engine off / on):
 * every program the loop compiled: the RL update once per batch shape (the shape ladder's programs for Stage II),

@@ -44,8 +44,8 @@ from typing import Any, Callable, Mapping, Sequence
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import GYM_MODULES, load_tasks, scoring, shipped_tasks
+from mimesis_jax.envs.userrl.retriever import from_option as retriever_from_option
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
-from mimesis_jax.episodes.rollout_cmd import retriever_from_args
 from mimesis_jax.episodes.userrl import episode_tasks
 from mimesis_jax.eval import metrics
 from mimesis_jax.errors import ConfigError
@@ -508,7 +508,7 @@ def run(args) -> int:
         config = EvalConfig(max_turns=args.max_turns, agent_max_tokens=args.agent_max_tokens, data_dir=args.data_dir,
                             judge=judge, retriever=args.retriever, batch=args.batch)
         summary = evaluate(args.out, agents, users, tasks, range(args.seeds), config,
-                           retriever=retriever_from_args(args))
+                           retriever=retriever_from_option(args.retriever, args.retriever_key_env))
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

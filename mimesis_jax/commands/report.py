@@ -5,7 +5,7 @@
 
 Each RUN_DIR is recognised by what it holds (first match wins):
 
-* ``ablation.json`` -- an ablation grid (`mimesis_jax/eval/ablate.py`): a table of cells x headline final metrics,
+* ``ablation.json`` -- an ablation grid (`mimesis_jax/commands/ablate.py`): a table of cells x headline final metrics,
   a table of every final metric, and the last stage's reward (or loss) curve of every finished cell;
 * ``summary.json`` -- an agent evaluation (`evalagent`): the per-gym table (mean +- SE over users x seeds, n),
   the paper's Table 2 layout (per-gym means, Avg, MR; docs/reference/metrics.md "Agent performance"), the same per evaluation

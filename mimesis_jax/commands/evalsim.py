@@ -17,7 +17,8 @@ invented examples in ``mimesis_jax/eval/data/samples/``. The metrics: `eval.usi`
 judge / partner failed or answered unreadably twice are INVALID: counted and listed apart, never scored 0.
 
 Writes ``OUT/evalsim.json`` -- {"simulator", "usi", "fidelity", "turing", "style", "soul"}, each section present
-when computed (format in eval_common.md; extra keys: counts, invalid lists, pairing) -- and prints a table.
+when computed, each as its module returns it (`usi.usi`, `sim_judges`, `soul_eval.aggregate`; with counts,
+invalid lists and the pairing) -- and prints a table.
 Exit status 0, or 2 for bad input (the message names the file, line / key and field).
 """
 

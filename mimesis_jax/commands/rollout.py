@@ -80,17 +80,6 @@ def _spec(args, who: str, thinking: bool = False):
                      max_tokens=getattr(args, f"{who}_max_tokens"), seed=args.seed, thinking=thinking)
 
 
-def retriever_from_args(args):
-    """The --retriever option as a retriever (an http(s) URL, bm25:<corpus>, ...), or None when not given."""
-    if args.retriever is None:
-        return None
-    if args.retriever.startswith(("http://", "https://")):
-        return r.HTTPRetriever(args.retriever, api_key_env=args.retriever_key_env)
-    if args.retriever.startswith("bm25:"):
-        return r.BM25Retriever(args.retriever[len("bm25:"):])
-    raise ConfigError(f"--retriever {args.retriever!r}: expected bm25:CORPUS.jsonl or http(s)://URL")
-
-
 def run(args) -> int:
     gyms = tuple(g.strip() for g in args.gyms.split(",")) if args.gyms else ()
     try:
@@ -111,7 +100,7 @@ def run(args) -> int:
         judge_spec = None if args.judge is None else _spec(args, "judge")
         user, judge = user_and_judge(_spec(args, "user", thinking=args.user_thinking), judge_spec,
                                      user_style=args.user_style)
-        retriever = retriever_from_args(args)
+        retriever = r.from_option(args.retriever, args.retriever_key_env)
     except (EnvError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
