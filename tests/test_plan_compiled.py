@@ -8,7 +8,7 @@ and its float normalization adds float32 copies of the whole saved-activation st
 dynamic-slice input, hoisted out of the loop) and of the KV cache that GPU programs do not hold (measured on
 qwen3_8b_agentrl.py:grpo in bf16: update 31.29 planned / 48.88 compiled GiB, of which 20.5 GiB is the float32
 stack; sampler 45.55 / 76.09). The bf16 programs are compared apart, with those copies and the heap's gaps split
-out of their buffer assignment (plan/compiled.py `normalization_split`), within 10%: the Stage II GRPO update, its
+out of their buffer assignment (plan/normalization.py `normalization_split`), within 10%: the Stage II GRPO update, its
 old-log-prob scoring pass and its static sampler, the engine's decode and prefill, and the 4B SFT train step, read
 against the HLO (every other paper config's programs in bf16, every ladder rung and the weight sync:
 test_plan_every_program.py). Compile time does not grow with the
@@ -522,7 +522,7 @@ def test_compiled_table_splits_the_normalization_copies_where_measured():
 def test_a_split_program_compiled_before_is_dumped_again():
     """The persistent compilation cache (on in this test run: tests/conftest.py) keys programs without their dump
     options, so a program compiled before would come back from it with no buffer assignment dumped: the split
-    compiles it afresh (plan/compiled.py `without_persistent_cache`), the same copies each time."""
+    compiles it afresh (plan/normalization.py `without_persistent_cache`), the same copies each time."""
     from mimesis_jax.config import tiny_qwen3
     from mimesis_jax.plan.compiled import lm_step_memory, split_compile
     from mimesis_jax.train.optim import OptimizerConfig

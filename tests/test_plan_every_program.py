@@ -1,6 +1,6 @@
 """Every other program of the paper configs against the plan, beside the largest ones in test_plan_compiled.py:
 every rung of the RL shape ladders (float32), every paper config's programs in bf16 with the CPU's
-float-normalization copies split out (plan/compiled.py `normalization_split`), and the weight sync of 2
+float-normalization copies split out (plan/normalization.py `normalization_split`), and the weight sync of 2
 processes (inference/weight_sync.py). A module of its own so xdist (`--dist loadfile`) runs it beside
 test_plan_compiled.py; each test compiles in a subprocess with the config's fake CPU devices, QUICK options."""
 
