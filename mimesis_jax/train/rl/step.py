@@ -54,6 +54,7 @@ from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.config.choices import KL_ESTIMATORS
 from mimesis_jax.config.rl import RLConfig
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.train.step import accumulate_gradients, apply_gradients, schedule_count  # noqa: F401 (re-export)
 import contextlib
 
 # the batch arrays the old-log-prob scoring pass reads (recompute_old_logprobs; plan/compiled.py compiles it)
@@ -154,22 +155,6 @@ def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None =
     return loss, sums
 
 
-def schedule_count(opt_state) -> jax.Array:
-    """The update count the optimizer's learning-rate schedule reads (optax's ScaleByScheduleState.count): the
-    number of updates applied so far; the next update uses schedule(count)."""
-    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
-    found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
-    if len(found) != 1:
-        raise ValueError(f"RLStep(schedule=...): the optimizer state holds {len(found)} learning-rate schedule "
-                         "counts (optax ScaleByScheduleState), not one: build the optimizer with one schedule "
-                         "(train/optim.make_optimizer)")
-    return found[0].count
-
-
-def _zeros(tree):
-    return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
-
-
 class RLStep:
     """The jitted, sharded GRPO(+CSD) update; see the module docstring. Build with `make_rl_step`."""
 
@@ -264,32 +249,16 @@ class RLStep:
     def _mesh_ctx(self):
         return contextlib.nullcontext() if self.mesh is None else sharding.use_mesh(self.mesh)
 
+    def _loss_sums(self, ref_params):
+        """The callback of `accumulate_gradients`: Eq 11 (+ KL) of one micro-batch and its metric sums."""
+        return lambda p, mb: rl_loss(self.config, self.rl, p, mb, ref_params=ref_params)
+
     def _rl_update(self, params, opt_state, batch, ref_params):
-        config, rl = self.config, self.rl
-        grad_fn = jax.value_and_grad(lambda p, mb: rl_loss(config, rl, p, mb, ref_params=ref_params), has_aux=True)
-
-        def constrain_grads(g):
-            return g if self._param_sh is None else jax.lax.with_sharding_constraint(g, self._param_sh)
-
-        def body(carry, mb):
-            gsum, ssum = carry
-            (loss, sums), g = grad_fn(params, mb)
-            gsum = jax.tree.map(lambda a, b: a + b.astype(a.dtype), gsum, constrain_grads(g))
-            ssum = jax.tree.map(jnp.add, ssum, sums | {"loss": loss})
-            return (gsum, ssum), None
-
-        g0 = constrain_grads(jax.tree.map(jnp.zeros_like, params))
-        mb0 = jax.tree.map(lambda x: x[0], batch)
-        s0 = _zeros(jax.eval_shape(lambda: rl_loss(config, rl, params, mb0, ref_params=ref_params)[1]
-                                   | {"loss": jnp.zeros(())}))
-        (grads, s), _ = jax.lax.scan(body, (g0, s0), batch)
-        with jax.named_scope("optimizer"):
-            applied = None
-            if self.schedule is not None:  # the count the schedule reads in this very update
-                n = schedule_count(opt_state)
-                applied = {"lr": jnp.asarray(self.schedule(n), jnp.float32), "opt_steps": n + 1}
-            updates, opt_state = self.optimizer.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
+        loss, grads, s = accumulate_gradients(self._loss_sums(ref_params), params, batch,
+                                              grad_shardings=self._param_sh)
+        s = s | {"loss": loss}
+        params, opt_state, n = apply_gradients(self.optimizer, params, opt_state, grads, self.schedule)
+        applied = None if n is None else {"lr": jnp.asarray(self.schedule(n), jnp.float32), "opt_steps": n + 1}
         nz = lambda x: jnp.maximum(x, 1.0)  # noqa: E731
         metrics = {
             "loss": s["loss"], "grpo_loss": s["grpo_loss"], "csd_loss": s["csd_loss"],
@@ -368,18 +337,7 @@ class RLStep:
             return self._compiled(params).lower(params, opt_state, batch, ref_params)
 
     def _loss_and_grads(self, params, batch, ref_params):
-        config, rl = self.config, self.rl
-
-        def loss(p, mb):
-            return rl_loss(config, rl, p, mb, ref_params=ref_params)
-
-        def body(carry, mb):
-            (value, sums), g = jax.value_and_grad(loss, has_aux=True)(params, mb)
-            return jax.tree.map(jnp.add, carry, (value, g, sums)), None
-
-        _, s0 = jax.eval_shape(lambda: loss(params, jax.tree.map(lambda x: x[0], batch)))
-        init = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params), _zeros(s0))
-        return jax.lax.scan(body, init, batch)[0]
+        return accumulate_gradients(self._loss_sums(ref_params), params, batch)
 
     def loss_and_grads(self, params, batch, ref_params=None):
         """(accumulated loss, grads, metric sums) without an optimizer update: for tests and debugging."""
