@@ -46,7 +46,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from mimesis_jax import models, profiling, sharding
 from mimesis_jax.algorithms import csd, grpo, rl_batch
@@ -273,15 +273,36 @@ class RLStep:
             metrics |= applied
         return params, opt_state, metrics
 
+    def _state_shardings(self, params):
+        """(params', optimizer state's) shardings, in and out of the update alike: with a mesh, the params by the
+        rules and the optimizer moments like their params; without one, the default device."""
+        if self.mesh is None:
+            one = SingleDeviceSharding(jax.devices()[0])
+            return one, one
+        return self._param_sh, self._opt_shardings(params)
+
     def _compiled(self, params):
+        """The jitted update. It takes params and optimizer state in exactly the layout it returns them in
+        (in_shardings = out_shardings), so the program compiled at the first call is the one every later call of
+        the same batch shapes runs, whatever layout the first params came in (`_laid_out` moves them)."""
         if self._step is None:
-            if self.mesh is None:
-                self._step = jax.jit(self._rl_update, donate_argnums=(0, 1))
-            else:
-                rep = NamedSharding(self.mesh, P())
-                self._step = jax.jit(self._rl_update, donate_argnums=(0, 1),
-                                     out_shardings=(self._param_sh, self._opt_shardings(params), rep))
+            ps, os_ = self._state_shardings(params)
+            rep = ps if self.mesh is None else NamedSharding(self.mesh, P())
+            self._step = jax.jit(self._rl_update, donate_argnums=(0, 1), in_shardings=(ps, os_, None, None),
+                                 out_shardings=(ps, os_, rep))
         return self._step
+
+    @staticmethod
+    def _laid_out(tree, shardings):
+        """`tree` with every committed array laid out otherwise than `shardings` (a tree, or one sharding for all)
+        moved there; arrays already so laid out (and host or uncommitted ones, which the jitted update places
+        itself) are passed as they are, so that the update still donates them."""
+        def place(x, s):
+            moved = isinstance(x, jax.Array) and x.committed and not x.sharding.is_equivalent_to(s, x.ndim)
+            return jax.device_put(x, s) if moved else x
+        if isinstance(shardings, jax.sharding.Sharding):
+            return jax.tree.map(lambda x: place(x, shardings), tree)
+        return jax.tree.map(place, tree, shardings)
 
     def _check_args(self, params, opt_state, ref_params):
         for what, tree in (("params", params), ("opt_state", opt_state), ("ref_params", ref_params)):
@@ -314,6 +335,8 @@ class RLStep:
         self._check_args(params, opt_state, ref_params)
         if ref_params is not None and self.mesh is not None:
             ref_params = jax.device_put(ref_params, self._param_sh)
+        ps, os_ = self._state_shardings(params)
+        params, opt_state = self._laid_out(params, ps), self._laid_out(opt_state, os_)
         with self._mesh_ctx(), profiling.count_compilations() as compiled:
             out = self._compiled(params)(params, opt_state, batch, ref_params)
         self._num_compilations += compiled.count_of("_rl_update")
