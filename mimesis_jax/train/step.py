@@ -1,4 +1,13 @@
-"""The sharded language-model loss and its jitted loss+grad step.
+"""The sharded language-model loss and step, and the two pieces every training step of the project is built from.
+
+One step design. Every step -- the LM step here (`make_train_step`) and the RL update (train/rl/step.py
+`RLStep`) -- is `accumulate_gradients` (a lax.scan over micro-batches around a callback giving one micro-batch's
+loss and metric sums; gradients summed in the parameters' dtype and sharding) followed by `apply_gradients` (the
+optax update). The state is the train-state dict below (`init_train_state`, what the checkpoints store); the RL
+update takes its params and opt_state. The learning rate of an update is read from the optimizer's own update
+count (`schedule_count`: optax's ScaleByScheduleState.count, the updates applied so far), the count the optimizer
+itself applies the schedule at; never from `step`, which counts steps (an RL step makes one update per mini-batch,
+or none).
 
 Batch convention shared by every stage of the project: a dict of [B, T] arrays
 
@@ -15,7 +24,7 @@ The train state is a plain dict pytree (what the checkpoint stores):
 
     params     fp32 master weights, sharded by the logical-axis rules
     opt_state  optax state; moments follow their parameter's sharding
-    step       int32 scalar, optimizer steps taken
+    step       int32 scalar, steps taken (an LM step is one optimizer update; an RL step makes several or none)
     rng        uint32 key data, split once per step (for stochastic stages; the LM loss is deterministic)
     nonfinite  int32 scalar, steps whose update was skipped because the loss or gradient was not finite
 """

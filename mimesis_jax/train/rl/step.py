@@ -10,8 +10,11 @@ computed by train/rl/simulator.py).
     batch = step.recompute_old_logprobs(params, batch)         # only with rl.old_logprobs == "recompute"
     params, opt_state, metrics = step(params, opt_state, batch)  # donates the params and opt_state passed in
 
-The step scans over the M micro-batches (gradient accumulation in the parameters' dtype and sharding), then
-applies the optimizer once. Loss per micro-batch (Eq 11): L = L_GRPO (Eq 6) + alpha L_CSD (Eq 10). Both
+The step scans over the M micro-batches, then applies the optimizer once (train/step.py `accumulate_gradients`
+and `apply_gradients`, the gradient accumulation and optimizer update of every step). It takes params and
+optimizer state in exactly the layout it returns them in (the rules' layout, each moment like its parameter: the
+train state's, train/state.py), moving arguments that come in another layout there first, so the first call
+compiles the update and later calls of the same batch shapes reuse it. Loss per micro-batch (Eq 11): L = L_GRPO (Eq 6) + alpha L_CSD (Eq 10). Both
 normalisers (agent tokens or sequences for GRPO, coached tokens for CSD) are counts of the whole batch folded
 into per-token weights on the host (algorithms/rl_batch.py), so the accumulated sum is the global loss
 whatever the number of micro-batches or devices. With alpha == 0, or a batch without coached turns, no
@@ -54,6 +57,7 @@ from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.config.choices import KL_ESTIMATORS
 from mimesis_jax.config.rl import RLConfig
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.train.optim import opt_state_shardings
 from mimesis_jax.train.step import accumulate_gradients, apply_gradients, schedule_count  # noqa: F401 (re-export)
 import contextlib
 
@@ -221,11 +225,8 @@ class RLStep:
         return jax.jit(self.optimizer.init, out_shardings=self._opt_shardings(params))(params)
 
     def _opt_shardings(self, params):
-        if self._opt_sh is None:
-            abstract = jax.eval_shape(self.optimizer.init, params)
-            rep = NamedSharding(self.mesh, P())
-            self._opt_sh = optax.tree_map_params(self.optimizer, lambda _, s: s, abstract, self._param_sh,
-                                                 transform_non_params=lambda _: rep)
+        if self._opt_sh is None:  # the layout of the train state's opt_state (train/state.py state_shardings)
+            self._opt_sh = opt_state_shardings(jax.eval_shape(self.optimizer.init, params), self._param_sh, self.mesh)
         return self._opt_sh
 
     # ------------------------------------------------------------------------------ old log-probs
