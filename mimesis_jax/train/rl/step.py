@@ -14,10 +14,12 @@ The step scans over the M micro-batches, then applies the optimizer once (train/
 and `apply_gradients`, the gradient accumulation and optimizer update of every step). It takes params and
 optimizer state in exactly the layout it returns them in (the rules' layout, each moment like its parameter: the
 train state's, train/state.py), moving arguments that come in another layout there first, so the first call
-compiles the update and later calls of the same batch shapes reuse it. Loss per micro-batch (Eq 11): L = L_GRPO (Eq 6) + alpha L_CSD (Eq 10). Both
-normalisers (agent tokens or sequences for GRPO, coached tokens for CSD) are counts of the whole batch folded
-into per-token weights on the host (algorithms/rl_batch.py), so the accumulated sum is the global loss
-whatever the number of micro-batches or devices. With alpha == 0, or a batch without coached turns, no
+compiles the update and later calls of the same batch shapes reuse it.
+
+Loss per micro-batch (Eq 11): L = L_GRPO (Eq 6) + alpha L_CSD (Eq 10). Both normalisers (agent tokens or
+sequences for GRPO, coached tokens for CSD) are counts of the whole batch folded into per-token weights on the
+host (algorithms/rl_batch.py), so the accumulated sum is the global loss whatever the number of micro-batches or
+devices. With alpha == 0, or a batch without coached turns, no
 teacher work is traced at all: the step is exactly the GRPO step.
 
 Temperature. Every log-prob of the update (student, old, teacher, reference) is of pi_T = softmax(logits / T)
