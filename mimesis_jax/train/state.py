@@ -76,7 +76,8 @@ def make_mesh(cfg):
 
 
 def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:
-    """(abstract train state, its NamedShardings) without allocating anything."""
+    """(abstract train state, its NamedShardings) without allocating anything. The LM step's state and the RL
+    update's params and opt_state (train/rl/step.py) are laid out so, in and out of every step."""
     abs_params = models.abstract_params(model_config)
     abs_state = jax.eval_shape(lambda p: init_train_state(p, tx, jax.random.key(0)), abs_params)
     ps = models.param_shardings(model_config, mesh)

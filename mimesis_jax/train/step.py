@@ -1,4 +1,13 @@
-"""The sharded language-model loss and its jitted loss+grad step.
+"""The sharded language-model loss and step, and the two pieces every training step of the project is built from.
+
+One step design. Every step -- the LM step here (`make_train_step`) and the RL update (train/rl/step.py
+`RLStep`) -- is `accumulate_gradients` (a lax.scan over micro-batches around a callback giving one micro-batch's
+loss and metric sums; gradients summed in the parameters' dtype and sharding) followed by `apply_gradients` (the
+optax update). The state is the train-state dict below (`init_train_state`, what the checkpoints store); the RL
+update takes its params and opt_state. The learning rate of an update is read from the optimizer's own update
+count (`schedule_count`: optax's ScaleByScheduleState.count, the updates applied so far), the count the optimizer
+itself applies the schedule at; never from `step`, which counts steps (an RL step makes one update per mini-batch,
+or none).
 
 Batch convention shared by every stage of the project: a dict of [B, T] arrays
 
@@ -15,7 +24,7 @@ The train state is a plain dict pytree (what the checkpoint stores):
 
     params     fp32 master weights, sharded by the logical-axis rules
     opt_state  optax state; moments follow their parameter's sharding
-    step       int32 scalar, optimizer steps taken
+    step       int32 scalar, steps taken (an LM step is one optimizer update; an RL step makes several or none)
     rng        uint32 key data, split once per step (for stochastic stages; the LM loss is deterministic)
     nonfinite  int32 scalar, steps whose update was skipped because the loss or gradient was not finite
 """
@@ -100,28 +109,69 @@ def split_micro_batches(x: jax.Array, n: int) -> jax.Array:
     return jnp.swapaxes(x.reshape((B // n, n) + x.shape[1:]), 0, 1)
 
 
-def _accumulate(config: ModelConfig, params, batch, grad_accum: int, grad_shardings):
-    """(sum NLL, target count, sum of NLL gradients) over `grad_accum` micro-batches (a lax.scan)."""
-    grad_fn = jax.value_and_grad(lambda p, b: lm_loss_sums(config, p, b), has_aux=True)
-    if grad_accum == 1:
-        (nll, n), g = grad_fn(params, batch)
-        return nll, n, g
-    micro = jax.tree.map(lambda x: split_micro_batches(x, grad_accum), batch)
+def schedule_count(opt_state) -> jax.Array:
+    """The update count the optimizer's learning-rate schedule reads (optax's ScaleByScheduleState.count): the
+    number of updates applied so far; the next update uses schedule(count)."""
+    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
+    if len(found) != 1:
+        raise ValueError(f"step(schedule=...): the optimizer state holds {len(found)} learning-rate schedule "
+                         "counts (optax ScaleByScheduleState), not one: build the optimizer with one schedule "
+                         "(train/optim.make_optimizer)")
+    return found[0].count
+
+
+def accumulate_gradients(loss_sums, params, micro_batches, *, grad_shardings=None, stacked: bool = True):
+    """The gradient accumulation of every step: (loss sum, gradient sum, metric sums) over micro-batches.
+
+    `loss_sums(params, mb) -> (loss, sums)`: the loss of one micro-batch (differentiated) and a dict of metric
+    sums (not differentiated). `micro_batches` is a pytree of [M, ...] arrays, scanned over M (lax.scan), each
+    micro-batch's gradient added in turn; `stacked=False` takes one batch (no leading axis): one gradient, no loop
+    and nothing to accumulate. The accumulator is in each parameter's dtype and, given `grad_shardings` (the
+    params' shardings), laid out like the parameter, as is each micro-batch's gradient before it is added.
+    """
+    grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+
+    def constrained(g):
+        return g if grad_shardings is None else jax.lax.with_sharding_constraint(g, grad_shardings)
+
+    if not stacked:
+        (loss, sums), g = grad_fn(params, micro_batches)
+        return loss, g, sums
 
     def body(carry, mb):
-        g_acc, nll_acc, n_acc = carry
-        mb = jax.tree.map(lambda x: constrain(x, ("act_batch",) + (None,) * (x.ndim - 1), config), mb)
-        (nll, n), g = grad_fn(params, mb)
-        g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
-        if grad_shardings is not None:
-            g_acc = jax.lax.with_sharding_constraint(g_acc, grad_shardings)
-        return (g_acc, nll_acc + nll, n_acc + n), None
+        loss_acc, g_acc, sums_acc = carry
+        (loss, sums), g = grad_fn(params, mb)
+        g_acc = constrained(jax.tree.map(lambda a, b: a + b.astype(a.dtype), g_acc, constrained(g)))
+        return (loss_acc + loss, g_acc, jax.tree.map(jnp.add, sums_acc, sums)), None
 
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    if grad_shardings is not None:
-        zeros = jax.lax.with_sharding_constraint(zeros, grad_shardings)
-    (g, nll, n), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)), micro)
-    return nll, n, g
+    loss0, sums0 = jax.eval_shape(lambda: loss_sums(params, jax.tree.map(lambda x: x[0], micro_batches)))
+    zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)  # noqa: E731
+    init = (zeros(loss0), constrained(zeros(params)), zeros(sums0))
+    (loss, g, sums), _ = jax.lax.scan(body, init, micro_batches)
+    return loss, g, sums
+
+
+def apply_gradients(tx: optax.GradientTransformation, params, opt_state, grads, schedule=None):
+    """The optimizer update of every step: (new params, new optimizer state, the schedule count n it read).
+
+    The learning rate of this update is schedule(n), n = schedule_count(opt_state) the updates applied before it
+    (the LR source of every step: the optimizer's own count); n is None without a `schedule`.
+    """
+    with jax.named_scope("optimizer"):
+        n = None if schedule is None else schedule_count(opt_state)
+        updates, new_opt = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt, n
+
+
+def _lm_loss_sums(config: ModelConfig, constrain_rows: bool):
+    """The LM loss callback of `accumulate_gradients`: (NLL sum, {"targets": target count})."""
+    def fn(params, mb):
+        if constrain_rows:
+            mb = jax.tree.map(lambda x: constrain(x, ("act_batch",) + (None,) * (x.ndim - 1), config), mb)
+        nll, n = lm_loss_sums(config, params, mb)
+        return nll, {"targets": n}
+    return fn
 
 
 def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dict, batch: dict, *,
@@ -135,14 +185,15 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
     computed (the host loop then stops the run).
     """
     params, opt_state = state["params"], state["opt_state"]
-    nll, n, g = _accumulate(config, params, batch, grad_accum, grad_shardings)
+    micro = batch if grad_accum == 1 else jax.tree.map(lambda x: split_micro_batches(x, grad_accum), batch)
+    nll, g, sums = accumulate_gradients(_lm_loss_sums(config, grad_accum > 1), params, micro,
+                                        grad_shardings=grad_shardings, stacked=grad_accum > 1)
+    n = sums["targets"]
     denom = jnp.maximum(n, 1.0)
     loss = nll / denom
     grads = jax.tree.map(lambda x, p: (x / denom).astype(p.dtype), g, params)
     grad_norm = optax.tree.norm(grads)
-    with jax.named_scope("optimizer"):
-        updates, new_opt = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+    new_params, new_opt, count = apply_gradients(tx, params, opt_state, grads, schedule)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     if skip_nonfinite:
         # Floating leaves (weights, moments) keep their old values; integer leaves (optax step counts) advance,
@@ -168,7 +219,7 @@ def train_step(config: ModelConfig, tx: optax.GradientTransformation, state: dic
         "param_norm": optax.tree.norm(new_params),
     }
     if schedule is not None:
-        metrics["lr"] = jnp.asarray(schedule(state["step"]), jnp.float32)
+        metrics["lr"] = jnp.asarray(schedule(count), jnp.float32)
     return new_state, metrics
 
 

@@ -10,11 +10,16 @@ computed by train/rl/simulator.py).
     batch = step.recompute_old_logprobs(params, batch)         # only with rl.old_logprobs == "recompute"
     params, opt_state, metrics = step(params, opt_state, batch)  # donates the params and opt_state passed in
 
-The step scans over the M micro-batches (gradient accumulation in the parameters' dtype and sharding), then
-applies the optimizer once. Loss per micro-batch (Eq 11): L = L_GRPO (Eq 6) + alpha L_CSD (Eq 10). Both
-normalisers (agent tokens or sequences for GRPO, coached tokens for CSD) are counts of the whole batch folded
-into per-token weights on the host (algorithms/rl_batch.py), so the accumulated sum is the global loss
-whatever the number of micro-batches or devices. With alpha == 0, or a batch without coached turns, no
+The step scans over the M micro-batches, then applies the optimizer once (train/step.py `accumulate_gradients`
+and `apply_gradients`, the gradient accumulation and optimizer update of every step). It takes params and
+optimizer state in exactly the layout it returns them in (the rules' layout, each moment like its parameter: the
+train state's, train/state.py), moving arguments that come in another layout there first, so the first call
+compiles the update and later calls of the same batch shapes reuse it.
+
+Loss per micro-batch (Eq 11): L = L_GRPO (Eq 6) + alpha L_CSD (Eq 10). Both normalisers (agent tokens or
+sequences for GRPO, coached tokens for CSD) are counts of the whole batch folded into per-token weights on the
+host (algorithms/rl_batch.py), so the accumulated sum is the global loss whatever the number of micro-batches or
+devices. With alpha == 0, or a batch without coached turns, no
 teacher work is traced at all: the step is exactly the GRPO step.
 
 Temperature. Every log-prob of the update (student, old, teacher, reference) is of pi_T = softmax(logits / T)
@@ -46,7 +51,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from mimesis_jax import models, profiling, sharding
 from mimesis_jax.algorithms import csd, grpo, rl_batch
@@ -54,6 +59,8 @@ from mimesis_jax.algorithms.rl_batch import PackedRL, pack_trajectories
 from mimesis_jax.config.choices import KL_ESTIMATORS
 from mimesis_jax.config.rl import RLConfig
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.train.optim import opt_state_shardings
+from mimesis_jax.train.step import accumulate_gradients, apply_gradients, schedule_count  # noqa: F401 (re-export)
 import contextlib
 
 # the batch arrays the old-log-prob scoring pass reads (recompute_old_logprobs; plan/compiled.py compiles it)
@@ -154,22 +161,6 @@ def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None =
     return loss, sums
 
 
-def schedule_count(opt_state) -> jax.Array:
-    """The update count the optimizer's learning-rate schedule reads (optax's ScaleByScheduleState.count): the
-    number of updates applied so far; the next update uses schedule(count)."""
-    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
-    found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_sched) if is_sched(x)]
-    if len(found) != 1:
-        raise ValueError(f"RLStep(schedule=...): the optimizer state holds {len(found)} learning-rate schedule "
-                         "counts (optax ScaleByScheduleState), not one: build the optimizer with one schedule "
-                         "(train/optim.make_optimizer)")
-    return found[0].count
-
-
-def _zeros(tree):
-    return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
-
-
 class RLStep:
     """The jitted, sharded GRPO(+CSD) update; see the module docstring. Build with `make_rl_step`."""
 
@@ -236,11 +227,8 @@ class RLStep:
         return jax.jit(self.optimizer.init, out_shardings=self._opt_shardings(params))(params)
 
     def _opt_shardings(self, params):
-        if self._opt_sh is None:
-            abstract = jax.eval_shape(self.optimizer.init, params)
-            rep = NamedSharding(self.mesh, P())
-            self._opt_sh = optax.tree_map_params(self.optimizer, lambda _, s: s, abstract, self._param_sh,
-                                                 transform_non_params=lambda _: rep)
+        if self._opt_sh is None:  # the layout of the train state's opt_state (train/state.py state_shardings)
+            self._opt_sh = opt_state_shardings(jax.eval_shape(self.optimizer.init, params), self._param_sh, self.mesh)
         return self._opt_sh
 
     # ------------------------------------------------------------------------------ old log-probs
@@ -264,32 +252,16 @@ class RLStep:
     def _mesh_ctx(self):
         return contextlib.nullcontext() if self.mesh is None else sharding.use_mesh(self.mesh)
 
+    def _loss_sums(self, ref_params):
+        """The callback of `accumulate_gradients`: Eq 11 (+ KL) of one micro-batch and its metric sums."""
+        return lambda p, mb: rl_loss(self.config, self.rl, p, mb, ref_params=ref_params)
+
     def _rl_update(self, params, opt_state, batch, ref_params):
-        config, rl = self.config, self.rl
-        grad_fn = jax.value_and_grad(lambda p, mb: rl_loss(config, rl, p, mb, ref_params=ref_params), has_aux=True)
-
-        def constrain_grads(g):
-            return g if self._param_sh is None else jax.lax.with_sharding_constraint(g, self._param_sh)
-
-        def body(carry, mb):
-            gsum, ssum = carry
-            (loss, sums), g = grad_fn(params, mb)
-            gsum = jax.tree.map(lambda a, b: a + b.astype(a.dtype), gsum, constrain_grads(g))
-            ssum = jax.tree.map(jnp.add, ssum, sums | {"loss": loss})
-            return (gsum, ssum), None
-
-        g0 = constrain_grads(jax.tree.map(jnp.zeros_like, params))
-        mb0 = jax.tree.map(lambda x: x[0], batch)
-        s0 = _zeros(jax.eval_shape(lambda: rl_loss(config, rl, params, mb0, ref_params=ref_params)[1]
-                                   | {"loss": jnp.zeros(())}))
-        (grads, s), _ = jax.lax.scan(body, (g0, s0), batch)
-        with jax.named_scope("optimizer"):
-            applied = None
-            if self.schedule is not None:  # the count the schedule reads in this very update
-                n = schedule_count(opt_state)
-                applied = {"lr": jnp.asarray(self.schedule(n), jnp.float32), "opt_steps": n + 1}
-            updates, opt_state = self.optimizer.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
+        loss, grads, s = accumulate_gradients(self._loss_sums(ref_params), params, batch,
+                                              grad_shardings=self._param_sh)
+        s = s | {"loss": loss}
+        params, opt_state, n = apply_gradients(self.optimizer, params, opt_state, grads, self.schedule)
+        applied = None if n is None else {"lr": jnp.asarray(self.schedule(n), jnp.float32), "opt_steps": n + 1}
         nz = lambda x: jnp.maximum(x, 1.0)  # noqa: E731
         metrics = {
             "loss": s["loss"], "grpo_loss": s["grpo_loss"], "csd_loss": s["csd_loss"],
@@ -304,15 +276,36 @@ class RLStep:
             metrics |= applied
         return params, opt_state, metrics
 
+    def _state_shardings(self, params):
+        """(params', optimizer state's) shardings, in and out of the update alike: with a mesh, the params by the
+        rules and the optimizer moments like their params; without one, the default device."""
+        if self.mesh is None:
+            one = SingleDeviceSharding(jax.devices()[0])
+            return one, one
+        return self._param_sh, self._opt_shardings(params)
+
     def _compiled(self, params):
+        """The jitted update. It takes params and optimizer state in exactly the layout it returns them in
+        (in_shardings = out_shardings), so the program compiled at the first call is the one every later call of
+        the same batch shapes runs, whatever layout the first params came in (`_laid_out` moves them)."""
         if self._step is None:
-            if self.mesh is None:
-                self._step = jax.jit(self._rl_update, donate_argnums=(0, 1))
-            else:
-                rep = NamedSharding(self.mesh, P())
-                self._step = jax.jit(self._rl_update, donate_argnums=(0, 1),
-                                     out_shardings=(self._param_sh, self._opt_shardings(params), rep))
+            ps, os_ = self._state_shardings(params)
+            rep = ps if self.mesh is None else NamedSharding(self.mesh, P())
+            self._step = jax.jit(self._rl_update, donate_argnums=(0, 1), in_shardings=(ps, os_, None, None),
+                                 out_shardings=(ps, os_, rep))
         return self._step
+
+    @staticmethod
+    def _laid_out(tree, shardings):
+        """`tree` with every committed array laid out otherwise than `shardings` (a tree, or one sharding for all)
+        moved there; arrays already so laid out (and host or uncommitted ones, which the jitted update places
+        itself) are passed as they are, so that the update still donates them."""
+        def place(x, s):
+            moved = isinstance(x, jax.Array) and x.committed and not x.sharding.is_equivalent_to(s, x.ndim)
+            return jax.device_put(x, s) if moved else x
+        if isinstance(shardings, jax.sharding.Sharding):
+            return jax.tree.map(lambda x: place(x, shardings), tree)
+        return jax.tree.map(place, tree, shardings)
 
     def _check_args(self, params, opt_state, ref_params):
         for what, tree in (("params", params), ("opt_state", opt_state), ("ref_params", ref_params)):
@@ -345,6 +338,8 @@ class RLStep:
         self._check_args(params, opt_state, ref_params)
         if ref_params is not None and self.mesh is not None:
             ref_params = jax.device_put(ref_params, self._param_sh)
+        ps, os_ = self._state_shardings(params)
+        params, opt_state = self._laid_out(params, ps), self._laid_out(opt_state, os_)
         with self._mesh_ctx(), profiling.count_compilations() as compiled:
             out = self._compiled(params)(params, opt_state, batch, ref_params)
         self._num_compilations += compiled.count_of("_rl_update")
@@ -368,18 +363,7 @@ class RLStep:
             return self._compiled(params).lower(params, opt_state, batch, ref_params)
 
     def _loss_and_grads(self, params, batch, ref_params):
-        config, rl = self.config, self.rl
-
-        def loss(p, mb):
-            return rl_loss(config, rl, p, mb, ref_params=ref_params)
-
-        def body(carry, mb):
-            (value, sums), g = jax.value_and_grad(loss, has_aux=True)(params, mb)
-            return jax.tree.map(jnp.add, carry, (value, g, sums)), None
-
-        _, s0 = jax.eval_shape(lambda: loss(params, jax.tree.map(lambda x: x[0], batch)))
-        init = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params), _zeros(s0))
-        return jax.lax.scan(body, init, batch)[0]
+        return accumulate_gradients(self._loss_sums(ref_params), params, batch)
 
     def loss_and_grads(self, params, batch, ref_params=None):
         """(accumulated loss, grads, metric sums) without an optimizer update: for tests and debugging."""
