@@ -1,7 +1,8 @@
 """Stage II (docs/reference/paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
 
-The stage's rollouts, group filter, coach notes, advantages and step record on the shared RL loop
-(train/rl/learner.py `RLLearner`); its chat models are built in train/rl/chat_models.py.
+The stage as the shared RL loop's three pieces (train/rl/learner.py `RLLearner`, train/rl/seams.py): `AgentWorld`
+(gym tasks, dialogues, group filter, step record, validation), `AgentCluster` (the frozen simulator, judge and
+coach, built in train/rl/chat_models.py) and `AgentAlgorithm` (GRPO / InfoPO advantages, the coach's notes).
 
     result = run(cfg, workdir)        # cfg: AgentRLConfig; resumes when workdir holds a checkpoint
     python -m mimesis_jax agentrl --config configs/tiny_agentrl.py:csd --workdir runs/agent [--set ...]

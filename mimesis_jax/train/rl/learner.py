@@ -1,16 +1,13 @@
 """The RL stage loop, written once: `RLLearner.run` resumes, samples, filters, updates, validates, checkpoints,
-logs and stops on SIGTERM; a stage (train/rl/agent.py: Stage II, train/rl/simulator.py: Stage I.3) supplies its
-rollouts, its group filter, its advantages and its step record by overriding the hooks below.
+logs and stops on SIGTERM over a stage's three pieces (train/rl/seams.py): its World (tasks, episodes, group
+filter, step record, validation, data state), its Cluster (the frozen models, the policy sampler's shapes) and its
+Algorithm (credit assignment; the loss is the run config's `rl` section). Stage II (train/rl/agent.py) and Stage
+I.3 (train/rl/simulator.py) are written as such pieces; docs/api.md ("Writing your own RL stage") shows a toy one.
 
-    class MyStage(RLLearner):
-        stage, policy_name = "mystage", "agent"
-        def read_inputs(self): ...                # task files, before any model work (ConfigError naming them)
-        def draw(self, n): ...                    # this step's n prompts / tasks
-        def rollouts(self, model, items, **k): ...
-        def filter_groups(self, outs): ...        # -> (kept groups, counts)
-        def advantages(self, items, counts): ...  # -> (items, advantages) of one PPO mini-batch
-        def record(self, outs, kept, counts, times): ...  # the step's rollout-side metrics
-    result = MyStage(cfg, workdir).run()
+    result = RLLearner(cfg, workdir, world=MyWorld(), cluster=Cluster(), algorithm=GRPO()).run()
+
+The loop calls the learner's hooks (`RLLearner`: read_inputs, draw, rollouts, filter_groups, prepare_groups,
+advantages, record, ...), each of which forwards to its piece; a subclass may override a hook instead.
 
 One step: draw `rollout.prompts_per_step` items; run `rollout.group_size` rollouts of each (the policy samples
 through `chat_models.PolicySampler`; every rollout gets a rollout id never used before in the run, every seed
@@ -326,8 +323,8 @@ class RLLearner:
     prepare_groups, advantages (per mini-batch), record, validate (when due), data_state; close at the end. Each
     hook forwards to its piece; a subclass may override a hook instead (tests' scripted stages do)."""
 
-    stage = ""  # the metrics' stage name and the log prefix ("agentrl", "simrl")
-    policy_name = ""  # the trained policy's chat-model name
+    stage = "rl"  # the metrics' stage name and the log prefix ("agentrl", "simrl")
+    policy_name = "policy"  # the trained policy's chat-model name
     stdout_keys: tuple = ()  # the record's keys printed on the console
 
     def __init__(self, cfg, workdir: str, *, world: World | None = None, cluster: Cluster | None = None,

@@ -1,7 +1,8 @@
 """Stage I, step 3 (docs/reference/paper.md §3.3, Eq 4, Table 7): joint multi-domain FoldGRPO of ONE simulator.
 
-The stage's rollouts, group filter, FoldGRPO advantages and step record on the shared RL loop
-(train/rl/learner.py `RLLearner`); its fixed sides are built in train/rl/chat_models.py.
+The stage as the shared RL loop's three pieces (train/rl/learner.py `RLLearner`, train/rl/seams.py): `SimWorld`
+(domain prompts, rollouts, group filter, step record, validation), `SimCluster` (the fixed sides, built in
+train/rl/chat_models.py) and `FoldGRPO` (seams.py).
 
     result = run(cfg, workdir)       # cfg: SimRLConfig; resumes when workdir holds a checkpoint
     python -m mimesis_jax simrl --config configs/tiny_simrl.py --workdir runs/simrl [--set ...]
