@@ -1,7 +1,8 @@
 """Stage II (docs/reference/paper.md §4): train the agent against the frozen simulator with multi-turn GRPO (+ CSD).
 
-The stage's rollouts, group filter, coach notes, advantages and step record on the shared RL loop
-(train/rl/learner.py `RLLearner`); its chat models are built in train/rl/chat_models.py.
+The stage as the shared RL loop's three pieces (train/rl/learner.py `RLLearner`, train/rl/seams.py): `AgentWorld`
+(gym tasks, dialogues, group filter, step record, validation), `AgentCluster` (the frozen simulator, judge and
+coach, built in train/rl/chat_models.py) and `AgentAlgorithm` (GRPO / InfoPO advantages, the coach's notes).
 
     result = run(cfg, workdir)        # cfg: AgentRLConfig; resumes when workdir holds a checkpoint
     python -m mimesis_jax agentrl --config configs/tiny_agentrl.py:csd --workdir runs/agent [--set ...]
@@ -68,6 +69,7 @@ from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import (UserSide, build_user_side, engine_of, ladder_buckets,
                                               simulator_engine_config)
 from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero
+from mimesis_jax.train.rl.seams import GRPO, Cluster, World
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "loss", "clip_frac", "mean_w", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
@@ -146,15 +148,9 @@ def _group_filter(trajs, min_valid: int):
 
 
 # ------------------------------------------------------------------------------------------ the stage
-class AgentLearner(RLLearner):
-    """Stage II on the shared loop (train/rl/learner.py): UserRL gym tasks, dialogues against the frozen simulator,
-    GRPO / InfoPO advantages, the coach's CSD notes (module docstring)."""
-
-    stage, policy_name, stdout_keys = "agentrl", "agent", STDOUT_KEYS
-
-    def __init__(self, cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, **kw):
-        super().__init__(cfg, workdir, **kw)
-        self.given_side, self.side = user_side, None
+class AgentWorld(World):
+    """Stage II's tasks: UserRL gym tasks drawn from the gym mixture, dialogues against the cluster's frozen
+    simulator (its user, judge), the invalid / no-turn filter, the step record, validation on the evaluation tasks."""
 
     def read_inputs(self):
         try:  # the task files are read before any model work: a bad file is a config error naming it
@@ -163,7 +159,7 @@ class AgentLearner(RLLearner):
             raise ConfigError(f"config key 'gyms': {e}") from None
 
     def on_setup(self):
-        cfg = self.cfg
+        cfg, r = self.cfg, self.cfg.rollout
         if self.dropped:
             self.log(f"gyms: dropped {sum(self.dropped.values())} task(s) with prompts of >= "
                      f"{cfg.gyms.max_prompt_tokens} tokens: {self.dropped}")
@@ -175,6 +171,11 @@ class AgentLearner(RLLearner):
             self.val_tasks, _ = build_tasks(vcfg, self.tok)
             if cfg.validation.max_tasks:
                 self.val_tasks = self.val_tasks[:cfg.validation.max_tasks]
+        self.ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
+                                  agent_temperature=r.temperature, user_temperature=0.0,
+                                  max_context_tokens=context_budget(r) or None,
+                                  user_thinking=cfg.users.simulator_thinking,
+                                  user_max_tokens=cfg.users.simulator_max_tokens, env_workers=r.env_workers)
 
     def restore(self, data_state):
         self.sampler.restore(data_state["sampler"])
@@ -184,30 +185,6 @@ class AgentLearner(RLLearner):
 
     def num_validation(self):
         return len(self.val_tasks)
-
-    def policy_max_tokens(self):
-        return self.cfg.rollout.agent_max_tokens
-
-    def policy_buckets(self, in_flight):
-        """The policy's sampler on a fixed ladder (chat_models.ladder_buckets): calls padded to the dialogues in
-        flight (chunks of rollout.max_batch) and rollout.agent_max_tokens new tokens, prompts to the smallest of 4
-        rungs up to the longest the context budget allows: at most 4 sampler programs per run."""
-        return ladder_buckets(self.cfg.rollout, self.cfg.rollout.agent_max_tokens, in_flight)
-
-    def open_models(self, in_flight):
-        cfg, r = self.cfg, self.cfg.rollout
-        sim_engine = None
-        if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view
-            sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight)
-        self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine,
-                                                       mesh=distributed.rollout_mesh(self.run_state.mesh))
-        self.ecfg = EpisodeConfig(max_turns=min(r.max_turns, cfg.gyms.max_turns), agent_max_tokens=r.agent_max_tokens,
-                                  agent_temperature=r.temperature, user_temperature=0.0,
-                                  max_context_tokens=context_budget(r) or None,
-                                  user_thinking=cfg.users.simulator_thinking,
-                                  user_max_tokens=cfg.users.simulator_max_tokens, env_workers=r.env_workers)
-        self.render_note = coach.chat_note_renderer(self.tok)
-        self.placeholder = infopo.placeholder_tokens(self.tok) if cfg.rl.credit == "infopo" else None
 
     def banner(self, start):
         cfg, r = self.cfg, self.cfg.rollout
@@ -223,7 +200,7 @@ class AgentLearner(RLLearner):
         """The episodes of this process's share of the tasks `items` (task i: group first_group + i, rollout ids
         first_rid + i * group_size + k); travel_variant: TravelGym's reward (default rollout.travel_reward_variant)."""
         variant = self.cfg.rollout.travel_reward_variant if travel_variant is None else travel_variant
-        side = self.side
+        side = self.learner.cluster.side
         eps = [e for i in distributed.process_share(len(items))
                for e in episode_tasks([items[i]], group_size=group_size, first_group=first_group + i,
                                       first_rollout_id=first_rid + i * group_size, seed=seed, user=side.gym_user,
@@ -234,32 +211,6 @@ class AgentLearner(RLLearner):
     def filter_groups(self, outs):
         kept, n_invalid, skipped, n_no_turn = _group_filter(outs, self.cfg.rollout.min_valid_per_group)
         return kept, {"invalid": n_invalid, "skipped": skipped, "no_turn": n_no_turn, "notes": 0, "gains": []}
-
-    def prepare_groups(self, kept, counts):
-        """CSD (rl.alpha > 0): the coach's hindsight notes for every turn the simulator answered (one batched call)."""
-        cfg = self.cfg
-        if cfg.rl.alpha > 0 and kept:
-            flat = [t for g in kept for t in g]
-            notes = coach_notes_batch(self.side.coach, flat, decode=self.tok.decode,
-                                    max_tokens=cfg.users.coach_max_tokens, temperature=0.0)
-            for t, ns in zip(flat, notes):
-                counts["notes"] += coach.add_coach_notes(t, ns, self.render_note)
-
-    def advantages(self, chunk, counts):
-        rl = self.cfg.rl
-        if rl.credit == "infopo":  # IG with the pre-update parameters, before any update of this step
-            run_ = self.run_state
-            scorer = infopo.rl_step_scorer(run_.step_fn, run_.state["params"], row_len=self.cfg.rollout.row_len or None,
-                                           max_per_call=len(chunk))
-            igs = infopo.information_gains(chunk, scorer, self.placeholder)
-            counts["gains"] += [g for ig in igs for g in ig[np.isfinite(ig)]]
-            return chunk, infopo.infopo_advantages(chunk, igs, coef=rl.infopo_coef, gate_tau=rl.infopo_gate_tau,
-                                                   score=rl.score, gamma=rl.gamma, eps=rl.adv_eps,
-                                                   divide_std=rl.divide_std)
-        if not chunk:  # every group of this mini-batch is on other processes
-            return chunk, []
-        return chunk, grpo.trajectory_turn_advantages(chunk, credit=rl.credit, score=rl.score, gamma=rl.gamma,
-                                                      eps=rl.adv_eps, divide_std=rl.divide_std)
 
     def record(self, outs, kept, counts, times):
         c = counts
@@ -284,12 +235,78 @@ class AgentLearner(RLLearner):
         rec["val/invalid"] = sum(s.invalid for s in summ.values())
         return rec
 
+
+class AgentCluster(Cluster):
+    """Stage II's frozen models: the user side (simulator, gym user, judge, coach; chat_models.build_user_side, or
+    the `user_side` given) and the agent sampler's prompt-rung ladder."""
+
+    def __init__(self, user_side: UserSide | None = None):
+        self.given_side, self.side = user_side, None
+
+    def open(self, in_flight):
+        cfg, r = self.cfg, self.cfg.rollout
+        sim_engine = None
+        if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view
+            sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight)
+        self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine,
+                                                       mesh=distributed.rollout_mesh(self.run_state.mesh))
+
+    def policy_max_tokens(self):
+        return self.cfg.rollout.agent_max_tokens
+
+    def policy_buckets(self, in_flight):
+        """The policy's sampler on a fixed ladder (chat_models.ladder_buckets): calls padded to the dialogues in
+        flight (chunks of rollout.max_batch) and rollout.agent_max_tokens new tokens, prompts to the smallest of 4
+        rungs up to the longest the context budget allows: at most 4 sampler programs per run."""
+        return ladder_buckets(self.cfg.rollout, self.cfg.rollout.agent_max_tokens, in_flight)
+
     def engines(self):
         return {"sim_engine": engine_of(self.side.simulator)} if self.side is not None else {}
 
     def close(self):
         if self.given_side is None and self.side is not None:
             self.side.close()
+
+
+class AgentAlgorithm(GRPO):
+    """Stage II's credit: GRPO turn advantages, or InfoPO's (rl.credit = "infopo": plus the group-normalised
+    information gain of each turn's feedback, scored with the pre-update parameters); with CSD (rl.alpha > 0)
+    first the coach's hindsight notes for every turn the simulator answered (the cluster's coach)."""
+
+    def prepare(self, kept, counts):
+        """CSD (rl.alpha > 0): the coach's hindsight notes for every turn the simulator answered (one batched call)."""
+        cfg = self.cfg
+        if cfg.rl.alpha > 0 and kept:
+            flat = [t for g in kept for t in g]
+            notes = coach_notes_batch(self.learner.cluster.side.coach, flat, decode=self.tok.decode,
+                                      max_tokens=cfg.users.coach_max_tokens, temperature=0.0)
+            render_note = coach.chat_note_renderer(self.tok)
+            for t, ns in zip(flat, notes):
+                counts["notes"] += coach.add_coach_notes(t, ns, render_note)
+
+    def advantages(self, chunk, counts):
+        rl = self.cfg.rl
+        if rl.credit != "infopo":
+            return super().advantages(chunk, counts)
+        run_ = self.run_state  # IG with the pre-update parameters, before any update of this step
+        scorer = infopo.rl_step_scorer(run_.step_fn, run_.state["params"], row_len=self.cfg.rollout.row_len or None,
+                                       max_per_call=len(chunk))
+        igs = infopo.information_gains(chunk, scorer, infopo.placeholder_tokens(self.tok))
+        counts["gains"] += [g for ig in igs for g in ig[np.isfinite(ig)]]
+        return chunk, infopo.infopo_advantages(chunk, igs, coef=rl.infopo_coef, gate_tau=rl.infopo_gate_tau,
+                                               score=rl.score, gamma=rl.gamma, eps=rl.adv_eps,
+                                               divide_std=rl.divide_std)
+
+
+class AgentLearner(RLLearner):
+    """Stage II on the shared loop (train/rl/learner.py): AgentWorld, AgentCluster and AgentAlgorithm (module
+    docstring)."""
+
+    stage, policy_name, stdout_keys = "agentrl", "agent", STDOUT_KEYS
+
+    def __init__(self, cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, **kw):
+        super().__init__(cfg, workdir, world=AgentWorld(), cluster=AgentCluster(user_side),
+                         algorithm=AgentAlgorithm(), **kw)
 
 
 def run(cfg: AgentRLConfig, workdir: str, *, user_side: UserSide | None = None, tokenizer=None,

@@ -1,16 +1,13 @@
 """The RL stage loop, written once: `RLLearner.run` resumes, samples, filters, updates, validates, checkpoints,
-logs and stops on SIGTERM; a stage (train/rl/agent.py: Stage II, train/rl/simulator.py: Stage I.3) supplies its
-rollouts, its group filter, its advantages and its step record by overriding the hooks below.
+logs and stops on SIGTERM over a stage's three pieces (train/rl/seams.py): its World (tasks, episodes, group
+filter, step record, validation, data state), its Cluster (the frozen models, the policy sampler's shapes) and its
+Algorithm (credit assignment; the loss is the run config's `rl` section). Stage II (train/rl/agent.py) and Stage
+I.3 (train/rl/simulator.py) are written as such pieces; docs/api.md ("Writing your own RL stage") shows a toy one.
 
-    class MyStage(RLLearner):
-        stage, policy_name = "mystage", "agent"
-        def read_inputs(self): ...                # task files, before any model work (ConfigError naming them)
-        def draw(self, n): ...                    # this step's n prompts / tasks
-        def rollouts(self, model, items, **k): ...
-        def filter_groups(self, outs): ...        # -> (kept groups, counts)
-        def advantages(self, items, counts): ...  # -> (items, advantages) of one PPO mini-batch
-        def record(self, outs, kept, counts, times): ...  # the step's rollout-side metrics
-    result = MyStage(cfg, workdir).run()
+    result = RLLearner(cfg, workdir, world=MyWorld(), cluster=Cluster(), algorithm=GRPO()).run()
+
+The loop calls the learner's hooks (`RLLearner`: read_inputs, draw, rollouts, filter_groups, prepare_groups,
+advantages, record, ...), each of which forwards to its piece; a subclass may override a hook instead.
 
 One step: draw `rollout.prompts_per_step` items; run `rollout.group_size` rollouts of each (the policy samples
 through `chat_models.PolicySampler`; every rollout gets a rollout id never used before in the run, every seed
@@ -88,6 +85,7 @@ from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import EngineMeter, PolicySampler, engine_of
 from mimesis_jax.train.rl.ladder import ladder_for_config
+from mimesis_jax.train.rl.seams import GRPO, Algorithm, Cluster, World
 from mimesis_jax.train.rl.step import make_rl_step
 from mimesis_jax.train.run import Run
 from mimesis_jax.train.state import initial_params, state_shardings
@@ -318,16 +316,19 @@ class RLResult:
 
 
 class RLLearner:
-    """One RL stage's run in a workdir (module docstring). A stage sets the class attributes and overrides the
-    hooks; `run` calls them in this order: read_inputs, (setup), on_setup, restore, open_models, banner, then per
-    step draw, rollouts, filter_groups, prepare_groups, advantages (per mini-batch), record, validate (when due),
-    data_state; close at the end."""
+    """One RL stage's run in a workdir (module docstring) over its three pieces (train/rl/seams.py): `world`
+    (tasks, episodes, groups, record, validation, data state), `cluster` (the frozen models and the policy
+    sampler's shapes) and `algorithm` (credit assignment). `run` calls the hooks below in this order:
+    read_inputs, (setup), on_setup, restore, open_models, banner, then per step draw, rollouts, filter_groups,
+    prepare_groups, advantages (per mini-batch), record, validate (when due), data_state; close at the end. Each
+    hook forwards to its piece; a subclass may override a hook instead (tests' scripted stages do)."""
 
-    stage = ""  # the metrics' stage name and the log prefix ("agentrl", "simrl")
-    policy_name = ""  # the trained policy's chat-model name
+    stage = "rl"  # the metrics' stage name and the log prefix ("agentrl", "simrl")
+    policy_name = "policy"  # the trained policy's chat-model name
     stdout_keys: tuple = ()  # the record's keys printed on the console
 
-    def __init__(self, cfg, workdir: str, *, tokenizer=None, handle_signals: bool = True, on_rollouts=None,
+    def __init__(self, cfg, workdir: str, *, world: World | None = None, cluster: Cluster | None = None,
+                 algorithm: Algorithm | None = None, tokenizer=None, handle_signals: bool = True, on_rollouts=None,
                  log=print, save_checkpoints: bool = True):
         self.cfg, self.workdir = cfg, os.path.abspath(workdir)
         self.handle_signals, self.on_rollouts = handle_signals, on_rollouts
@@ -335,81 +336,67 @@ class RLLearner:
         self.log = distributed.primary_log(log)
         self.tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
         self.run_state: RLRun | None = None
+        self.world = (world or World()).bind(self)
+        self.cluster = (cluster or Cluster()).bind(self)
+        self.algorithm = (algorithm or GRPO()).bind(self)
 
-    # ---------------------------------------------------------------------------------- what a stage supplies
+    # ---------------------------------------------------------------------------------- the hooks (seams.py)
     def read_inputs(self) -> None:
-        """Reads the stage's task / record files before any model work (a bad file: a ConfigError naming it)."""
+        self.world.read_inputs()
 
     def on_setup(self) -> None:
-        """After the training state exists (self.cfg is the validated run config with the runtime model)."""
+        self.world.on_setup()
 
     def restore(self, data_state: dict) -> None:
-        """The stage's sampler and counters from a resumed checkpoint's data state."""
-        raise NotImplementedError
+        self.world.restore(data_state)
 
     def data_state(self) -> dict:
-        """{"sampler": the sampler's state, **the stage's counters} to checkpoint (+ the next rollout id)."""
-        raise NotImplementedError
+        return self.world.data_state()
 
     def num_validation(self) -> int:
-        """How many validation rollouts one validation pass runs (0: none)."""
-        return 0
+        return self.world.num_validation()
 
     def has_validation(self) -> bool:
-        """Whether there is anything to validate on (validation runs every `validation.every` steps if so)."""
-        return self.num_validation() > 0
+        return self.world.has_validation()
 
     def policy_max_tokens(self) -> int:
-        raise NotImplementedError
+        return self.cluster.policy_max_tokens()
 
     def policy_buckets(self, in_flight: int):
-        """The policy's static-sampler buckets (sampler.Buckets) for `in_flight` dialogues at once; None: the
-        sampler's default ladders (prompt length, batch and new tokens each bucketed per call)."""
-        return None
+        return self.cluster.policy_buckets(in_flight)
 
     def open_models(self, in_flight: int) -> None:
-        """The frozen models the rollouts talk to; `in_flight` dialogues run at once on this process."""
+        self.cluster.open(in_flight)
 
     def banner(self, start: int) -> str:
-        raise NotImplementedError
+        return self.world.banner(start)
 
     def draw(self, n: int) -> list:
-        raise NotImplementedError
+        return self.world.draw(n)
 
-    def rollouts(self, model, items: list, *, group_size: int, temperature: float, seed: int, first_group: int,
-                 first_rid: int, label: str) -> list:
-        """The rollouts of this process's share of `items` (distributed.process_share): item i is group
-        first_group + i with rollout ids first_rid + i * group_size + k, whatever process runs it."""
-        raise NotImplementedError
+    def rollouts(self, model, items: list, **kw) -> list:
+        return self.world.rollouts(model, items, **kw)
 
     def filter_groups(self, outs: list) -> tuple[list[list], dict]:
-        """(this process's kept groups in group-id order, the stage's counts for its record)."""
-        raise NotImplementedError
+        return self.world.filter_groups(outs)
 
     def prepare_groups(self, kept: list[list], counts: dict) -> None:
-        """Work on the kept groups before the advantages (Stage II: the coach's notes)."""
+        self.algorithm.prepare(kept, counts)
 
     def advantages(self, items: list, counts: dict) -> tuple[Sequence, Sequence]:
-        """(trajectories or segments, their advantages) of one PPO mini-batch (`items`: its rollouts here)."""
-        raise NotImplementedError
+        return self.algorithm.advantages(items, counts)
 
     def record(self, outs: list, kept: list[list], counts: dict, times: dict) -> dict:
-        """The step's rollout-side metrics, with `train_s` (the stage's update seconds from `times`: perf_counter
-        marks start, rollouts, prepared, advantages, trained); the loop adds the update metrics
-        (update_record) when it fetches them."""
-        raise NotImplementedError
+        return self.world.record(outs, kept, counts, times)
 
     def validate(self, model, label: str) -> dict:
-        """The validation metrics (val/...) with the current policy `model`."""
-        return {}
+        return self.world.validate(model, label)
 
     def engines(self) -> dict:
-        """The rollout engines of the frozen models `open_models` built (metric prefix -> RolloutEngine); the
-        policy's is logged as engine/*."""
-        return {}
+        return self.cluster.engines()
 
     def close(self) -> None:
-        """Closes the models `open_models` built."""
+        self.cluster.close()
 
     # ---------------------------------------------------------------------------------- helpers for the hooks
     def progress(self, label: str):

@@ -1,7 +1,8 @@
 """Stage I, step 3 (docs/reference/paper.md §3.3, Eq 4, Table 7): joint multi-domain FoldGRPO of ONE simulator.
 
-The stage's rollouts, group filter, FoldGRPO advantages and step record on the shared RL loop
-(train/rl/learner.py `RLLearner`); its fixed sides are built in train/rl/chat_models.py.
+The stage as the shared RL loop's three pieces (train/rl/learner.py `RLLearner`, train/rl/seams.py): `SimWorld`
+(domain prompts, rollouts, group filter, step record, validation), `SimCluster` (the fixed sides, built in
+train/rl/chat_models.py) and `FoldGRPO` (seams.py).
 
     result = run(cfg, workdir)       # cfg: SimRLConfig; resumes when workdir holds a checkpoint
     python -m mimesis_jax simrl --config configs/tiny_simrl.py --workdir runs/simrl [--set ...]
@@ -47,7 +48,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from mimesis_jax.algorithms import grpo
 # the run config's classes live in mimesis_jax/config/rl.py; re-exported here for the stage's callers
 from mimesis_jax.config.rl import (BEHAVIOUR, DomainMixConfig, RLConfig, SidesConfig, SimRLConfig,  # noqa: F401
                                    SimRolloutConfig, SimValidationConfig, context_budget)
@@ -55,10 +55,11 @@ from mimesis_jax.envs.abcd.env import BehaviourEnvConfig, behaviour_report
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.domains import DomainSampler, default_weights, domain, make_domain_env
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
+from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, run_sim_episodes
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import build_sides, fixed_buckets
 from mimesis_jax.train.rl.learner import VALIDATION_SEED, RLLearner, RLResult, load_stage_config, mean_or_zero
+from mimesis_jax.train.rl.seams import Cluster, FoldGRPO, World, fold_advantages  # noqa: F401 (re-exported)
 
 STDOUT_KEYS = ("reward_mean", "invalid_frac", "segments", "loss", "clip_frac", "rollout_s", "train_s",
                "rollout_tokens_per_s", "train_tokens_per_s")
@@ -104,28 +105,17 @@ def _env_options(cfg: SimRLConfig, d: str) -> dict:
     return {}
 
 
-def fold_advantages(rollouts, *, fold: bool = True, eps: float = 1e-6, divide_std: bool = True):
-    """(segments, per-segment advantage lists) of the valid rollouts (FoldGRPO, docs/reference/paper.md 3.3)."""
-    segs, scores, gids, rids = fold_inputs(rollouts)
-    if not segs:
-        return [], []
-    adv = grpo.group_advantages(scores, gids, rids if fold else None, fold=fold, eps=eps, divide_std=divide_std)
-    return segs, [[float(a)] for a in adv]
-
-
 # ------------------------------------------------------------------------------------------ the stage
-class SimulatorLearner(RLLearner):
-    """Stage I.3 on the shared loop (train/rl/learner.py): (domain, record) prompts drawn by p(d), rollouts of the
-    simulator against each domain's fixed side, FoldGRPO advantages (module docstring)."""
+class SimWorld(World):
+    """Stage I.3's tasks: (domain, record) prompts drawn by p(d), rollouts of the simulator against each domain's
+    fixed side (the cluster's sides), the valid-rollout filter, the step record with the per-domain running reward
+    sums (kept in the data state), validation on the held-out records."""
 
-    stage, policy_name, stdout_keys = "simrl", "simulator", STDOUT_KEYS
-
-    def __init__(self, cfg: SimRLConfig, workdir: str, *, sides=None, **kw):
-        super().__init__(cfg, workdir, **kw)
-        self.sides, self.closers, self.running = sides, [], {}
+    def __init__(self):
+        self.running = {}
 
     def read_inputs(self):
-        cfg = self.cfg = self.cfg.validate()
+        cfg = self.learner.cfg = self.cfg.validate()
         weights = domain_weights(cfg.domains)
         self.records = _records(cfg.domains.sources, weights, "domains.sources")
         try:
@@ -152,19 +142,6 @@ class SimulatorLearner(RLLearner):
     def has_validation(self):
         return bool(self.val_records)
 
-    def policy_max_tokens(self):
-        return self.cfg.rollout.max_tokens
-
-    def policy_buckets(self, in_flight):
-        """One sampler program for the run (chat_models.fixed_buckets): every policy call pads to the batch of
-        the dialogues in flight (chunks of rollout.max_batch), the longest prompt the context budget allows and
-        rollout.max_tokens new tokens."""
-        return fixed_buckets(self.cfg.rollout, self.cfg.rollout.max_tokens, in_flight)
-
-    def open_models(self, in_flight):
-        if self.sides is None:
-            self.sides, self.closers = build_sides(self.cfg.sides, mesh=distributed.rollout_mesh(self.run_state.mesh))
-
     def banner(self, start):
         cfg, r = self.cfg, self.cfg.rollout
         return (f"simrl: {self.run_state.model_config.model_type} | mesh {dict(self.run_state.mesh.shape)} | "
@@ -180,12 +157,13 @@ class SimulatorLearner(RLLearner):
         the training records) holds the records the indices point at."""
         cfg, r = self.cfg, self.cfg.rollout
         records = self.records if records is None else records
+        sides = self.learner.cluster.sides
         tasks = []
         for p in distributed.process_share(len(items)):
             d, i = items[p]
             env_seed = int(np.random.SeedSequence([seed, p]).generate_state(1)[0])
             for k in range(group_size):
-                env = make_domain_env(d, records[d][i], self.sides, seed=env_seed, **_env_options(cfg, d))
+                env = make_domain_env(d, records[d][i], sides, seed=env_seed, **_env_options(cfg, d))
                 env.thinking = r.thinking
                 tasks.append(SimEpisodeTask(env, group_id=first_group + p, rollout_id=first_rid + p * group_size + k,
                                             domain=d, task={"domain": d, "record": i}))
@@ -206,10 +184,6 @@ class SimulatorLearner(RLLearner):
             skipped = sum(distributed.gather_list([skipped]))
         return kept, {"skipped": skipped}
 
-    def advantages(self, items, counts):
-        return fold_advantages(items, fold=self.cfg.rollout.fold, eps=self.cfg.rl.adv_eps,
-                               divide_std=self.cfg.rl.divide_std)
-
     def record(self, outs, kept, counts, times):
         return step_record(gathered_outcomes(outs), counts["skipped"], self.running,
                            rollout_s=times["rollouts"] - times["start"], train_s=times["trained"] - times["rollouts"])
@@ -225,9 +199,40 @@ class SimulatorLearner(RLLearner):
         rec["val/invalid"] = sum(o.status != "ok" for o in outs)
         return rec
 
+
+class SimCluster(Cluster):
+    """Stage I.3's frozen models: each domain's fixed sides (chat_models.build_sides, or the `sides` given) and the
+    simulator sampler's one program per run."""
+
+    def __init__(self, sides=None):
+        self.sides, self.closers = sides, []
+
+    def open(self, in_flight):
+        if self.sides is None:
+            self.sides, self.closers = build_sides(self.cfg.sides, mesh=distributed.rollout_mesh(self.run_state.mesh))
+
+    def policy_max_tokens(self):
+        return self.cfg.rollout.max_tokens
+
+    def policy_buckets(self, in_flight):
+        """One sampler program for the run (chat_models.fixed_buckets): every policy call pads to the batch of
+        the dialogues in flight (chunks of rollout.max_batch), the longest prompt the context budget allows and
+        rollout.max_tokens new tokens."""
+        return fixed_buckets(self.cfg.rollout, self.cfg.rollout.max_tokens, in_flight)
+
     def close(self):
         for c in self.closers:
             c.close()
+
+
+class SimulatorLearner(RLLearner):
+    """Stage I.3 on the shared loop (train/rl/learner.py): SimWorld, SimCluster and FoldGRPO (train/rl/seams.py;
+    module docstring)."""
+
+    stage, policy_name, stdout_keys = "simrl", "simulator", STDOUT_KEYS
+
+    def __init__(self, cfg: SimRLConfig, workdir: str, *, sides=None, **kw):
+        super().__init__(cfg, workdir, world=SimWorld(), cluster=SimCluster(sides), algorithm=FoldGRPO(), **kw)
 
 
 def run(cfg: SimRLConfig, workdir: str, *, sides=None, tokenizer=None, handle_signals: bool = True,
