@@ -22,6 +22,21 @@ def subprocess_env(devices: int | None = None, collective_timeout_s: int = 60, *
     return env
 
 
+def run_script(script: str, devices: int, *args: str, root: str | None = None, timeout: int = 900):
+    """Runs the Python `script` in a subprocess on `devices` fake CPU devices (cwd and PYTHONPATH: the repository
+    root); the JSON it prints after "RESULT "."""
+    import json
+    import subprocess
+    import sys
+
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = subprocess_env(devices=devices, collective_timeout_s=15, PYTHONPATH=root)
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
 def torch_available() -> bool:
     try:
         import torch  # noqa: F401

@@ -17,17 +17,13 @@ model width (scanned layers, abstract inputs), so the paper widths are kept."""
 import argparse
 import dataclasses
 import functools
-import json
 import math
-import os
 import re
-import subprocess
-import sys
 
 import jax
 import pytest
 
-from helpers import subprocess_env
+from helpers import run_script as _run_script
 from mimesis_jax.commands import plan as plan_cli
 from mimesis_jax.plan import budget, memory, workload
 from mimesis_jax.plan.budget import (engine_prefill_bytes, engine_prefill_copies, engine_prefill_peak, plan,
@@ -38,7 +34,6 @@ from mimesis_jax.plan.compiled import (PALLAS_ON_CPU, QUICK, TOLERANCE, ProgramM
 from mimesis_jax.plan.devices import GiB, device_for
 from mimesis_jax.plan.memory import layer_weight_bytes, table_bytes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F32 = ["train.dtype=float32"]
 
 # per config: the largest update program of the shape ladder, and the sampler where its shapes are new; QUICK
@@ -82,15 +77,6 @@ for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_simrl.py:9b"):
     out.append([name + " engine", "engine pool", plan(w, device_for("a100-80g", 16)).item("engine pool"), shard])
 print("RESULT " + json.dumps(out))
 """
-
-
-def _run_script(script: str, devices: int, *args: str):
-    """Runs `script` in a subprocess on `devices` fake CPU devices; the JSON it prints after "RESULT "."""
-    env = subprocess_env(devices=devices, collective_timeout_s=15, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
 
 @pytest.fixture(scope="module")

@@ -4,33 +4,19 @@ float-normalization copies split out (plan/normalization.py `normalization_split
 processes (inference/weight_sync.py). A module of its own so xdist (`--dist loadfile`) runs it beside
 test_plan_compiled.py; each test compiles in a subprocess with the config's fake CPU devices, QUICK options."""
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import subprocess_env
+from helpers import run_script as _run_script
 from mimesis_jax.plan import memory, workload
 from mimesis_jax.plan.compiled import TOLERANCE, within
 from mimesis_jax.plan.devices import GiB
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F32 = ["train.dtype=float32"]
 
 
-def _run_script(script: str, devices: int, *args: str):
-    """Runs `script` in a subprocess on `devices` fake CPU devices; the JSON it prints after "RESULT "."""
-    env = subprocess_env(devices=devices, collective_timeout_s=15, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
-
-
 # the rest of each paper RL config's ladders, float32, QUICK: every update program the ladder lists but the largest
-# (above), and every sampler prompt rung but the longest (above)
+# (test_plan_compiled.py), and every sampler prompt rung but the longest (there too)
 RUNGS_SCRIPT = r"""
 import json, sys
 from mimesis_jax.plan import workload
@@ -55,9 +41,9 @@ RL_CONFIGS = ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd", "mimesis_si
 @pytest.mark.slow
 @pytest.mark.parametrize("configs", [RL_CONFIGS[1:2], RL_CONFIGS[:1] + RL_CONFIGS[2:]], ids=["csd", "grpo-simrl"])
 def test_every_ladder_program_matches_the_plan(configs):
-    """Beside the largest programs (above): every other update program of each paper RL config's shape ladder
-    (the CSD ladder's 32, the GRPO ladder's 5, each simulator's 8) and the Stage II sampler's shorter prompt rungs,
-    the programs the ladders' names say, each compiled and within 10% of its plan."""
+    """Beside the largest programs (test_plan_compiled.py): every other update program of each paper RL config's
+    shape ladder (the CSD ladder's 32, the GRPO ladder's 5, each simulator's 8) and the Stage II sampler's shorter
+    prompt rungs, the programs the ladders' names say, each compiled and within 10% of its plan."""
     rows = _run_script(RUNGS_SCRIPT, 16, *configs)
     want = []
     for name in configs:
@@ -75,8 +61,8 @@ def test_every_ladder_program_matches_the_plan(configs):
     assert not off, off
 
 
-# the other paper configs' programs in bf16 (the dtype they train in), each split as above: the largest update
-# program, its old-log-prob scoring pass and its longest sampler rung (Stage II CSD, both simulators), the 9B SFT
+# the other paper configs' programs in bf16 (the dtype they train in), each split as test_plan_compiled.py splits
+# its bf16 programs: the largest update program, its old-log-prob scoring pass and its longest sampler rung (Stage II CSD, both simulators), the 9B SFT
 # and both mid-training train steps, and one process's sampler of 2; QUICK compile options
 BF16_ALL_SCRIPT = r"""
 import json, sys
@@ -113,10 +99,11 @@ BF16_ALL = {  # spec (config, processes, overrides): the programs it lists
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [16, 32])
 def test_every_other_paper_programs_bf16_rest_matches_the_plan(devices):
-    """bf16, every paper config beside the Stage II GRPO and 4B SFT programs above: each program compiled on the
-    config's mesh (32 devices for mid-training; one process's sub-mesh of 2 for the 2-process samplers), its
-    float-normalization copies split out by `normalization_split` (the rule the test above reads against the HLO),
-    and the rest within 10% of the bf16 plan (the ratios are in docs/scale-out.md)."""
+    """bf16, every paper config beside the Stage II GRPO and 4B SFT programs of test_plan_compiled.py: each
+    program compiled on the config's mesh (32 devices for mid-training; one process's sub-mesh of 2 for the
+    2-process samplers), its float-normalization copies split out by `normalization_split` (the rule
+    test_plan_compiled.py reads against the HLO), and the rest within 10% of the bf16 plan (the ratios are in
+    docs/scale-out.md)."""
     specs = [s for s in BF16_ALL if (s.startswith("mimesis_midtrain")) == (devices == 32)]
     rows = _run_script(BF16_ALL_SCRIPT, devices, *specs)
     assert [(s, n) for s, n, *_ in rows] == [(s, n) for s in specs for n in BF16_ALL[s]]
