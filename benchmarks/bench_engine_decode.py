@@ -1,4 +1,4 @@
-"""Decode throughput of the rollout engine at batch 64 (rollout/engine.py), against today's `sampler.generate` over
+"""Decode throughput of the rollout engine at batch 64 (inference/engine.py), against today's `sampler.generate` over
 the same prompts in the same process (issue #16 item 7; run on an accelerator by scripts/device_figures.sh).
 
     python benchmarks/bench_engine_decode.py                     # the ~1B Qwen3 of configs/qwen3_1b_device.py, bf16
@@ -46,8 +46,8 @@ import numpy as np
 from mimesis_jax import models
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
+from mimesis_jax.inference import sampler
+from mimesis_jax.inference.engine import EngineConfig, RolloutEngine
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "qwen3_1b_device.py")
 

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts: the rollout engine (rollout/engine.py) vs today's per-turn `sampler.generate`, in one process.
+"""Multi-turn rollouts: the rollout engine (inference/engine.py) vs today's per-turn `sampler.generate`, in one process.
 
     python benchmarks/bench_rollout.py                       # 64 dialogues x 8 and x 16 turns (a few minutes)
     python benchmarks/bench_rollout.py --dialogues 8 --turns 2 4 --slots 4    # a quick look
@@ -43,9 +43,9 @@ import numpy as np
 
 from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout import engine_programs
-from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
+from mimesis_jax.inference import sampler
+from mimesis_jax.inference import engine_programs
+from mimesis_jax.inference.engine import EngineConfig, RolloutEngine
 
 HEADER, END = [1, 2, 3], [4]
 

@@ -45,7 +45,7 @@ import numpy as np
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.profiling import count_compilations
-from mimesis_jax.rollout import sampler
+from mimesis_jax.inference import sampler
 
 
 def tiny_qwen3(layers: int, hidden: int, vocab: int) -> ModelConfig:

@@ -10,7 +10,7 @@ support-agent endpoint; not a test.
 --simulator: ``scripted`` (built-in customer lines performing B4, "infeasibility persistence", for the shipped
 sample's first scenario), ``tiny`` (random tiny Qwen3.5), an HF directory or a training workdir (the policy then
 samples, thinking on). --agent: ``scripted`` (the matching agent lines of that scenario), ``toy-agent``, or any
-model spec of rollout/specs.py (remote endpoints are asked as assistants); --judge: ``toy-judge`` (envs/toy.py's
+model spec of chat/specs.py (remote endpoints are asked as assistants); --judge: ``toy-judge`` (envs/toy.py's
 rule-based surface-feature judge) or a model spec.
 """
 
@@ -50,10 +50,10 @@ SCRIPTED_AGENT = (  # the support agent's side of that scenario, following the r
 
 def _side(spec: str, model_name: str, role: str):
     from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
-    from mimesis_jax.rollout.specs import ModelSpec, chat_model_from_spec
+    from mimesis_jax.chat.specs import ModelSpec, chat_model_from_spec
 
     if spec == "scripted":
-        from mimesis_jax.rollout.base import ScriptedChatModel
+        from mimesis_jax.chat.base import ScriptedChatModel
         return ScriptedChatModel(list(SCRIPTED_AGENT))
     if spec == "toy-agent":
         return ToySupportAgent()
@@ -64,17 +64,17 @@ def _side(spec: str, model_name: str, role: str):
 
 def _policy(spec: str, max_tokens: int):
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.rollout.endpoints import LocalChatModel
+    from mimesis_jax.chat.endpoints import LocalChatModel
     from mimesis_jax.episodes.agent import ScriptedAgent
 
     if spec == "scripted":
         return ScriptedAgent(load_tokenizer("tiny"), list(SCRIPTED_B4))
     if spec == "tiny":
-        from mimesis_jax.rollout.specs import tiny_model
+        from mimesis_jax.chat.specs import tiny_model
 
         config, params, tok = tiny_model("qwen3_5", 0)
         return LocalChatModel(config, params, tok, max_tokens=max_tokens)
-    from mimesis_jax.rollout.serve import load_chat_model
+    from mimesis_jax.serve.server import load_chat_model
     return load_chat_model(spec, max_tokens=max_tokens)
 
 

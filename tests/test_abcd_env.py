@@ -10,7 +10,7 @@ from mimesis_jax.envs.abcd.env import (
 )
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.abcd.behaviour import ALL_IDS, BEHAVIOURS, CARD_FIELDS
-from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
+from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
 
 CONVS = {c.convo_id: c for c in abcd.load_conversations(abcd.SAMPLE_PATH)}
 KB = abcd.load_kb(abcd.KB_PATH)

@@ -15,7 +15,7 @@ import pytest
 from mimesis_jax.envs.abcd import dataset as abcd
 from mimesis_jax.envs.abcd.env import BehaviourEnv, scenario_facts
 from mimesis_jax.envs.agent_env import EnvError
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 
 # the release's ten flows (its ontology's intents.flows), each with one of its subflows
 RELEASE_FLOWS = ("account_access", "manage_account", "order_issue", "product_defect", "purchase_dispute",

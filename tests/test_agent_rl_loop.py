@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
-from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout.base import ChatResponse, SimulatorAsResponder
+from mimesis_jax.inference import sampler
+from mimesis_jax.chat.base import ChatResponse, SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L
 from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 

@@ -198,7 +198,7 @@ def test_episode_runner_to_coached_update():
     from mimesis_jax.data.tokenizer import load_tokenizer
     from env_helpers import SecretWordEnv
     from mimesis_jax.envs import tool_call_text
-    from mimesis_jax.rollout.base import ScriptedChatModel
+    from mimesis_jax.chat.base import ScriptedChatModel
     from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
     tok = load_tokenizer("tiny")

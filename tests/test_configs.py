@@ -470,7 +470,8 @@ def test_config_files_import_config_classes_not_training_loops():
             mods = ([node.module or ""] if isinstance(node, ast.ImportFrom)
                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for m in mods:
-                if m.startswith(("mimesis_jax.train", "mimesis_jax.rollout", "mimesis_jax.cli")):
+                if m.startswith(("mimesis_jax.train", "mimesis_jax.inference", "mimesis_jax.chat", "mimesis_jax.serve",
+                               "mimesis_jax.cli")):
                     offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {m}")
             if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in (
                     "load_sibling", "exec", "exec_module", "load_config", "spec_from_file_location"):

@@ -36,7 +36,7 @@ from mimesis_jax.config.rl import RLConfig
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.paged_attention import paged_attention
 from mimesis_jax.models.pallas_attention import kernel_platform, lowering_for
-from mimesis_jax.rollout import engine_programs, sampler
+from mimesis_jax.inference import engine_programs, sampler
 from mimesis_jax.train.rl.step import make_rl_step
 
 MESH = AbstractMesh((2, 2), ("fsdp", "tensor"))

@@ -14,7 +14,7 @@ from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
 from mimesis_jax.models import hidden_states
-from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
+from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl.agent import coach_notes, coach_notes_batch
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch, rl_loss

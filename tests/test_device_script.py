@@ -81,7 +81,7 @@ def test_device_script_tiny_runs_every_step(tmp_path):
     assert float(last["eng"]) == pytest.approx(eng["engine_tok_s"], abs=0.06)
     assert float(last["ratio"]) == pytest.approx(eng["engine_tok_s"] / eng["sampler_tok_s"], abs=0.01)
     # every request decodes the same number of tokens on both paths (no stop id), and in fp32 at tiny sizes the
-    # engine draws the sampler's tokens from the same per-request seeds (rollout/engine.py: token-exact, same keys)
+    # engine draws the sampler's tokens from the same per-request seeds (inference/engine.py: token-exact, same keys)
     assert eng["engine_generated"] == eng["sampler_generated"] and eng["engine_generated"] % 64 == 0
     assert eng["identical_samples"] == 64 and "identical samples: 64/64 requests" in log
     assert f"engine decode at batch 64: {eng['engine_tok_s']:.0f} tok/s" in figures

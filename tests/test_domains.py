@@ -12,7 +12,7 @@ from mimesis_jax.envs import domains as D
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.sim_env import SimEnv
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.simulator import SimEpisodeConfig, SimEpisodeTask, fold_inputs, run_sim_episodes
 
 SOUL = {"sotopia", "coser", "lifechoices", "userllm", "mirrorbench", "fantom", "hitom", "paratomi", "mistakes",
@@ -95,8 +95,8 @@ def test_behaviour_and_multi_turn_soul_episodes_with_the_tiny_simulator():
     """The tiny Qwen3.5 simulator as the sampled policy: one ABCD behaviour episode (customer, vs the toy support
     agent, toy judge) and one multi-turn SOUL episode (sotopia vs a scripted partner and judge), two rollouts each;
     their segments feed grpo.group_advantages(fold=True) with each rollout counted once."""
-    from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.specs import tiny_model
+    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.specs import tiny_model
 
     config, params, tok = tiny_model("qwen3_5", 0)
     policy = LocalChatModel(config, params, tok)

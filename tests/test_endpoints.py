@@ -13,10 +13,10 @@ import pytest
 
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
-from mimesis_jax.rollout.endpoints import (EndpointError, LocalChatModel, OpenAIChatModel, chat_many, response_thought,
+from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
+from mimesis_jax.chat.endpoints import (EndpointError, LocalChatModel, OpenAIChatModel, chat_many, response_thought,
                                            split_thought)
-from mimesis_jax.rollout.refusal import DEFAULT_RULES, RefusalDetector
+from mimesis_jax.chat.refusal import DEFAULT_RULES, RefusalDetector
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -287,7 +287,7 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
     """A remote agent for evaluation: the token prompt goes out as text, the reply comes back as ids + <|im_end|>;
     a 503 is retried; the key is sent in the header only."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.rollout.endpoints import RemoteCompletionsAgent
+    from mimesis_jax.chat.endpoints import RemoteCompletionsAgent
 
     tok = load_tokenizer("tiny")
     done = {"choices": [{"index": 0, "text": "I will search now.", "finish_reason": "stop"}]}
@@ -312,7 +312,7 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
 def test_batched_chat_model_samples_concurrent_calls_together(local):
     """Concurrent calls from many threads (envs asking their user) go through one sampler call, each getting
     what an unbatched call with the same seed gives."""
-    from mimesis_jax.rollout.batching import BatchedChatModel
+    from mimesis_jax.chat.batching import BatchedChatModel
 
     config, params, tok = local
     base = LocalChatModel(config, params, tok, max_tokens=6, temperature=1.0)

@@ -1,4 +1,4 @@
-"""The rollout engine (rollout/engine.py) against independent references: `token_logprobs` of the model's full
+"""The rollout engine (inference/engine.py) against independent references: `token_logprobs` of the model's full
 forward over the final multi-turn sequence, `sampler.generate` (greedy and seeded sampling, re-prefilling the
 whole context each turn), a NumPy paged-attention formula; and its pool bookkeeping (pages freed on release,
 eviction and recompute, clear errors)."""
@@ -13,8 +13,8 @@ from mimesis_jax import models
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.models import paged_cache
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout.engine import EngineConfig, EngineError, RolloutEngine
+from mimesis_jax.inference import sampler
+from mimesis_jax.inference.engine import EngineConfig, EngineError, RolloutEngine
 
 from test_sampler import QWEN3, QWEN3_5  # noqa: E402  (the sampler tests' tiny models)
 
@@ -238,7 +238,7 @@ def test_a_failed_program_call_rebuilds_the_pool_and_the_next_request_succeeds(m
     The requests it held end with "error", the engine rebuilds a fresh pool (every page free, no dialogue
     cached), and the next requests sample exactly what `sampler.generate` does. If the rebuild fails too, the
     engine is `broken` and refuses work with EngineError until a later submit rebuilds it."""
-    from mimesis_jax.rollout import engine_programs
+    from mimesis_jax.inference import engine_programs
 
     config, params = _model("qwen3")
     ec = EngineConfig(slots=2, page_size=4, num_pages=16, max_pages_per_seq=16, prefill_chunk=8, prefill_rows=2,
@@ -331,8 +331,8 @@ def test_episode_runner_with_engine_agent_and_simulator_matches_local_models():
     """run_episodes with EngineChatModel for the agent (Qwen3) and the simulator (Qwen3.5) records the same
     trajectories as with LocalChatModel (per-turn sampler.generate), and frees every dialogue at the end."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.engine_chat import EngineChatModel
+    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.engine_chat import EngineChatModel
     from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
     from test_episode import ChattyEnv, _task
 

@@ -13,8 +13,8 @@ import pytest
 
 from mimesis_jax import models, sharding
 from mimesis_jax.config import tiny_qwen3, tiny_qwen3_5
-from mimesis_jax.rollout import engine_programs
-from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
+from mimesis_jax.inference import engine_programs
+from mimesis_jax.inference.engine import EngineConfig, RolloutEngine
 
 # one page-table width (8) and one prefill row count (1): two programs per engine
 EC = EngineConfig(slots=2, page_size=4, num_pages=32, max_pages_per_seq=8, prefill_chunk=8, prefill_rows=1,

@@ -1,5 +1,5 @@
 """rollout.engine=true in the RL stages (train/rl/agent.py, train/rl/simulator.py): the rollout engine
-(rollout/engine.py) replaces the static sampler -- in agentrl for the agent and the in-process user simulator --
+(inference/engine.py) replaces the static sampler -- in agentrl for the agent and the in-process user simulator --
 and must not change the run. Two steps of the tiny configs with the engine on and off, same seed: the same sampled
 tokens, user turns and rewards per episode (log-probs within fp32 rounding), the same step metrics and the same
 updated parameters. The runs use rl.old_logprobs=recompute, so the update reads only the sampled tokens and equal
@@ -21,8 +21,8 @@ from rl_helpers import tree_rel_err
 from mimesis_jax import checkpoints
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout import engine_chat as engine_lib
-from mimesis_jax.rollout.base import SimulatorAsResponder
+from mimesis_jax.chat import engine_chat as engine_lib
+from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L
 from mimesis_jax.train.rl import chat_models as C
 from mimesis_jax.train.rl import simulator as S

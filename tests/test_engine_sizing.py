@@ -1,4 +1,4 @@
-"""The rollout engine sized for the run (rollout/engine_sizing.py, `rollout.engine_states` / `engine_memory_gib`):
+"""The rollout engine sized for the run (inference/engine_sizing.py, `rollout.engine_states` / `engine_memory_gib`):
 page and state bytes against the arrays `init_paged_cache` allocates and hand formulas, the paper Stage II
 config's pool with and without a budget (arithmetic only), the keys' errors, and a 12-dialogue x 3-turn loop of
 the tiny Qwen3.5 on the engine: with derived state slots nothing is evicted and each turn reuses the previous
@@ -18,8 +18,8 @@ from mimesis_jax.config import (AgentRLConfig, RolloutConfig, load_config, qwen3
                                 tiny_qwen3_5)
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.workload import runtime_model
-from mimesis_jax.rollout.engine import RolloutEngine
-from mimesis_jax.rollout.engine_sizing import GiB, engine_sizing, page_bytes, state_bytes
+from mimesis_jax.inference.engine import RolloutEngine
+from mimesis_jax.inference.engine_sizing import GiB, engine_sizing, page_bytes, state_bytes
 from mimesis_jax.train.rl.chat_models import EngineMeter, rollout_engine_config, rollout_sizing
 
 PAPER = "configs/qwen3_8b_agentrl.py:csd"

@@ -17,7 +17,7 @@ from mimesis_jax.envs import tool_call_text
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import DATA_DIR
 from mimesis_jax.commands import evalagent as ev
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import ScriptedAgent
 
 GYMS = ["FunctionGym", "TurtleGym"]
@@ -257,7 +257,7 @@ def test_command_on_a_finished_matrix_prints_the_table(done, tmp_path, capsys, m
     out, _, summary = done
     again = tmp_path / "ev"
     shutil.copytree(out, again)
-    import mimesis_jax.rollout.specs as specs
+    import mimesis_jax.chat.specs as specs
 
     def no_model(*a, **k):
         raise AssertionError("no model may be loaded for a finished matrix")

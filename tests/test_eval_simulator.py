@@ -16,7 +16,7 @@ from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.commands import evalsim as simulator
 from mimesis_jax.eval import sim_judges, soul_eval, usi
 from mimesis_jax.eval.conversations import load_conversations, pair_by_task, parse_conversation
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mimesis_jax", "eval", "data",
                        "samples")
@@ -333,8 +333,8 @@ def test_soul_aggregation_by_hand():
 
 def test_tiny_soul_run_hitom_and_a_judge_task():
     from mimesis_jax.envs.domains import SideModels, domain
-    from mimesis_jax.rollout.endpoints import LocalChatModel
-    from mimesis_jax.rollout.specs import tiny_model
+    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.specs import tiny_model
 
     config, params, tok = tiny_model("qwen3_5", 0)
     policy = LocalChatModel(config, params, tok, generation_role="assistant", enable_thinking=False, max_tokens=8)
@@ -383,7 +383,7 @@ def test_evalsim_command_usi_and_soul_scores(tmp_path, capsys):
 
 
 def test_evalsim_command_judge_metrics_on_the_shipped_samples(tmp_path, monkeypatch):
-    from mimesis_jax.rollout import specs
+    from mimesis_jax.chat import specs
 
     def judge_fn(messages):
         text = messages[0]["content"]

@@ -162,7 +162,7 @@ def test_layer_rule_finder_on_a_known_graph():
 
 
 CONFIG_MAY_IMPORT = ("mimesis_jax.models.config", "mimesis_jax.errors")
-ALGORITHMS_MAY_NOT_IMPORT = ("mimesis_jax.rollout", "mimesis_jax.envs", "mimesis_jax.episodes", "mimesis_jax.train",
+ALGORITHMS_MAY_NOT_IMPORT = ("mimesis_jax.inference", "mimesis_jax.chat", "mimesis_jax.serve", "mimesis_jax.envs", "mimesis_jax.episodes", "mimesis_jax.train",
                              "mimesis_jax.eval", "mimesis_jax.plan", "mimesis_jax.commands", "mimesis_jax.cli")
 
 

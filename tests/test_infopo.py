@@ -16,7 +16,7 @@ from rl_helpers import random_batch, scaled_params, tiny_config
 from mimesis_jax.algorithms import infopo
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
-from mimesis_jax.rollout.base import SimulatorAsResponder
+from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl import agent as L
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch

@@ -60,7 +60,7 @@ planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine poo
 out.append(["qwen3_8b_agentrl.py:grpo engine", "engine decode", planned, engine_decode_memory(w, QUICK)])
 out.append(["qwen3_8b_agentrl.py:grpo engine", "engine prefill", engine_prefill_peak(w),
             engine_prefill_memory(w, QUICK)])
-# the engine pool's per-device bytes as the engine's own shardings cut it (rollout/page_pool.py), Qwen3 and Qwen3.5
+# the engine pool's per-device bytes as the engine's own shardings cut it (inference/page_pool.py), Qwen3 and Qwen3.5
 import jax, math
 from mimesis_jax import models, sharding
 from mimesis_jax.models import paged_cache

@@ -32,7 +32,7 @@ from mimesis_jax import models, sharding
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.plan import budget, devices, memory, workload
 from mimesis_jax.plan.compiled import TOLERANCE
-from mimesis_jax.rollout import sampler
+from mimesis_jax.inference import sampler
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import PolicySampler
 
@@ -147,7 +147,7 @@ def test_mesh_samples_equal_the_unsharded_samples(temperature):
 
 def test_in_process_simulator_is_sharded_once_on_the_rollout_mesh():
     from mimesis_jax.config.rl import UserSideConfig
-    from mimesis_jax.rollout.specs import tiny_model
+    from mimesis_jax.chat.specs import tiny_model
     from mimesis_jax.train.rl.chat_models import build_user_side
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
@@ -173,7 +173,7 @@ def test_in_process_engine_simulator_runs_on_the_rollout_mesh():
     window and DeltaNet state (the heads split over `tensor`); the same engine on one mesh equals the one-device
     engine's tokens: test_engine_mesh.py."""
     from mimesis_jax.config.rl import UserSideConfig
-    from mimesis_jax.rollout.engine import EngineConfig
+    from mimesis_jax.inference.engine import EngineConfig
     from mimesis_jax.train.rl.chat_models import build_user_side
 
     mesh = sharding.make_mesh({"data": 4, "tensor": 2})

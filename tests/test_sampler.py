@@ -13,7 +13,7 @@ from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.profiling import count_compilations
-from mimesis_jax.rollout import sampler
+from mimesis_jax.inference import sampler
 
 QWEN3 = dict(model_type="qwen3", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0, initializer_range=0.3)
@@ -341,7 +341,7 @@ def test_local_chat_model_max_batch_chunks_the_sampler_calls(monkeypatch):
     """LocalChatModel(max_batch=N) hands N to the sampler: its calls hold at most N sequences, the replies are
     those of max_batch=0 (same seeds), and a bad value is refused naming the argument."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.rollout.endpoints import LocalChatModel
+    from mimesis_jax.chat.endpoints import LocalChatModel
 
     tok = load_tokenizer("tiny")
     config = ModelConfig(**dict(QWEN3, vocab_size=tok.vocab_size))

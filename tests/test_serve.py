@@ -22,9 +22,9 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.commands import serve as serve_command
-from mimesis_jax.rollout import serve
-from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, derive_seed, split_thought
-from mimesis_jax.rollout.engine_chat import EngineChatModel
+from mimesis_jax.serve import server as serve
+from mimesis_jax.chat.endpoints import LocalChatModel, OpenAIChatModel, derive_seed, split_thought
+from mimesis_jax.chat.engine_chat import EngineChatModel
 
 CONV = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hello, how can I help?"}]
 
@@ -153,7 +153,7 @@ def test_bad_json_and_unknown_route(server):
 
 
 def _feed(det, tokens, finish):
-    from mimesis_jax.rollout.openai_api import TokenEvent
+    from mimesis_jax.serve.openai_api import TokenEvent
 
     deltas, ids = [], []
     for i, t in enumerate(tokens):
@@ -169,7 +169,7 @@ def _feed(det, tokens, finish):
 def test_detokenizer_stop_strings_stop_token_and_partial_characters():
     """Streamed deltas add up to the final text and never show what a stop string later cuts, nor a partial
     character; the references are plain string operations on the tokenizer's full decode."""
-    from mimesis_jax.rollout.openai_api import Detokenizer
+    from mimesis_jax.serve.openai_api import Detokenizer
 
     tok = load_tokenizer("tiny")
     stop_ids = (tok.im_end_id, tok.eos_id)
@@ -315,7 +315,7 @@ def test_text_completions_through_the_client(server):
 
 
 def test_remote_completions_agent_against_serve(server):
-    from mimesis_jax.rollout.endpoints import RemoteCompletionsAgent
+    from mimesis_jax.chat.endpoints import RemoteCompletionsAgent
 
     tok, local = server.model.tok, _local(server)
     prompts = [local.render(CONV), local.render([{"role": "user", "content": "Where is my order?"}])]
@@ -714,7 +714,7 @@ def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(che
     its first byte). An injected fault (the decode program loses its donated pool and raises) ends the request
     in flight with a 500, and the next request is served as before; while the pool cannot be rebuilt /health
     answers 503 and so do requests."""
-    from mimesis_jax.rollout import engine_programs
+    from mimesis_jax.inference import engine_programs
 
     srv = serve_command.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--engine", "--engine-slots", "2",
                                          "--engine-page-size", "8", "--engine-max-len", "64")).start()

@@ -403,7 +403,7 @@ def test_agentrl_sampler_ladder_is_listed_and_compiles_in_the_first_step():
     of a paper-like step on one of 4 programs, the ones `plan` lists; the first step's growing contexts reach
     every rung, so a second step compiles nothing. The prefill work (padded rows x prompt length over the real
     prompt tokens) is printed for the ladder, one rung (Stage I.3's fixed_buckets) and the default buckets."""
-    from mimesis_jax.rollout.sampler import Buckets
+    from mimesis_jax.inference.sampler import Buckets
     from mimesis_jax.train.rl import chat_models
 
     cfg, _ = _paper("grpo")

@@ -18,8 +18,8 @@ from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout.base import ChatResponse
+from mimesis_jax.inference import sampler
+from mimesis_jax.chat.base import ChatResponse
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl import simulator as S
@@ -156,7 +156,7 @@ def test_resume_through_the_cli_reproduces_the_uninterrupted_run(straight, tmp_p
 @pytest.mark.slow  # early in a worker: see the module docstring
 def test_trained_simulator_exports_for_the_agent_stage(straight, tmp_path):
     """The hand-off: the simrl checkpoint exports to a HF directory that load_hf reads back exactly, and the
-    agent stage's user spec accepts the workdir itself (rollout/specs.py via export.load_trained)."""
+    agent stage's user spec accepts the workdir itself (chat/specs.py via export.load_trained)."""
     import jax
 
     from mimesis_jax import models

@@ -9,7 +9,7 @@ from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.sim_env import SimTurn
 from mimesis_jax.envs.soul import base, hitom  # noqa: F401 -- registers hitom
 from mimesis_jax.envs.soul.base import JudgeEnv, parse_choice, parse_exact, parse_score
-from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
+from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
 
 L4 = ["A", "B", "C", "D"]
 

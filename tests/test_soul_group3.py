@@ -11,7 +11,7 @@ import mimesis_jax.envs.soul.sotopia  # noqa: F401
 import mimesis_jax.envs.soul.userllm  # noqa: F401
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.soul import load_records, make_env, sample_records, task_info
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 
 COSER_JSON = json.dumps({"storyline_consistency": {"reasoning": "close", "score": 7}, "character_fidelity": 5,
                          "anthropomorphism": {"score": 4}, "storyline_quality": {"score": "10"}})

@@ -8,7 +8,7 @@ import pytest
 
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.soul import base, humanual, sim_arena  # noqa: F401 -- registers the tasks
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 
 HUMANUAL = ["humanual_book", "humanual_chat", "humanual_email", "humanual_news", "humanual_opinion",
             "humanual_politics"]

@@ -18,7 +18,7 @@ from mimesis_jax.envs.userrl import mixture, scoring
 from mimesis_jax.envs.model_io import fill, parse_json_object
 from mimesis_jax.envs.userrl.common import UserRLEnv
 from mimesis_jax.envs.userrl.tasks import GYM_MODULES, Task, load_tasks, task_from_row
-from mimesis_jax.rollout.base import ScriptedChatModel, SimulatorAsResponder
+from mimesis_jax.chat.base import ScriptedChatModel, SimulatorAsResponder
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 from mimesis_jax.data.trajectory import Trajectory
 
@@ -302,7 +302,7 @@ def test_env_steps_run_concurrently_and_in_order(tok):
             time.sleep(0.2)
             with lock:
                 active[0] -= 1
-            from mimesis_jax.rollout.base import ChatResponse
+            from mimesis_jax.chat.base import ChatResponse
             return ChatResponse(text=f"reply to {messages[-1]['content']}")
 
     agent = ScriptedAgent(tok, lambda prompt, i: tool_call_text("action", f"q{i}"))

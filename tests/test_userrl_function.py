@@ -15,7 +15,7 @@ from mimesis_jax.envs.userrl import DATA_DIR, TASKS_DIR, load_tasks, make_env
 from mimesis_jax.envs.userrl.common import load_prompts
 from mimesis_jax.envs.userrl import function as fn
 from mimesis_jax.envs.userrl.function import FunctionGym, load_functions
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 RESET, INVALID, NO_NUMBERS, NOT_FOUR = fn.FB_RESET, fn.FB_INVALID, fn.FB_NO_NUMBERS, fn.FB_NOT_FOUR

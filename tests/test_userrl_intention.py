@@ -11,7 +11,7 @@ from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import make_env, shipped_tasks
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.intention import IntentionEnv
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 BASE = {3: 1.0, 2: 0.7, 1: 0.4}

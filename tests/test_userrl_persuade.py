@@ -11,7 +11,7 @@ from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import load_tasks, make_env, shipped_tasks
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.persuade import PersuadeEnv
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 SCALE = ["Strongly Agree", "Agree", "Partly Agree", "Neutral", "Partly Disagree", "Disagree", "Strongly Disagree"]

@@ -13,7 +13,7 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import InvalidEpisode, tool_call_text
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.userrl import DATA_DIR, Task, make_env, shipped_tasks
-from mimesis_jax.rollout.base import ChatResponse, ScriptedChatModel
+from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeTask, ScriptedAgent, run_episodes
 
 STOP = "###STOP###"

@@ -11,7 +11,7 @@ from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import DATA_DIR, make_env, shipped_tasks
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.envs.userrl.telepathy import TelepathyGym, load_entities
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 ENTITIES = json.loads((DATA_DIR / "all_entities_refined.json").read_text())

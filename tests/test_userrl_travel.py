@@ -12,7 +12,7 @@ from mimesis_jax.envs import tool_call_text, userrl
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import travel as tv
 from mimesis_jax.envs.userrl.tasks import Task
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 DATA = pathlib.Path(userrl.DATA_DIR)

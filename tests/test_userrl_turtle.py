@@ -11,7 +11,7 @@ from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import DATA_DIR, make_env, shipped_tasks, turtle
 from mimesis_jax.envs.userrl.tasks import Task
 from mimesis_jax.envs.userrl.turtle import TurtleGym, load_stories
-from mimesis_jax.rollout.base import ScriptedChatModel
+from mimesis_jax.chat.base import ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 STORIES = json.loads((DATA_DIR / "all_stories_refined.json").read_text())

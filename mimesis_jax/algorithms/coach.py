@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 from mimesis_jax.data.chat import render_turn
 from mimesis_jax.data.trajectory import Trajectory
 
-Message = dict  # {"role", "content"}: a chat message, as rollout/base.py (not imported: no model I/O here)
+Message = dict  # {"role", "content"}: a chat message, as chat/base.py (not imported: no model I/O here)
 
 COACH_SYSTEM = (
     "You are a coach for a conversational assistant. You read one turn of a finished conversation together "

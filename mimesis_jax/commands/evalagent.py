@@ -7,7 +7,7 @@
 Every cell (agent, user, gym, seed) runs each task of the gym once, agent at temperature 0 (pass@1), as Eq 2
 episodes (agent <-> gym <-> user) through the runner of the `rollout` command (episodes/userrl.episode_tasks
 + episodes/agent.run_episodes). A user spec is wrapped as `rollout` and agent RL wrap it
-(rollout/specs.user_and_judge): a local MIMESIS simulator writes `user` turns in its own framing
+(chat/specs.user_and_judge): a local MIMESIS simulator writes `user` turns in its own framing
 (SimulatorAsResponder), a remote model is asked as an assistant. The gym's judge is `--judge` when given (one judge
 for every user), else each user's model asked as an assistant.
 
@@ -49,8 +49,8 @@ from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.episodes.userrl import episode_tasks
 from mimesis_jax.eval import metrics
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout import specs  # module, not names: tests patch specs.agent_from_spec / user_and_judge
-from mimesis_jax.rollout.specs import ModelSpec, close_models
+from mimesis_jax.chat import specs  # module, not names: tests patch specs.agent_from_spec / user_and_judge
+from mimesis_jax.chat.specs import ModelSpec, close_models
 
 CELLS_DIR = "cells"
 MATRIX_FILE = "matrix.json"

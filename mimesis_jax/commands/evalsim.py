@@ -35,8 +35,8 @@ from mimesis_jax.eval import sim_judges, soul_eval, usi
 from mimesis_jax.eval.conversations import load_conversations, pair_by_task
 from mimesis_jax.eval.usi import DIMENSIONS
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout import specs  # module, not the name: tests patch specs.chat_model_from_spec
-from mimesis_jax.rollout.specs import ModelSpec, close_models, local_model
+from mimesis_jax.chat import specs  # module, not the name: tests patch specs.chat_model_from_spec
+from mimesis_jax.chat.specs import ModelSpec, close_models, local_model
 
 JUDGE_EVALS = ("fidelity", "turing", "style")
 

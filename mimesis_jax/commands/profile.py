@@ -16,7 +16,7 @@ What is profiled (`--what`); every batch is synthetic, its token ids random, its
   a row_len / max_context_tokens context). grpo_step needs rl.alpha = 0 and csd_step rl.alpha > 0.
 * ``midtrain_step``: one Stage I optimizer step (train/step.py) on `train.global_batch` rows of
   `data.seq_len` tokens, each row filled with packed segments of random lengths (a quarter to a whole row).
-* ``sampler``: the sampler's compiled program (rollout/sampler.py: prefill, then a decode loop) for --batch
+* ``sampler``: the sampler's compiled program (inference/sampler.py: prefill, then a decode loop) for --batch
   prompts of --prompt-tokens, --new-tokens each (no stop id: every row decodes all of them).
 
 The run: build the step, compile it, run it once (warm-up), then run --steps steps inside a `jax.profiler`
@@ -64,7 +64,7 @@ from mimesis_jax import config as config_lib, models, profiling, sharding
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout import sampler
+from mimesis_jax.inference import sampler
 from mimesis_jax.train.loop import compiled_functions
 from mimesis_jax.train.optim import make_optimizer
 from mimesis_jax.train.rl import agent as agent_stage

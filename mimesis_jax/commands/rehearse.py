@@ -164,7 +164,7 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     """Runs the narrowed config `cfg` in `workdir`; the report of one mode (module docstring)."""
     from mimesis_jax import models, profiling
     from mimesis_jax.plan.compiled import TOLERANCE
-    from mimesis_jax.rollout import sampler
+    from mimesis_jax.inference import sampler
     from mimesis_jax.train.rl import agent, simulator
     from mimesis_jax.train.rl.learner import COMPILATION_KEYS, ENGINE_PROGRAMS, SAMPLER_PROGRAM, SCORE_PROGRAM
 

@@ -31,7 +31,7 @@ from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout.specs import ModelSpec, agent_from_spec, close_models, user_and_judge
+from mimesis_jax.chat.specs import ModelSpec, agent_from_spec, close_models, user_and_judge
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

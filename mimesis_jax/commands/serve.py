@@ -1,5 +1,5 @@
 """`python -m mimesis_jax serve`: an OpenAI-compatible HTTP server for a local model (e.g. the frozen user simulator)
-on localhost -- the command line of rollout/serve.py's `ChatServer`, which documents the API, the bounds and the
+on localhost -- the command line of serve/server.py's `ChatServer`, which documents the API, the bounds and the
 two backends.
 
     python -m mimesis_jax serve --checkpoint HF_DIR --port 8000 [--tokenizer SPEC] [--generation-role user]
@@ -13,9 +13,9 @@ import argparse
 import os
 
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout import engine_chat  # module: tests patch engine_chat.EngineChatModel
-from mimesis_jax.rollout.engine import EngineConfig
-from mimesis_jax.rollout.serve import ChatServer, load_chat_model
+from mimesis_jax.chat import engine_chat  # module: tests patch engine_chat.EngineChatModel
+from mimesis_jax.inference.engine import EngineConfig
+from mimesis_jax.serve.server import ChatServer, load_chat_model
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

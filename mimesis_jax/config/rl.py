@@ -93,7 +93,7 @@ class RolloutSection:
     min_valid_per_group: int = 2  # groups with fewer valid dialogues are skipped (no advantage is defined)
     env_workers: int = 16  # env steps run concurrently (gyms and fixed sides wait on their models)
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
-    # The policy samples through the rollout engine (rollout/engine.py: persistent per-dialogue caches, paged KV
+    # The policy samples through the rollout engine (inference/engine.py: persistent per-dialogue caches, paged KV
     # pool, continuous batching) instead of the static sampler; so does an in-process model simulator in Stage II
     # (its own frozen engine; a remote simulator is unchanged). Off by default, and off in every shipped config
     # (configs/): the engine runs on one device and compiles its prefill/decode programs for every page-table
@@ -103,7 +103,7 @@ class RolloutSection:
     engine: bool = False
     engine_slots: int = 16  # decode slots (EngineConfig.slots): requests decoded together
     engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
-    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = derived (rollout/engine_sizing.py)
+    engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = derived (inference/engine_sizing.py)
     # Qwen3.5 state slots (EngineConfig.num_states); 0 = derived: one per dialogue in flight + one per decode slot
     # + the trash slot, so no dialogue is evicted for want of a slot
     engine_states: int = 0
@@ -227,7 +227,7 @@ class _RLRun:
 # ------------------------------------------------------------------------------------------ Stage II
 @dataclasses.dataclass(frozen=True)
 class UserSideConfig:
-    """The frozen sides: the user simulator, the gyms' judge, the CSD coach (spec syntax: rollout/specs.py)."""
+    """The frozen sides: the user simulator, the gyms' judge, the CSD coach (spec syntax: chat/specs.py)."""
 
     simulator: str = "tiny"  # tiny | HF dir | training workdir | http(s)://host:port/v1 | toy-user (envs/toy.py)
     simulator_model: str = ""  # remote: the served model name
@@ -317,7 +317,7 @@ class AgentRLConfig(_RLRun):
 # ------------------------------------------------------------------------------------------ Stage I.3
 @dataclasses.dataclass(frozen=True)
 class SidesConfig:
-    """The fixed sides (spec syntax: rollout/specs.py; remote endpoints are asked as assistants)."""
+    """The fixed sides (spec syntax: chat/specs.py; remote endpoints are asked as assistants)."""
 
     judge: str = "toy-judge"  # toy-judge (rule-based ABCD judge, envs/toy.py) | tiny | HF dir | workdir | http URL
     judge_model: str = ""

@@ -18,8 +18,8 @@ import tomllib
 from typing import Any, Sequence
 
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
-from mimesis_jax.rollout.base import ChatResponse, Message
-from mimesis_jax.rollout.endpoints import split_thought
+from mimesis_jax.chat.base import ChatResponse, Message
+from mimesis_jax.chat.endpoints import split_thought
 
 
 # ------------------------------------------------------------------------------------ prompt templates

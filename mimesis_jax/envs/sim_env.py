@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-Message = dict  # {"role", "content"}, as rollout/base.py (not imported: rollout depends on envs)
+Message = dict  # {"role", "content"}, as chat/base.py (not imported: rollout depends on envs)
 POLICY_ROLES = ("user", "assistant")
 
 

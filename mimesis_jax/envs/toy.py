@@ -20,7 +20,7 @@ import re
 
 from mimesis_jax.envs.agent_env import Env, EnvError, register
 from mimesis_jax.envs.userrl.tasks import Task
-from mimesis_jax.rollout.base import ChatResponse
+from mimesis_jax.chat.base import ChatResponse
 
 TOPICS = ("a trip to the sea", "a good book", "a quiet morning", "a new recipe", "a small garden", "a city walk",
           "a rainy weekend", "a music lesson", "a lost key", "a family visit", "a bike ride", "a late train")

@@ -17,7 +17,7 @@ One round t for every live dialogue (docs/reference/paper.md Eq 2: y_t ~ pi_thet
 
 Episodes end when the env terminates/truncates, the user ends it (`env.observe_user`), the turn limit
 (default 16), or the context limit (`EpisodeConfig.max_context_tokens`: the recorded tokens never pass it; a tool
-result or user turn that does not fit is dropped from the record and ends the episode). A simulator that refuses its role (rollout/refusal.py), fails, or never closes
+result or user turn that does not fit is dropped from the record and ends the episode). A simulator that refuses its role (chat/refusal.py), fails, or never closes
 its thought makes the episode INVALID with the reason -- never a reward of 0.
 
 Recorded segments (data/trajectory.py): the agent's initial context (public); then per agent turn the
@@ -41,10 +41,10 @@ from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.agent_env import (INTERACT_TOOL, Env, InvalidEpisode, ToolCall, format_action, parse_tool_call,
                                         tool_feedback, visible_reply)
 from mimesis_jax.episodes.progress import TurnProgress
-from mimesis_jax.rollout.base import Message
-from mimesis_jax.rollout.endpoints import chat_many, derive_seed, response_thought
-from mimesis_jax.rollout.refusal import RefusalDetector
-from mimesis_jax.rollout.sampler import Sample
+from mimesis_jax.chat.base import Message
+from mimesis_jax.chat.endpoints import chat_many, derive_seed, response_thought
+from mimesis_jax.chat.refusal import RefusalDetector
+from mimesis_jax.inference.sampler import Sample
 
 
 @dataclasses.dataclass
@@ -81,7 +81,7 @@ class EpisodeConfig:
     refusal_rules: dict[str, str] | None = None  # None: refusal.DEFAULT_RULES
     check_thought_for_refusal: bool = True
     env_workers: int = 16  # threads stepping envs at once (envs whose step calls a user/judge model overlap)
-    dialogue_keys: bool = True  # an agent / simulator with persistent dialogue state (rollout/engine.py, it has
+    dialogue_keys: bool = True  # an agent / simulator with persistent dialogue state (inference/engine.py, it has
     # `release`) gets the rollout ids as keys: each turn then prefills only what was appended since its last one
 
 

@@ -38,7 +38,7 @@ from mimesis_jax.envs.agent_env import InvalidEpisode
 from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
 from mimesis_jax.episodes.agent import ROLLOUT_IDS
 from mimesis_jax.episodes.progress import TurnProgress
-from mimesis_jax.rollout.endpoints import derive_seed, split_thought
+from mimesis_jax.chat.endpoints import derive_seed, split_thought
 
 
 @dataclasses.dataclass
@@ -63,7 +63,7 @@ class SimEpisodeConfig:
     max_context_tokens: int | None = None  # finish (env.finish) before a prompt + max_tokens would exceed this
     seed: int = 0
     env_workers: int = 16  # threads stepping envs at once (their judge / partner calls overlap)
-    dialogue_keys: bool = True  # a policy with persistent dialogue state (rollout/engine.py, it has `release`)
+    dialogue_keys: bool = True  # a policy with persistent dialogue state (inference/engine.py, it has `release`)
     # gets the rollout ids as keys: each turn then prefills only what was appended since its last one
 
     def __post_init__(self):

@@ -5,7 +5,7 @@ A cache is a plain dict pytree:
 * ``k``, ``v``: [L_attn, B, S, KVH, Dh] keys (after RoPE) and values of every full-attention layer;
 * ``segment_ids``: [B, S] int32, the segment id of each filled slot (0 = empty or left padding);
 * ``index``: int32 scalar, the next slot to write. All rows write the same slots, so prompts of different
-  lengths are left-padded with segment id 0 (see rollout/sampler.py) and positions stay per-row explicit.
+  lengths are left-padded with segment id 0 (see inference/sampler.py) and positions stay per-row explicit.
 
 Model families add their own recurrent state next to these keys (the Qwen3.5 conv window and DeltaNet state).
 """

@@ -78,7 +78,7 @@ def slot_major_decode_attention(q, k_pages, v_pages, page_table, lengths, *, sca
     """`paged_attention` for a pool laid out slot-major: row b's pages are pool pages b * W .. (b + 1) * W - 1
     in order (W = P / B; page_table [B, W] must be that identity table and is used only for its shape).
 
-    The rollout engine's decode bursts (rollout/engine_programs.py) copy the decoding rows' pages into such a pool once
+    The rollout engine's decode bursts (inference/engine_programs.py) copy the decoding rows' pages into such a pool once
     per burst, so a step reads each row's keys through a reshape instead of gathering its pages: on a CPU the
     per-step gather cost as much as the attention. fp32 scores and softmax (the formula of the module
     docstring; lengths [B], a row of length 0 gets 0) -> [B, H, Dh] in q's dtype."""

@@ -1,4 +1,4 @@
-"""Paged key/value cache for the rollout engine (rollout/engine.py), pure-jnp reference functions.
+"""Paged key/value cache for the rollout engine (inference/engine.py), pure-jnp reference functions.
 
 Memory layout (one pool per full-attention layer, stacked on a leading layer axis)::
 

@@ -1,4 +1,4 @@
-"""Qwen3.5 on the rollout engine's paged cache (rollout/engine.py): page pools for the full-attention layers
+"""Qwen3.5 on the rollout engine's paged cache (inference/engine.py): page pools for the full-attention layers
 (models/paged_cache.py) and per-dialogue state slots (conv window, DeltaNet state) for the linear layers. The
 model itself is models/qwen3_5.py."""
 
@@ -16,7 +16,7 @@ from mimesis_jax.models.config import ModelConfig
 
 
 def init_paged_cache(config: ModelConfig, num_pages: int, page_size: int, num_states: int) -> dict:
-    """The rollout engine's cache (rollout/engine.py): page pools of the full layers (models/paged_cache.py)
+    """The rollout engine's cache (inference/engine.py): page pools of the full layers (models/paged_cache.py)
     and, per linear layer, a pool of `num_states` per-dialogue state slots (conv window [K-1, Hk, Cg] in the
     compute dtype, recurrent state [Hv, Dk, Dv] in float32); slot 0 is the trash slot of idle rows."""
     n_lin, n_full = layer_counts(config)

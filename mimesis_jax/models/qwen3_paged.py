@@ -1,4 +1,4 @@
-"""Qwen3 on the rollout engine's paged cache (rollout/engine.py, models/paged_cache.py). The model itself is
+"""Qwen3 on the rollout engine's paged cache (inference/engine.py, models/paged_cache.py). The model itself is
 models/qwen3.py."""
 
 from __future__ import annotations

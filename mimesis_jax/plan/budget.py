@@ -259,7 +259,7 @@ def _engine_rollout(w: Workload, add) -> int:
     pool = add("rollout", "engine pool", engine_pool_bytes(m, mesh, e.num_pages, e.page_size, e.num_states),
                f"{e.num_pages} KV pages x {e.page_size} tokens (full-attention layers, compute dtype)"
                + (f" + {e.num_states} state slots" if e.state_bytes else "")
-               + f" (rollout/engine_sizing.py: {e.pool_bytes / 2 ** 30:.2f} GiB in all), split over heads on "
+               + f" (inference/engine_sizing.py: {e.pool_bytes / 2 ** 30:.2f} GiB in all), split over heads on "
                "`tensor` (paged_cache.pool_axes)")
     S = e.max_pages_per_seq * e.page_size
     ec = e.engine_config()
@@ -313,7 +313,7 @@ def _sampler_rollout(w: Workload, add, W, c: int) -> int:
 
 
 def engine_prefill_bytes(w: Workload) -> int:
-    """Working set of the rollout engine's largest prefill chunk (rollout/engine_programs.py `prefill_program`,
+    """Working set of the rollout engine's largest prefill chunk (inference/engine_programs.py `prefill_program`,
     prefill_rows x prefill_chunk tokens over page tables max_pages_per_seq wide) on the training mesh, beyond its
     params and pool: one layer's no-gradient forward (`prefill_bytes`, heads split over `tensor` as the engine's
     weights and pool are; rows and tokens are not split); an attention layer's

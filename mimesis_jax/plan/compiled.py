@@ -15,16 +15,16 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   largest update program's batch, planned by budget.scoring_peak.
 
 * RL stages with rollout.engine=true: instead of the sampler, the rollout engine's decode burst
-  (rollout/engine_programs.py `decode_program`, the jnp path) on the training mesh, as the loops run the engine on
-  one process (PolicySampler: the learner's params, no copy; the pool as rollout/engine_sizing.py sizes it for the
-  config, split over KV heads as rollout/page_pool.py splits it), page tables max_pages_per_seq wide. Planned: the
+  (inference/engine_programs.py `decode_program`, the jnp path) on the training mesh, as the loops run the engine on
+  one process (PolicySampler: the learner's params, no copy; the pool as inference/engine_sizing.py sizes it for the
+  config, split over KV heads as inference/page_pool.py splits it), page tables max_pages_per_seq wide. Planned: the
   plan's parameters + engine pool + engine programs rows. On one device XLA can hoist the static slices of every
   layer's weights out of the decode loop (the paged forward unrolls the layers, models/qwen3_paged.py), a copy
   the plan does not count; on the mesh, at the paper's 36 layers, it does not, while a cut to a few layers does:
   the hoisting depends on the layer count, so tests compile the paper's 36 (figures: docs/scale-out.md, "Figures
   behind the code").
 
-  And the engine's largest prefill chunk (rollout/engine_programs.py `prefill_program`: prefill_rows x
+  And the engine's largest prefill chunk (inference/engine_programs.py `prefill_program`: prefill_rows x
   prefill_chunk tokens, page tables max_pages_per_seq wide), planned by budget.engine_prefill_peak (params + pool
   + one layer's forward over the gathered pages + budget.engine_prefill_copies: with the layers unrolled and no
   loop, XLA's CPU schedule materialises every layer's static weight slice at the program's start, and the LM
@@ -209,7 +209,7 @@ def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dic
     """One `generate_bucket` call of w.rollout's shapes on the training mesh, inputs as sampler._generate_chunk
     places them (`filtering`: the static candidate count; 0 with the policy's top_k = 0, top_p = 1; `stops`: the
     stop-token columns, 0 = the bucket of one stop token)."""
-    from mimesis_jax.rollout import sampler
+    from mimesis_jax.inference import sampler
 
     mesh = _mesh(w.mesh)
     r = w.rollout
@@ -231,9 +231,9 @@ def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dic
 
 def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
     """One decode burst of the rollout engine sized for w (w.engine) on the training mesh (`_engine_inputs`), page
-    tables max_pages_per_seq wide, no sampling filter, the jnp attention path (rollout/engine.py `decode_args`
+    tables max_pages_per_seq wide, no sampling filter, the jnp attention path (inference/engine.py `decode_args`
     gives a real engine's arguments of the same shapes)."""
-    from mimesis_jax.rollout import engine_programs, sampler
+    from mimesis_jax.inference import engine_programs, sampler
 
     m = w.model
     ec, mesh, params, cache = _engine_inputs(w)
@@ -262,7 +262,7 @@ def _engine_inputs(w: Workload):
     """(EngineConfig, mesh, params, pool) of the rollout engine sized for w (w.engine) on the training mesh, as the
     RL loops run it on one process (PolicySampler: RolloutEngine(mesh=rollout_mesh)), abstract: the params in the
     learner's layout (models.param_shardings; the engine's shard_params keeps it) and the paged pool of the model
-    family's `init_paged_cache` split as rollout/page_pool.py splits it (paged_cache.pool_axes)."""
+    family's `init_paged_cache` split as inference/page_pool.py splits it (paged_cache.pool_axes)."""
     from mimesis_jax.models import paged_cache
 
     m, ec = w.model, w.engine.engine_config()
@@ -275,10 +275,10 @@ def _engine_inputs(w: Workload):
 
 def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
     """One prefill chunk of the rollout engine sized for w (w.engine) on the training mesh (`_engine_inputs`):
-    rollout/engine_programs.py `prefill_program` on its largest call, prefill_rows x prefill_chunk tokens over page
-    tables max_pages_per_seq wide, no sampling filter, the jnp attention path (as rollout/engine.py `_warmup`
+    inference/engine_programs.py `prefill_program` on its largest call, prefill_rows x prefill_chunk tokens over page
+    tables max_pages_per_seq wide, no sampling filter, the jnp attention path (as inference/engine.py `_warmup`
     calls it)."""
-    from mimesis_jax.rollout import engine_programs
+    from mimesis_jax.inference import engine_programs
 
     m = w.model
     ec, mesh, params, cache = _engine_inputs(w)

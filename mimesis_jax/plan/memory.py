@@ -281,7 +281,7 @@ def table_bytes(model: ModelConfig, mesh: dict) -> int:
 
 
 def engine_pool_bytes(model: ModelConfig, mesh: dict, num_pages: int, page_size: int, states: int) -> int:
-    """Per-device bytes of the rollout engine's pool on `mesh` (RolloutEngine(mesh=...), rollout/page_pool.py):
+    """Per-device bytes of the rollout engine's pool on `mesh` (RolloutEngine(mesh=...), inference/page_pool.py):
     its KV pages and Qwen3.5 state slots split over heads as paged_cache.pool_axes lays them out (exact,
     jax.eval_shape); every device holds every page and slot of its heads."""
     from mimesis_jax.models import paged_cache

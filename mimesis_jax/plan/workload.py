@@ -14,8 +14,8 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan.memory import divisor
-from mimesis_jax.rollout.engine_sizing import rollout_sizing
-from mimesis_jax.rollout.sampler import Buckets
+from mimesis_jax.inference.engine_sizing import rollout_sizing
+from mimesis_jax.inference.sampler import Buckets
 from mimesis_jax.sharding import rules_of
 from mimesis_jax.train.rl.chat_models import fixed_buckets, ladder_buckets
 from mimesis_jax.train.rl.ladder import ladder_for_config

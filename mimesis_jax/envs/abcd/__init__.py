@@ -6,5 +6,5 @@
 * ``data/``: an invented conversation sample, kb, guidelines, ontology, behaviour cards and the prompt templates.
 
 This file imports nothing: `dataset` and `behaviour` sit low (next to the env protocols), `env` sits above
-``rollout/`` with the other simulator worlds, so each is imported by its own path.
+``chat/`` with the other simulator worlds, so each is imported by its own path.
 """

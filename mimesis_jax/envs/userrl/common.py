@@ -1,7 +1,7 @@
 """What every UserRL gym shares: the base env, calls to its other side, prompt templates, data files, named errors.
 
 The other side of a gym -- the user (the frozen simulator, in-process or over HTTP), the judge and the classifier
--- is any `ChatModel` (rollout/base.py), called by the gym itself inside `step` as UserRL's gyms call their
+-- is any `ChatModel` (chat/base.py), called by the gym itself inside `step` as UserRL's gyms call their
 OpenAI-compatible endpoint, at temperature 0 by default. Each role's prompt is a template stored as data next to
 the gyms (`prompts/<gym>.toml`, `string.Template` placeholders `$name`), never buried in code.
 
@@ -11,7 +11,7 @@ user's earlier replies as `assistant` -- so a remote assistant model (UserRL's b
 A MIMESIS simulator, which writes `user` turns in its own framing, is wrapped in `rollout.base.SimulatorAsResponder`
 (the `rollout` command and the RL stages do this for local simulators), which swaps the two roles.
 
-Failure rules (docs/reference/paper.md 4.3, docs/reference/metrics.md): a user model that refuses its role (rollout/refusal.py) or any model
+Failure rules (docs/reference/paper.md 4.3, docs/reference/metrics.md): a user model that refuses its role (chat/refusal.py) or any model
 call that fails raises `InvalidEpisode`, and the episode runner marks the episode INVALID with the reason -- never
 a reward of 0. A judge/classifier answer that does not parse is asked again once (same prompt); a second failure is
 INVALID too.
@@ -31,9 +31,9 @@ from typing import Any, Callable, Sequence
 
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import Env, EnvError, InvalidEpisode, StepResult, parse_action
-from mimesis_jax.rollout.base import Message
-from mimesis_jax.rollout.endpoints import response_thought, split_thought
-from mimesis_jax.rollout.refusal import RefusalDetector
+from mimesis_jax.chat.base import Message
+from mimesis_jax.chat.endpoints import response_thought, split_thought
+from mimesis_jax.chat.refusal import RefusalDetector
 from mimesis_jax.envs.model_io import call_model, field, fill, load_templates
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent

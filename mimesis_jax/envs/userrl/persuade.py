@@ -32,7 +32,7 @@ Choices where UserRL is silent, lenient or unreachable here (written down, as th
   UserRL instead shows a canned could-not-understand reply with reward 0 and, for an unknown stance string,
   stores it so that every later step scores 0. Stances are matched ignoring case and extra whitespace. This retry
   is a gym-local helper (`_ask_persuadee`, a loop around `ask_user`) since `ask_parsed` is for judges and records
-  no user turn. A refusal (rollout/refusal.py) is INVALID at once, without a retry.
+  no user turn. A refusal (chat/refusal.py) is INVALID at once, without a retry.
 * A failing user model is INVALID (common.call_model), not UserRL's canned reply.
 * UserRL's `[finish]` action cannot be sent through `interact_with_env` (choices action/answer/search only).
 * The record is selected by the task's `id`; the create arguments `claim`/`argument` are ignored in favour of the

@@ -63,8 +63,8 @@ from mimesis_jax.episodes.userrl import episode_tasks
 from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build_tasks
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
-from mimesis_jax.rollout.base import ChatModel
-from mimesis_jax.rollout.endpoints import chat_many
+from mimesis_jax.chat.base import ChatModel
+from mimesis_jax.chat.endpoints import chat_many
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import (UserSide, build_user_side, engine_of, ladder_buckets,
                                               simulator_engine_config)

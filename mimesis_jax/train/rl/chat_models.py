@@ -11,9 +11,9 @@
 The static sampler and the in-process models sample on the rollout mesh: the training mesh on one process, the
 process's own devices on several (distributed.rollout_mesh; docs/decisions.md, "Rollouts on the mesh").
 
-With `rollout.engine` the policy samples through one rollout engine for the whole run (rollout/engine.py), its
+With `rollout.engine` the policy samples through one rollout engine for the whole run (inference/engine.py), its
 weights following the updates; an in-process Stage II simulator gets its own engine, sized for its longer view
-(`simulator_engine_config`). Models are given as specs (rollout/specs.py): "tiny", a HF directory, a training
+(`simulator_engine_config`). Models are given as specs (chat/specs.py): "tiny", a HF directory, a training
 workdir, a remote endpoint, or a rule-based toy (envs/toy.py).
 """
 
@@ -30,12 +30,13 @@ from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout import engine_chat, sampler
-from mimesis_jax.rollout.engine_sizing import rollout_sizing
-from mimesis_jax.rollout.base import SimulatorAsResponder
-from mimesis_jax.rollout.endpoints import LocalChatModel
-from mimesis_jax.rollout.batching import BatchedChatModel
-from mimesis_jax.rollout.specs import ModelSpec, chat_model_from_spec, local_model
+from mimesis_jax.chat import engine_chat
+from mimesis_jax.inference import sampler
+from mimesis_jax.inference.engine_sizing import rollout_sizing
+from mimesis_jax.chat.base import SimulatorAsResponder
+from mimesis_jax.chat.endpoints import LocalChatModel
+from mimesis_jax.chat.batching import BatchedChatModel
+from mimesis_jax.chat.specs import ModelSpec, chat_model_from_spec, local_model
 from mimesis_jax.train.rl import distributed
 
 
@@ -71,7 +72,7 @@ class PolicySampler:
     training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
     several, this process's devices (`distributed.local_rollout_mesh`), the params gathered to the host once per
     `model` call and sharded there (`distributed.rollout_params`). None: one device (the whole batch there). The
-    engine runs on the same `rollout_mesh` (rollout/engine.py, "On a mesh" in docs/engine.md: weights as
+    engine runs on the same `rollout_mesh` (inference/engine.py, "On a mesh" in docs/engine.md: weights as
     models.shard_params lays them out, the page pool and state slots split over heads on `tensor`)."""
 
     def __init__(self, model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int,
@@ -233,7 +234,7 @@ class _ReleaseEngine:
 def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> UserSide:
     """The simulator, gym user, judge and coach of `u`. engine_config (`rollout.engine=true`): a function from the
     simulator's ModelConfig to its EngineConfig; an in-process model simulator then samples through its own
-    rollout engine (rollout/engine.py), so each of the runner's user turns prefills only the dialogue's new tokens.
+    rollout engine (inference/engine.py), so each of the runner's user turns prefills only the dialogue's new tokens.
     mesh (the process's rollout mesh, `distributed.rollout_mesh`): an in-process simulator's LocalChatModels (and
     model judges / coaches) sample on it, their frozen params sharded once when built, and the engine simulator
     runs its programs there (params as models.shard_params lays them out, KV pages and Qwen3.5 states split over

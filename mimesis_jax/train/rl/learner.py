@@ -111,8 +111,8 @@ def mean_or_zero(xs) -> float:
     return float(np.mean(xs)) if xs else 0.0
 
 SCORE_PROGRAM = "_score_fn"  # RLStep's old-log-prob scoring (rl.old_logprobs = "recompute")
-SAMPLER_PROGRAM = "generate_bucket"  # rollout/sampler.py
-ENGINE_PROGRAMS = ("prefill_program", "decode_program")  # rollout/engine_programs.py
+SAMPLER_PROGRAM = "generate_bucket"  # inference/sampler.py
+ENGINE_PROGRAMS = ("prefill_program", "decode_program")  # inference/engine_programs.py
 
 
 def compilation_record(step_fn, compiled) -> dict:

@@ -1,4 +1,4 @@
-"""Request parsing of the OpenAI-compatible API (rollout/openai_api.py): a chat or completions request body checked
+"""Request parsing of the OpenAI-compatible API (serve/openai_api.py): a chat or completions request body checked
 field by field into the plain dict the routes serve; a bad field raises `BadRequest` naming it (the app answers
 HTTP 400 in OpenAI's error shape)."""
 

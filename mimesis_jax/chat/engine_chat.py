@@ -1,11 +1,11 @@
-"""`EngineChatModel`: `endpoints.LocalChatModel` whose sampling goes through a RolloutEngine (rollout/engine.py)."""
+"""`EngineChatModel`: `endpoints.LocalChatModel` whose sampling goes through a RolloutEngine (inference/engine.py)."""
 
 from __future__ import annotations
 
 import threading
 
-from mimesis_jax.rollout.endpoints import LocalChatModel, derive_seed
-from mimesis_jax.rollout.engine import EngineConfig, RolloutEngine
+from mimesis_jax.chat.endpoints import LocalChatModel, derive_seed
+from mimesis_jax.inference.engine import EngineConfig, RolloutEngine
 
 
 class EngineChatModel:

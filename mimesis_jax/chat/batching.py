@@ -2,7 +2,7 @@
 SamplingParams) together in ONE sampler call (up to max_batch, waiting at most batch_wait_ms for company), every
 request keeping its own settings; `BatchedChatModel` is that batching in-process, a ChatModel whose concurrent
 `chat` calls (the envs of a rollout, each asking its user or judge) share sampler calls. The HTTP server
-(rollout/serve.py) puts the same `BatchingEngine` behind its default backend.
+(serve/server.py) puts the same `BatchingEngine` behind its default backend.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from mimesis_jax.rollout.base import ChatResponse
-from mimesis_jax.rollout.endpoints import LocalChatModel, derive_seed
-from mimesis_jax.rollout.openai_api import Detokenizer, SamplingParams, TokenEvent
+from mimesis_jax.chat.base import ChatResponse
+from mimesis_jax.chat.endpoints import LocalChatModel, derive_seed
+from mimesis_jax.serve.openai_api import Detokenizer, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)
 

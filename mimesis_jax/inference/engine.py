@@ -1,8 +1,8 @@
 """Multi-turn rollout engine: persistent per-dialogue caches, a paged KV pool and continuous batching.
 
 This module is the scheduler (admission, rounds); the settings and requests (`EngineConfig`, `EngineRequest`,
-importable from here too) are in rollout/engine_requests.py, the jitted programs in rollout/engine_programs.py,
-the pages and cached dialogues in rollout/page_pool.py, the chat-model adapter in rollout/engine_chat.py.
+importable from here too) are in inference/engine_requests.py, the jitted programs in inference/engine_programs.py,
+the pages and cached dialogues in inference/page_pool.py, the chat-model adapter in chat/engine_chat.py.
 
     engine = RolloutEngine(config, params, EngineConfig(slots=16), stop_ids=(im_end,))
     samples = engine.generate_tokens(prompts, keys=episode_ids, max_tokens=256, temperature=1.0, seed=seeds)
@@ -54,7 +54,7 @@ program is the candidate count its rows need, exact for every row).
 Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / offered (decode-slot utilisation),
 evictions, recomputed dialogues, reused (not re-prefilled) tokens, the most pages in use at once (`pages_peak`).
 The RL stages log them per step (`engine/*`, train/rl/chat_models.EngineMeter); the pools' sizes come from the
-`rollout.engine*` keys (rollout/engine_sizing.py).
+`rollout.engine*` keys (inference/engine_sizing.py).
 """
 
 
@@ -71,11 +71,11 @@ import numpy as np
 
 from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout import engine_programs, sampler
-from mimesis_jax.rollout.endpoints import derive_seed
-from mimesis_jax.rollout.engine_requests import EngineConfig, EngineRequest, make_requests
-from mimesis_jax.rollout.page_pool import EngineError, PagePool
-from mimesis_jax.rollout.sampler import Sample
+from mimesis_jax.inference import engine_programs, sampler
+from mimesis_jax.chat.endpoints import derive_seed
+from mimesis_jax.inference.engine_requests import EngineConfig, EngineRequest, make_requests
+from mimesis_jax.inference.page_pool import EngineError, PagePool
+from mimesis_jax.inference.sampler import Sample
 
 log = logging.getLogger(__name__)
 

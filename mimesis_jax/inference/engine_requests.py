@@ -1,4 +1,4 @@
-"""The rollout engine's requests (rollout/engine.py is the scheduler that runs them): its settings (`EngineConfig`),
+"""The rollout engine's requests (inference/engine.py is the scheduler that runs them): its settings (`EngineConfig`),
 one sampling request and its handle (`EngineRequest`), and the checks that turn a call's arguments into requests
 (`make_requests`: errors name the request by its index and the argument or EngineConfig key)."""
 
@@ -9,10 +9,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout.endpoints import derive_seed
-from mimesis_jax.rollout.page_pool import Dialogue, EngineError
-from mimesis_jax.rollout.sampler import Sample
+from mimesis_jax.inference import sampler
+from mimesis_jax.chat.endpoints import derive_seed
+from mimesis_jax.inference.page_pool import Dialogue, EngineError
+from mimesis_jax.inference.sampler import Sample
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Model endpoints behind the one `ChatModel` interface (rollout/base.py).
+"""Model endpoints behind the one `ChatModel` interface (chat/base.py).
 
 * `LocalChatModel`   -- this project's JAX sampler: messages are rendered with `data.chat.render_messages` (the
   one chat-formatting code path), sampled with `rollout.sampler`; token ids and temperature-1 log-probs come back.
@@ -7,7 +7,7 @@
   the official `openai` client: its per-request timeout, retries with exponential backoff on 408/409/429/5xx,
   connection errors and timeouts (honouring Retry-After); the API key read from an environment variable at call
   time and never logged or put in an error message. `RemoteCompletionsAgent`: the same over `/completions`.
-* `ScriptedChatModel` (rollout/base.py) -- fixed replies, for tests.
+* `ScriptedChatModel` (chat/base.py) -- fixed replies, for tests.
 
 `chat_many(model, conversations)` runs many conversations on any ChatModel (one batched call when the model has
 `chat_batch`, else a thread pool of `model.max_concurrency` workers) and turns a failure of one conversation into
@@ -26,8 +26,8 @@ import numpy as np
 
 from mimesis_jax.data.chat import render_messages
 from mimesis_jax.models import shard_params
-from mimesis_jax.rollout import sampler
-from mimesis_jax.rollout.base import ChatResponse, Message
+from mimesis_jax.inference import sampler
+from mimesis_jax.chat.base import ChatResponse, Message
 
 log = logging.getLogger(__name__)
 

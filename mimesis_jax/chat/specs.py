@@ -21,10 +21,10 @@ from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.rollout.base import SimulatorAsResponder
-from mimesis_jax.rollout.batching import BatchedChatModel
-from mimesis_jax.rollout.endpoints import LocalChatModel, OpenAIChatModel, RemoteCompletionsAgent
-from mimesis_jax.rollout.serve import load_chat_model
+from mimesis_jax.chat.base import SimulatorAsResponder
+from mimesis_jax.chat.batching import BatchedChatModel
+from mimesis_jax.chat.endpoints import LocalChatModel, OpenAIChatModel, RemoteCompletionsAgent
+from mimesis_jax.serve.server import load_chat_model
 
 
 @dataclasses.dataclass

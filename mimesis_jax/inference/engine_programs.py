@@ -1,7 +1,7 @@
 """The rollout engine's two jitted programs: one prefill chunk and one burst of decode steps over the paged cache
 (models/paged_cache.py), sampling with the sampler's rule and keys (`sampler.choose_tokens`; row key
 fold_in(key(seed), salt), step key fold_in(row key, step)). Shapes are fixed by EngineConfig; the scheduler
-(rollout/engine.py) pads every call to them."""
+(inference/engine.py) pads every call to them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.paged_attention import slot_major_decode_attention
 from mimesis_jax.models.paged_cache import TRASH_PAGE, pool_axes
-from mimesis_jax.rollout.sampler import choose_tokens
+from mimesis_jax.inference.sampler import choose_tokens
 
 
 def _pin(config, cache):

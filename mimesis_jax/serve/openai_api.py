@@ -3,7 +3,7 @@
 `create_app(backend, model_name)` serves `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`
 and `GET /health`. The backend renders chat messages to prompt ids and streams a choice's tokens
 (`TokenEvent`: id, log-prob, finish reason on the last); detokenisation, stop strings, `n`, log-probs, thinking
-splits and SSE framing live here, so every backend answers alike (rollout/serve.py has the backend over the
+splits and SSE framing live here, so every backend answers alike (serve/server.py has the backend over the
 batching sampler and the server around the app).
 
 Chat fields: `messages` (string content or a list of text parts), `max_tokens` / `max_completion_tokens`,
@@ -36,8 +36,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from mimesis_jax.rollout.endpoints import THINK_CLOSE, THINK_OPEN, derive_seed, cut_at_stop_strings, split_thought
-from mimesis_jax.rollout.openai_requests import (  # noqa: F401  (openai_api's names for them, as before)
+from mimesis_jax.chat.endpoints import THINK_CLOSE, THINK_OPEN, derive_seed, cut_at_stop_strings, split_thought
+from mimesis_jax.serve.openai_requests import (  # noqa: F401  (openai_api's names for them, as before)
     ROLES, BadRequest, parse_completion_request, parse_request)
 
 

@@ -1,4 +1,4 @@
-"""How big a rollout engine's pools are (rollout/engine.py): the bytes of one KV page and one Qwen3.5 state slot
+"""How big a rollout engine's pools are (inference/engine.py): the bytes of one KV page and one Qwen3.5 state slot
 of a model, and the EngineConfig of an RL stage's rollout for a number of dialogues in flight.
 
     sizing = engine_sizing(model_config, dialogues=1024, max_context=9344, page_size=16, slots=16,
@@ -74,7 +74,7 @@ class EngineSizing:
         return self.num_pages * self.page_bytes + self.num_states * self.state_bytes
 
     def engine_config(self):
-        from mimesis_jax.rollout.engine import EngineConfig
+        from mimesis_jax.inference.engine import EngineConfig
         return EngineConfig(slots=self.slots, page_size=self.page_size, num_pages=self.num_pages,
                             max_pages_per_seq=self.max_pages_per_seq, num_states=self.num_states)
 

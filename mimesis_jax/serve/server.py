@@ -4,7 +4,7 @@
     python -m mimesis_jax serve --checkpoint HF_DIR --port 8000 [--tokenizer SPEC] [--generation-role user]
     python -m mimesis_jax serve --checkpoint WORKDIR [--step N] --port 8000  # a training run's checkpoint
 
-The API (chat and text completions, streaming, n, logprobs; rollout/openai_api.py) is a FastAPI app run by
+The API (chat and text completions, streaming, n, logprobs; serve/openai_api.py) is a FastAPI app run by
 uvicorn (`ChatServer`), bound to 127.0.0.1 unless --host says otherwise. With `--api-key KEY` (repeatable) or
 MIMESIS_API_KEY (comma-separated keys) every route but /health needs `Authorization: Bearer KEY` (compared in
 constant time; 401 otherwise); without a key any request is served, and binding a non-loopback address warns.
@@ -17,9 +17,9 @@ samples concurrent requests together in ONE sampler call (up to `--max-batch`, w
 for company), every request keeping its own settings. That backend delivers a choice's tokens when its batch is
 done, so a stream carries well-formed OpenAI chunks that arrive together; with `--engine` (below) they arrive as
 they are sampled.
-`BatchedChatModel` (rollout/batching.py) is the same batching in-process (no HTTP), for the envs of a rollout.
+`BatchedChatModel` (chat/batching.py) is the same batching in-process (no HTTP), for the envs of a rollout.
 
-`--engine` samples through the rollout engine instead (rollout/engine_chat.py `EngineChatModel`: paged KV pool,
+`--engine` samples through the rollout engine instead (chat/engine_chat.py `EngineChatModel`: paged KV pool,
 `--engine-slots` decode slots, one device) with `StreamingEngineBackend`: the engine's scheduler runs on its own
 thread and every choice of every HTTP call is one engine request that takes a decode slot as soon as one frees
 (continuous batching across calls: a short completion leaves early, a new request does not wait for a batch to
@@ -45,10 +45,10 @@ import jax.numpy as jnp
 from mimesis_jax import checkpoints, models  # checkpoints as a module: tests patch checkpoints.load_trained
 from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.rollout.batching import BatchingEngine
-from mimesis_jax.rollout.endpoints import LocalChatModel, derive_seed
-from mimesis_jax.rollout.engine import EngineError, EngineLoop
-from mimesis_jax.rollout.openai_api import TokenEvent, create_app
+from mimesis_jax.chat.batching import BatchingEngine
+from mimesis_jax.chat.endpoints import LocalChatModel, derive_seed
+from mimesis_jax.inference.engine import EngineError, EngineLoop
+from mimesis_jax.serve.openai_api import TokenEvent, create_app
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class EngineBackend:
 
 
 class StreamingEngineBackend:
-    """The `Backend` of `serve --engine`: every choice is one request of a RolloutEngine (rollout/engine.py) whose
+    """The `Backend` of `serve --engine`: every choice is one request of a RolloutEngine (inference/engine.py) whose
     scheduler runs on an `EngineLoop` thread. A request joins the running batch as soon as a decode slot frees --
     requests of different HTTP calls are batched continuously, nobody waits for a batch to drain -- and its tokens
     are yielded as each decode burst (`--engine-decode-steps` tokens) returns them. A client that goes away (or a
