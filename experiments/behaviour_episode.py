@@ -64,7 +64,7 @@ def _side(spec: str, model_name: str, role: str):
 
 def _policy(spec: str, max_tokens: int):
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
     from mimesis_jax.episodes.agent import ScriptedAgent
 
     if spec == "scripted":

@@ -126,7 +126,7 @@ def note_following(config, params, tok, words, seed: int, n: int = 32) -> dict:
     """Mean ToyKeyword reward for the user's letter: without a note, with the right note, with another note."""
     from mimesis_jax.algorithms.coach import coach_note_message
     from mimesis_jax.envs.toy import keyword_reward
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
 
     agent = LocalChatModel(config, params, tok, max_tokens=24, temperature=1.0, seed=seed)
     base = [{"role": "system", "content": "You are a friendly assistant. Reply in one or two sentences."},
@@ -156,7 +156,7 @@ def note_covariance(config, params, tok, arm: str, seed: int, groups: int = 8, g
     from mimesis_jax.algorithms.logprobs import token_logprobs
     from mimesis_jax.data.chat import render_messages
     from mimesis_jax.envs.toy import TOPICS, ToyCoach, keyword_reward
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
 
     rng = random.Random(seed)
     agent = LocalChatModel(config, params, tok, max_tokens=24, temperature=1.0, seed=seed)

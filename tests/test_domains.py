@@ -95,7 +95,7 @@ def test_behaviour_and_multi_turn_soul_episodes_with_the_tiny_simulator():
     """The tiny Qwen3.5 simulator as the sampled policy: one ABCD behaviour episode (customer, vs the toy support
     agent, toy judge) and one multi-turn SOUL episode (sotopia vs a scripted partner and judge), two rollouts each;
     their segments feed grpo.group_advantages(fold=True) with each rollout counted once."""
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
     from mimesis_jax.chat.specs import tiny_model
 
     config, params, tok = tiny_model("qwen3_5", 0)

@@ -14,8 +14,10 @@ import pytest
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
-from mimesis_jax.chat.endpoints import (EndpointError, LocalChatModel, OpenAIChatModel, chat_many, response_thought,
-                                           split_thought)
+from mimesis_jax.chat.base import chat_many
+from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.chat.remote import EndpointError, OpenAIChatModel
+from mimesis_jax.chat.thoughts import response_thought, split_thought
 from mimesis_jax.chat.refusal import DEFAULT_RULES, RefusalDetector
 
 KEY = "sk-test-SECRET-0123456789abcdef"
@@ -287,7 +289,7 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
     """A remote agent for evaluation: the token prompt goes out as text, the reply comes back as ids + <|im_end|>;
     a 503 is retried; the key is sent in the header only."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.chat.endpoints import RemoteCompletionsAgent
+    from mimesis_jax.chat.remote import RemoteCompletionsAgent
 
     tok = load_tokenizer("tiny")
     done = {"choices": [{"index": 0, "text": "I will search now.", "finish_reason": "stop"}]}

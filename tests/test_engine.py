@@ -331,7 +331,7 @@ def test_episode_runner_with_engine_agent_and_simulator_matches_local_models():
     """run_episodes with EngineChatModel for the agent (Qwen3) and the simulator (Qwen3.5) records the same
     trajectories as with LocalChatModel (per-turn sampler.generate), and frees every dialogue at the end."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
     from mimesis_jax.chat.engine_chat import EngineChatModel
     from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
     from test_episode import ChattyEnv, _task

@@ -172,7 +172,7 @@ def test_real_sampler_agent_logprobs_match_the_student_sequence(tok):
     """With a real JAX agent the recorded context is token-exact: scoring the student sequence with
     `token_logprobs` gives back the sampler's log-probs at every agent token."""
     from mimesis_jax.algorithms.logprobs import token_logprobs
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
     config = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, initializer_range=0.3)
     params = models.init_params(config, jax.random.key(0))

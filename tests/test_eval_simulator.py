@@ -333,7 +333,7 @@ def test_soul_aggregation_by_hand():
 
 def test_tiny_soul_run_hitom_and_a_judge_task():
     from mimesis_jax.envs.domains import SideModels, domain
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
     from mimesis_jax.chat.specs import tiny_model
 
     config, params, tok = tiny_model("qwen3_5", 0)

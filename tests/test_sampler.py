@@ -341,7 +341,7 @@ def test_local_chat_model_max_batch_chunks_the_sampler_calls(monkeypatch):
     """LocalChatModel(max_batch=N) hands N to the sampler: its calls hold at most N sequences, the replies are
     those of max_batch=0 (same seeds), and a bad value is refused naming the argument."""
     from mimesis_jax.data.tokenizer import load_tokenizer
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
 
     tok = load_tokenizer("tiny")
     config = ModelConfig(**dict(QWEN3, vocab_size=tok.vocab_size))

@@ -23,7 +23,10 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.commands import serve as serve_command
 from mimesis_jax.serve import server as serve
-from mimesis_jax.chat.endpoints import LocalChatModel, OpenAIChatModel, derive_seed, split_thought
+from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.chat.remote import OpenAIChatModel
+from mimesis_jax.chat.thoughts import split_thought
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.chat.engine_chat import EngineChatModel
 
 CONV = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hello, how can I help?"}]
@@ -315,7 +318,7 @@ def test_text_completions_through_the_client(server):
 
 
 def test_remote_completions_agent_against_serve(server):
-    from mimesis_jax.chat.endpoints import RemoteCompletionsAgent
+    from mimesis_jax.chat.remote import RemoteCompletionsAgent
 
     tok, local = server.model.tok, _local(server)
     prompts = [local.render(CONV), local.render([{"role": "user", "content": "Where is my order?"}])]

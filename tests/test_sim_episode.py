@@ -132,7 +132,7 @@ def test_real_sampler_policy_logprobs_match_the_segment(tok):
     """With the tiny JAX model as the policy each segment is token-exact: scoring prompt + sampled tokens gives
     back the sampler's log-probs."""
     from mimesis_jax.algorithms.logprobs import token_logprobs
-    from mimesis_jax.chat.endpoints import LocalChatModel
+    from mimesis_jax.chat.local import LocalChatModel
     config = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, initializer_range=0.3)
     params = models.init_params(config, jax.random.key(0))

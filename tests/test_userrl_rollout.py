@@ -15,7 +15,7 @@ from mimesis_jax.algorithms.logprobs import token_logprobs
 from mimesis_jax.envs.userrl import GYM_MODULES, shipped_tasks
 from mimesis_jax.episodes.userrl import episode_tasks, trajectory_record
 from mimesis_jax.chat.base import ScriptedChatModel
-from mimesis_jax.chat.endpoints import LocalChatModel
+from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.chat.specs import tiny_model
 

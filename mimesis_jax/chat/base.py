@@ -9,8 +9,12 @@ scripted model for tests. Users (simulators), judges and coaches are all `ChatMo
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import logging
 from typing import Protocol, Sequence, runtime_checkable
+
+log = logging.getLogger(__name__)
 
 Message = dict  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}
 
@@ -83,3 +87,31 @@ class SimulatorAsResponder:
         def run(conversations, **kwargs) -> list[ChatResponse]:
             return batch([self.flip(c) for c in conversations], **kwargs)
         return run
+
+
+# ------------------------------------------------------------------------------------ many chats
+def chat_many(model, conversations: Sequence[Sequence[Message]], **kwargs) -> list[ChatResponse]:
+    """Runs every conversation on `model`; failures become ChatResponse(text="", finish_reason="error")."""
+    conversations = list(conversations)
+    if not conversations:
+        return []
+    if hasattr(model, "chat_batch"):
+        try:
+            return list(model.chat_batch(conversations, **kwargs))
+        except Exception as e:  # noqa: BLE001 -- reported per conversation, not swallowed
+            log.error("chat_batch failed for %d conversations: %s", len(conversations), e)
+            return [ChatResponse("", finish_reason="error", meta={"error": f"{type(e).__name__}: {e}"})
+                    for _ in conversations]
+
+    def one(messages):
+        try:
+            return model.chat(messages, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            log.error("chat failed: %s", e)
+            return ChatResponse("", finish_reason="error", meta={"error": f"{type(e).__name__}: {e}"})
+
+    workers = max(1, int(getattr(model, "max_concurrency", 1)))
+    if workers == 1 or len(conversations) == 1:
+        return [one(m) for m in conversations]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(conversations))) as pool:
+        return list(pool.map(one, conversations))

@@ -17,7 +17,8 @@ import time
 import numpy as np
 
 from mimesis_jax.chat.base import ChatResponse
-from mimesis_jax.chat.endpoints import LocalChatModel, derive_seed
+from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.serve.openai_api import Detokenizer, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)

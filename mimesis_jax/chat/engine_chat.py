@@ -1,15 +1,16 @@
-"""`EngineChatModel`: `endpoints.LocalChatModel` whose sampling goes through a RolloutEngine (inference/engine.py)."""
+"""`EngineChatModel`: `local.LocalChatModel` whose sampling goes through a RolloutEngine (inference/engine.py)."""
 
 from __future__ import annotations
 
 import threading
 
-from mimesis_jax.chat.endpoints import LocalChatModel, derive_seed
+from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.inference.engine import EngineConfig, RolloutEngine
 
 
 class EngineChatModel:
-    """`endpoints.LocalChatModel` whose sampling goes through a RolloutEngine: a drop-in agent for
+    """`local.LocalChatModel` whose sampling goes through a RolloutEngine: a drop-in agent for
     `episode.run_episodes` / policy for `sim_episode.run_sim_episodes`, and an in-process simulator (ChatModel)
     whose `chat_batch` takes `keys` (one dialogue key per conversation).
 

@@ -23,7 +23,8 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.chat.batching import BatchedChatModel
-from mimesis_jax.chat.endpoints import LocalChatModel, OpenAIChatModel, RemoteCompletionsAgent
+from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.chat.remote import OpenAIChatModel, RemoteCompletionsAgent
 from mimesis_jax.serve.server import load_chat_model
 
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.chat.base import ChatResponse, Message
-from mimesis_jax.chat.endpoints import split_thought
+from mimesis_jax.chat.thoughts import split_thought
 
 
 # ------------------------------------------------------------------------------------ prompt templates

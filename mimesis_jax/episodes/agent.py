@@ -42,7 +42,9 @@ from mimesis_jax.envs.agent_env import (INTERACT_TOOL, Env, InvalidEpisode, Tool
                                         tool_feedback, visible_reply)
 from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.chat.base import Message
-from mimesis_jax.chat.endpoints import chat_many, derive_seed, response_thought
+from mimesis_jax.chat.base import chat_many
+from mimesis_jax.chat.thoughts import response_thought
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.chat.refusal import RefusalDetector
 from mimesis_jax.inference.sampler import Sample
 
@@ -368,7 +370,7 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
     """Runs every task to its end and returns one Trajectory per task, in order.
 
     agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel`, `engine_chat.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
+    (`local.LocalChatModel`, `engine_chat.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
     None. An agent / user with persistent dialogue state (`release`, e.g. EngineChatModel) gets keys
     ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
     ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.

@@ -10,7 +10,7 @@ sits inside the environment (envs/sim_env.py). One round for every live episode:
    tokens and the sampled tokens with their log-probs are recorded exactly as sampled -- never decoded and
    re-tokenised;
 2. **environment step** -- the sample is split into the private thought and the public utterance
-   (`endpoints.split_thought`; a thinking turn that never closes ``</think>`` has no utterance) and given to
+   (`thoughts.split_thought`; a thinking turn that never closes ``</think>`` has no utterance) and given to
    ``env.step(thought, utterance)``, concurrently across episodes (envs call their judges / partners there).
    The utterance (with the thought as ``reasoning``, which the chat template keeps or drops as in SFT) and the
    env's messages are appended to the view.
@@ -38,7 +38,8 @@ from mimesis_jax.envs.agent_env import InvalidEpisode
 from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
 from mimesis_jax.episodes.agent import ROLLOUT_IDS
 from mimesis_jax.episodes.progress import TurnProgress
-from mimesis_jax.chat.endpoints import derive_seed, split_thought
+from mimesis_jax.chat.thoughts import split_thought
+from mimesis_jax.inference.protocol import derive_seed
 
 
 @dataclasses.dataclass
@@ -251,7 +252,7 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
     """Runs every task to its end; one SimRollout per task, in order.
 
     policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`endpoints.LocalChatModel` over the simulator's weights, or `episodes.agent.ScriptedAgent` in tests). A policy with
+    (`local.LocalChatModel` over the simulator's weights, or `episodes.agent.ScriptedAgent` in tests). A policy with
     `release` (`engine_chat.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
     tokenizer: the policy's tokenizer (default `policy.tok`).
     progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, of at most the

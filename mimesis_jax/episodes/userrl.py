@@ -18,7 +18,7 @@ from typing import Sequence
 from mimesis_jax.envs.userrl.scoring import score_trajectory
 from mimesis_jax.envs.userrl.tasks import Task, make_env
 from mimesis_jax.episodes.agent import EpisodeTask
-from mimesis_jax.chat.endpoints import derive_seed
+from mimesis_jax.inference.protocol import derive_seed
 
 
 def episode_tasks(tasks: Sequence[Task], *, group_size: int = 1, first_group: int = 0, first_rollout_id: int = 0,

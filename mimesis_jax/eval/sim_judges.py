@@ -30,7 +30,7 @@ from mimesis_jax.envs.model_io import call_model, fill, load_templates, parse_js
 from mimesis_jax.eval import metrics
 from mimesis_jax.eval.conversations import Pair, render_transcript
 from mimesis_jax.eval.usi import DATA_DIR
-from mimesis_jax.chat.endpoints import split_thought
+from mimesis_jax.chat.thoughts import split_thought
 
 PROMPTS_PATH = DATA_DIR / "sim_judges.toml"
 FI_DIMENSIONS = ("persona", "style", "technical_competency", "interaction_flow", "pacing")

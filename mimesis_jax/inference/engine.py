@@ -72,7 +72,7 @@ import numpy as np
 from mimesis_jax import models, sharding
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.inference import engine_programs, sampler
-from mimesis_jax.chat.endpoints import derive_seed
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.inference.engine_requests import EngineConfig, EngineRequest, make_requests
 from mimesis_jax.inference.page_pool import EngineError, PagePool
 from mimesis_jax.inference.sampler import Sample

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mimesis_jax.inference import sampler
-from mimesis_jax.chat.endpoints import derive_seed
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.inference.page_pool import Dialogue, EngineError
 from mimesis_jax.inference.sampler import Sample
 

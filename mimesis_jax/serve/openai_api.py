@@ -36,7 +36,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from mimesis_jax.chat.endpoints import THINK_CLOSE, THINK_OPEN, derive_seed, cut_at_stop_strings, split_thought
+from mimesis_jax.chat.local import cut_at_stop_strings
+from mimesis_jax.chat.thoughts import THINK_CLOSE, THINK_OPEN, split_thought
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.serve.openai_requests import (  # noqa: F401  (openai_api's names for them, as before)
     ROLES, BadRequest, parse_completion_request, parse_request)
 

@@ -46,7 +46,8 @@ from mimesis_jax import checkpoints, models  # checkpoints as a module: tests pa
 from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.chat.batching import BatchingEngine
-from mimesis_jax.chat.endpoints import LocalChatModel, derive_seed
+from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.inference.engine import EngineError, EngineLoop
 from mimesis_jax.serve.openai_api import TokenEvent, create_app
 

@@ -74,7 +74,7 @@ from mimesis_jax.envs.abcd.behaviour import (
 from mimesis_jax.envs.model_io import call_model, fill, load_templates, parse_json_object
 from mimesis_jax.envs.sim_env import Message, SimEnv, SimTurn
 from mimesis_jax.chat.base import ChatModel
-from mimesis_jax.chat.endpoints import response_thought
+from mimesis_jax.chat.thoughts import response_thought
 
 DOMAIN = "abcd_behaviour"
 PROMPTS_PATH = os.path.join(abcd.DATA_DIR, "prompts.toml")

@@ -42,7 +42,7 @@ from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.model_io import call_model, field, fill, load_templates, parse_json_object
 from mimesis_jax.envs.sim_env import Message, SimEnv, SimTurn
-from mimesis_jax.chat.endpoints import split_thought
+from mimesis_jax.chat.thoughts import split_thought
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 PROMPTS_DIR = PACKAGE_DIR / "prompts"

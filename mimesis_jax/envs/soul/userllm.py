@@ -40,7 +40,7 @@ import re
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.model_io import field
 from mimesis_jax.envs.soul.base import JudgeEnv, register
-from mimesis_jax.chat.endpoints import split_thought
+from mimesis_jax.chat.thoughts import split_thought
 
 END = "<|endconversation|>"
 INTENT_PREFIX = "You are a user chatting with an assistant language model to"

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import Env, EnvError, InvalidEpisode, StepResult, parse_action
 from mimesis_jax.chat.base import Message
-from mimesis_jax.chat.endpoints import response_thought, split_thought
+from mimesis_jax.chat.thoughts import response_thought, split_thought
 from mimesis_jax.chat.refusal import RefusalDetector
 from mimesis_jax.envs.model_io import call_model, field, fill, load_templates
 

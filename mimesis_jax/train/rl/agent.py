@@ -64,7 +64,7 @@ from mimesis_jax.envs.userrl.mixture import MixtureConfig, MixtureSampler, build
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.chat.base import ChatModel
-from mimesis_jax.chat.endpoints import chat_many
+from mimesis_jax.chat.base import chat_many
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl.chat_models import (UserSide, build_user_side, engine_of, ladder_buckets,
                                               simulator_engine_config)
@@ -83,7 +83,7 @@ def load(path: str, overrides=()) -> AgentRLConfig:
 def coach_notes_batch(coach_model: ChatModel, trajectories: Sequence[Trajectory], *,
                       decode: Callable[[list[int]], str] | None = None, task_contexts: Sequence[str] | None = None,
                       max_tokens: int = 256, temperature: float = 0.0) -> list[list[str | None]]:
-    """Eq 7 notes for many trajectories through ONE batched call (rollout.endpoints.chat_many): per trajectory,
+    """Eq 7 notes for many trajectories through ONE batched call (chat/base.py chat_many): per trajectory,
     per agent turn, the note or None (prompts: algorithms/coach.py `coach_requests`; a coach answer of exactly
     NONE, or nothing, is None). A failed coach call is an error naming the trajectory and the turn, never a silent
     skip."""

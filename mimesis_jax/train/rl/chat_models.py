@@ -34,7 +34,7 @@ from mimesis_jax.chat import engine_chat
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.engine_sizing import rollout_sizing
 from mimesis_jax.chat.base import SimulatorAsResponder
-from mimesis_jax.chat.endpoints import LocalChatModel
+from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.chat.batching import BatchedChatModel
 from mimesis_jax.chat.specs import ModelSpec, chat_model_from_spec, local_model
 from mimesis_jax.train.rl import distributed
