@@ -10,7 +10,7 @@ from mimesis_jax.envs.abcd.env import (
 )
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.abcd.behaviour import ALL_IDS, BEHAVIOURS, CARD_FIELDS
-from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
+from mimesis_jax.chat.base import ChatModel, ChatResponse, ScriptedChatModel
 
 CONVS = {c.convo_id: c for c in abcd.load_conversations(abcd.SAMPLE_PATH)}
 KB = abcd.load_kb(abcd.KB_PATH)
@@ -353,7 +353,7 @@ def test_bad_inputs_name_the_record_and_field():
                                                                                         "actions": [{"text": "t"}]}}}}
     with pytest.raises(EnvError, match=r"Return Due to Color'\]: field 'actions\[0\].button'"):
         make_behaviour_env(record, agent=agent, judge=judge, guidelines=bad)
-    with pytest.raises(EnvError, match="judge must be a ChatModel"):
+    with pytest.raises(EnvError, match="judge must subclass ChatModel"):
         make_behaviour_env(record, agent=agent, judge=None)
     with pytest.raises(EnvError, match="abcd.Conversation"):
         make_behaviour_env({"convo_id": 1}, agent=agent, judge=judge)
@@ -391,7 +391,7 @@ def test_in_character_speech_keeps_e_and_p_and_the_judge_sees_the_candidates():
             "As a frustrated customer, I want this fixed today", "I will pretend I did not hear that"]
     seen = []
 
-    class Judge:
+    class Judge(ChatModel):
         def chat(self, messages, **_):
             seen.append(messages)
             return ChatResponse(text=verdict())

@@ -14,7 +14,7 @@ from mimesis_jax.algorithms import csd, grpo
 from mimesis_jax.algorithms.logprobs import logprobs_from_hidden, token_logprobs
 from mimesis_jax.algorithms.rl_batch import pack_trajectories
 from mimesis_jax.models import hidden_states
-from mimesis_jax.chat.base import ChatResponse, ScriptedChatModel
+from mimesis_jax.chat.base import ChatModel, ChatResponse, ScriptedChatModel
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl.agent import coach_notes, coach_notes_batch
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch, rl_loss
@@ -72,7 +72,10 @@ def test_coach_notes_batch_is_one_call_over_all_trajectories():
     trs[1].user_utterances = ["Paris!", "Thanks."]
     calls = []
 
-    class Batched:
+    class Batched(ChatModel):
+        def chat(self, messages, **kw):
+            raise AssertionError("coach_notes_batch makes one chat_batch call")
+
         def chat_batch(self, conversations, **kw):
             calls.append(len(conversations))
             return [ChatResponse(f"note {k}") for k in range(len(conversations))]
@@ -80,7 +83,7 @@ def test_coach_notes_batch_is_one_call_over_all_trajectories():
     assert coach_notes_batch(Batched(), trs) == [["note 0", None], ["note 1", "note 2"]]
     assert calls == [3]
 
-    class Failing:
+    class Failing(ChatModel):
         def chat(self, messages, **kw):
             raise ConnectionError("coach endpoint down")
 

@@ -18,7 +18,7 @@ from mimesis_jax.envs.userrl import mixture, scoring
 from mimesis_jax.envs.model_io import fill, parse_json_object
 from mimesis_jax.envs.userrl.common import UserRLEnv
 from mimesis_jax.envs.userrl.tasks import GYM_MODULES, Task, load_tasks, task_from_row
-from mimesis_jax.chat.base import ScriptedChatModel, SimulatorAsResponder
+from mimesis_jax.chat.base import ChatModel, ChatResponse, ScriptedChatModel, SimulatorAsResponder
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 from mimesis_jax.data.trajectory import Trajectory
 
@@ -281,7 +281,7 @@ def test_refusing_user_and_failing_judge_make_the_episode_invalid(tok):
 
 
 def test_endpoint_failure_is_invalid_not_zero():
-    class Down:
+    class Down(ChatModel):
         def chat(self, messages, **kw):
             raise ConnectionError("connection refused")
     env = _EchoGym(user=Down())
@@ -294,7 +294,7 @@ def test_env_steps_run_concurrently_and_in_order(tok):
     """Eight envs whose user calls each take 0.2 s finish a turn in well under 8 x 0.2 s, results in order."""
     active, peak, lock = [0], [0], threading.Lock()
 
-    class Slow:
+    class Slow(ChatModel):
         def chat(self, messages, **kw):
             with lock:
                 active[0] += 1
@@ -302,7 +302,6 @@ def test_env_steps_run_concurrently_and_in_order(tok):
             time.sleep(0.2)
             with lock:
                 active[0] -= 1
-            from mimesis_jax.chat.base import ChatResponse
             return ChatResponse(text=f"reply to {messages[-1]['content']}")
 
     agent = ScriptedAgent(tok, lambda prompt, i: tool_call_text("action", f"q{i}"))
@@ -322,7 +321,73 @@ def test_simulator_as_responder_flips_roles():
                                     {"role": "assistant", "content": "my earlier reply"},
                                     {"role": "user", "content": "agent q2"}])
     assert [m["role"] for m in sim.calls[0]] == ["system", "assistant", "user", "assistant"]
-    assert not hasattr(SimulatorAsResponder(sim), "chat_batch")
+
+
+def test_simulator_as_responder_batches_releases_and_closes_through_its_simulator():
+    class Sim(ChatModel):
+        max_concurrency = 3
+
+        def __init__(self):
+            self.batches, self.released, self.closed = [], [], 0
+
+        def chat(self, messages, **kw):
+            raise AssertionError("the batch goes through chat_batch")
+
+        def chat_batch(self, conversations, **kw):
+            self.batches.append(([[m["role"] for m in c] for c in conversations], kw))
+            return [ChatResponse(c[-1]["content"]) for c in conversations]
+
+        def release(self, key):
+            self.released.append(key)
+
+        def close(self):
+            self.closed += 1
+
+    sim = Sim()
+    wrapped = SimulatorAsResponder(sim)
+    out = wrapped.chat_batch([[{"role": "user", "content": "a"}],
+                              [{"role": "system", "content": "p"}, {"role": "assistant", "content": "b"}]],
+                             temperature=0.5)
+    assert [r.text for r in out] == ["a", "b"]
+    assert sim.batches == [([["assistant"], ["system", "user"]], {"temperature": 0.5})]
+    wrapped.release(7)
+    wrapped.close()
+    assert (sim.released, sim.closed, wrapped.max_concurrency) == ([7], 1, 3)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_env_threads_run_at_most_max_concurrency_calls_of_a_shared_model(tok, limit):
+    """Eight envs share one user model: the env threads never run more than its max_concurrency calls at once."""
+    active, peak, lock = [0], [0], threading.Lock()
+
+    class Shared(ChatModel):
+        max_concurrency = limit
+
+        def chat(self, messages, **kw):
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            time.sleep(0.1)
+            with lock:
+                active[0] -= 1
+            return ChatResponse(text="ok")
+
+    user = Shared()
+    tasks = [_task(_EchoGym(user=user), rid=i) for i in range(8)]
+    run_episodes(ScriptedAgent(tok, lambda prompt, i: tool_call_text("action", f"q{i}")), None, tasks,
+                 EpisodeConfig(max_turns=1, env_workers=8))
+    assert peak[0] == limit
+
+
+def test_a_gym_side_that_is_not_a_chat_model_is_refused():
+    class Duck:
+        def chat(self, messages, **kw):
+            return ChatResponse(text="quack")
+
+    env = _EchoGym(user=Duck())
+    env.reset()
+    with pytest.raises(EnvError, match="the user model must subclass ChatModel"):
+        env.step("[action] hello")
 
 
 def test_base_env_protocol_errors():

@@ -12,7 +12,7 @@ from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
 from mimesis_jax.envs.userrl import search as sg
 from mimesis_jax.envs.userrl.common import DATA_DIR
 from mimesis_jax.envs.userrl.retriever import Passage, RetrieverError
-from mimesis_jax.chat.base import ScriptedChatModel
+from mimesis_jax.chat.base import ChatModel, ScriptedChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, EpisodeTask, ScriptedAgent, run_episodes
 
 # the rule (docs/reference/environments.md / UserRL SearchGym): correct answer 1.0 and the episode ends, anything else 0.0
@@ -196,7 +196,7 @@ def test_unparseable_once_then_good_is_retried(tasks):
 
 
 def test_failing_judge_is_invalid(tasks):
-    class Broken:
+    class Broken(ChatModel):
         def chat(self, messages, **kw):
             raise ConnectionError("endpoint down")
 

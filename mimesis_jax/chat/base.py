@@ -9,10 +9,11 @@ scripted model for tests. Users (simulators), judges and coaches are all `ChatMo
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 import dataclasses
 import logging
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +29,50 @@ class ChatResponse:
     meta: dict = dataclasses.field(default_factory=dict)
 
 
-@runtime_checkable
-class ChatModel(Protocol):
+class ChatModel(abc.ABC):
+    """What every chat model subclasses. `chat` is the one method to write; the rest have defaults:
+
+    - `chat_batch(conversations, **kwargs)`: one response per conversation, in order -- by default `chat` on a
+      pool of `max_concurrency` threads, a conversation whose `chat` raises answered by
+      ChatResponse("", finish_reason="error") with the error in `meta["error"]`. A model that samples many
+      conversations in one call (a local sampler) overrides it.
+    - `max_concurrency` (1): how many `chat` calls may run on this model at once (`chat_batch`'s pool; the gyms'
+      calls through envs/model_io.py). A remote endpoint or a thread-safe batcher raises it.
+    - `release(key)`: forget the dialogue state kept under `key` (a model without dialogue state: nothing).
+    - `close()`: stop what the model holds (threads, engines; by default nothing).
+    """
+
+    max_concurrency: int = 1
+
+    @abc.abstractmethod
     def chat(self, messages: Sequence[Message], *, max_tokens: int | None = None,
-             temperature: float | None = None, stop: Sequence[str] | None = None) -> ChatResponse:
-        ...
+             temperature: float | None = None, stop: Sequence[str] | None = None, **kwargs) -> ChatResponse:
+        """The reply to `messages`."""
+
+    def chat_batch(self, conversations: Sequence[Sequence[Message]], **kwargs) -> list[ChatResponse]:
+        conversations = list(conversations)
+
+        def one(messages):
+            try:
+                return self.chat(messages, **kwargs)
+            except Exception as e:  # noqa: BLE001 -- reported per conversation, not swallowed
+                log.error("chat failed: %s", e)
+                return ChatResponse("", finish_reason="error", meta={"error": f"{type(e).__name__}: {e}"})
+
+        workers = min(max(1, int(self.max_concurrency)), len(conversations))
+        if workers <= 1:
+            return [one(m) for m in conversations]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, conversations))
+
+    def release(self, key) -> None:
+        """Forget the dialogue state kept under `key`; a model without dialogue state keeps none."""
+
+    def close(self) -> None:
+        """Stop what the model holds; a model that holds nothing has nothing to stop."""
 
 
-class ScriptedChatModel:
+class ScriptedChatModel(ChatModel):
     """Replies from a list (cycled) or a function of the messages; records every call. For tests and demos."""
 
     def __init__(self, replies, cycle: bool = True):
@@ -44,7 +81,7 @@ class ScriptedChatModel:
         self._i = 0
         self.calls: list[list[Message]] = []
 
-    def chat(self, messages, *, max_tokens=None, temperature=None, stop=None) -> ChatResponse:
+    def chat(self, messages, *, max_tokens=None, temperature=None, stop=None, **kwargs) -> ChatResponse:
         self.calls.append([dict(m) for m in messages])
         if callable(self._replies):
             out = self._replies(messages)
@@ -56,7 +93,7 @@ class ScriptedChatModel:
         return out if isinstance(out, ChatResponse) else ChatResponse(text=str(out))
 
 
-class SimulatorAsResponder:
+class SimulatorAsResponder(ChatModel):
     """Lets a user *simulator* answer where a gym asks a chat model for the user's reply.
 
     Gyms (envs/userrl) talk to their user model the way any chat endpoint is asked for a role-played reply: the
@@ -79,39 +116,32 @@ class SimulatorAsResponder:
     def chat(self, messages, **kwargs) -> ChatResponse:
         return self.simulator.chat(self.flip(messages), **kwargs)
 
-    @property
-    def chat_batch(self):
-        """Present exactly when the simulator has one (a local model: batched, and called one request at a time)."""
-        batch = self.simulator.chat_batch  # AttributeError when the simulator has none
+    def chat_batch(self, conversations, **kwargs) -> list[ChatResponse]:
+        """The simulator's own `chat_batch` (a local model: one sampler call) over the flipped conversations."""
+        return self.simulator.chat_batch([self.flip(c) for c in conversations], **kwargs)
 
-        def run(conversations, **kwargs) -> list[ChatResponse]:
-            return batch([self.flip(c) for c in conversations], **kwargs)
-        return run
+    @property
+    def max_concurrency(self) -> int:
+        return self.simulator.max_concurrency
+
+    def release(self, key) -> None:
+        self.simulator.release(key)
+
+    def close(self) -> None:
+        self.simulator.close()
 
 
 # ------------------------------------------------------------------------------------ many chats
-def chat_many(model, conversations: Sequence[Sequence[Message]], **kwargs) -> list[ChatResponse]:
-    """Runs every conversation on `model`; failures become ChatResponse(text="", finish_reason="error")."""
+def chat_many(model: ChatModel, conversations: Sequence[Sequence[Message]], **kwargs) -> list[ChatResponse]:
+    """Runs every conversation on `model` (its `chat_batch`); failures become ChatResponse(text="",
+    finish_reason="error"): each failed conversation's own (the default `chat_batch`), or every conversation's
+    when the whole batch raises."""
     conversations = list(conversations)
     if not conversations:
         return []
-    if hasattr(model, "chat_batch"):
-        try:
-            return list(model.chat_batch(conversations, **kwargs))
-        except Exception as e:  # noqa: BLE001 -- reported per conversation, not swallowed
-            log.error("chat_batch failed for %d conversations: %s", len(conversations), e)
-            return [ChatResponse("", finish_reason="error", meta={"error": f"{type(e).__name__}: {e}"})
-                    for _ in conversations]
-
-    def one(messages):
-        try:
-            return model.chat(messages, **kwargs)
-        except Exception as e:  # noqa: BLE001
-            log.error("chat failed: %s", e)
-            return ChatResponse("", finish_reason="error", meta={"error": f"{type(e).__name__}: {e}"})
-
-    workers = max(1, int(getattr(model, "max_concurrency", 1)))
-    if workers == 1 or len(conversations) == 1:
-        return [one(m) for m in conversations]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(conversations))) as pool:
-        return list(pool.map(one, conversations))
+    try:
+        return list(model.chat_batch(conversations, **kwargs))
+    except Exception as e:  # noqa: BLE001 -- reported per conversation, not swallowed
+        log.error("chat_batch failed for %d conversations: %s", len(conversations), e)
+        return [ChatResponse("", finish_reason="error", meta={"error": f"{type(e).__name__}: {e}"})
+                for _ in conversations]

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from mimesis_jax.chat.base import ChatResponse
+from mimesis_jax.chat.base import ChatModel, ChatResponse
 from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.serve.openai_api import Detokenizer, SamplingParams, TokenEvent
@@ -142,7 +142,7 @@ class BatchingEngine:
 
 
 
-class BatchedChatModel:
+class BatchedChatModel(ChatModel):
     """A ChatModel whose concurrent `chat` calls (from many threads: e.g. the envs of a rollout batch, each asking
     its user or judge) are sampled together through one `BatchingEngine` -- in-process, no HTTP. Close it when done.
     """
@@ -150,7 +150,7 @@ class BatchedChatModel:
     def __init__(self, model: LocalChatModel, *, max_batch: int = 64, batch_wait_ms: float = 20.0):
         self.model = model
         self.engine = BatchingEngine(model, max_batch=max_batch, batch_wait_ms=batch_wait_ms)
-        self.max_concurrency = int(max_batch)  # chat_many sends this many calls at once: one batch
+        self.max_concurrency = int(max_batch)  # chat_batch's pool sends this many calls at once: one batch
 
     def chat(self, messages, *, max_tokens=None, temperature=None, stop=None, top_p=None, top_k=None, seed=None,
              enable_thinking=None, **_):
@@ -167,6 +167,6 @@ class BatchedChatModel:
         return ChatResponse(text=det.text, token_ids=det.tokens, logprobs=det.logprobs, finish_reason=det.finish_reason,
                             meta={"prompt_ids": prompt, "thinking": think, "model": self.model.name})
 
-    def close(self):
+    def close(self) -> None:
         self.engine.close()
 

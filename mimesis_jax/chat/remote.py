@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 
-from mimesis_jax.chat.base import ChatResponse, chat_many
+from mimesis_jax.chat.base import ChatModel, ChatResponse, chat_many
 from mimesis_jax.inference import sampler
 
 
@@ -35,7 +35,7 @@ _CHAT_FIELDS = frozenset({"frequency_penalty", "logit_bias", "logprobs", "max_co
                           "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user"})
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(ChatModel):
     """A remote OpenAI-compatible chat endpoint (`{base_url}/chat/completions`) through the official `openai` client.
 
     api_key_env: name of the environment variable holding the key, read at every request (None for servers without
@@ -46,8 +46,8 @@ class OpenAIChatModel:
     server's Retry-After. A failure that is final becomes an EndpointError carrying the HTTP status.
     `extra_body` is merged into every request (e.g. {"top_p": 0.95, "chat_template_kwargs": {...}}); a call's
     `enable_thinking` becomes `chat_template_kwargs.enable_thinking` (vLLM's switch).
-    Concurrency: `chat_many` runs `max_concurrency` calls at once from a thread pool, all on this one client
-    (thread-safe) and its connection pool.
+    Concurrency: `chat_batch` (ChatModel's) runs `max_concurrency` calls at once from a thread pool, all on this
+    one client (thread-safe) and its connection pool; the gyms run at most as many calls at once.
     """
 
     endpoint = "/chat/completions"
@@ -124,12 +124,14 @@ class OpenAIChatModel:
         except (AttributeError, IndexError, TypeError) as e:
             raise self._malformed(e, out) from None
         meta = {"model": out.model, "usage": out.usage.model_dump(exclude_none=True) if out.usage else None}
-        reasoning = getattr(msg, "reasoning_content", None) or getattr(msg, "reasoning", None)
+        # servers' extensions to the OpenAI schema: the parsed objects keep unknown fields in `model_extra`
+        msg_extra, choice_extra = msg.model_extra or {}, choice.model_extra or {}
+        reasoning = msg_extra.get("reasoning_content") or msg_extra.get("reasoning")
         if reasoning:
             meta["reasoning"] = reasoning
         content_lp = choice.logprobs.content if choice.logprobs is not None else None
         lps = [float(x.logprob) for x in content_lp] if content_lp else None
-        return ChatResponse(text=text, token_ids=getattr(choice, "token_ids", None), logprobs=lps,
+        return ChatResponse(text=text, token_ids=choice_extra.get("token_ids"), logprobs=lps,
                             finish_reason=choice.finish_reason or "stop", meta=meta)
 
 

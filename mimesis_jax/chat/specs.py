@@ -21,7 +21,7 @@ from mimesis_jax import models
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.chat.base import SimulatorAsResponder
+from mimesis_jax.chat.base import ChatModel, SimulatorAsResponder
 from mimesis_jax.chat.batching import BatchedChatModel
 from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.chat.remote import OpenAIChatModel, RemoteCompletionsAgent
@@ -119,9 +119,8 @@ def user_and_judge(user: ModelSpec, judge: ModelSpec | None, *, user_style: str 
     return (SimulatorAsResponder(user_model) if style == "simulator" else user_model), BatchedChatModel(as_judge)
 
 
-def close_models(*models) -> None:
-    """Stops the batching threads of local models built here."""
+def close_models(*models: ChatModel) -> None:
+    """Stops the batching threads of local models built here (a SimulatorAsResponder closes its simulator; a
+    remote model holds nothing to stop)."""
     for m in models:
-        inner = getattr(m, "simulator", m)
-        if hasattr(inner, "close"):
-            inner.close()
+        m.close()

@@ -257,16 +257,13 @@ def evaluate(out_dir: str, agents: Sequence[Entry], users: Sequence[Entry], task
             todo = [u for u in users if (a.name, u.name) in pending]
             if not todo:
                 continue
-            agent = a.load()
-            try:
-                for u in todo:
-                    if u.name not in loaded_users:
-                        loaded_users[u.name] = tuple(u.load())
-                    user, judge = loaded_users[u.name]
-                    _run_pair(agent, user, judge, a.name, u.name, pending[a.name, u.name], tasks, config, retriever,
-                              out_dir, cells, log)
-            finally:
-                close_models(agent)
+            agent = a.load()  # a token-level agent (local sampler, remote /completions, scripted): holds no thread
+            for u in todo:
+                if u.name not in loaded_users:
+                    loaded_users[u.name] = tuple(u.load())
+                user, judge = loaded_users[u.name]
+                _run_pair(agent, user, judge, a.name, u.name, pending[a.name, u.name], tasks, config, retriever,
+                          out_dir, cells, log)
     finally:  # a judge shared by every user is closed once
         close_models(*{id(m): m for pair in loaded_users.values() for m in pair}.values())
     summary = summarize_matrix(cells, [a.name for a in agents], [u.name for u in users], gyms, seeds)

@@ -3,8 +3,9 @@ side (user, judge, support agent, interlocutor) with the failure rules, robust J
 
 Used by the UserRL gyms (envs/userrl), the ABCD behaviour environment (envs/abcd/env.py) and the SOUL tasks
 (envs/soul). Failure rules (docs/reference/paper.md 4.3, docs/reference/metrics.md): a model call that raises or answers with an error is
-`InvalidEpisode` -- the episode is INVALID with the reason, never a reward of 0. Local (in-process) models are
-called one request at a time from the env threads; remote endpoints run concurrently.
+`InvalidEpisode` -- the episode is INVALID with the reason, never a reward of 0. The env threads run at most a
+model's `max_concurrency` calls on it at once: a local (in-process) model one request at a time, a remote endpoint
+or a batcher as many as it declares.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import os
 import string
 import threading
 import tomllib
+import weakref
 from typing import Any, Sequence
 
 from mimesis_jax.envs.agent_env import EnvError, InvalidEpisode
-from mimesis_jax.chat.base import ChatResponse, Message
+from mimesis_jax.chat.base import ChatModel, ChatResponse, Message
 from mimesis_jax.chat.thoughts import split_thought
 
 
@@ -78,35 +80,37 @@ def _names(types) -> str:
 
 
 # ------------------------------------------------------------------------------------ model calls
-_LOCKS: dict[int, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
+_GATES: dict[int, tuple[weakref.ref, threading.BoundedSemaphore]] = {}
+_GATES_GUARD = threading.Lock()
 
 
-def _model_lock(model) -> threading.Lock | None:
-    """Local (in-process) models are called one request at a time; remote endpoints run concurrently."""
-    if not hasattr(model, "chat_batch"):
-        return None
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(id(model), threading.Lock())
+def _model_gate(model: ChatModel) -> threading.BoundedSemaphore:
+    """The env threads' shared gate of `model`: at most `model.max_concurrency` of its calls run at once (a local
+    model, 1: one request at a time; a remote endpoint or a batcher: its own limit)."""
+    with _GATES_GUARD:
+        ref, gate = _GATES.get(id(model), (None, None))
+        if ref is None or ref() is not model:  # new, or a dead model's id reused
+            gate = threading.BoundedSemaphore(max(1, int(model.max_concurrency)))
+            _GATES[id(model)] = (weakref.ref(model, lambda _, k=id(model): _GATES.pop(k, None)), gate)
+        return gate
 
 
-def call_model(model, messages: Sequence[Message], role: str, *, temperature: float | None = 0.0,
+def call_model(model: ChatModel | None, messages: Sequence[Message], role: str, *, temperature: float | None = 0.0,
                max_tokens: int | None = None) -> ChatResponse:
     """One chat call to a gym's other side; a missing model, an exception or an error response is INVALID."""
     if model is None:
         raise EnvError(f"this gym needs a {role} model (pass {role}=<ChatModel>)")
+    if not isinstance(model, ChatModel):
+        raise EnvError(f"the {role} model must subclass ChatModel (chat/base.py), got {type(model).__name__}")
     kwargs: dict[str, Any] = {}
     if temperature is not None:
         kwargs["temperature"] = temperature
     if max_tokens is not None:
         kwargs["max_tokens"] = max_tokens
-    lock = _model_lock(model)
+    gate = _model_gate(model)
     try:
-        if lock is None:
+        with gate:
             response = model.chat(list(messages), **kwargs)
-        else:
-            with lock:
-                response = model.chat(list(messages), **kwargs)
     except Exception as e:  # endpoint down, retries exhausted, ...
         raise InvalidEpisode(f"{role} model call failed: {type(e).__name__}: {e}") from e
     if response.finish_reason == "error":

@@ -20,7 +20,7 @@ import re
 
 from mimesis_jax.envs.agent_env import Env, EnvError, register
 from mimesis_jax.envs.userrl.tasks import Task
-from mimesis_jax.chat.base import ChatResponse
+from mimesis_jax.chat.base import ChatModel, ChatResponse
 
 TOPICS = ("a trip to the sea", "a good book", "a quiet morning", "a new recipe", "a small garden", "a city walk",
           "a rainy weekend", "a music lesson", "a lost key", "a family visit", "a bike ride", "a late train")
@@ -100,7 +100,7 @@ def toy_tasks(n: int, seed: int = 0, letter: str = "s", max_steps: int = 2):
 _LETTER = re.compile(r"start with the letter '([a-z])'")
 
 
-class ToyUser:
+class ToyUser(ChatModel):
     """A rule-based ToyKeyword user (a `ChatModel` in the simulator's framing: system = the persona, its own turns
     `user`, the agent's `assistant`). Its private thought states how well the last reply matched the secret letter
     -- exactly the hindsight a CSD coach should turn into a note; its utterance never reveals the letter."""
@@ -115,11 +115,8 @@ class ToyUser:
                    f"words starting with '{letter}'.")
         return ChatResponse(text=f"<think>\n{thought}\n</think>\n\nHmm. Tell me more.", meta={"model": "toy-user"})
 
-    def chat_batch(self, conversations, **kw):
-        return [self.chat(c, **kw) for c in conversations]
 
-
-class ToyCoach:
+class ToyCoach(ChatModel):
     """A rule-based coach for ToyKeyword: reads the user's thought in the coach prompt (Eq 7 input) and writes the
     note a good coach would -- which letter the words should start with. With `shuffle_seed` set it names a
     random letter of `NULL_LETTERS` instead, whatever the dialogue: the uninformative-notes control. Those letters
@@ -153,12 +150,9 @@ class ToyCoach:
         letter = m.group(1) if self.rng is None else self.rng.choice(self.NULL_LETTERS)
         return ChatResponse(text=self.note(letter))
 
-    def chat_batch(self, conversations, **kw):
-        return [self.chat(c, **kw) for c in conversations]
-
 
 # ------------------------------------------------------------------------------------ simulator-stage toy sides
-class ToySupportAgent:
+class ToySupportAgent(ChatModel):
     """A rule-based ABCD support agent for CPU runs of Stage I's joint RL (envs/abcd/env.py's fixed side): it
     acknowledges the customer's last message, quoting its first words, and asks for the next detail."""
 
@@ -168,11 +162,8 @@ class ToySupportAgent:
         return ChatResponse(text=f"Thanks for explaining ({head}). Could you tell me one more detail so I can "
                                  f"finish this for you?", meta={"model": "toy-agent"})
 
-    def chat_batch(self, conversations, **kw):
-        return [self.chat(c, **kw) for c in conversations]
 
-
-class ToyBehaviourJudge:
+class ToyBehaviourJudge(ChatModel):
     """A rule-based ABCD behaviour judge for CPU runs (the format of envs/abcd/data/prompts.toml's judge): it reads the
     customer lines of the simulated part and scores them on surface features only -- n (naturalness) peaks at
     customer turns of about `target_words` words, e is the fraction of turns that push (a '?' or '!'), p is 1.0
@@ -219,5 +210,3 @@ class ToyBehaviourJudge:
         return ChatResponse(text=json.dumps({**scores, "meta_narration": False, "rationale": "toy judge"}),
                             meta={"model": "toy-judge"})
 
-    def chat_batch(self, conversations, **kw):
-        return [self.chat(c, **kw) for c in conversations]

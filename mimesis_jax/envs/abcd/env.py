@@ -333,8 +333,8 @@ class BehaviourEnv(SimEnv):
         if not isinstance(self.config, BehaviourEnvConfig):
             raise EnvError(f"{DOMAIN}: config must be a BehaviourEnvConfig, got {type(self.config).__name__}")
         for role, model in (("agent", agent), ("judge", judge)):
-            if not callable(getattr(model, "chat", None)):
-                raise EnvError(f"{DOMAIN}: {role} must be a ChatModel (an object with .chat), got {model!r}")
+            if not isinstance(model, ChatModel):
+                raise EnvError(f"{DOMAIN}: {role} must subclass ChatModel (chat/base.py), got {model!r}")
         self.record, self.agent, self.judge = record, agent, judge
         self.where = f"{DOMAIN} convo_id={record.convo_id!r}"
         if behaviour is None:

@@ -249,7 +249,7 @@ def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> User
         else:  # a model as the coach (e.g. the trained tiny simulator, asked as an assistant)
             coach = chat_model_from_spec(ModelSpec(u.coach, model_name=u.coach_model or None, api_key_env=key,
                                                    max_tokens=u.coach_max_tokens), style="assistant", mesh=mesh)
-            closers = [coach] if hasattr(coach, "close") else []
+            closers = [coach]
         return UserSide(toy, SimulatorAsResponder(toy), toy, coach, closers)
     sim_spec = ModelSpec(u.simulator, model_name=u.simulator_model or None, api_key_env=key,
                          max_tokens=u.simulator_max_tokens, thinking=u.simulator_thinking)
@@ -287,8 +287,7 @@ def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> User
             return as_assistant
         m = chat_model_from_spec(ModelSpec(spec, model_name=model_name or None, api_key_env=key), style="assistant",
                                  mesh=mesh)
-        if hasattr(m, "close"):
-            closers.append(m)
+        closers.append(m)
         return m
     return UserSide(sim, gym_user, other(u.judge, u.judge_model), other(u.coach, u.coach_model), closers)
 
@@ -308,8 +307,7 @@ def build_sides(s: SidesConfig, *, mesh=None):
         if (spec, name) not in built:
             m = chat_model_from_spec(ModelSpec(spec, model_name=name or None, api_key_env=s.key_env or None,
                                                max_tokens=s.max_tokens), style="assistant", mesh=mesh)
-            if hasattr(m, "close"):
-                closers.append(m)
+            closers.append(m)
             built[(spec, name)] = m
         return built[(spec, name)]
     judge = model(s.judge, s.judge_model)
