@@ -38,7 +38,7 @@ def test_simrl_rollout_tokens_per_s_counts_every_sampled_token():
     gathered = simulator_rl.gathered_outcomes(outs)  # what each step's record reads (one process)
     rec = simulator_rl.step_record(gathered, 0, {}, rollout_s=4.0, train_s=1.0)
     assert rec["rollout_tokens_per_s"] == 4.0  # (5 + 7 + 4) / 4.0 s
-    assert simulator_rl.step_record(outs, 0, {}, rollout_s=2.0)["rollout_tokens_per_s"] == 8.0
+    assert simulator_rl.step_record(gathered, 0, {}, rollout_s=2.0)["rollout_tokens_per_s"] == 8.0
 
 
 def test_agentrl_rollout_tokens_per_s_counts_the_agent_tokens():

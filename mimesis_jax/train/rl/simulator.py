@@ -258,15 +258,9 @@ def gathered_outcomes(outs) -> list:
             for e in sorted(distributed.gather_list([summary(o) for o in outs]), key=lambda e: e["rid"])]
 
 
-def _policy_tokens(o) -> int:
-    """Tokens the policy sampled in one rollout: its gathered count, or the agent segment of each turn."""
-    if hasattr(o, "policy_tokens"):
-        return int(o.policy_tokens)
-    return sum(len(t.segments[-1].tokens) for t in o.segments)
-
-
 def step_record(outs, skipped: int, running: dict[str, list[float]], **timing) -> dict:
-    """One step's rollout metrics; updates `running` ({domain: [reward sum, count]}) in place."""
+    """One step's rollout metrics from `gathered_outcomes(...)`; updates `running` ({domain: [reward sum, count]})
+    in place."""
     valid = [o for o in outs if o.status == "ok"]
     n_invalid = len(outs) - len(valid)
     rec: dict[str, Any] = {
@@ -278,7 +272,7 @@ def step_record(outs, skipped: int, running: dict[str, list[float]], **timing) -
     }
     rec["segments_per_rollout"] = rec["segments"] / max(1, len(outs))
     if "rollout_s" in timing:  # tokens the policy sampled (every process's rollouts) per second of rollout time
-        rec["rollout_tokens_per_s"] = sum(map(_policy_tokens, outs)) / max(timing["rollout_s"], 1e-9)
+        rec["rollout_tokens_per_s"] = sum(o.policy_tokens for o in outs) / max(timing["rollout_s"], 1e-9)
     for d in sorted({o.domain for o in outs}):
         rs = [o.reward for o in valid if o.domain == d]
         rec[f"reward/{d}"] = mean_or_zero(rs)
