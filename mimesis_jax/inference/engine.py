@@ -90,8 +90,7 @@ class RolloutEngine:
         self.params = params  # placed on the mesh (the property's setter)
         self.ec = engine_config or EngineConfig()
         self.ec.validate()
-        fam = models.family(config, "paged")
-        if not hasattr(fam, "forward_paged"):
+        if not models.has_part(config, "paged"):
             raise EngineError(f"config key 'model_type': {config.model_type!r} has no paged forward")
         self.stop_ids = [int(t) for t in stop_ids]
         self.seed = seed

@@ -10,7 +10,8 @@
 A family has three modules, dispatched by `config.model_type` (`family(config, part)`): the model (qwen3.py,
 qwen3_5.py: param_specs, hidden_states, init_cache, cache_axes, extend), its paged decode for the rollout engine
 (qwen3_paged.py, qwen3_5_paged.py: init_paged_cache, forward_paged) and its HF tensor table (qwen3_hf.py,
-qwen3_5_hf.py: hf_tensors, optionally hf_name), which hf.py converts with.
+qwen3_5_hf.py: hf_tensors, hf_name: a function or None), which hf.py converts with. `FAMILIES` lists each
+family's parts; `has_part` asks it.
 
 Imports run one way: this package uses `sharding` (rules, meshes, constraints) and `hf` (conversion), and
 hands them the specs and tensor tables of the family; neither imports the models package back.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -30,21 +32,30 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.layers import init_from_specs, is_spec, spec_axes, spec_shapes
 
+# model_type -> {part: module}: the parts each family implements ("paged": the rollout engine's paged cache)
+FAMILIES = {
+    "qwen3": {"model": "qwen3", "paged": "qwen3_paged", "hf": "qwen3_hf"},
+    "qwen3_5_text": {"model": "qwen3_5", "paged": "qwen3_5_paged", "hf": "qwen3_5_hf"},
+}
+
+
+def has_part(config: ModelConfig, part: str) -> bool:
+    """Whether `config.model_type`'s family implements `part` (an unknown model_type implements none)."""
+    return part in FAMILIES.get(config.model_type, {})
+
+
 def family(config: ModelConfig, part: str = "model"):
     """The module implementing `part` of `config.model_type`: "model", "paged" (the rollout engine's paged
     cache) or "hf" (the HF tensor table).
 
     A family's modules are imported on first use, not with this package: they bring the attention kernels,
     which a command that never builds a model (and `import mimesis_jax.cli`) should not pay for."""
-    if config.model_type == "qwen3":
-        from mimesis_jax.models import qwen3, qwen3_hf, qwen3_paged
-        parts = {"model": qwen3, "paged": qwen3_paged, "hf": qwen3_hf}
-    elif config.model_type == "qwen3_5_text":
-        from mimesis_jax.models import qwen3_5, qwen3_5_hf, qwen3_5_paged
-        parts = {"model": qwen3_5, "paged": qwen3_5_paged, "hf": qwen3_5_hf}
-    else:
+    parts = FAMILIES.get(config.model_type)
+    if parts is None:
         raise ConfigError(f"config key 'model_type': no implementation for {config.model_type!r}")
-    return parts[part]
+    if part not in parts:
+        raise ConfigError(f"config key 'model_type': {config.model_type!r} has no {part!r} part")
+    return importlib.import_module(f"mimesis_jax.models.{parts[part]}")
 
 
 def param_specs(config: ModelConfig):
@@ -194,7 +205,7 @@ def load_hf(path: str, dtype: str = "float32", mesh=None, rules=None, **runtime)
     if mesh is not None:
         shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
                               param_shardings(config, mesh, rules))
-    params = hf.read_checkpoint(path, config, fam.hf_tensors(config), shapes, getattr(fam, "hf_name", None))
+    params = hf.read_checkpoint(path, config, fam.hf_tensors(config), shapes, fam.hf_name)
     return config, params
 
 

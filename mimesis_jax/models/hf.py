@@ -12,7 +12,7 @@ tensors and the target shapes and shardings, so it depends on neither the model 
 
 Each family's HF module (qwen3_hf.py, qwen3_5_hf.py) provides ``hf_tensors(config)``: a list of `HFTensor` entries, one per HF tensor name,
 saying where it lives in our pytree (a path and, for stacked layers, the index on the leading axis), its HF
-shape, and how to convert in each direction. Optionally ``hf_name(name) -> name | None`` normalises names
+shape, and how to convert in each direction, and ``hf_name``: None, or ``hf_name(name) -> name | None`` normalising names
 of a checkpoint (e.g. strips a multimodal prefix; None = a tensor this project deliberately ignores, such as
 vision or multi-token-prediction weights). Every other tensor must be consumed: a missing, misshaped or
 unexpected tensor is an error that names it.

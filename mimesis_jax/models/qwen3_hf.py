@@ -7,6 +7,9 @@ from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.hf import HFTensor, linear_in, linear_out
 
 
+hf_name = None  # a Qwen3 checkpoint's tensor names are the names hf_tensors lists: nothing to normalise
+
+
 def hf_tensors(config: ModelConfig):
     """HF `Qwen3ForCausalLM` tensor names and their place in our params (see models/hf.py)."""
     D, H, KVH, Dh, I, V = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
