@@ -24,13 +24,15 @@ backend reports itself unhealthy. A client that disconnects cancels its choices 
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import json
 import time
 import uuid
-from typing import AsyncIterator, Protocol
+from typing import AsyncGenerator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -65,22 +67,37 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
-class Backend(Protocol):
-    """What the HTTP app needs from a model. `generate` yields a choice's tokens in order (all at once or one by
-    one); the app stops iterating (and closes the iterator) once a stop string completes."""
+class Backend(abc.ABC):
+    """What the HTTP app needs from a model; every backend subclasses it. `render` and `generate` are abstract;
+    `context`, `health` and `held` default to "no limit of its own", "healthy" and "holds nothing".
+    A subclass sets `tok` (the tokenizer: encode / decode / vocab_size), `stop_ids` and `max_tokens` (the default
+    max_tokens of a request)."""
 
-    tok: object  # the tokenizer: encode / decode / vocab_size
+    tok: object
     stop_ids: tuple[int, ...]
-    max_tokens: int  # default max_tokens of a request
+    max_tokens: int
 
+    @abc.abstractmethod
     def render(self, messages: list[dict], enable_thinking: bool | None) -> tuple[list[int], bool]:
         """(prompt ids with the generation prompt, whether the thinking template was used)"""
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
-        ...
+    @abc.abstractmethod
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncGenerator[TokenEvent, None]:
+        """An async generator of a choice's tokens in order (all at once or one by one); the app stops iterating
+        and closes it (`aclose`) once a stop string completes or the client goes away."""
 
-    # optional: `context() -> (most prompt + completion tokens, what sets it: a flag or config key)`, checked before
-    # any work; `health() -> None | str` (a reason: /health answers 503 with it)
+    def context(self) -> tuple[int | None, str | None]:
+        """(most prompt + completion tokens, what sets it: a flag or config key), checked before any work; (None,
+        None): no limit but each request's max_tokens."""
+        return None, None
+
+    def health(self) -> str | None:
+        """None, or why the backend cannot serve now (/health answers 503 with it, requests are refused)."""
+        return None
+
+    def held(self) -> dict:
+        """What the backend holds now, reported by /health (e.g. the engine's KV pages)."""
+        return {}
 
 
 class Detokenizer:
@@ -171,16 +188,12 @@ async def _events(backend, prompt, params, stops):
     """(detokenizer, text delta, new ids, their log-probs, finish reason) per token of one choice, until it
     finishes (the finish reason is this step's: a consumer may read the item after the detokenizer moved on)."""
     det = Detokenizer(backend.tok, backend.stop_ids, stops)
-    gen = backend.generate(prompt, params)
-    try:
+    async with contextlib.aclosing(backend.generate(prompt, params)) as gen:
         async for ev in gen:
             delta, ids, lps = det.push(ev)
             yield det, delta, ids, lps, det.finish_reason
             if det.finish_reason is not None:
                 break
-    finally:
-        if hasattr(gen, "aclose"):
-            await gen.aclose()
 
 
 def _chat_logprobs(tok, ids, lps) -> list[dict]:
@@ -280,11 +293,11 @@ class _Routes:
         return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind=kind)
 
     async def health(self):
-        why = self.backend.health() if hasattr(self.backend, "health") else None
+        why = self.backend.health()
         if why:
             return JSONResponse({"status": "unhealthy", "error": why}, status_code=503)
         # what is held right now: choices queued or generating, and the backend's own (the engine's KV pages)
-        held = self.backend.held() if hasattr(self.backend, "held") else {}
+        held = self.backend.held()
         return {"status": "ok", "active_choices": self.active, **held}
 
     async def list_models(self):
@@ -339,7 +352,7 @@ class _Routes:
         """max_tokens for the request (the default clipped to the context); BadRequest when prompt + max_tokens
         cannot fit: before any work, so a stream is refused before its first byte."""
         backend = self.backend
-        limit, source = backend.context() if hasattr(backend, "context") else (None, None)
+        limit, source = backend.context()
         longest = max(len(p) for p in prompts)
         mt = req["max_tokens"]
         if limit is None:
@@ -371,7 +384,7 @@ class _Routes:
         until they are answered, the stream ends or the client goes away (499, its generation cancelled)."""
         if self._queue_full(len(choices)):  # checked again: the prompt was rendered meanwhile
             return self._busy()
-        why = self.backend.health() if hasattr(self.backend, "health") else None
+        why = self.backend.health()
         if why:
             return _error(503, why, kind="server_error", code="unhealthy", headers={"Retry-After": "5"})
         self.active += len(choices)
@@ -495,6 +508,8 @@ def create_app(backend: Backend, model_name: str, *, max_tokens_limit: int = 327
     generating at once (0 = unbounded; beyond it 429 with Retry-After). max_body_bytes: largest request body
     (0 = unbounded; beyond it 413). Every request's prompt tokens + max_tokens are checked against
     `backend.context()` before any work (400 naming the field and what sets the limit)."""
+    if not isinstance(backend, Backend):
+        raise TypeError(f"create_app: backend must subclass serve.openai_api.Backend, got {type(backend).__name__}")
     app = FastAPI(title="mimesis_jax serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(_Guard, keys=list(api_keys), max_body_bytes=max_body_bytes)
     routes = _Routes(backend, model_name, max_tokens_limit, max_n, max_queued, max_body_bytes)

@@ -46,15 +46,16 @@ from mimesis_jax import checkpoints, models  # checkpoints as a module: tests pa
 from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.chat.batching import BatchingEngine
+from mimesis_jax.chat.engine_chat import EngineChatModel
 from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.inference.engine import EngineError, EngineLoop
-from mimesis_jax.serve.openai_api import TokenEvent, create_app
+from mimesis_jax.serve.openai_api import Backend, TokenEvent, create_app
 
 log = logging.getLogger(__name__)
 
 
-class EngineBackend:
+class EngineBackend(Backend):
     """The `Backend` over a LocalChatModel and a BatchingEngine: a choice's tokens come when its batch is done."""
 
     def __init__(self, model: LocalChatModel, engine: BatchingEngine):
@@ -75,7 +76,7 @@ class EngineBackend:
             yield TokenEvent(int(t), float(lp), sample.finish_reason if i == last else None)
 
 
-class StreamingEngineBackend:
+class StreamingEngineBackend(Backend):
     """The `Backend` of `serve --engine`: every choice is one request of a RolloutEngine (inference/engine.py) whose
     scheduler runs on an `EngineLoop` thread. A request joins the running batch as soon as a decode slot frees --
     requests of different HTTP calls are batched continuously, nobody waits for a batch to drain -- and its tokens
@@ -180,7 +181,7 @@ class ChatServer:
         import uvicorn
 
         self.model, self.model_name, self.max_tokens_limit = model, model_name, int(max_tokens_limit)
-        if hasattr(model, "engine") and hasattr(model.engine, "submit"):  # EngineChatModel: continuous batching
+        if isinstance(model, EngineChatModel):  # continuous batching
             backend = StreamingEngineBackend(model)
             self.engine = backend
         else:
