@@ -123,12 +123,12 @@ def read_metrics(path: str) -> list[dict]:
     return out
 
 
-def _need(obj: dict, key: str, where: str, kind=None):
+def _need(obj: dict, key: str, where: str, kind: type | None = None):
     if not isinstance(obj, dict) or key not in obj:
         raise EnvError(f"{where}: missing key '{key}'")
     v = obj[key]
     if kind is not None and not isinstance(v, kind):
-        raise EnvError(f"{where}: key '{key}' must be a {getattr(kind, '__name__', kind)}, got {v!r}")
+        raise EnvError(f"{where}: key '{key}' must be a {kind.__name__}, got {v!r}")
     return v
 
 

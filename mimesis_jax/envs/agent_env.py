@@ -188,6 +188,11 @@ class Env:
     def observe_user(self, utterance: str) -> tuple[float, bool, dict]:
         return 0.0, False, {}
 
+    def user_messages(self) -> list[dict] | None:
+        """The starting view of the runner's simulator when it plays this env's user (free-text envs); None: the
+        env's own user model answers (a gym's `user`)."""
+        return None
+
 
 _REGISTRY: dict[str, Callable[..., Env]] = {}
 

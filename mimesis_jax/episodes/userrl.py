@@ -2,8 +2,9 @@
 evaluator share).
 
 A UserRL gym talks to its own user / judge models inside `step` (envs/userrl/common.py), so its EpisodeTask has
-no `user_messages`: the runner's own simulator turn is not used, and the user's thought/utterance come back in
-the step info. A free-text env with a `user_messages()` persona (envs/toy.py) uses the runner's simulator turn
+no `user_messages` (Env.user_messages() is None): the runner's own simulator turn is not used, and the user's
+thought/utterance come back in the step info. A free-text env whose `user_messages()` is a persona (envs/toy.py)
+uses the runner's simulator turn
 instead: pass that simulator (in its own framing) as `run_episodes(..., user=...)`.
 `task` on the trajectory records the gym, the task id and where it came from, which is what
 `scoring.score_trajectory` reads.
@@ -36,9 +37,8 @@ def episode_tasks(tasks: Sequence[Task], *, group_size: int = 1, first_group: in
             options = (gym_options or {}).get(task.gym, {})
             env = make_env(task, data_dir=data_dir, user=user, judge=judge, retriever=retriever,
                            seed=derive_seed(seed, gid, m), max_steps=max_steps, **options)
-            persona = getattr(env, "user_messages", None)  # free-text envs whose user is the runner's simulator
             out.append(EpisodeTask(env=env, agent_messages=[dict(x) for x in task.prompt],
-                                   user_messages=persona() if callable(persona) else None,
+                                   user_messages=env.user_messages(),
                                    group_id=gid, rollout_id=rid,
                                    task={"gym": task.gym, "id": task.id, "source": task.source, "split": task.split},
                                    reset_seed=derive_seed(seed, gid, m)))

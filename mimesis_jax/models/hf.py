@@ -191,7 +191,7 @@ def _assemble(want, group: list[HFTensor], read) -> jax.Array:
     """One parameter placed on its devices from its tensor(s), holding at most this host's shards of it plus
     one tensor. Each distinct shard (devices holding the same slice share it) is filled, for a stacked
     parameter, layer by layer from the per-layer tensors, then copied to its devices."""
-    sharding = getattr(want, "sharding", None) or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    sharding = want.sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shape, dtype = tuple(want.shape), np.dtype(want.dtype)
     devices_of: dict[tuple[tuple[int, int], ...], list] = {}
     for d, idx in sharding.addressable_devices_indices_map(shape).items():

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+import numpy as np
 
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs.agent_env import EnvError
@@ -212,12 +215,12 @@ def detect_meta_narration(text: str) -> str | None:
 # ------------------------------------------------------------------------------------- assignment
 def assign_behaviour(rng, neutral_share: float = 1.0 / 3.0) -> str:
     """One behaviour id: ``N`` with probability neutral_share, else uniform over B1..B13. ``rng`` is a
-    numpy Generator or a ``random.Random`` (anything with ``.random()`` in [0, 1)); one draw per call."""
+    numpy Generator or a ``random.Random``; one draw per call."""
     if isinstance(neutral_share, bool) or not isinstance(neutral_share, (int, float)) \
             or not 0.0 <= float(neutral_share) <= 1.0:
         raise EnvError(f"assign_behaviour: neutral_share must be in [0, 1], got {neutral_share!r}")
-    if not callable(getattr(rng, "random", None)):
-        raise EnvError("assign_behaviour: rng must have a .random() method (numpy Generator or random.Random)")
+    if not isinstance(rng, (np.random.Generator, random.Random)):
+        raise EnvError(f"assign_behaviour: rng must be a numpy Generator or a random.Random, got {type(rng).__name__}")
     u = float(rng.random())
     if u < neutral_share:
         return NEUTRAL

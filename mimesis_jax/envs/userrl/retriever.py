@@ -317,7 +317,7 @@ class HTTPRetriever:
                 if e.code not in _RETRY_STATUS:
                     raise RetrieverError(scrub(f"search service {self.url}: {last} (not retried)")) from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-                reason = getattr(e, "reason", e)
+                reason = e.reason if isinstance(e, urllib.error.URLError) else e
                 last = f"connection error: {type(reason).__name__}: {reason}"
             else:
                 try:

@@ -15,6 +15,8 @@ import os
 import pathlib
 from typing import Any, Iterable
 
+import numpy as np
+
 from mimesis_jax.config.mixture import USERRL_GYMS
 from mimesis_jax.data import jsonio
 from mimesis_jax.envs import agent_env
@@ -88,7 +90,7 @@ def task_from_row(row: dict, where: str) -> Task:
     if not isinstance(row, dict):
         raise EnvError(f"{where}: a task row must be an object, got {type(row).__name__}")
     prompt = row.get("prompt")
-    if hasattr(prompt, "tolist"):  # numpy arrays from some parquet readers
+    if isinstance(prompt, np.ndarray):  # numpy arrays from some parquet readers
         prompt = prompt.tolist()
     if not isinstance(prompt, list) or not prompt:
         raise EnvError(f"{where}: field 'prompt' must be a non-empty list of chat messages")
