@@ -10,8 +10,8 @@
 A family has three modules, dispatched by `config.model_type` (`family(config, part)`): the model (qwen3.py,
 qwen3_5.py: param_specs, hidden_states, init_cache, cache_axes, extend), its paged decode for the rollout engine
 (qwen3_paged.py, qwen3_5_paged.py: init_paged_cache, forward_paged) and its HF tensor table (qwen3_hf.py,
-qwen3_5_hf.py: hf_tensors, hf_name: a function or None), which hf.py converts with. `FAMILIES` lists each
-family's parts; `has_part` asks it.
+qwen3_5_hf.py: hf_tensors, hf_name: a function or None), which hf.py converts with. `has_part` says whether a
+family implements a part.
 
 Imports run one way: this package uses `sharding` (rules, meshes, constraints) and `hf` (conversion), and
 hands them the specs and tensor tables of the family; neither imports the models package back.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -32,30 +31,35 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.layers import init_from_specs, is_spec, spec_axes, spec_shapes
 
-# model_type -> {part: module}: the parts each family implements ("paged": the rollout engine's paged cache)
-FAMILIES = {
-    "qwen3": {"model": "qwen3", "paged": "qwen3_paged", "hf": "qwen3_hf"},
-    "qwen3_5_text": {"model": "qwen3_5", "paged": "qwen3_5_paged", "hf": "qwen3_5_hf"},
-}
+def _parts(model_type: str) -> dict | None:
+    """{part: module} of a family ("model", "paged": the rollout engine's paged cache, "hf": the HF tensor
+    table), None for a model_type without an implementation. The modules are imported here, on first use, not
+    with this package: they bring the attention kernels, which a command that never builds a model (and
+    `import mimesis_jax.cli`) should not pay for."""
+    if model_type == "qwen3":
+        from mimesis_jax.models import qwen3, qwen3_hf, qwen3_paged
+        return {"model": qwen3, "paged": qwen3_paged, "hf": qwen3_hf}
+    if model_type == "qwen3_5_text":
+        from mimesis_jax.models import qwen3_5, qwen3_5_hf, qwen3_5_paged
+        return {"model": qwen3_5, "paged": qwen3_5_paged, "hf": qwen3_5_hf}
+    return None
 
 
 def has_part(config: ModelConfig, part: str) -> bool:
     """Whether `config.model_type`'s family implements `part` (an unknown model_type implements none)."""
-    return part in FAMILIES.get(config.model_type, {})
+    parts = _parts(config.model_type)
+    return parts is not None and part in parts
 
 
 def family(config: ModelConfig, part: str = "model"):
     """The module implementing `part` of `config.model_type`: "model", "paged" (the rollout engine's paged
-    cache) or "hf" (the HF tensor table).
-
-    A family's modules are imported on first use, not with this package: they bring the attention kernels,
-    which a command that never builds a model (and `import mimesis_jax.cli`) should not pay for."""
-    parts = FAMILIES.get(config.model_type)
+    cache) or "hf" (the HF tensor table)."""
+    parts = _parts(config.model_type)
     if parts is None:
         raise ConfigError(f"config key 'model_type': no implementation for {config.model_type!r}")
     if part not in parts:
         raise ConfigError(f"config key 'model_type': {config.model_type!r} has no {part!r} part")
-    return importlib.import_module(f"mimesis_jax.models.{parts[part]}")
+    return parts[part]
 
 
 def param_specs(config: ModelConfig):
