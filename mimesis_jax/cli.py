@@ -71,13 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
     for name, (module, help_text) in COMMANDS.items():
         module.add_args(sub.add_parser(name, help=help_text))
+    p.set_defaults(distributed=False)  # the commands without --distributed run on one process
     return p
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if getattr(args, "distributed", False):
+        if args.distributed:
             # CPU processes (tests, CPU clusters) exchange collectives over gloo; GPU/TPU backends ignore this
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
 

@@ -196,11 +196,11 @@ def run(args) -> int:
             mesh = config_mesh(cfg.mesh, jax.device_count())
         if args.rows is not None and args.rows < 1:
             raise ConfigError(f"--rows {args.rows}: must be >= 1")
-        if getattr(args, "compiled", False):
+        if args.compiled:
             if args.rows is not None:
                 raise ConfigError("--compiled: builds the loop's own shapes; drop --rows")
             need_devices(mesh)  # before the plan is printed: the one-line error names the flag to set
-        processes = getattr(args, "processes", 1)
+        processes = args.processes
         local = process_mesh(mesh, processes)  # the one-line error for a count that does not divide the mesh
         p = plan_config(cfg, mesh, args.device, args.rows)
         if processes > 1 and p.workload.kind == "lm":
@@ -210,7 +210,7 @@ def run(args) -> int:
             cfg_p = process_config(cfg, processes)
             pp = plan_config(cfg_p, local, args.device, args.rows)
         programs, process_programs = [], []
-        if getattr(args, "compiled", False):  # compiled first: their ratios can widen the verdicts' error
+        if args.compiled:  # compiled first: their ratios can widen the verdicts' error
             programs = program_memory(cfg, mesh, p.device)
             if processes > 1:
                 process_programs = program_memory(cfg_p, local, p.device, updates=False)
@@ -227,7 +227,7 @@ def run(args) -> int:
             if verdict(max(p.train_peak, process_rollout_peak(p, pp)), p.usable, error[0]) != "FITS":
                 print(process_suggestion(args, cfg, mesh, p, processes, error[0]))
             print(format_weight_sync(p, pp))
-        if getattr(args, "compiled", False):
+        if args.compiled:
             print(f"compiled programs ({jax.default_backend()} backend, {jax.device_count()} devices):")
             print(format_programs(programs, p.workload.model))
             if processes > 1:

@@ -85,7 +85,7 @@ def engine_config_from_args(args, model_config):
 def api_keys_from(args) -> list[str]:
     """--api-key values and the comma-separated MIMESIS_API_KEY (empty entries dropped)."""
     env = os.environ.get("MIMESIS_API_KEY", "")
-    return [k.strip() for k in list(getattr(args, "api_key", None) or []) + env.split(",") if k.strip()]
+    return [k.strip() for k in list(args.api_key or []) + env.split(",") if k.strip()]
 
 
 def build_server(args) -> ChatServer:
