@@ -342,7 +342,8 @@ class _Routes:
         try:
             return json.loads(data or b"null")
         except ValueError as e:
-            raise BadRequest(f"request body is not valid JSON ({e.msg if isinstance(e, json.JSONDecodeError) else e})") from None
+            why = e.msg if isinstance(e, json.JSONDecodeError) else e
+            raise BadRequest(f"request body is not valid JSON ({why})") from None
 
     def _too_large(self):
         return _error(413, f"request body exceeds the {self.max_body}-byte limit (serve --max-body-bytes)",
