@@ -50,6 +50,7 @@ class ChatModel(abc.ABC):
         """The reply to `messages`."""
 
     def chat_batch(self, conversations: Sequence[Sequence[Message]], **kwargs) -> list[ChatResponse]:
+        """One response per conversation, in order: `chat` on `max_concurrency` threads, failures per conversation."""
         conversations = list(conversations)
 
         def one(messages):
