@@ -69,7 +69,7 @@ def test_defaults_release_close_and_one_call_at_a_time():
             return ChatResponse(text="x")
 
     m = Plain()
-    assert (m.max_concurrency, m.release("k"), m.close()) == (1, None, None)
+    assert (m.max_concurrency, m.release(["k"]), m.close()) == (1, None, None)
     assert chat_many(m, []) == []
 
 

@@ -290,6 +290,7 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
     a 503 is retried; the key is sent in the header only."""
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.chat.remote import RemoteCompletionsAgent
+    from mimesis_jax.inference.protocol import Sampling
 
     tok = load_tokenizer("tiny")
     done = {"choices": [{"index": 0, "text": "I will search now.", "finish_reason": "stop"}]}
@@ -297,7 +298,7 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
     srv = fake([(503, {"error": "busy"}, {"retry-after-ms": "10"}, 0), (200, done, {}, 0), (200, cut, {}, 0)])
     agent = RemoteCompletionsAgent(srv.url, "agent-x", tok, api_key_env=key_env, max_concurrency=1)
     prompts = [list(tok.encode("Hello there")), list(tok.encode("Second prompt"))]
-    out = agent.generate_tokens(prompts, max_tokens=9, temperature=0.0, seed=[1, 2])
+    out = agent.generate(prompts, [Sampling(max_tokens=9, temperature=0.0, seed=s) for s in (1, 2)])
     assert out[0].tokens == list(tok.encode("I will search now.")) + [tok.im_end_id]
     assert out[0].finish_reason == "stop" and out[0].logprobs is None and out[0].prompt_len == len(prompts[0])
     assert out[1].tokens == list(tok.encode("I will")) and out[1].finish_reason == "length"
@@ -308,7 +309,7 @@ def test_remote_completions_agent_decodes_prompts_and_encodes_replies(fake, key_
     srv2 = fake([(200, {"nothing": 1}, {}, 0)])
     bad = RemoteCompletionsAgent(srv2.url, "agent-x", tok, api_key_env=None)
     with pytest.raises(EndpointError, match="malformed completion response"):
-        bad.generate_tokens([prompts[0]], max_tokens=4)
+        bad.generate([prompts[0]], Sampling(max_tokens=4))
 
 
 def test_batched_chat_model_samples_concurrent_calls_together(local):

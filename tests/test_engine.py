@@ -328,11 +328,11 @@ def test_paged_decode_attention_matches_numpy_formula():
 
 @pytest.mark.slow
 def test_episode_runner_with_engine_agent_and_simulator_matches_local_models():
-    """run_episodes with EngineChatModel for the agent (Qwen3) and the simulator (Qwen3.5) records the same
-    trajectories as with LocalChatModel (per-turn sampler.generate), and frees every dialogue at the end."""
+    """run_episodes with LocalChatModel over the engine for the agent (Qwen3) and the simulator (Qwen3.5) records
+    the same trajectories as over the static sampler (per-turn sampler.generate), and frees every dialogue at the
+    end."""
     from mimesis_jax.data.tokenizer import load_tokenizer
     from mimesis_jax.chat.local import LocalChatModel
-    from mimesis_jax.chat.engine_chat import EngineChatModel
     from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
     from test_episode import ChattyEnv, _task
 
@@ -355,13 +355,13 @@ def test_episode_runner_with_engine_agent_and_simulator_matches_local_models():
     kw = dict(max_tokens=6, temperature=1.0)
     ref = run_episodes(LocalChatModel(acfg, ap, tok), LocalChatModel(ucfg, up, tok, generation_role="user", **kw),
                        tasks(), cfg)
-    agent = EngineChatModel(acfg, ap, tok, engine_config=ec)
-    user = EngineChatModel(ucfg, up, tok, engine_config=ec, generation_role="user", **kw)
+    agent = LocalChatModel(acfg, ap, tok, engine_config=ec)
+    user = LocalChatModel(ucfg, up, tok, engine_config=ec, generation_role="user", **kw)
     got = run_episodes(agent, user, tasks(), cfg)
     for a, b in zip(got, ref):
         assert [s.tokens for s in a.segments] == [s.tokens for s in b.segments]
         for sa, sb in zip(a.segments, b.segments):
             if sa.kind == "agent":
                 np.testing.assert_allclose(sa.logprobs, sb.logprobs, atol=3e-5)
-    assert agent.engine.stats["reused_tokens"] > 0
-    assert agent.engine.pages_in_use() == 0 and user.engine.pages_in_use() == 0
+    assert agent.generator.engine.stats["reused_tokens"] > 0
+    assert agent.generator.engine.pages_in_use() == 0 and user.generator.engine.pages_in_use() == 0

@@ -21,7 +21,8 @@ from rl_helpers import tree_rel_err
 from mimesis_jax import checkpoints
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.chat import engine_chat as engine_lib
+from mimesis_jax.chat import local
+from mimesis_jax.inference.generators import EngineGenerator
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L
 from mimesis_jax.train.rl import chat_models as C
@@ -34,8 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s") + COMPILATION_KEYS
 
 
-class _Recording(engine_lib.EngineChatModel):
-    """EngineChatModel that remembers its instances and counts parameter swaps."""
+class _Recording(EngineGenerator):
+    """EngineGenerator that remembers its instances and counts parameter swaps."""
 
     made: list = []
 
@@ -44,15 +45,16 @@ class _Recording(engine_lib.EngineChatModel):
         self.swaps = 0
         _Recording.made.append(self)
 
-    def set_params(self, params):
+    def set_params(self, params, version):
         self.swaps += 1
-        super().set_params(params)
+        super().set_params(params, version)
 
 
 @pytest.fixture
 def recording(monkeypatch):
     _Recording.made = []
-    monkeypatch.setattr(engine_lib, "EngineChatModel", _Recording)
+    monkeypatch.setattr(C, "EngineGenerator", _Recording)  # the policy's
+    monkeypatch.setattr(local, "EngineGenerator", _Recording)  # an in-process simulator's (LocalChatModel's)
     return _Recording.made
 
 
@@ -136,8 +138,8 @@ def test_agentrl_engine_equals_the_static_sampler(tmp_path, recording):
     on, seen_on, p_on = _agent_run(tmp_path / "on", "rollout.engine=true", "rollout.engine_pages=70", *sim_sets,
                                    loader=loader)
     sim, eng = recording  # the simulator's engine is built with the user side, before the agent's
-    assert (eng.name, sim.name) == ("agent", "sim") and sim.generation_role == "user"
     assert eng.swaps == 2 and sim.swaps == 0  # the agent follows each step's updates; the simulator is frozen
+    assert (eng.version, sim.version) == (2, 0)  # the policy's samples carry the update count
     assert eng.engine.stats["reused_tokens"] > 0  # later turns prefilled only their new suffix
     assert sim.engine.stats["prefill_tokens"] > 0  # the runner's user turns went through the simulator's engine
     for e in (eng, sim):

@@ -1,7 +1,7 @@
-"""Rollouts on the training mesh (train/rl/chat_models.PolicySampler, train/rl/distributed.rollout_mesh /
+"""Rollouts on the training mesh (train/rl/chat_models.policy_model, train/rl/distributed.rollout_mesh /
 rollout_params; docs/decisions.md, "Rollouts on the mesh").
 
-* the rollout program the loop builds (PolicySampler.model(params).generate_tokens, as the episode runners call
+* the rollout program the loop builds (policy_model(...).generate, as the episode runners call
   it) on the 8 fake devices under fsdp=8: its params live sharded as the learner's (bytes per device = the
   planner's exact param bytes; each fully split leaf 1/8 of its bytes), its compiled per-device memory is within
   the planner's rollout number and a fraction of the program without the mesh (every device holding the whole
@@ -34,7 +34,7 @@ from mimesis_jax.plan import budget, devices, memory, workload
 from mimesis_jax.plan.compiled import TOLERANCE
 from mimesis_jax.inference import sampler
 from mimesis_jax.train.rl import distributed
-from mimesis_jax.train.rl.chat_models import PolicySampler
+from mimesis_jax.train.rl.chat_models import policy_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 2 ** 20
@@ -47,8 +47,8 @@ def _tiny():
 
 
 def _policy(mc, tok, params, mesh, max_tokens):
-    r = types.SimpleNamespace(engine=False, max_batch=0)  # the two RolloutConfig fields PolicySampler reads
-    return PolicySampler(mc, tok, r, params, name="agent", max_tokens=max_tokens, in_flight=1, mesh=mesh)
+    r = types.SimpleNamespace(engine=False, max_batch=0)  # the two RolloutConfig fields policy_model reads
+    return policy_model(mc, tok, r, params, name="agent", max_tokens=max_tokens, in_flight=1, mesh=mesh)
 
 
 def _prompts(n, length, vocab, seed=0):
@@ -57,7 +57,7 @@ def _prompts(n, length, vocab, seed=0):
 
 
 def _captured_program(model, prompts, **kw):
-    """(args, mesh) of the one generate_bucket call `model.generate_tokens(prompts)` makes, without running it."""
+    """(args, mesh) of the one generate_bucket call `model.generate(prompts)` makes, without running it."""
     seen = []
     real = sampler.generate_bucket
 
@@ -67,7 +67,7 @@ def _captured_program(model, prompts, **kw):
         return np.zeros((B, n_new), np.int32), np.zeros((B, n_new), np.float32), np.ones((B,), np.int32)
     sampler.generate_bucket = record
     try:
-        model.generate_tokens(prompts, **kw)
+        model.generate(prompts, model.sampling(**kw))
     finally:
         sampler.generate_bucket = real
     assert len(seen) == 1
@@ -98,7 +98,7 @@ def test_loop_rollout_program_is_sharded_and_within_the_plan():
     params = models.init_params(mc, jax.random.key(0), mesh)  # as the learner holds them
     prompts = _prompts(32, 250, mc.vocab_size)
 
-    model = _policy(mc, tok, params, mesh, 24).model(params)
+    model = _policy(mc, tok, params, mesh, 24)
     got = _captured_program(model, prompts)
     assert got[2] == 32 and got[4][0].shape == (32, 256)
     assert not got[5].empty and dict(got[5].shape) == axes  # the program runs under the training mesh
@@ -133,9 +133,9 @@ def test_mesh_samples_equal_the_unsharded_samples(temperature):
     params = models.init_params(mc, jax.random.key(1), mesh)
     prompts = _prompts(5, 9, mc.vocab_size, seed=2)  # padded to 8 rows: 2 x 4 batch shards
     seeds = [11, 12, 13, 14, 15]
-    model = _policy(mc, tok, params, mesh, 8).model(params)
+    model = _policy(mc, tok, params, mesh, 8)
     assert model.mesh is mesh
-    got = model.generate_tokens(prompts, temperature=temperature, seed=seeds)
+    got = model.generate(prompts, [model.sampling(temperature=temperature, seed=s) for s in seeds])
     host = jax.device_get(params)
     ref = sampler.generate(mc, jax.device_put(host, jax.devices()[0]), prompts, max_new_tokens=8,
                            temperature=temperature, stop_ids=model.stop_ids, seed=seeds)
@@ -182,9 +182,9 @@ def test_in_process_engine_simulator_runs_on_the_rollout_mesh():
     side = build_user_side(UserSideConfig(simulator="tiny", simulator_thinking=False, simulator_max_tokens=4),
                            engine_config=lambda config: ec, mesh=distributed.rollout_mesh(mesh))
     try:
-        eng = side.simulator.engine
+        eng = side.simulator.generator.engine
         assert eng.mesh is mesh and eng.ec == ec
-        want = models.shard_params(eng.config, side.simulator.local.params, mesh)
+        want = models.shard_params(eng.config, side.simulator.params, mesh)
         for a, b in zip(jax.tree.leaves(eng.params), jax.tree.leaves(want)):
             assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
         heads = {"k": 1, "v": 1, "conv": 3, "state": 2}  # paged_cache.pool_axes' heads dim of each leaf
@@ -237,7 +237,7 @@ import numpy as np, types
 from mimesis_jax import models, sharding
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.plan import workload
-from mimesis_jax.train.rl.chat_models import PolicySampler
+from mimesis_jax.train.rl.chat_models import policy_model
 cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo")
 mc, tok = workload.runtime_model(cfg), load_tokenizer("tiny")
 mesh = sharding.make_mesh({"data": 1, "fsdp": 8, "tensor": 1})
@@ -250,9 +250,8 @@ def no_gather(*a, **k):
 
 
 multihost_utils.process_allgather = no_gather  # the sync must move them device to device
-policy = PolicySampler(mc, tok, types.SimpleNamespace(engine=False, max_batch=0), params, name="agent",
-                       max_tokens=8, in_flight=1, mesh=mesh)
-model = policy.model(params)
+model = policy_model(mc, tok, types.SimpleNamespace(engine=False, max_batch=0), params, name="agent",
+                     max_tokens=8, in_flight=1, mesh=mesh)
 # the sync's programs (inference/weight_sync.py) against their plan: the largest per-device bytes of one
 from mimesis_jax.plan.memory import weight_sync_bytes
 from mimesis_jax.train.rl import distributed
@@ -269,8 +268,7 @@ for x in jax.tree.leaves(model.params):
                    "on_first": sum(s.data.nbytes for s in x.addressable_shards if s.device == jax.local_devices()[0])})
 prompts, seeds, temps = json.loads(sys.argv[3])
 mine = [i for i in range(len(prompts)) if i % 2 == jax.process_index()]
-out = model.generate_tokens([prompts[i] for i in mine], seed=[seeds[i] for i in mine],
-                            temperature=[temps[i] for i in mine])
+out = model.generate([prompts[i] for i in mine], [model.sampling(seed=seeds[i], temperature=temps[i]) for i in mine])
 json.dump({"mesh": dict(model.mesh.shape), "leaves": leaves, "rows": mine, "tokens": [s.tokens for s in out],
            "sync": [planned, compiled]},
           open(sys.argv[4], "w"))

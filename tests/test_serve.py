@@ -1,6 +1,6 @@
 """The OpenAI-compatible server: a real uvicorn server on 127.0.0.1 hit by real HTTP clients (urllib, the official
 `openai` client and this project's OpenAIChatModel / RemoteCompletionsAgent), in-process and as
-`python -m mimesis_jax serve`. References are independent of the HTTP path: LocalChatModel.chat / generate_tokens
+`python -m mimesis_jax serve`. References are independent of the HTTP path: LocalChatModel.chat / generate
 (the unbatched sampler) and the model's own scoring of the sampled tokens (algorithms.logprobs.token_logprobs)."""
 
 import concurrent.futures
@@ -27,7 +27,7 @@ from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.chat.remote import OpenAIChatModel
 from mimesis_jax.chat.thoughts import split_thought
 from mimesis_jax.inference.protocol import derive_seed
-from mimesis_jax.chat.engine_chat import EngineChatModel
+from mimesis_jax.inference.generators import EngineGenerator
 
 CONV = [{"role": "system", "content": "You are a customer."}, {"role": "user", "content": "Hello, how can I help?"}]
 
@@ -296,7 +296,7 @@ def test_text_completions_through_the_client(server):
     client = _client(server)
     r = client.completions.create(model="tiny-sim", prompt="Once upon a time", max_tokens=8, temperature=0.0,
                                   logprobs=0)
-    want = local.generate_tokens([tok.encode("Once upon a time")], max_tokens=8, temperature=0.0)[0]
+    want = local.generate([tok.encode("Once upon a time")], local.sampling(max_tokens=8, temperature=0.0))[0]
     body = want.tokens[:-1] if want.finish_reason == "stop" else want.tokens
     c = r.choices[0]
     assert r.object == "text_completion" and c.text == tok.decode(body) and c.finish_reason == want.finish_reason
@@ -312,20 +312,21 @@ def test_text_completions_through_the_client(server):
     for c in r.choices:
         k, i = divmod(c.index, 2)
         seed = 9 if c.index == 0 else derive_seed(9, c.index)
-        assert c.token_ids == local.generate_tokens([prompts[k]], max_tokens=6, temperature=1.0,
-                                                    seed=[seed])[0].tokens
+        assert c.token_ids == local.generate([prompts[k]], local.sampling(max_tokens=6, temperature=1.0,
+                                                                          seed=seed))[0].tokens
     assert r.usage.prompt_tokens == sum(len(p) for p in prompts)
 
 
 def test_remote_completions_agent_against_serve(server):
     from mimesis_jax.chat.remote import RemoteCompletionsAgent
+    from mimesis_jax.inference.protocol import Sampling
 
     tok, local = server.model.tok, _local(server)
     prompts = [local.render(CONV), local.render([{"role": "user", "content": "Where is my order?"}])]
     agent = RemoteCompletionsAgent(server.url, "tiny-sim", tok, api_key_env=None, timeout=120)
-    got = agent.generate_tokens(prompts, max_tokens=8, temperature=0.0)
+    got = agent.generate(prompts, Sampling(max_tokens=8, temperature=0.0))
     for p, g in zip(prompts, got):
-        want = local.generate_tokens([p], max_tokens=8, temperature=0.0)[0]
+        want = local.generate([p], local.sampling(max_tokens=8, temperature=0.0))[0]
         assert tok.decode(g.tokens) == tok.decode(want.tokens) and g.finish_reason == want.finish_reason
 
 
@@ -448,14 +449,14 @@ def test_checkpoint_kind_errors_are_named(workdir, checkpoint, tmp_path):
 
 # ------------------------------------------------------------------------------------ serve --engine
 def test_engine_backend_gives_the_default_backends_completions(checkpoint, server):
-    """`serve --engine` (EngineChatModel behind the same API): for fixed seeds the same completions as the default
+    """`serve --engine` (a LocalChatModel over the engine, behind the same API): for fixed seeds the same completions as the default
     backend through the openai client -- n=1 with log-probs, n=2, streamed -- and bad engine flags are named."""
     args = serve_command.add_args(__import__("argparse").ArgumentParser()).parse_args(
         ["--checkpoint", checkpoint, "--tokenizer", "tiny", "--port", "0", "--max-tokens", "12", "--model-name",
          "tiny-sim", "--engine", "--engine-slots", "2", "--engine-page-size", "8", "--engine-max-len", "128"])
     eng = serve_command.build_server(args).start()
     try:
-        assert isinstance(eng.model, EngineChatModel)
+        assert isinstance(eng.model.generator, EngineGenerator)
         for kw in (dict(temperature=1.0, max_tokens=10, seed=7, logprobs=True),
                    dict(temperature=1.0, max_tokens=8, seed=11, n=2), dict(temperature=0.0, max_tokens=6)):
             kw["extra_body"] = {"return_token_ids": True}
@@ -472,8 +473,8 @@ def test_engine_backend_gives_the_default_backends_completions(checkpoint, serve
             assert sorted(got) == [c.index for c in a.choices]
             for c in a.choices:
                 assert got[c.index][0] == c.message.content and got[c.index][4] == c.token_ids
-        assert eng.model.engine.stats["decode_steps"] > 0  # the engine, not the static sampler, sampled
-        assert eng.model.engine.pages_in_use() == 0  # stateless requests keep no pages
+        assert eng.model.generator.engine.stats["decode_steps"] > 0  # the engine, not the static sampler, sampled
+        assert eng.model.generator.engine.pages_in_use() == 0  # stateless requests keep no pages
     finally:
         eng.stop()
     for flag, value in (("--engine-slots", "0"), ("--engine-pages", "1"), ("--engine-max-len", "-1")):
@@ -492,15 +493,15 @@ def test_engine_streams_as_sampled_batches_across_calls_and_cancels(checkpoint):
          "--engine-slots", "2", "--engine-page-size", "8", "--engine-max-len", "512", "--engine-decode-steps", "1"])
     srv = serve_command.build_server(args).start()
     try:
-        eng = srv.model.engine
+        eng = srv.model.generator.engine
         local = LocalChatModel(srv.model.config, srv.model.params, srv.model.tok)
         prompt = local.render(CONV, False)
         # a seed whose completion runs the full 400 tokens (the weights are fixed: found once, deterministically)
-        probe = local.generate_tokens([prompt] * 16, max_tokens=400, temperature=1.0, seed=list(range(16)))
+        probe = local.generate([prompt] * 16, [local.sampling(max_tokens=400, temperature=1.0, seed=i) for i in range(16)])
         seed = next(s for s, p in enumerate(probe) if p.finish_reason == "length")
         # the short request's reference, computed before the long stream starts: done later, its compile (seconds
         # on a loaded machine) let the long completion run to its end before the stream was closed
-        ref = local.generate_tokens([prompt], max_tokens=3, temperature=1.0, seed=[seed + 1000])[0]
+        ref = local.generate([prompt], local.sampling(max_tokens=3, temperature=1.0, seed=seed + 1000))[0]
         client = _client(srv)
         stream = client.chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=400, temperature=1.0,
                                                 seed=seed, stream=True, extra_body={"return_token_ids": True})
@@ -678,7 +679,7 @@ def test_dropped_stream_cancels_its_generation_on_the_default_backend(server):
     instead of decoding all its tokens, and the next request does not wait for it."""
     local = _local(server)
     prompt = local.render(CONV, False)
-    probe = local.generate_tokens([prompt] * 16, max_tokens=400, temperature=1.0, seed=list(range(16)))
+    probe = local.generate([prompt] * 16, [local.sampling(max_tokens=400, temperature=1.0, seed=i) for i in range(16)])
     seed = next(s for s, p in enumerate(probe) if p.finish_reason == "length")  # runs all 400 tokens
     before, batches = len(server.engine.cancelled_tokens), len(server.engine.batch_sizes)
     stream = _client(server).chat.completions.create(model="tiny-sim", messages=CONV, max_tokens=400,
@@ -722,7 +723,7 @@ def test_engine_server_bounds_by_its_flag_and_recovers_from_a_failed_program(che
     srv = serve_command.build_server(_serve_args(checkpoint, "--tokenizer", "tiny", "--engine", "--engine-slots", "2",
                                          "--engine-page-size", "8", "--engine-max-len", "64")).start()
     try:
-        client, eng = _client(srv), srv.model.engine
+        client, eng = _client(srv), srv.model.generator.engine
         n = len(_local(srv).render(CONV))
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as e:

@@ -337,8 +337,8 @@ def test_simulator_as_responder_batches_releases_and_closes_through_its_simulato
             self.batches.append(([[m["role"] for m in c] for c in conversations], kw))
             return [ChatResponse(c[-1]["content"]) for c in conversations]
 
-        def release(self, key):
-            self.released.append(key)
+        def release(self, keys):
+            self.released.append(keys)
 
         def close(self):
             self.closed += 1
@@ -350,9 +350,9 @@ def test_simulator_as_responder_batches_releases_and_closes_through_its_simulato
                              temperature=0.5)
     assert [r.text for r in out] == ["a", "b"]
     assert sim.batches == [([["assistant"], ["system", "user"]], {"temperature": 0.5})]
-    wrapped.release(7)
+    wrapped.release([7])
     wrapped.close()
-    assert (sim.released, sim.closed, wrapped.max_concurrency) == ([7], 1, 3)
+    assert (sim.released, sim.closed, wrapped.max_concurrency) == ([[7]], 1, 3)
 
 
 @pytest.mark.parametrize("limit", [1, 2])

@@ -32,13 +32,17 @@ class ChatResponse:
 class ChatModel(abc.ABC):
     """What every chat model subclasses. `chat` is the one method to write; the rest have defaults:
 
-    - `chat_batch(conversations, **kwargs)`: one response per conversation, in order -- by default `chat` on a
+    - `chat_batch(conversations, *, keys=None, **kwargs)`: one response per conversation, in order -- by default
+      `chat` on a
       pool of `max_concurrency` threads, a conversation whose `chat` raises answered by
       ChatResponse("", finish_reason="error") with the error in `meta["error"]`. A model that samples many
-      conversations in one call (a local sampler) overrides it.
+      conversations in one call (a local sampler) overrides it. `keys` name the conversations' dialogues (one per
+      conversation; the episode runners pass them): a model that keeps per-dialogue state (a LocalChatModel on the
+      rollout engine) reuses it for the next turn of a key; by default they change nothing.
     - `max_concurrency` (1): how many `chat` calls may run on this model at once (`chat_batch`'s pool; the gyms'
       calls through envs/model_io.py). A remote endpoint or a thread-safe batcher raises it.
-    - `release(key)`: forget the dialogue state kept under `key` (a model without dialogue state: nothing).
+    - `release(keys)`: forget the dialogue state kept under each of `keys` (a model without dialogue state:
+      nothing); the same call as a Generator's (inference/protocol.py).
     - `close()`: stop what the model holds (threads, engines; by default nothing).
     """
 
@@ -49,8 +53,10 @@ class ChatModel(abc.ABC):
              temperature: float | None = None, stop: Sequence[str] | None = None, **kwargs) -> ChatResponse:
         """The reply to `messages`."""
 
-    def chat_batch(self, conversations: Sequence[Sequence[Message]], **kwargs) -> list[ChatResponse]:
-        """One response per conversation, in order: `chat` on `max_concurrency` threads, failures per conversation."""
+    def chat_batch(self, conversations: Sequence[Sequence[Message]], *, keys: Sequence | None = None,
+                   **kwargs) -> list[ChatResponse]:
+        """One response per conversation, in order: `chat` on `max_concurrency` threads, failures per conversation
+        (`keys`: no dialogue state kept here, so nothing to reuse)."""
         conversations = list(conversations)
 
         def one(messages):
@@ -66,8 +72,8 @@ class ChatModel(abc.ABC):
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(one, conversations))
 
-    def release(self, key) -> None:
-        """Forget the dialogue state kept under `key`; a model without dialogue state keeps none."""
+    def release(self, keys: Sequence) -> None:
+        """Forget the dialogue state kept under each of `keys`; a model without dialogue state keeps none."""
 
     def close(self) -> None:
         """Stop what the model holds; a model that holds nothing has nothing to stop."""
@@ -125,8 +131,8 @@ class SimulatorAsResponder(ChatModel):
     def max_concurrency(self) -> int:
         return self.simulator.max_concurrency
 
-    def release(self, key) -> None:
-        self.simulator.release(key)
+    def release(self, keys) -> None:
+        self.simulator.release(keys)
 
     def close(self) -> None:
         self.simulator.close()

@@ -8,7 +8,6 @@ request keeping its own settings; `BatchedChatModel` is that batching in-process
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import queue
 import threading
@@ -39,7 +38,7 @@ class _Job:
 
 class BatchingEngine:
     """Collects concurrent requests (prompt ids + SamplingParams) and samples them together with
-    `LocalChatModel.generate_tokens`: one sampler call per batch. A request without a seed gets one derived from
+    `LocalChatModel.generate`: one generator call per batch. A request without a seed gets one derived from
     (model seed, batch counter, row), so unseeded requests differ and seeded ones do not depend on their batch."""
 
     def __init__(self, model: LocalChatModel, *, max_batch: int = 32, batch_wait_ms: float = 5.0):
@@ -113,17 +112,11 @@ class BatchingEngine:
             j.row, j.flags = i, flags
             if j.cancelled:  # cancelled between the look above and now
                 flags[i] = True
-        extra = {"cancel": flags} if "cancel" in inspect.signature(m.generate_tokens).parameters else {}
-
-        def pick(name, default):
-            return [default if getattr(p, name) is None else getattr(p, name) for p in ps]
         try:
-            out = m.generate_tokens(
-                [j.req[0] for j in jobs], max_tokens=pick("max_tokens", m.max_tokens),
-                temperature=pick("temperature", m.temperature), top_p=pick("top_p", m.top_p),
-                top_k=pick("top_k", m.top_k),
-                seed=[derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed for i, p in enumerate(ps)],
-                **extra)
+            out = m.generate([j.req[0] for j in jobs], [
+                m.sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                           seed=derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed)
+                for i, p in enumerate(ps)], cancel=flags)
             for j, r in zip(jobs, out):
                 j.result = r
                 if j.cancelled:

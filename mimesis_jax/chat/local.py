@@ -1,16 +1,17 @@
-"""`LocalChatModel`: a ChatModel over this project's sampler. Messages are rendered with
-`data.chat.render_messages` (the one chat-formatting code path) and sampled with `inference/sampler.py`; token ids
-and their log-probs come back; `chat_batch` samples many conversations in one sampler call."""
+"""`LocalChatModel`: a ChatModel over one of this project's generators (the static sampler or the rollout engine,
+inference/generators.py). Messages are rendered with `data.chat.render_messages` (the one chat-formatting code
+path); token ids and their log-probs come back; `chat_batch` samples many conversations in one generator call."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from mimesis_jax.chat.base import ChatResponse, Message
+from mimesis_jax.chat.base import ChatModel, ChatResponse, Message
 from mimesis_jax.data.chat import render_messages
 from mimesis_jax.inference import sampler
-from mimesis_jax.inference.protocol import derive_seed
-from mimesis_jax.models import shard_params
+from mimesis_jax.inference.engine_requests import EngineConfig
+from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
+from mimesis_jax.inference.protocol import Generator, Sample, Sampling
 
 
 def cut_at_stop_strings(tok, tokens: list[int], stops: Sequence[str]) -> tuple[int, str] | None:
@@ -30,58 +31,81 @@ def cut_at_stop_strings(tok, tokens: list[int], stops: Sequence[str]) -> tuple[i
     return lo, text[:pos]
 
 
-class LocalChatModel:
-    """A ChatModel over this project's sampler: (config, params, tokenizer) + generation settings.
+class LocalChatModel(ChatModel, Generator):
+    """A ChatModel over one of this project's generators (inference/generators.py), and that Generator itself.
 
-    generation_role: the role whose turn is generated ("assistant" for agents; "user" for the simulator, which
-    sees the conversation with its true roles and writes the next user turn, data/chat.py's framing).
+    Built from (config, params, tokenizer): the static sampler, or the rollout engine when `engine_config` is given
+    (its pages and state slots kept per dialogue key: `chat_batch(..., keys=...)`, `release(keys)`); or over a
+    `generator` built elsewhere (the RL learner's policy: one generator for the run, `set_params` after every
+    update). generation_role: the role whose turn is generated ("assistant" for agents; "user" for the simulator,
+    which sees the conversation with its true roles and writes the next user turn, data/chat.py's framing).
     enable_thinking: render with the thinking template; the text then holds "{thought}\\n</think>\\n\\n{reply}".
     Each call draws fresh randomness (seed, call counter, request index) unless an explicit seed is given.
     Generation stops at `<|im_end|>` / EOS (the stop token is in `token_ids` and `logprobs`, not in `text`).
     max_batch: sequences per compiled sampler call (0 = a whole batch at once); a larger batch runs in
     consecutive chunks with the same samples (`sampler.generate`), bounding the KV cache of a rollout.
+    mesh: the (process-local) mesh the generator samples on; None = one device.
     """
 
     def __init__(self, config, params, tokenizer, *, generation_role: str = "assistant", enable_thinking: bool = False,
                  tools: list[dict] | None = None, max_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int = 0, mesh=None, buckets: sampler.Buckets | None = None, name: str = "local",
-                 max_batch: int = 0):
+                 max_batch: int = 0, engine_config: EngineConfig | None = None, decode_attention=None,
+                 generator: Generator | None = None):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 0:
             raise ValueError(f"LocalChatModel {name!r}: max_batch must be an int >= 0 (0 = no cap), got {max_batch!r}")
-        self.max_batch = max_batch
-        self.config, self.params, self.tok = config, params, tokenizer
+        self.config, self.tok = config, tokenizer
         self.generation_role, self.enable_thinking, self.tools = generation_role, enable_thinking, tools
         self.max_tokens, self.temperature, self.top_p, self.top_k = max_tokens, temperature, top_p, top_k
-        self.seed, self.mesh, self.buckets, self.name = seed, mesh, buckets, name
+        self.seed, self.mesh, self.name = seed, mesh, name
         self.stop_ids = tuple(sorted({int(tokenizer.im_end_id), int(tokenizer.eos_id)}))
-        self._calls = 0
-        if mesh is not None:
-            self.params = shard_params(config, params, mesh)
+        if generator is None and engine_config is not None:
+            generator = EngineGenerator(config, params, engine_config, stop_ids=self.stop_ids, seed=seed, mesh=mesh,
+                                        decode_attention=decode_attention)
+        elif generator is None:
+            generator = StaticGenerator(config, params, stop_ids=self.stop_ids, seed=seed, mesh=mesh,
+                                        buckets=buckets, max_batch=max_batch)
+        self.generator = generator
 
+    # ------------------------------------------------------------------ the Generator protocol, by delegation
+    @property
+    def params(self):
+        return self.generator.params
+
+    @property
+    def version(self) -> int:
+        return self.generator.version
+
+    def generate(self, prompts, sampling, *, keys=None, cancel=None) -> list[Sample]:
+        return self.generator.generate(prompts, sampling, keys=keys, cancel=cancel)
+
+    def set_params(self, params, version: int) -> None:
+        self.generator.set_params(params, version)
+
+    def release(self, keys) -> None:
+        self.generator.release(keys)
+
+    def close(self) -> None:
+        self.generator.close()
+
+    def sampling(self, *, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None) -> Sampling:
+        """A Sampling with this model's settings where an argument is None."""
+        return Sampling(max_tokens=self.max_tokens if max_tokens is None else max_tokens,
+                        temperature=self.temperature if temperature is None else temperature,
+                        top_p=self.top_p if top_p is None else top_p, top_k=self.top_k if top_k is None else top_k,
+                        seed=seed)
+
+    # ------------------------------------------------------------------ chat
     def render(self, messages: Sequence[Message], enable_thinking: bool | None = None) -> list[int]:
         think = self.enable_thinking if enable_thinking is None else enable_thinking
         return list(render_messages(self.tok, list(messages), enable_thinking=think, add_generation_prompt=True,
                                     generation_role=self.generation_role, tools=self.tools).ids)
 
-    def generate_tokens(self, prompts: Sequence[Sequence[int]], *, max_tokens=None, temperature=None, top_p=None,
-                        top_k=None, seed=None, cancel=None) -> list[sampler.Sample]:
-        """Token-level sampling (prompts are token ids): what the episode runner uses for the agent. `cancel`:
-        sampler.generate's per-row cancel flags (serve sets a row when its client goes away)."""
-        n = len(prompts)
-        if seed is None:
-            seed = [derive_seed(self.seed, self._calls, i) for i in range(n)]
-        self._calls += 1
-        return sampler.generate(
-            self.config, self.params, prompts, stop_ids=self.stop_ids, seed=seed, mesh=self.mesh,
-            buckets=self.buckets, max_batch=self.max_batch, cancel=None if self.mesh is not None else cancel,
-            max_new_tokens=self.max_tokens if max_tokens is None else max_tokens,
-            temperature=self.temperature if temperature is None else temperature,
-            top_p=self.top_p if top_p is None else top_p, top_k=self.top_k if top_k is None else top_k)
-
     def chat_batch(self, conversations: Sequence[Sequence[Message]], *, max_tokens=None, temperature=None, stop=None,
-                   top_p=None, top_k=None, seed=None, enable_thinking=None) -> list[ChatResponse]:
-        """Many conversations in one sampler call (chunks of `max_batch`, if set). Every setting is a scalar or
-        one value per conversation (`stop`: a list of strings, or one list per conversation)."""
+                   top_p=None, top_k=None, seed=None, enable_thinking=None, keys=None) -> list[ChatResponse]:
+        """Many conversations in one generator call (chunks of `max_batch`, if set). Every setting is a scalar or
+        one value per conversation (`stop`: a list of strings, or one list per conversation). keys: one dialogue
+        key per conversation (the engine keeps its pages for the next turn; `release` frees them)."""
         n = len(conversations)
 
         def per(v, default):
@@ -89,12 +113,11 @@ class LocalChatModel:
             return list(v) if isinstance(v, (list, tuple)) else [v] * n
         thinks = per(enable_thinking, self.enable_thinking)
         stops = stop if (stop and isinstance(stop[0], (list, tuple))) else [list(stop or [])] * n
-        seeds = None if seed is None else [s if s is not None else derive_seed(self.seed, self._calls, i)
-                                           for i, s in enumerate(per(seed, None))]
         prompts = [self.render(m, t) for m, t in zip(conversations, thinks)]
-        samples = self.generate_tokens(prompts, max_tokens=per(max_tokens, self.max_tokens),
-                                       temperature=per(temperature, self.temperature),
-                                       top_p=per(top_p, self.top_p), top_k=per(top_k, self.top_k), seed=seeds)
+        settings = zip(per(max_tokens, None), per(temperature, None), per(top_p, None), per(top_k, None),
+                       per(seed, None))
+        samples = self.generate(prompts, [self.sampling(max_tokens=a, temperature=b, top_p=c, top_k=d, seed=e)
+                                          for a, b, c, d, e in settings], keys=keys)
         out = []
         for s, p, th, st in zip(samples, prompts, thinks, stops):
             toks, lps, finish = list(s.tokens), list(s.logprobs), s.finish_reason

@@ -13,7 +13,7 @@ import concurrent.futures
 import os
 
 from mimesis_jax.chat.base import ChatModel, ChatResponse, chat_many
-from mimesis_jax.inference import sampler
+from mimesis_jax.inference.protocol import Generator, Sample, per_request
 
 
 class EndpointError(RuntimeError):
@@ -135,7 +135,7 @@ class OpenAIChatModel(ChatModel):
                             finish_reason=choice.finish_reason or "stop", meta=meta)
 
 
-class RemoteCompletionsAgent(OpenAIChatModel):
+class RemoteCompletionsAgent(OpenAIChatModel, Generator):
     """A remote agent for the episode runner over an OpenAI-compatible `/completions` endpoint (vLLM, SGLang, ...).
 
     The runner hands token prompts; they are decoded to text (the chat template is already in them), sent as
@@ -151,7 +151,7 @@ class RemoteCompletionsAgent(OpenAIChatModel):
         super().__init__(base_url, model, **kwargs)
         self.tok = tokenizer
 
-    def _one(self, prompt, max_tokens, temperature, top_p, top_k, seed) -> sampler.Sample:
+    def _one(self, prompt, max_tokens, temperature, top_p, top_k, seed) -> Sample:
         body = dict(self.extra_body)
         if top_k:
             body["top_k"] = int(top_k)
@@ -166,15 +166,15 @@ class RemoteCompletionsAgent(OpenAIChatModel):
             raise self._malformed(e, out) from None
         if finish == "stop":
             toks.append(int(self.tok.im_end_id))
-        return sampler.Sample(toks, None, "stop" if finish == "stop" else "length", len(prompt))
+        return Sample(toks, None, "stop" if finish == "stop" else "length", len(prompt))
 
-    def generate_tokens(self, prompts, *, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None):
-        n = len(prompts)
-
-        def per(v, default):
-            v = default if v is None else v
-            return list(v) if isinstance(v, (list, tuple)) else [v] * n
-        args = zip(prompts, per(max_tokens, self.max_tokens or 1024), per(temperature, self.temperature or 0.0),
-                   per(top_p, 1.0), per(top_k, 0), per(seed, None))
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(self.max_concurrency, n))) as pool:
+    def generate(self, prompts, sampling, *, keys=None, cancel=None) -> list[Sample]:
+        """The Generator protocol over the endpoint: one request per prompt (`keys` and `cancel` change nothing:
+        the server keeps no dialogue of ours)."""
+        reqs = per_request(sampling, len(prompts))
+        args = [(p, s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed) for p, s in zip(prompts, reqs)]
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(self.max_concurrency, len(args) or 1))) as pool:
             return list(pool.map(lambda a: self._one(*a), args))
+
+    def set_params(self, params, version: int) -> None:
+        raise TypeError(f"remote agent {self.base_url}: its weights are the server's; it cannot take new ones")

@@ -68,7 +68,7 @@ class Entry:
     """One named agent or evaluation user of the matrix.
 
     spec: JSON-able record of what the name stands for (stored in matrix.json and compared on resume).
-    load: builds it on first use -- an agent: a token-level agent (`generate_tokens`, `.tok`); a user: the pair
+    load: builds it on first use -- an agent: a Generator with a `.tok` (inference/protocol.py); a user: the pair
     (user ChatModel, judge ChatModel) the gyms talk to.
     """
 

@@ -13,7 +13,7 @@ import argparse
 import os
 
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.chat import engine_chat  # module: tests patch engine_chat.EngineChatModel
+from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.inference.engine import EngineConfig
 from mimesis_jax.serve.server import ChatServer, load_chat_model
 
@@ -96,12 +96,12 @@ def build_server(args) -> ChatServer:
                             generation_role=args.generation_role, enable_thinking=args.enable_thinking,
                             max_tokens=args.max_tokens, seed=args.seed, name=args.model_name)
     if args.engine:
-        model = engine_chat.EngineChatModel(model.config, model.params, model.tok,
-                                engine_config=engine_config_from_args(args, model.config),
-                                generation_role=model.generation_role, enable_thinking=model.enable_thinking,
-                                max_tokens=model.max_tokens, seed=model.seed, name=model.name)
+        model = LocalChatModel(model.config, model.params, model.tok,
+                               engine_config=engine_config_from_args(args, model.config),
+                               generation_role=model.generation_role, enable_thinking=model.enable_thinking,
+                               max_tokens=model.max_tokens, seed=model.seed, name=model.name)
         if args.engine_warmup:
-            model.engine.warmup()
+            model.generator.engine.warmup()
     return ChatServer(model, host=args.host, port=args.port, model_name=model.name, max_batch=args.max_batch,
                       batch_wait_ms=args.batch_wait_ms, max_tokens_limit=args.max_tokens_limit,
                       max_n=args.max_n, api_keys=api_keys_from(args), max_queued=args.max_queued,

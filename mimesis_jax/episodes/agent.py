@@ -44,9 +44,9 @@ from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.chat.base import Message
 from mimesis_jax.chat.base import chat_many
 from mimesis_jax.chat.thoughts import response_thought
-from mimesis_jax.inference.protocol import derive_seed
+from mimesis_jax.inference.protocol import Generator, Sampling, derive_seed
 from mimesis_jax.chat.refusal import RefusalDetector
-from mimesis_jax.inference.sampler import Sample
+from mimesis_jax.inference.protocol import Sample
 
 
 @dataclasses.dataclass
@@ -87,10 +87,11 @@ class EpisodeConfig:
     # `release`) gets the rollout ids as keys: each turn then prefills only what was appended since its last one
 
 
-class ScriptedAgent:
+class ScriptedAgent(Generator):
     """Token-level agent for tests: replies from a list (cycled) or fn(prompt_text, turn_index) -> text.
 
     The reply text is encoded and `<|im_end|>` appended, as a real agent's sample would end; log-probs are None.
+    It has no weights: `set_params` only records the version.
     """
 
     def __init__(self, tokenizer, replies):
@@ -98,7 +99,10 @@ class ScriptedAgent:
         self.prompts: list[list[int]] = []
         self.batch_sizes: list[int] = []
 
-    def generate_tokens(self, prompts, **_) -> list[Sample]:
+    def set_params(self, params, version: int) -> None:
+        self.version = version
+
+    def generate(self, prompts, sampling, *, keys=None, cancel=None) -> list[Sample]:
         self.batch_sizes.append(len(prompts))
         out = []
         for p in prompts:
@@ -107,7 +111,7 @@ class ScriptedAgent:
                     else self._replies[self._i % len(self._replies)])
             self._i += 1
             toks = list(self.tok.encode(text)) + [int(self.tok.im_end_id)]
-            out.append(Sample(toks, None, "stop", len(p)))
+            out.append(Sample(toks, None, "stop", len(p), self.version))
         return out
 
 
@@ -158,7 +162,7 @@ def _end(ep: _Live, reason: str, invalid: str | None = None):
 def _user_turns(eps: list[_Live], user, cfg: EpisodeConfig, refusal: RefusalDetector, *, opening: bool):
     """One batched simulator call for `eps`; returns the episodes whose utterance was accepted, with it."""
     kwargs: dict[str, Any] = {"max_tokens": cfg.user_max_tokens}
-    if cfg.dialogue_keys and hasattr(user, "release"):
+    if cfg.dialogue_keys:
         kwargs["keys"] = [("user", ep.traj.rollout_id) for ep in eps]
     if cfg.user_temperature is not None:
         kwargs["temperature"] = cfg.user_temperature
@@ -263,7 +267,7 @@ def _open(eps: list[_Live], user, t: _Turns) -> None:
         elif id(ep) in given and ep.user_view is not None:
             ep.user_view.append({"role": "user", "content": msgs[-1]["content"]})
         rendered = render_messages(t.tok, msgs, enable_thinking=t.cfg.agent_thinking, add_generation_prompt=False,
-                                   tools=t.tools if getattr(ep.task.env, "tool_mode", True) else None)
+                                   tools=t.tools if ep.task.env.tool_mode else None)
         _add(ep, "public", rendered.ids)
 
 
@@ -282,12 +286,11 @@ def _agent_turn(live: list[_Live], agent, t: _Turns) -> tuple[list[ToolCall], in
     """One sampler call for every live dialogue; records header, reply and closing newline. Returns each
     dialogue's env call and the number of tokens sampled."""
     cfg = t.cfg
-    keyed = ({"keys": [("agent", ep.traj.rollout_id) for ep in live]}
-             if cfg.dialogue_keys and hasattr(agent, "release") else {})
-    samples = agent.generate_tokens(
-        [ep.context + t.header for ep in live], max_tokens=cfg.agent_max_tokens,
-        temperature=cfg.agent_temperature, top_p=cfg.agent_top_p, top_k=cfg.agent_top_k,
-        seed=[derive_seed(cfg.seed, ep.seed_key, ep.turns) for ep in live], **keyed)
+    samples = agent.generate(
+        [ep.context + t.header for ep in live],
+        [Sampling(max_tokens=cfg.agent_max_tokens, temperature=cfg.agent_temperature, top_p=cfg.agent_top_p,
+                  top_k=cfg.agent_top_k, seed=derive_seed(cfg.seed, ep.seed_key, ep.turns)) for ep in live],
+        keys=[("agent", ep.traj.rollout_id) for ep in live] if cfg.dialogue_keys else None)
     calls = []
     for ep, s in zip(live, samples):
         _add(ep, "public", t.header)
@@ -297,7 +300,7 @@ def _agent_turn(live: list[_Live], agent, t: _Turns) -> tuple[list[ToolCall], in
         _add(ep, "agent", s.tokens, s.logprobs, text=reply)
         _add_tail(ep, t.newline if ended_cleanly else [t.im_end] + t.newline, cfg.max_context_tokens)
         ep.turns += 1
-        if getattr(ep.task.env, "tool_mode", True):
+        if ep.task.env.tool_mode:
             calls.append(parse_tool_call(reply))
         else:  # a free-text env reads the visible reply itself
             calls.append(ToolCall(choice="text", content=visible_reply(reply)))
@@ -369,11 +372,10 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                  tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[Trajectory]:
     """Runs every task to its end and returns one Trajectory per task, in order.
 
-    agent: token-level policy with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`local.LocalChatModel`, `engine_chat.EngineChatModel`, or `ScriptedAgent` in tests). user: any ChatModel, or
-    None. An agent / user with persistent dialogue state (`release`, e.g. EngineChatModel) gets keys
-    ("agent" | "user", rollout id) so a turn prefills only its new tokens; every key is released when its episode
-    ends (`EpisodeConfig.dialogue_keys`). Remote endpoints are called as before.
+    agent: a Generator (inference/protocol.py: `local.LocalChatModel`, a remote `/completions` agent, or
+    `ScriptedAgent` in tests). user: any ChatModel, or None. With `EpisodeConfig.dialogue_keys` both get keys
+    ("agent" | "user", rollout id), so one with per-dialogue state (the engine) prefills only a turn's new tokens,
+    and every key is released when its episode ends. Remote endpoints are called as before.
     tokenizer: the agent's tokenizer (default `agent.tok`); all public segments are rendered with data/chat.py.
     progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, dialogues still
     active, agent tokens sampled so far), and once more with 0 active if the batch ends before a round (context
@@ -424,9 +426,8 @@ def _release(eps: list[_Live], agent, user, cfg: EpisodeConfig) -> None:
     eps = [ep for ep in eps if not ep.released]
     if not cfg.dialogue_keys or not eps:
         return
-    for model, side in ((agent, "agent"), (user, "user")):
-        if hasattr(model, "release"):
-            for ep in eps:
-                model.release((side, ep.traj.rollout_id))
+    agent.release([("agent", ep.traj.rollout_id) for ep in eps])
+    if user is not None:
+        user.release([("user", ep.traj.rollout_id) for ep in eps])
     for ep in eps:
         ep.released = True

@@ -39,7 +39,7 @@ from mimesis_jax.envs.sim_env import POLICY_ROLES, SimEnv, SimTurn
 from mimesis_jax.episodes.agent import ROLLOUT_IDS
 from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.chat.thoughts import split_thought
-from mimesis_jax.inference.protocol import derive_seed
+from mimesis_jax.inference.protocol import Generator, Sampling, derive_seed
 
 
 @dataclasses.dataclass
@@ -202,14 +202,14 @@ def _prompts(eps: list[_Live], cfg: SimEpisodeConfig, tok) -> tuple[list[_Live],
     return live, prompts
 
 
-def _policy_turn(live: list[_Live], prompts: list[list[int]], policy, cfg: SimEpisodeConfig, tok, turn: int,
-                 keyed_policy: bool) -> tuple[list[tuple], int]:
-    """One sampler call for every live rollout; records each turn's segment, thought and utterance. Returns
+def _policy_turn(live: list[_Live], prompts: list[list[int]], policy: Generator, cfg: SimEpisodeConfig, tok,
+                 turn: int) -> tuple[list[tuple], int]:
+    """One generator call for every live rollout; records each turn's segment, thought and utterance. Returns
     (rollout, thought, utterance) per rollout and the number of tokens sampled."""
-    keyed = {"keys": [ep.out.rollout_id for ep in live]} if keyed_policy else {}
-    samples = policy.generate_tokens(prompts, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                                     top_p=cfg.top_p, top_k=cfg.top_k,
-                                     seed=[derive_seed(cfg.seed, ep.seed_key, turn) for ep in live], **keyed)
+    samples = policy.generate(prompts, [Sampling(max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                                                 top_p=cfg.top_p, top_k=cfg.top_k,
+                                                 seed=derive_seed(cfg.seed, ep.seed_key, turn)) for ep in live],
+                              keys=[ep.out.rollout_id for ep in live] if cfg.dialogue_keys else None)
     steps = []
     for ep, prompt, s in zip(live, prompts, samples):
         body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
@@ -251,9 +251,9 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
                      tokenizer=None, progress: Callable[[TurnProgress], None] | None = None) -> list[SimRollout]:
     """Runs every task to its end; one SimRollout per task, in order.
 
-    policy: token-level sampler with `generate_tokens(prompts, *, seed, max_tokens, temperature, top_p, top_k)`
-    (`local.LocalChatModel` over the simulator's weights, or `episodes.agent.ScriptedAgent` in tests). A policy with
-    `release` (`engine_chat.EngineChatModel`) gets the rollout ids as dialogue keys (`SimEpisodeConfig.dialogue_keys`).
+    policy: a Generator (inference/protocol.py: `local.LocalChatModel` over the simulator's weights, or
+    `episodes.agent.ScriptedAgent` in tests). With `SimEpisodeConfig.dialogue_keys` it gets the rollout ids as
+    dialogue keys (the engine keeps each rollout's pages between turns) and releases them when the rollouts end.
     tokenizer: the policy's tokenizer (default `policy.tok`).
     progress: called after every round with a `episodes.progress.TurnProgress` (rounds so far, of at most the
     largest turn limit of the batch; rollouts still active; policy tokens sampled so far), and once more with 0
@@ -266,7 +266,6 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
     tok = tokenizer if tokenizer is not None else policy.tok
     eps = _start(tasks, cfg)
     _reset(eps, cfg.env_workers)
-    keyed_policy = cfg.dialogue_keys and hasattr(policy, "release")
     max_rounds = max((ep.limit for ep in eps), default=0)
     sampled, reported_active = 0, None
 
@@ -285,15 +284,14 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
                 if reported_active:  # the last report still counted rollouts that the context limit ended
                     report(turn)
                 break
-            steps, n_sampled = _policy_turn(live, prompts, policy, cfg, tok, turn, keyed_policy)
+            steps, n_sampled = _policy_turn(live, prompts, policy, cfg, tok, turn)
             sampled += n_sampled
             _env_turn(steps, cfg, turn)
             turn += 1
             report(turn)
     finally:  # free the engine state (pages, state slots) of every rollout, also when a step raised
-        if keyed_policy:
-            for ep in eps:
-                policy.release(ep.out.rollout_id)
+        if cfg.dialogue_keys:
+            policy.release([ep.out.rollout_id for ep in eps])
     for ep in eps:
         ep.out.transcript = list(ep.task.env.transcript())
     return [ep.out for ep in eps]

@@ -2,7 +2,7 @@
 
 This module is the scheduler (admission, rounds); the settings and requests (`EngineConfig`, `EngineRequest`,
 importable from here too) are in inference/engine_requests.py, the jitted programs in inference/engine_programs.py,
-the pages and cached dialogues in inference/page_pool.py, the chat-model adapter in chat/engine_chat.py.
+the pages and cached dialogues in inference/page_pool.py, the Generator over it in inference/generators.py.
 
     engine = RolloutEngine(config, params, EngineConfig(slots=16), stop_ids=(im_end,))
     samples = engine.generate_tokens(prompts, keys=episode_ids, max_tokens=256, temperature=1.0, seed=seeds)

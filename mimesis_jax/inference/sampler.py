@@ -67,21 +67,12 @@ import numpy as np
 from jax.experimental import io_callback
 
 from mimesis_jax import models, sharding
+from mimesis_jax.inference.protocol import Sample
 from mimesis_jax.models.config import ModelConfig
 
 _TRACES = {"count": 0}
 _CALL_SHAPES: set = set()  # (batch, prompt, new tokens, stops, filtering) of every generate_bucket call
 MIN_CANDIDATES = 64  # the fewest top-k candidates a filtering program takes: top_k 1..64 share one program
-
-
-@dataclasses.dataclass
-class Sample:
-    """One generated continuation."""
-
-    tokens: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" (ended with a stop id) | "length" (hit max_new_tokens)
-    prompt_len: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

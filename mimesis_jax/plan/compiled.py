@@ -9,16 +9,16 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
 * RL stages: the update of train/rl/step.py `make_rl_step` (built as the learner builds it, with the optimizer's
   schedule), once per program of the run's shape ladder (Workload.programs: Stage II with rollout.row_len set),
   else once on the planner's worst-case shapes; and the static sampler's `generate_bucket` on the training mesh
-  (PolicySampler's LocalChatModel: params as the learner shards them, inputs over the batch axes).
+  (the policy's StaticGenerator, chat_models.policy_model: params as the learner shards them, inputs over the batch axes).
 
   With rl.old_logprobs=recompute, the old-log-prob scoring pass (RLStep._score_fn: a no-gradient forward) on the
   largest update program's batch, planned by budget.scoring_peak.
 
 * RL stages with rollout.engine=true: instead of the sampler, the rollout engine's decode burst
   (inference/engine_programs.py `decode_program`, the jnp path) on the training mesh, as the loops run the engine on
-  one process (PolicySampler: the learner's params, no copy; the pool as inference/engine_sizing.py sizes it for the
-  config, split over KV heads as inference/page_pool.py splits it), page tables max_pages_per_seq wide. Planned: the
-  plan's parameters + engine pool + engine programs rows. On one device XLA can hoist the static slices of every
+  one process (chat_models.policy_model's EngineGenerator: the learner's params, no copy; the pool as
+  inference/engine_sizing.py sizes it for the config, split over KV heads as inference/page_pool.py splits it),
+  page tables max_pages_per_seq wide. Planned: the plan's parameters + engine pool + engine programs rows. On one device XLA can hoist the static slices of every
   layer's weights out of the decode loop (the paged forward unrolls the layers, models/qwen3_paged.py), a copy
   the plan does not count; on the mesh, at the paper's 36 layers, it does not, while a cut to a few layers does:
   the hoisting depends on the layer count, so tests compile the paper's 36 (figures: docs/scale-out.md, "Figures
@@ -260,7 +260,7 @@ def _sampling_args(n: int) -> tuple:
 
 def _engine_inputs(w: Workload):
     """(EngineConfig, mesh, params, pool) of the rollout engine sized for w (w.engine) on the training mesh, as the
-    RL loops run it on one process (PolicySampler: RolloutEngine(mesh=rollout_mesh)), abstract: the params in the
+    RL loops run it on one process (chat_models.policy_model: RolloutEngine(mesh=rollout_mesh)), abstract: the params in the
     learner's layout (models.param_shardings; the engine's shard_params keeps it) and the paged pool of the model
     family's `init_paged_cache` split as inference/page_pool.py splits it (paged_cache.pool_axes)."""
     from mimesis_jax.models import paged_cache

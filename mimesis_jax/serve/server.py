@@ -19,7 +19,8 @@ done, so a stream carries well-formed OpenAI chunks that arrive together; with `
 they are sampled.
 `BatchedChatModel` (chat/batching.py) is the same batching in-process (no HTTP), for the envs of a rollout.
 
-`--engine` samples through the rollout engine instead (chat/engine_chat.py `EngineChatModel`: paged KV pool,
+`--engine` samples through the rollout engine instead (a LocalChatModel over inference/generators.py
+`EngineGenerator`: paged KV pool,
 `--engine-slots` decode slots, one device) with `StreamingEngineBackend`: the engine's scheduler runs on its own
 thread and every choice of every HTTP call is one engine request that takes a decode slot as soon as one frees
 (continuous batching across calls: a short completion leaves early, a new request does not wait for a batch to
@@ -46,10 +47,10 @@ from mimesis_jax import checkpoints, models  # checkpoints as a module: tests pa
 from mimesis_jax.data.tokenizer import load_tokenizer, read_tokenizer_record
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.chat.batching import BatchingEngine
-from mimesis_jax.chat.engine_chat import EngineChatModel
 from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.inference.engine import EngineError, EngineLoop
+from mimesis_jax.inference.generators import EngineGenerator
 from mimesis_jax.serve.openai_api import Backend, TokenEvent, create_app
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class StreamingEngineBackend(Backend):
     def __init__(self, model):
         self.model, self.tok = model, model.tok
         self.stop_ids, self.max_tokens = tuple(model.stop_ids), int(model.max_tokens)
-        self.loop = EngineLoop(model.engine, name="mimesis-serve-engine")
+        self.loop = EngineLoop(model.generator.engine, name="mimesis-serve-engine")
         self._count = 0
         self._count_lock = threading.Lock()
 
@@ -169,10 +170,11 @@ def warn_if_exposed(address: str, url: str, keys) -> bool:
 
 
 class ChatServer:
-    """uvicorn serving `create_app` over a LocalChatModel (through a BatchingEngine) or an EngineChatModel (through
-    a StreamingEngineBackend; `.engine` is whichever of the two runs the requests). The socket is bound at
-    construction, so `port=0` picks a free port known at once (`.port` / `.url`); `start()` serves from a thread,
-    `serve_forever()` from the calling one (Ctrl-C / SIGTERM end it); `stop()` shuts down and closes the engine."""
+    """uvicorn serving `create_app` over a LocalChatModel: through a BatchingEngine over the static sampler, or a
+    StreamingEngineBackend over the rollout engine (an EngineGenerator); `.engine` is whichever of the two runs the
+    requests. The socket is bound at construction, so `port=0` picks a free port known at once (`.port` / `.url`);
+    `start()` serves from a thread, `serve_forever()` from the calling one (Ctrl-C / SIGTERM end it); `stop()`
+    shuts down and closes the engine."""
 
     def __init__(self, model: LocalChatModel, *, host: str = "127.0.0.1", port: int = 8000, model_name: str = "local",
                  max_batch: int = 32, batch_wait_ms: float = 5.0, max_tokens_limit: int = 32768, max_n: int = 16,
@@ -181,7 +183,7 @@ class ChatServer:
         import uvicorn
 
         self.model, self.model_name, self.max_tokens_limit = model, model_name, int(max_tokens_limit)
-        if isinstance(model, EngineChatModel):  # continuous batching
+        if isinstance(model.generator, EngineGenerator):  # the rollout engine: continuous batching
             backend = StreamingEngineBackend(model)
             self.engine = backend
         else:

@@ -1,9 +1,9 @@
-"""The chat models of both RL stages: the trained policy's sampler, and the frozen models it talks to.
+"""The chat models of both RL stages: the trained policy's generator, and the frozen models it talks to.
 
-    policy = PolicySampler(model_config, tok, cfg.rollout, params, name="agent", max_tokens=..., in_flight=n,
-                           mesh=run.mesh)
-    model = policy.model(state["params"])      # what this step's rollouts sample with
-    policy.follow(state["params"])             # after the step's updates (the engine keeps its compiled programs)
+    policy = policy_model(model_config, tok, cfg.rollout, params, name="agent", max_tokens=..., in_flight=n,
+                          mesh=run.mesh, version=step)   # one generator for the run (inference/protocol.py)
+    policy.set_params(policy_params(model_config, cfg.rollout, state["params"], run.mesh), version=step + 1)
+                                               # after the step's updates (the engine keeps its compiled programs)
     m = distributed.rollout_mesh(run.mesh)
     side = build_user_side(cfg.users, mesh=m)  # Stage II: simulator, gym user, judge, coach (UserSide)
     sides, closers = build_sides(cfg.sides, mesh=m)  # Stage I.3: the fixed judge / partner / support agent
@@ -30,8 +30,8 @@ from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.chat import engine_chat
 from mimesis_jax.inference import sampler
+from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
 from mimesis_jax.inference.engine_sizing import rollout_sizing
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.chat.local import LocalChatModel
@@ -59,45 +59,46 @@ def engine_params(params, config=None, mesh=None):
     return distributed.rollout_params(config, params, mesh)
 
 
-class PolicySampler:
-    """What the trained policy samples with. With `rollout.engine` one EngineChatModel for the run, its pool
-    sized for `in_flight` dialogues at once, its weights set after every step's updates (`follow`); without it a
-    LocalChatModel over the current parameters (`model(params)`, built per rollout call).
+def policy_params(model_config: ModelConfig, r, params, mesh=None):
+    """The training parameters moved to where the policy's generator samples: the engine's copy
+    (`engine_params`) with `rollout.engine`, else the static sampler's (`distributed.rollout_params`: no copy on
+    one process, a device-to-device reshard onto this process's devices on several)."""
+    if r.engine:
+        return engine_params(params, model_config, mesh)
+    return distributed.rollout_params(model_config, params, mesh)
+
+
+def stop_ids(tok) -> tuple[int, ...]:
+    """The ids a turn ends with: `<|im_end|>` and EOS (what LocalChatModel stops at)."""
+    return tuple(sorted({int(tok.im_end_id), int(tok.eos_id)}))
+
+
+def policy_model(model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int,
+                 mesh=None, buckets=None, version: int = 0) -> LocalChatModel:
+    """The trained policy's one generator for the run (inference/protocol.py), as a LocalChatModel: the rollout
+    engine with `rollout.engine` (its pool sized for `in_flight` dialogues at once), else the static sampler.
+    After every update the learner calls `set_params(policy_params(...), version)`; the engine then drops its
+    cached dialogues and keeps its compiled programs.
 
     buckets: the static sampler's shape buckets (sampler.Buckets; None: its default ladders), e.g.
     `fixed_buckets` for one sampler program per run (Stage I.3), `ladder_buckets` for one per prompt rung
     (Stage II).
 
-    mesh: the training mesh. The LocalChatModel samples on `distributed.rollout_mesh(mesh)`: on one process the
+    mesh: the training mesh. The generator samples on `distributed.rollout_mesh(mesh)`: on one process the
     training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
-    several, this process's devices (`distributed.local_rollout_mesh`), the params gathered to the host once per
-    `model` call and sharded there (`distributed.rollout_params`). None: one device (the whole batch there). The
-    engine runs on the same `rollout_mesh` (inference/engine.py, "On a mesh" in docs/engine.md: weights as
-    models.shard_params lays them out, the page pool and state slots split over heads on `tensor`)."""
-
-    def __init__(self, model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int,
-                 mesh=None, buckets=None):
-        self.model_config, self.tok, self.r, self.name, self.max_tokens = model_config, tok, r, name, max_tokens
-        self.mesh, self.buckets = mesh, buckets
-        self.engine = None
-        if r.engine:
-            self.engine = engine_chat.EngineChatModel(model_config, engine_params(params, model_config, mesh), tok,
-                                                 max_tokens=max_tokens, mesh=distributed.rollout_mesh(mesh),
-                                                 name=name,
-                                                 engine_config=rollout_engine_config(r, model_config, in_flight))
-
-    def model(self, params):
-        if self.engine is not None:
-            return self.engine
-        return LocalChatModel(self.model_config, distributed.rollout_params(self.model_config, params, self.mesh),
-                              self.tok, max_tokens=self.max_tokens, name=self.name,
-                              max_batch=distributed.process_max_batch(self.r.max_batch),
-                              mesh=distributed.rollout_mesh(self.mesh), buckets=self.buckets)
-
-    def follow(self, params) -> None:
-        """The next rollouts sample from the updated policy."""
-        if self.engine is not None:
-            self.engine.set_params(engine_params(params, self.model_config, self.mesh))
+    several, this process's devices (`distributed.local_rollout_mesh`), the params resharded there device to
+    device by `policy_params`. None: one device (the whole batch there). The engine runs on the same
+    `rollout_mesh` (inference/engine.py, "On a mesh" in docs/engine.md: weights as models.shard_params lays them
+    out, the page pool and state slots split over heads on `tensor`)."""
+    on = distributed.rollout_mesh(mesh)
+    placed = policy_params(model_config, r, params, mesh)
+    if r.engine:
+        generator = EngineGenerator(model_config, placed, rollout_engine_config(r, model_config, in_flight),
+                                    stop_ids=stop_ids(tok), mesh=on, version=version)
+    else:
+        generator = StaticGenerator(model_config, placed, stop_ids=stop_ids(tok), mesh=on, buckets=buckets,
+                                    max_batch=distributed.process_max_batch(r.max_batch), version=version)
+    return LocalChatModel(model_config, None, tok, max_tokens=max_tokens, name=name, mesh=on, generator=generator)
 
 
 PROMPT_RUNGS = (1 / 4, 1 / 2, 3 / 4, 1)  # `ladder_buckets`: fractions of the longest prompt a run may sample from
@@ -173,8 +174,10 @@ class EngineMeter:
 
 
 def engine_of(model):
-    """The RolloutEngine a chat model samples through (an EngineChatModel's), else None."""
-    return model.engine if isinstance(model, engine_chat.EngineChatModel) else None
+    """The RolloutEngine a chat model samples through (a LocalChatModel's EngineGenerator), else None."""
+    if isinstance(model, LocalChatModel) and isinstance(model.generator, EngineGenerator):
+        return model.generator.engine
+    return None
 
 
 # ------------------------------------------------------------------------------------------ Stage II
@@ -228,7 +231,7 @@ class _ReleaseEngine:
         self.model = model
 
     def close(self):
-        self.model.engine.release_all()
+        engine_of(self.model).release_all()
 
 
 def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> UserSide:
@@ -266,10 +269,9 @@ def build_user_side(u: UserSideConfig, *, engine_config=None, mesh=None) -> User
             # on the rollout mesh the engine lays the (already sharded) params out as models.shard_params says and
             # splits its pool over heads; without one, everything on this process's first device
             params = base.params if mesh is not None else jax.device_put(base.params, jax.local_devices()[0])
-            sim = engine_chat.EngineChatModel(base.config, params, base.tok,
-                                         engine_config=engine_config(base.config), generation_role="user",
-                                         enable_thinking=base.enable_thinking, max_tokens=base.max_tokens,
-                                         seed=base.seed, name=base.name, mesh=mesh)
+            sim = LocalChatModel(base.config, params, base.tok, engine_config=engine_config(base.config),
+                                 generation_role="user", enable_thinking=base.enable_thinking,
+                                 max_tokens=base.max_tokens, seed=base.seed, name=base.name, mesh=mesh)
         assistant = LocalChatModel(base.config, base.params, base.tok, generation_role="assistant",
                                    max_tokens=u.coach_max_tokens, name=f"{base.name}-assistant", mesh=mesh)
         # The gyms' own user calls go through the same model: with the engine they are stateless requests (no

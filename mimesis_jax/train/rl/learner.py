@@ -10,7 +10,8 @@ The loop calls the learner's hooks (`RLLearner`: read_inputs, draw, rollouts, fi
 advantages, record, ...), each of which forwards to its piece; a subclass may override a hook instead.
 
 One step: draw `rollout.prompts_per_step` items; run `rollout.group_size` rollouts of each (the policy samples
-through `chat_models.PolicySampler`; every rollout gets a rollout id never used before in the run, every seed
+through one generator for the run, `chat_models.policy_model`, whose weights follow each update with
+`set_params(..., version=step)`; every rollout gets a rollout id never used before in the run, every seed
 derives from (train.seed, step, rollout id)); the stage drops invalid rollouts and skips groups left too small
 (counted, never trained); the kept groups, in the global group-id order (`global_minibatch_order`), are cut into
 PPO mini-batches of `rollout.mini_batch_prompts` groups with the stage's advantages; `ppo_updates` fixes the old
@@ -83,7 +84,7 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import distributed
-from mimesis_jax.train.rl.chat_models import EngineMeter, PolicySampler, engine_of
+from mimesis_jax.train.rl.chat_models import EngineMeter, engine_of, policy_model, policy_params
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.seams import GRPO, Algorithm, Cluster, World
 from mimesis_jax.train.rl.step import make_rl_step
@@ -455,16 +456,17 @@ class RLLearner:
             self.log(self.banner(start))
             run_.open_logs(stage=self.stage, handle_signals=self.handle_signals, stdout_keys=self.stdout_keys)
             cleanup.callback(flush_after_error)
-            # one policy sampler for the run; with rollout.engine its weights follow the updates
-            policy = PolicySampler(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
-                                   max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh,
-                                   buckets=self.policy_buckets(in_flight))
-            meter = EngineMeter({"engine": engine_of(policy.engine), **self.engines()})
+            # one policy generator for the run (inference/protocol.py); its weights follow the updates
+            policy = policy_model(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
+                                  max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh,
+                                  buckets=self.policy_buckets(in_flight), version=step)
+            cleanup.callback(policy.close)
+            meter = EngineMeter({"engine": engine_of(policy), **self.engines()})
             while step < cfg.train.steps:
                 times = {"start": time.perf_counter()}
                 meter.start()
                 drawn = self.draw(r.prompts_per_step)
-                outs = self.rollouts(policy.model(run_.state["params"]), drawn, group_size=r.group_size,
+                outs = self.rollouts(policy, drawn, group_size=r.group_size,
                                      temperature=r.temperature, seed=distributed.step_seed(cfg.train.seed, step),
                                      first_group=step * r.prompts_per_step, first_rid=next_rid,
                                      label=f"{self.stage} step {step + 1} rollout")
@@ -482,7 +484,8 @@ class RLLearner:
                 ms: list[dict] = []
                 if chunks:
                     run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder)
-                    policy.follow(run_.state["params"])  # the next rollouts sample from the updated policy
+                    # the next rollouts sample from the updated policy
+                    policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), step + 1)
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
                 times["trained"] = time.perf_counter()
@@ -491,7 +494,7 @@ class RLLearner:
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
-                    rec.update(self.validate(policy.model(run_.state["params"]),
+                    rec.update(self.validate(policy,
                                              f"{self.stage} step {step} validation"))
                 pending.append((step, rec, ms))
                 saving = run_.save_due(step, scheduled=self.save_checkpoints)
