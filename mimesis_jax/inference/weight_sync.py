@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.sharding import local_rollout_mesh
+from mimesis_jax.sharding import layout_mesh, local_rollout_mesh
 
 REPLICA = "replica"
 
@@ -48,20 +48,22 @@ def emulated_processes(mesh: Mesh, processes: int):
     return lambda d: rank[d.id]
 
 
-def sync_mesh(mesh: Mesh, processes: int | None = None) -> Mesh:
+def sync_mesh(mesh: Mesh, processes: int | None = None, layout: dict | None = None) -> Mesh:
     """Every device of the training `mesh` as [replica = process count, *one process's rollout block]: process
-    p's devices at index p, laid out as `local_rollout_mesh(mesh, p)` lays them out (the same block shape on
+    p's devices at index p, laid out as `local_rollout_mesh(mesh, p)` lays them out, or with a `layout`
+    (`rollout.mesh`, sharding.rollout_layout) as sharding.layout_mesh lays that block out (the same block shape on
     every process, else ValueError). processes: emulate that many (`emulated_processes`) instead of the run's."""
     process_of = None if processes is None else emulated_processes(mesh, processes)
     count = jax.process_count() if processes is None else processes
-    blocks = [local_rollout_mesh(mesh, p, process_of) for p in range(count)]
+    blocks = [layout_mesh(local_rollout_mesh(mesh, p, process_of), layout) for p in range(count)]
     shapes = {tuple(b.devices.shape) for b in blocks}
     if len(shapes) != 1:
         raise ValueError(f"the mesh {dict(mesh.shape)} splits into process blocks of different shapes {shapes}: "
                          "the weight sync needs one block shape on every process")
     devices = np.stack([np.asarray(b.devices) for b in blocks])
-    return Mesh(devices, (REPLICA,) + tuple(mesh.axis_names),
-                axis_types=(mesh.axis_types[0],) + tuple(mesh.axis_types))
+    block = blocks[0]
+    return Mesh(devices, (REPLICA,) + tuple(block.axis_names),
+                axis_types=(block.axis_types[0],) + tuple(block.axis_types))
 
 
 def _same_shards(x, local: NamedSharding) -> bool:
@@ -84,13 +86,16 @@ class WeightSync:
     mesh: Mesh
     dtype: object = None
     processes: int | None = None  # emulate this many processes (planning, tests); None: the run's own
+    # the rollout layout (`rollout.mesh` parsed, sharding.rollout_layout); None: each process's block of the
+    # training mesh as it is (on one process the training mesh itself)
+    layout: dict | None = None
 
     def __post_init__(self):
-        self.global_mesh = sync_mesh(self.mesh, self.processes)
-        block = self.global_mesh.devices[0]
-        self.local = Mesh(block, self.mesh.axis_names, axis_types=self.mesh.axis_types)
+        self.global_mesh = sync_mesh(self.mesh, self.processes, self.layout)
+        block, names = self.global_mesh.devices[0], self.global_mesh.axis_names[1:]
+        self.local = Mesh(block, names, axis_types=self.global_mesh.axis_types[1:])
         if self.processes is None:
-            self.local = local_rollout_mesh(self.mesh)
+            self.local = layout_mesh(local_rollout_mesh(self.mesh), self.layout)
         self._specs = jax.tree.map(lambda s: s.spec, models.param_shardings(self.config, self.local))
         self._axes = models.param_axes(self.config)
         self._programs: dict = {}
