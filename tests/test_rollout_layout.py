@@ -242,3 +242,77 @@ def test_plan_names_the_key_of_a_layout_off_the_devices(capsys):
     assert capsys.readouterr().err == ("error: config key 'rollout.mesh': replica=4,tensor=8 must use exactly the 16 "
                                        "devices each process rolls out on (the training mesh's devices per "
                                        "process)\n")
+
+
+# ------------------------------------------------------------------------------------------ 2 processes
+WORKER = r"""
+import json, sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")  # as the CLI's --distributed does
+jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+import numpy as np
+from jax.experimental import multihost_utils
+from mimesis_jax import models, sharding
+from mimesis_jax.inference import sampler
+from mimesis_jax.plan import workload
+from mimesis_jax.train.rl import distributed
+
+
+def no_gather(*a, **k):
+    raise AssertionError("the rollout parameters were gathered through the host")
+
+
+multihost_utils.process_allgather = no_gather  # the sync must move them device to device
+cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo", ["rollout.mesh=replica=2,tensor=2"])
+mc = workload.runtime_model(cfg)
+mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+params = models.init_params(mc, jax.random.key(1), mesh)
+rm = distributed.rollout_mesh(mesh, cfg.rollout)
+rp = distributed.rollout_params(mc, params, mesh, cfg.rollout)
+first = jax.local_devices()[0]
+leaves = [{"local": x.sharding.device_set == set(jax.local_devices()), "nbytes": x.nbytes,
+           "on_first": sum(s.data.nbytes for s in x.addressable_shards if s.device == first)}
+          for x in jax.tree.leaves(rp)]
+prompts, seeds, temps = json.loads(sys.argv[3])
+mine = [i for i in range(len(prompts)) if i % 2 == jax.process_index()]
+out = sampler.generate(mc, rp, [prompts[i] for i in mine], max_new_tokens=8, temperature=[temps[i] for i in mine],
+                       seed=[seeds[i] for i in mine], mesh=rm)
+json.dump({"mesh": dict(rm.shape), "leaves": leaves, "rows": mine, "tokens": [s.tokens for s in out],
+           "logprobs": [list(map(float, s.logprobs)) for s in out]}, open(sys.argv[4], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_sync_into_their_own_layouts(tmp_path):
+    """2 processes x 4 devices, training mesh fsdp=4 x tensor=2 across both: each process's copy lives on its own 4
+    devices as replica=2 x tensor=2 (half of each tensor-split array per device), moved without a host gather, and
+    its rows' samples equal the one-process unsharded sampler's."""
+    cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo")
+    mc = workload.runtime_model(cfg)
+    rng = np.random.RandomState(3)
+    prompts = [rng.randint(3, mc.vocab_size, size=7 - i % 3).tolist() for i in range(6)]
+    seeds, temps = [21, 22, 23, 24, 25, 26], [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = subprocess_env(devices=4, PYTHONPATH=ROOT)
+    arg = json.dumps([prompts, seeds, temps])
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, f"127.0.0.1:{port}", str(i), arg,
+                               str(tmp_path / f"{i}.json")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    params = jax.device_put(jax.device_get(models.init_params(mc, jax.random.key(1), mesh)), jax.devices()[0])
+    ref = sampler.generate(mc, params, prompts, max_new_tokens=8, temperature=temps, seed=seeds)
+    specs = jax.tree.leaves(models.param_specs(mc), is_leaf=is_spec)
+    for i in range(2):
+        got = json.load(open(tmp_path / f"{i}.json"))
+        assert got["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+        for s, leaf in zip(specs, got["leaves"]):
+            assert leaf["local"] and leaf["on_first"] * (2 if TENSOR_AXES & set(s.axes) else 1) == leaf["nbytes"]
+        assert sum(leaf["on_first"] for leaf in got["leaves"]) == _copy_bytes(mc, 2)
+        assert got["tokens"] == [ref[r].tokens for r in got["rows"]]
+        np.testing.assert_allclose(np.concatenate(got["logprobs"]),
+                                   np.concatenate([ref[r].logprobs for r in got["rows"]]), atol=1e-4)
