@@ -18,6 +18,7 @@ data-parallel replicas x tensor parallelism over the devices of the training mes
 import argparse
 import json
 import math
+import re
 import os
 import socket
 import subprocess
@@ -316,3 +317,49 @@ def test_two_processes_sync_into_their_own_layouts(tmp_path):
         assert got["tokens"] == [ref[r].tokens for r in got["rows"]]
         np.testing.assert_allclose(np.concatenate(got["logprobs"]),
                                    np.concatenate([ref[r].logprobs for r in got["rows"]]), atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ rehearse
+def test_rehearse_measures_the_sampler_and_the_sync_in_the_layout():
+    """rehearse's program rows with rollout.mesh=replica=2,tensor=4 on a training mesh of fsdp=4 x tensor=2: the
+    sampler's row is compiled on the layout's mesh, a `weight_sync` row names the layout and its largest program
+    is within the plan, and the report's text says where the sampler ran."""
+    import types
+
+    from mimesis_jax.commands import rehearse as rehearse_cli
+
+    cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo", ["rollout.mesh=replica=2,tensor=4"])
+    mc = workload.runtime_model(cfg)
+    run_state = types.SimpleNamespace(mesh=sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2}), model_config=mc,
+                                      step_fn=types.SimpleNamespace(shape_keys=()))
+    shapes = {(8, 64, 16, sampler.Buckets().stops(1), 0)}
+    rows, _ = rehearse_cli._programs(run_state, cfg, shapes, updates=False)
+    layout = {"data": 2, "fsdp": 1, "tensor": 4}
+    assert [(r["program"], r["mesh"]) for r in rows] == [("sampler", layout), ("weight_sync", layout)]
+    sync = rows[1]
+    assert sync["shape"] == {"layout": "replica=2,tensor=4"}
+    assert abs(sync["plan_bytes"] / sync["compiled_bytes"] - 1) <= TOLERANCE, sync
+    rep = {"model": {"type": "qwen3", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 128,
+                     "vocab": 1024},
+           "stage": "agentrl", "engine": False, "mesh": {"data": 1, "fsdp": 4, "tensor": 2}, "num_devices": 8,
+           "processes": 1, "rollout_mesh": cfg.rollout.mesh, "prompts_per_step": 1, "group_size": 2,
+           "mini_batch_prompts": 1, "updates_per_step": 1, "max_turns": 1, "row_len": 0, "max_context_tokens": 0,
+           "csd": False, "dtype": "float32", "plan_programs": [], "programs": rows, "measure_compilations": [],
+           "measure_s": 0.0, "compilations": {"total": 0, "rl_update": 0, "old_logprobs": 0, "sampler": 0,
+                                              "engine": 0, "other": 0},
+           "compile_s": 0.0, "steps": [], "param_change": None, "tolerance": TOLERANCE}
+    text = rehearse_cli.format_report(rep, "x")
+    assert "  (the sampler runs in the rollout layout rollout.mesh=replica=2,tensor=4: data=2,fsdp=1,tensor=4 per " \
+           "process)" in text
+    assert re.search(r"^  weight_sync layout=replica=2,tensor=4 ", text, re.M), text
+
+
+def test_the_rehearsal_splits_its_heads_over_the_layout_tensor_axis():
+    """narrow_config keeps every head count a multiple of rollout.mesh's tensor axis when it is the larger one (the
+    9B simulator trains on tensor=2 and here decodes on tensor=4): 4 KV heads, 4 DeltaNet key heads."""
+    from mimesis_jax.plan.rehearse import narrow_config
+
+    paper = workload.load_run_config("configs/mimesis_simrl.py:9b", ["rollout.mesh=replica=4,tensor=4"])
+    tm = narrow_config(paper).model
+    assert (tm.num_key_value_heads, tm.linear_num_key_heads) == (4, 4)
+    assert tm.intermediate_size % (8 * 4) == 0
