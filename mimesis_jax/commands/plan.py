@@ -264,6 +264,9 @@ def run(args) -> int:
                 process_programs = _rollout_programs(cfg_p, mesh, local, p, processes, layout)
         error = checked_error(programs + process_programs)
         print(format_plan(p, args.config, error))
+        if layout is not None:
+            print(f"  note: rollout.mesh={text}: the policy decodes in that layout (below), not in the training "
+                  "layout of the rollout phase above")
         head = head_padding_text(cfg, p.workload.model, mesh) if p.workload.kind != "lm" else None
         if head:
             print(head)
