@@ -1,15 +1,18 @@
 """Weight sync: the training parameters re-laid out for the rollouts, device to device, without a gather.
 
-On one process the sampler reads the training arrays as they are (the rollout mesh is the training mesh). On P
-jax.distributed processes each process samples its own episodes on its own devices (`sharding.local_rollout_mesh`),
-so each needs the whole model split over its local devices. The training arrays are split over every process's
+On one process, in the training layout, the sampler reads the training arrays as they are (the rollout mesh is the
+training mesh). On P jax.distributed processes each process samples its own episodes on its own devices
+(`sharding.local_rollout_mesh`), so each needs the whole model split over its local devices; with a rollout layout
+(`rollout.mesh`, `layout`: sharding.layout_mesh, data = replicas, fsdp 1, tensor) on any number of processes, one
+included, each process's devices are laid out that way. The training arrays are split over every process's
 devices; the sync is a reshard between two layouts of the same global devices:
 
     training layout  NamedSharding(training mesh, the rules' spec)
     sync layout      NamedSharding(sync mesh, the same spec)   sync mesh = [replica = P, *one process's block]
 
-The sync mesh stacks every process's block of the training mesh along a new `replica` axis that no spec names,
-so each process's devices hold a complete copy split as the local rollout mesh splits it. One jitted program per
+(one process's block: its devices of the training mesh as they are, or laid out as `layout` says.) The sync mesh
+stacks every process's block along a new `replica` axis that no spec names, so each process's devices hold a
+complete copy split as the local rollout mesh splits it. One jitted program per
 parameter array (a stacked layer weight is one array: every layer of it at once) casts it to the rollout dtype on
 the devices that hold it and reshards it; XLA moves the shards between devices (collectives across processes), so
 no device ever holds more than its shard of the training array and its shard of the rollout copy, and the host
