@@ -279,7 +279,7 @@ def run(args) -> int:
             print(f"compiled programs ({jax.default_backend()} backend, {jax.device_count()} devices):")
             print(format_programs(programs, p.workload.model))
             if apart:
-                print(f"compiled rollout program of one process ({rollout_where(processes, text, local)}):")
+                print(f"compiled rollout program on {rollout_where(processes, text, local)}:")
                 print(format_programs(process_programs, p.workload.model))
         if not p.clears(error[0]):
             _print_suggestion(args, mesh, p, error[0])
