@@ -17,10 +17,10 @@ from mimesis_jax.plan.compiled import (SPLIT_CHECKED, TOLERANCE, ProgramMemory, 
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan import mix
 from mimesis_jax.plan.memory import weight_sync_bytes
-from mimesis_jax.sharding import rollout_layout
 from mimesis_jax.plan.suggestions import suggest
-from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, process_config, process_mesh,
-                                      programs_text, rollout_axes)
+from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, process_config, programs_text,
+                                      rollout_axes)
+from mimesis_jax.sharding import rollout_layout
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
