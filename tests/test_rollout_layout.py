@@ -154,7 +154,17 @@ for p in program_memory(workload.process_config(cfg, 1), dict(rm.shape), "a100-8
 big, axes = workload.runtime_model(cfg), dict(cfg.mesh.axes())
 rows.append(["weight sync", weight_sync_bytes(big, axes, dict(rm.shape)).peak,
              weight_sync_memory(big, axes, 1, QUICK, distributed.layout_of(cfg.rollout))])
-print("RESULT " + json.dumps({
+# Stage II's mesh (fsdp 8 x tensor 2) into replica=4,tensor=4: its [V, D] tables change device groups row-wise
+from mimesis_jax.inference.weight_sync import WeightSync
+from mimesis_jax.plan.compiled import compiled_total
+from mimesis_jax.sharding import rollout_layout
+c2 = workload.load_run_config("configs/qwen3_8b_agentrl.py:grpo", ["train.dtype=float32"])
+m2, axes2 = workload.runtime_model(c2), dict(c2.mesh.axes())
+sync = WeightSync(m2, sharding.make_mesh(axes2), processes=1, layout=rollout_layout(LAYOUT))
+progs = {path: compiled_total(c) for path, c in sync.compiled(models.abstract_params(m2), QUICK)}
+rows.append(["stage2 weight sync", weight_sync_bytes(m2, axes2, dict(rm.shape)).peak, max(progs.values())])
+table = ["stage2 embed", progs["['embed']"], m2.vocab_size * m2.hidden_size * 4]
+print("RESULT " + json.dumps({"table": table,
     "mesh": dict(rm.shape), "leaves": leaves, "tokens": [s.tokens for s in got], "ref": [s.tokens for s in ref],
     "logprobs": [list(map(float, s.logprobs)) for s in got],
     "ref_logprobs": [list(map(float, s.logprobs)) for s in ref],
@@ -204,10 +214,30 @@ def test_the_layout_gathers_no_weight(paper):
 def test_the_layout_programs_at_paper_width_are_within_the_plan(paper):
     """What `plan --compiled --set rollout.mesh=replica=4,tensor=4` compiles for the 9B simulator (float32, QUICK):
     its sampler program (256 rollouts per call over 4 replicas) and the weight sync's largest program."""
-    (name, planned, compiled), (sync, s_planned, s_compiled) = paper["rows"]
-    assert name == "sampler 256x14336+2048" and sync == "weight sync"
+    (name, planned, compiled), *syncs = paper["rows"]
+    assert name == "sampler 256x14336+2048"
     assert abs(planned / compiled - 1) <= TOLERANCE, (planned / GiB, compiled / GiB)
-    assert abs(s_planned / s_compiled - 1) <= TOLERANCE, (s_planned / GiB, s_compiled / GiB)
+    assert [s[0] for s in syncs] == ["weight sync", "stage2 weight sync"]  # and Stage II's mesh into the layout
+    for sync, s_planned, s_compiled in syncs:
+        assert abs(s_planned / s_compiled - 1) <= TOLERANCE, (sync, s_planned / GiB, s_compiled / GiB)
+
+
+def test_a_table_changing_device_groups_moves_in_row_pieces(paper):
+    """Stage II's [V, D] embedding (vocabulary split over tensor=2 pairs in training, over tensor=4 groups in the
+    layout): its sync program holds less than half the whole table (row pieces, inference/weight_sync.py
+    row_pieces), where one reshard rebuilds the whole table on every device."""
+    _, compiled, whole = paper["table"]
+    assert compiled * 2 < whole, (compiled / GiB, whole / GiB)
+
+
+@pytest.mark.parametrize("rows,src,dst,want", [(151_936, 2, 4, (4, 16)), (151_936, 2, 2, (1, 1)),
+                                               (248_320, 2, 8, (8, 16)), (10, 2, 4, (4, 1)), (24, 1, 4, (4, 2))])
+def test_row_pieces(rows, src, dst, want):
+    """(row blocks, pieces per block): the lcm of the two splits, and the largest power of two <= 16 dividing
+    each block (1: rows that do not divide, moved whole); the same split moves no row between device groups."""
+    from mimesis_jax.inference.weight_sync import row_pieces
+
+    assert row_pieces(rows, src, dst) == want
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -323,7 +353,7 @@ def test_two_processes_sync_into_their_own_layouts(tmp_path):
 def test_rehearse_measures_the_sampler_and_the_sync_in_the_layout():
     """rehearse's program rows with rollout.mesh=replica=2,tensor=4 on a training mesh of fsdp=4 x tensor=2: the
     sampler's row is compiled on the layout's mesh, a `weight_sync` row names the layout and its largest program
-    is within the plan, and the report's text says where the sampler ran."""
+    holds less than the largest weight, and the report's text says where the sampler ran."""
     import types
 
     from mimesis_jax.commands import rehearse as rehearse_cli
@@ -338,7 +368,10 @@ def test_rehearse_measures_the_sampler_and_the_sync_in_the_layout():
     assert [(r["program"], r["mesh"]) for r in rows] == [("sampler", layout), ("weight_sync", layout)]
     sync = rows[1]
     assert sync["shape"] == {"layout": "replica=2,tensor=4"}
-    assert abs(sync["plan_bytes"] / sync["compiled_bytes"] - 1) <= TOLERANCE, sync
+    # its largest program holds less than one whole copy of the largest array (the sync moves pieces; its plan is
+    # held at the paper's widths above, not at this tiny one, where the loops' bookkeeping outweighs the arrays)
+    largest = max(math.prod(s.shape) * 4 for s in jax.tree.leaves(models.param_specs(mc), is_leaf=is_spec))
+    assert sync["compiled_bytes"] < largest, (sync, largest)
     rep = {"model": {"type": "qwen3", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 128,
                      "vocab": 1024},
            "stage": "agentrl", "engine": False, "mesh": {"data": 1, "fsdp": 4, "tensor": 2}, "num_devices": 8,

@@ -27,11 +27,12 @@ Per-device peak of the sync beyond the training state: the rollout copy built so
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mimesis_jax import models
 from mimesis_jax.models.config import ModelConfig
@@ -76,6 +77,54 @@ def _same_shards(x, local: NamedSharding) -> bool:
     return all(want.get(s.device) == s.index for s in x.addressable_shards)
 
 
+ROW_PIECES = 16  # the most pieces a non-layered table is moved in (`_row_pieces`)
+
+
+def _splits(sharding: NamedSharding, dim: int) -> int:
+    """How many ways `sharding` splits dimension `dim`."""
+    spec = tuple(sharding.spec) + (None,) * (dim + 1)
+    names = spec[dim]
+    names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+    return math.prod(dict(sharding.mesh.shape)[n] for n in names)
+
+
+def row_pieces(rows: int, src_splits: int, dst_splits: int) -> tuple[int, int]:
+    """(g, c) for a non-layered array of `rows` rows split src_splits ways in the training layout and dst_splits in
+    the rollout one: g = lcm of the two (row blocks every device's rows fall in whole), c = the most pieces (a power
+    of two <= ROW_PIECES) each block divides into; c = 1 when the rows stay where they are (the same split: a
+    gather over the other dims, no rebuild) or do not divide."""
+    if src_splits == dst_splits:
+        return 1, 1
+    g, c = math.lcm(src_splits, dst_splits), ROW_PIECES
+    while c > 1 and rows % (g * c):
+        c //= 2
+    return g, c
+
+
+def _row_pieces(shape: tuple, src: NamedSharding, out: NamedSharding) -> tuple[int, int]:
+    if len(shape) < 2:
+        return 1, 1
+    return row_pieces(shape[0], _splits(src, 0), _splits(out, 0))
+
+
+def _widen(sharding: NamedSharding, ndim: int) -> NamedSharding:
+    """`sharding` of an [R, ...] array for its [g, c, R / (g c), ...] view: the row split on g."""
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    return NamedSharding(sharding.mesh, PartitionSpec(spec[0], None, None, *spec[1:]))
+
+
+def _in_pieces(x, dim: int, src: NamedSharding, out: NamedSharding, cast):
+    """x moved from `src` to `out` one index of dimension `dim` at a time into the output buffer (each piece pinned
+    to the training layout first, so the partitioner does not carry the rollout layout back to the whole array)."""
+    def body(i, y):
+        piece = jax.lax.dynamic_index_in_dim(x, i, dim)
+        piece = jax.lax.with_sharding_constraint(piece, src)
+        piece = jax.lax.with_sharding_constraint(cast(piece), out)
+        return jax.lax.dynamic_update_index_in_dim(y, piece, i, dim)
+    y = jax.lax.with_sharding_constraint(jnp.zeros(x.shape, cast(jnp.zeros((), x.dtype)).dtype), out)
+    return jax.lax.fori_loop(0, x.shape[dim], body, y)
+
+
 @dataclasses.dataclass
 class WeightSync:
     """The rollout copy of `config`'s parameters on this process's devices from the training ones on `mesh`.
@@ -103,26 +152,29 @@ class WeightSync:
         self._axes = models.param_axes(self.config)
         self._programs: dict = {}
 
-    def _program(self, path: str, spec, layered: bool, src=None):
+    def _program(self, path: str, spec, layered: bool, src, shape: tuple):
         if path not in self._programs:
             dtype, out = self.dtype, NamedSharding(self.global_mesh, spec)
+            g, c = (1, 1) if layered else _row_pieces(shape, src, out)
 
             def whole(x):
                 return x if dtype is None else x.astype(dtype)
 
             def by_layer(x):
                 # the stacked layers one at a time into the output buffer: the reshard's working set is one
-                # layer's, not the whole stack's (the slice is pinned to the training layout first, so the
-                # partitioner does not carry the rollout layout back to the whole stack)
-                def body(i, y):
-                    piece = jax.lax.dynamic_index_in_dim(x, i, 0)
-                    piece = jax.lax.with_sharding_constraint(piece, x.sharding if src is None else src)
-                    piece = jax.lax.with_sharding_constraint(whole(piece), out)
-                    return jax.lax.dynamic_update_index_in_dim(y, piece, i, 0)
-                y = jax.lax.with_sharding_constraint(jnp.zeros(x.shape, dtype or x.dtype), out)
-                return jax.lax.fori_loop(0, x.shape[0], body, y)
+                # layer's, not the whole stack's
+                return _in_pieces(x, 0, src, out, whole)
 
-            self._programs[path] = jax.jit(by_layer if layered else whole, out_shardings=out)
+            def by_rows(x):
+                # a [V, ...] table in c row pieces (each of its g row blocks cut c ways): where the two layouts
+                # split its rows over different device groups XLA rebuilds what it moves whole (the table on
+                # every device), so moving a piece at a time bounds that to a piece
+                pieces = x.reshape((g, c, x.shape[0] // (g * c)) + x.shape[1:])
+                y = _in_pieces(pieces, 1, _widen(src, x.ndim), _widen(out, x.ndim), whole)
+                return y.reshape(x.shape)
+
+            fn = by_layer if layered else by_rows if c > 1 else whole
+            self._programs[path] = jax.jit(fn, out_shardings=out)
         return self._programs[path]
 
     def _leaves(self, params):
@@ -142,7 +194,7 @@ class WeightSync:
             if self.dtype is None and _same_shards(x, local):  # every device holds its rollout shard already
                 y = x
             else:
-                y = self._program(path, spec, layered, x.sharding)(x)
+                y = self._program(path, spec, layered, x.sharding, x.shape)(x)
             out.append(jax.make_array_from_single_device_arrays(
                 y.shape, local, [s.data for s in y.addressable_shards]))
         return jax.tree_util.tree_unflatten(tree, out)
@@ -155,6 +207,6 @@ class WeightSync:
         flat, _ = self._leaves(params)
         for (path, x, spec, layered), sh in zip(flat, jax.tree.leaves(shardings)):
             arg = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
-            out.append((path, self._program(path, spec, layered, sh).lower(arg).compile(options)))
+            out.append((path, self._program(path, spec, layered, sh, x.shape).lower(arg).compile(options)))
         return out
 
