@@ -263,3 +263,36 @@ def local_rollout_mesh(mesh: Mesh, process: int | None = None, process_of=None) 
     shape = tuple(n_local if a == axis else 1 for a in names)
     ordered = [d for d in devs.flat if process_of(d) == me]
     return Mesh(np.asarray(ordered, dtype=object).reshape(shape), names, axis_types=mesh.axis_types)
+
+
+# ------------------------------------------------------------------------------------- rollout layout
+# `rollout.mesh` (config/rl.py RolloutSection): the layout decode runs in, over the same devices of a process as
+# the training mesh. Its axes are the mesh axes they become: `replica` -> data (rows split, weights replicated: the
+# rules give parameters no data axis), `tensor` -> tensor (heads, MLP and vocabulary split); fsdp is 1, so no
+# weight is split over an axis the decode loop would gather it along (docs/decisions.md, "Rollout layout").
+def layout_axes(layout: Mapping[str, int], devices: int) -> dict[str, int]:
+    """The rollout mesh's axis sizes on a process of `devices` devices: {"data": replicas, "fsdp": 1, "tensor":
+    T}. ConfigError naming rollout.mesh unless its axes multiply to `devices`."""
+    from mimesis_jax.errors import ConfigError
+
+    r, t = layout["replica"], layout["tensor"]
+    if r == -1 and t > 0 and devices % t == 0:
+        r = devices // t
+    elif t == -1 and r > 0 and devices % r == 0:
+        t = devices // r
+    if r * t != devices or r < 1 or t < 1:
+        given = ",".join(f"{a}={v}" for a, v in layout.items() if v != -1)
+        raise ConfigError(f"config key 'rollout.mesh': {given} must use exactly the {devices} devices each "
+                          f"process rolls out on (the training mesh's devices per process)")
+    return {"data": r, "fsdp": 1, "tensor": t}
+
+
+def layout_mesh(block: Mesh, layout: Mapping[str, int] | None) -> Mesh:
+    """The rollout mesh over `block` (one process's devices of the training mesh, `local_rollout_mesh`): `block`
+    itself without a layout, else its devices in the training mesh's order reshaped to `layout_axes` (tensor
+    innermost: a tensor group is adjacent devices), Auto axis types."""
+    if layout is None:
+        return block
+    axes = layout_axes(layout, block.devices.size)
+    devices = np.asarray(block.devices).reshape(tuple(axes.values()))
+    return Mesh(devices, tuple(axes), axis_types=(AxisType.Auto,) * len(axes))

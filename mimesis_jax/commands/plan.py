@@ -18,8 +18,9 @@ from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_t
 from mimesis_jax.plan import mix
 from mimesis_jax.plan.memory import weight_sync_bytes
 from mimesis_jax.plan.suggestions import suggest
-from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, process_config, process_mesh,
-                                      programs_text)
+from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, process_config, programs_text,
+                                      rollout_axes, rollout_mesh_text)
+from mimesis_jax.config.layout import rollout_layout
 
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -103,9 +104,20 @@ def format_plan(p: Plan, path: str = "", error: tuple[float, str] | None = None)
     return "\n".join(lines)
 
 
-def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error: float = TOLERANCE) -> str:
-    """The rollout phase on each of `processes` processes (pp: the plan of one process's share on its sub-mesh),
-    its verdict with room for the planner's `error` (see `checked_error`)."""
+def rollout_where(processes: int, layout: str, local: dict) -> str:
+    """Where the rollout runs, for the plan's lines: each process's sub-mesh, or the rollout layout
+    (`rollout.mesh`) over each process's devices (on one process: the training mesh's devices)."""
+    each = "each of {} processes".format(processes) if processes > 1 else "one process"
+    if layout:
+        return f"{each}: the rollout layout rollout.mesh={layout} ({mesh_text(local)} per process)"
+    return f"{each}: its sub-mesh {mesh_text(local)}"
+
+
+def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error: float = TOLERANCE,
+                           layout: str = "") -> str:
+    """The rollout phase on each of `processes` processes, or in the rollout layout `layout` (`rollout.mesh`; pp:
+    the plan of one process's share on its sub-mesh or layout), its verdict with room for the planner's `error`
+    (see `checked_error`)."""
     peak = process_rollout_peak(p, pp)
     rollout = pp.rollout_peak - pp.item("optimizer state")
     total = max(p.train_peak, peak)
@@ -116,21 +128,24 @@ def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error:
         what = f"sampler calls of {w.rollout.batch} x ({w.rollout.prompt_len} + {w.rollout.new_tokens}) tokens"
     state = p.item("parameters") + p.item("optimizer state")
     return "\n".join([
-        f"rollout on each of {processes} processes: its sub-mesh {mesh_text(pp.workload.mesh)}, "
+        f"rollout on {rollout_where(processes, layout, pp.workload.mesh)}, "
         f"{what} ({-(-tasks // processes)} of {tasks} tasks per step)",
         f"  its rollout program {rollout / GiB:.2f} GiB per device (of which its own parameter copy "
         f"{pp.item('parameters') / GiB:.2f} GiB) + the training state kept on every device "
         f"{state / GiB:.2f} GiB = rollout peak {peak / GiB:.2f} GiB",
         f"total {total / GiB:.2f} GiB of {p.device.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable): "
-        f"{_verdict(total, p.usable, error)} on {processes} processes"])
+        f"{_verdict(total, p.usable, error)} on {processes} process{'es' if processes > 1 else ''}"
+        + (f" in the rollout layout rollout.mesh={layout}" if layout else "")])
 
 
-def format_weight_sync(p: Plan, pp: Plan) -> str:
-    """The weight sync into each process's rollout devices (inference/weight_sync.py), per device: the bytes it
-    receives, the sync's largest program, and the bound with the training state and the copy it leaves."""
+def format_weight_sync(p: Plan, pp: Plan, layout: str = "") -> str:
+    """The weight sync into each process's rollout devices (inference/weight_sync.py), or into the rollout layout
+    `layout` (`rollout.mesh`), per device: the bytes it receives, the sync's largest program, and the bound with the
+    training state and the copy it leaves."""
     sync = weight_sync_bytes(p.workload.model, p.workload.mesh, pp.workload.mesh)
     state = p.item("parameters") + p.item("optimizer state")
-    return (f"weight sync into each process's devices (device to device, one array at a time): "
+    into = f"the rollout layout rollout.mesh={layout}" if layout else "each process's devices"
+    return (f"weight sync into {into} (device to device, one array at a time): "
             f"{sync.moved / GiB:.2f} GiB received per device, its largest program {sync.peak / GiB:.2f} GiB per "
             f"device (working set {sync.work / GiB:.2f} GiB); at most {(state + sync.copy + sync.work) / GiB:.2f} GiB "
             "with the training state and the copy")
@@ -140,13 +155,14 @@ def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: fl
     """The largest rollout.max_batch (halving the config's) under which the rollout phase FITS on `processes`
     processes with room for the planner's `error`, or what to try instead."""
     cap = cfg.rollout.max_batch or cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    on = f"on {processes} processes" if processes > 1 else f"in the rollout layout rollout.mesh={cfg.rollout.mesh}"
     train = verdict(p.train_peak, p.usable, error)
     if train != "FITS":
-        return (f"suggestion: no rollout.max_batch FITS on {processes} processes: the train step alone "
+        return (f"suggestion: no rollout.max_batch FITS {on}: the train step alone "
                 f"({p.train_peak / GiB:.2f} GiB) {'is TIGHT' if train == 'TIGHT' else train}; change it first (the "
-                f"plan's suggestion), then re-plan with --processes {processes}")
+                f"plan's suggestion), then re-plan")
     if not cfg.rollout.engine:
-        local = process_mesh(mesh, processes)
+        local = rollout_axes(cfg, mesh, processes)
         while cap > 1:
             cap //= 2
             c = load_run_config(args.config, list(args.overrides) + [f"rollout.max_batch={cap}"])
@@ -155,8 +171,8 @@ def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: fl
             if verdict(total, p.usable, error) == "FITS":
                 return (f"suggestion: --set rollout.max_batch={cap} -> rollout peak "
                         f"{process_rollout_peak(p, pp) / GiB:.2f} GiB, total {total / GiB:.2f} GiB, "
-                        f"{_verdict(total, p.usable, error)} on {processes} processes")
-    return (f"suggestion: no rollout.max_batch FITS on {processes} processes; lower rollout.engine_memory_gib "
+                        f"{_verdict(total, p.usable, error)} {on}")
+    return (f"suggestion: no rollout.max_batch FITS {on}; lower rollout.engine_memory_gib "
             "(engine) or add devices (--mesh)")
 
 
@@ -183,67 +199,90 @@ def head_padding_text(cfg, model, mesh: dict) -> str | None:
             f"plan/mix.py; {hp['programs']} step programs taken)")
 
 
+def _load(args):
+    """(config, mesh) of the command line, its flags checked (one-line ConfigErrors naming them)."""
+    if args.device not in DEVICES:
+        raise ConfigError(f"--device {args.device!r}: unknown device; expected one of {sorted(DEVICES)}")
+    cfg = load_run_config(args.config, args.overrides)
+    mesh = parse_mesh(args.mesh) if args.mesh is not None else config_mesh(cfg.mesh, jax.device_count())
+    if args.rows is not None and args.rows < 1:
+        raise ConfigError(f"--rows {args.rows}: must be >= 1")
+    if args.compiled:
+        if args.rows is not None:
+            raise ConfigError("--compiled: builds the loop's own shapes; drop --rows")
+        need_devices(mesh)  # before the plan is printed: the one-line error names the flag to set
+    return cfg, mesh
+
+
+def _rollout_programs(cfg_p, mesh: dict, local: dict, p: Plan, processes: int, layout) -> list[ProgramMemory]:
+    """The compiled programs of one process's rollout on `local` (its sub-mesh or the rollout layout) and the
+    weight sync into it, next to their plan."""
+    rows = program_memory(cfg_p, local, p.device, updates=False)
+    rows.append(ProgramMemory("weight sync (largest program)", weight_sync_bytes(p.workload.model, mesh, local).peak,
+                              weight_sync_memory(p.workload.model, mesh, processes, layout=layout)))
+    return rows
+
+
+def _print_suggestion(args, mesh: dict, p: Plan, error: float) -> None:
+    s = suggest(args.config, args.overrides, mesh, args.device, args.rows, error)
+    if s is None:
+        print("suggestion: no change of at most two of remat full, more fsdp, up to 16x the micro-batches, "
+              "rollout.max_batch down to 1/64, rows down to 1/8, up to 4x the fsdp devices fits with a "
+              "margin of at least the planner error")
+    else:
+        print(f"suggestion: {s.change} -> total {s.plan.total / GiB:.2f} GiB, "
+              f"{_verdict(s.plan.total, s.plan.usable, error)}")
+
+
 def run(args) -> int:
     """`python -m mimesis_jax plan`: prints the plan and its verdict (and, unless it FITS, a change that does).
-    0, or 2 for a bad config, --mesh or --device (the message names it)."""
+    0, or 2 for a bad config, --mesh or --device (the message names it).
+
+    The rollout is planned apart from the training mesh on several processes (each on its own sub-mesh) and with
+    `rollout.mesh` set (each process's devices in that layout, one process too): that rollout's plan, its verdict
+    and the weight sync into it."""
     try:
-        if args.device not in DEVICES:
-            raise ConfigError(f"--device {args.device!r}: unknown device; expected one of {sorted(DEVICES)}")
-        cfg = load_run_config(args.config, args.overrides)
-        if args.mesh is not None:
-            mesh = parse_mesh(args.mesh)
-        else:
-            mesh = config_mesh(cfg.mesh, jax.device_count())
-        if args.rows is not None and args.rows < 1:
-            raise ConfigError(f"--rows {args.rows}: must be >= 1")
-        if args.compiled:
-            if args.rows is not None:
-                raise ConfigError("--compiled: builds the loop's own shapes; drop --rows")
-            need_devices(mesh)  # before the plan is printed: the one-line error names the flag to set
-        processes = args.processes
-        local = process_mesh(mesh, processes)  # the one-line error for a count that does not divide the mesh
+        cfg, mesh = _load(args)
+        compiled, processes = args.compiled, args.processes
+        local = rollout_axes(cfg, mesh, processes)  # one-line errors: --processes, rollout.mesh
+        text = rollout_mesh_text(cfg)
+        layout = rollout_layout(text)
         p = plan_config(cfg, mesh, args.device, args.rows)
         if processes > 1 and p.workload.kind == "lm":
             raise ConfigError(f"--processes {processes}: only the RL stages roll out per process; an LM stage's "
                               "plan is the same on any number of processes")
-        if processes > 1:
+        apart = processes > 1 or layout is not None
+        if apart:
             cfg_p = process_config(cfg, processes)
             pp = plan_config(cfg_p, local, args.device, args.rows)
         programs, process_programs = [], []
-        if args.compiled:  # compiled first: their ratios can widen the verdicts' error
-            programs = program_memory(cfg, mesh, p.device)
-            if processes > 1:
-                process_programs = program_memory(cfg_p, local, p.device, updates=False)
-                process_programs.append(ProgramMemory(
-                    "weight sync (largest program)", weight_sync_bytes(p.workload.model, mesh, local).peak,
-                    weight_sync_memory(p.workload.model, mesh, processes)))
+        if compiled:  # compiled first: their ratios can widen the verdicts' error
+            # with a rollout layout the loop's sampler runs in it, not on the training mesh
+            programs = program_memory(cfg, mesh, p.device, sampler=layout is None)
+            if apart:
+                process_programs = _rollout_programs(cfg_p, mesh, local, p, processes, layout)
         error = checked_error(programs + process_programs)
         print(format_plan(p, args.config, error))
+        if layout is not None:
+            print(f"  note: rollout.mesh={text}: the policy decodes in that layout (below), not in the training "
+                  "layout of the rollout phase above")
         head = head_padding_text(cfg, p.workload.model, mesh) if p.workload.kind != "lm" else None
         if head:
             print(head)
-        if processes > 1:
-            print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step, error[0]))
+        if apart:
+            print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step, error[0], text))
             if verdict(max(p.train_peak, process_rollout_peak(p, pp)), p.usable, error[0]) != "FITS":
                 print(process_suggestion(args, cfg, mesh, p, processes, error[0]))
-            print(format_weight_sync(p, pp))
-        if args.compiled:
+            print(format_weight_sync(p, pp, text))
+        if compiled:
             print(f"compiled programs ({jax.default_backend()} backend, {jax.device_count()} devices):")
             print(format_programs(programs, p.workload.model))
-            if processes > 1:
-                print(f"compiled rollout program of one process (its sub-mesh {mesh_text(local)}):")
+            if apart:
+                print(f"compiled rollout program on {rollout_where(processes, text, local)}:")
                 print(format_programs(process_programs, p.workload.model))
         if not p.clears(error[0]):
-            s = suggest(args.config, args.overrides, mesh, args.device, args.rows, error[0])
-            if s is None:
-                print("suggestion: no change of at most two of remat full, more fsdp, up to 16x the micro-batches, "
-                      "rollout.max_batch down to 1/64, rows down to 1/8, up to 4x the fsdp devices fits with a "
-                      "margin of at least the planner error")
-            else:
-                print(f"suggestion: {s.change} -> total {s.plan.total / GiB:.2f} GiB, "
-                      f"{_verdict(s.plan.total, s.plan.usable, error[0])}")
+            _print_suggestion(args, mesh, p, error[0])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
-

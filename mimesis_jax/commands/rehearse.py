@@ -27,9 +27,11 @@ Prints, per rollout mode (rollout.engine off / on):
   from its cache: plan/compiled.py `update_memory`, `sampler_memory`, `compiled_total`; any it compiles again
   are named) next to the planner's for that shape (`plan`: the train-step peak; the sampler: the rollout peak
   less the optimizer state) and their ratio, marked `ok` within plan/compiled.py TOLERANCE, else `OFF` and
-  listed again at the end (`off_programs`: what the tests assert empty). The rollout engine's
-  programs are counted, not measured here (`plan --compiled` compiles the engine's decode burst: plan/compiled.py
-  engine_decode_memory);
+  listed again at the end (`off_programs`: what the tests assert empty). With `rollout.mesh` set the sampler
+  programs are those of that rollout layout (train/rl/distributed.py rollout_mesh), and a `weight_sync` row
+  naming the layout gives the sync's largest program into it (plan/compiled.py weight_sync_memory). The rollout
+  engine's programs are counted, not measured here (`plan --compiled` compiles the engine's decode burst:
+  plan/compiled.py engine_decode_memory);
 * the compilations of the run (jax's compile events, profiling.count_compilations): the update's, the old-log-prob
   scoring's, the sampler's, the engine's and the rest (eager ops, initialisation, checkpointing);
 * per step: rollout / coach / train seconds, the tokens generated and trained, and from the learner's step record
@@ -134,8 +136,9 @@ def _programs(run_state, cfg, sampler_shapes, options=None, updates: bool = True
     model, step_fn = run_state.model_config, run_state.step_fn
     axes = {k: int(v) for k, v in run_state.mesh.shape.items()}
     w = workload_from_config(cfg, axes, model)
-    # the sampler runs on this process's part of the mesh when there are several (train/rl/distributed.py)
-    local = {k: int(v) for k, v in rollout_mesh(run_state.mesh).shape.items()}
+    # the sampler runs on this process's part of the mesh when there are several, in the rollout layout where
+    # rollout.mesh sets one (train/rl/distributed.py)
+    local = {k: int(v) for k, v in rollout_mesh(run_state.mesh, cfg.rollout).shape.items()}
     ws = w if local == axes else workload_from_config(cfg, local, model)
     device = DEVICES["cpu"]
     out = []
@@ -153,7 +156,25 @@ def _programs(run_state, cfg, sampler_shapes, options=None, updates: bool = True
         compiled = sampler_memory(wp, filtering, S, options=options)
         out.append({"program": "sampler", "shape": {"batch": B, "prompt": P, "new_tokens": N}, "mesh": local,
                     "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)})
+    out += _layout_programs(run_state, cfg, local, options)
     return out, w
+
+
+def _layout_programs(run_state, cfg, local: dict, options=None) -> list[dict]:
+    """With rollout.mesh set, the weight sync into that layout (inference/weight_sync.py): its largest program's
+    compiled bytes per device next to the plan's (plan/memory.py weight_sync_bytes), the row naming the layout."""
+    from mimesis_jax.plan.compiled import FAST, weight_sync_memory, within
+    from mimesis_jax.plan.memory import weight_sync_bytes
+    from mimesis_jax.train.rl.distributed import layout_of
+
+    layout = layout_of(cfg.rollout)
+    if layout is None:
+        return []
+    model, axes = run_state.model_config, {k: int(v) for k, v in run_state.mesh.shape.items()}
+    planned = weight_sync_bytes(model, axes, local).peak
+    compiled = weight_sync_memory(model, axes, jax.process_count(), options or FAST, layout)
+    return [{"program": "weight_sync", "shape": {"layout": cfg.rollout.mesh}, "mesh": local,
+             "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)}]
 
 
 def _count(names, *parts) -> int:
@@ -214,7 +235,7 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
                   "intermediate": run_state.model_config.intermediate_size,
                   "vocab": run_state.model_config.vocab_size},
         "mesh": {k: int(v) for k, v in run_state.mesh.shape.items()}, "num_devices": int(run_state.mesh.size),
-        "processes": jax.process_count(),
+        "processes": jax.process_count(), "rollout_mesh": r.mesh,
         "dtype": cfg.train.dtype,
         "group_size": r.group_size, "prompts_per_step": r.prompts_per_step,
         "mini_batch_prompts": r.mini_batch_prompts, "updates_per_step": cfg.updates_per_step(),
@@ -286,7 +307,10 @@ def format_report(rep: dict, path: str) -> str:
         lines.append(f"  {p['program']:10s} {shape:44s} {p['compiled_bytes'] / MiB:12.2f} "
                      f"{p['plan_bytes'] / MiB:9.2f} {ratio:9.3f} {'ok' if p['ok'] else 'OFF'}")
     local = [p["mesh"] for p in rep["programs"] if p.get("mesh") and p["mesh"] != rep["mesh"]]
-    if local:
+    if local and rep.get("rollout_mesh"):
+        lines.append(f"  (the sampler runs in the rollout layout rollout.mesh={rep['rollout_mesh']}: "
+                     f"{mesh_text(local[0])} per process)")
+    elif local:
         lines.append(f"  (the sampler runs on each process's part of the mesh: {mesh_text(local[0])})")
     if rep["engine"]:
         lines.append("  rollout engine programs: counted below, memory not measured here "

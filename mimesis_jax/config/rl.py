@@ -15,6 +15,7 @@ from mimesis_jax.config.sections import (CheckpointConfig, InitConfig, MeshConfi
                                          TrainConfig)
 from mimesis_jax.config.serial import to_dict
 from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.config.layout import rollout_layout
 
 BEHAVIOUR = "abcd_behaviour"
 # <|im_start|>assistant\n (+ <think>\n\n</think>\n\n): a generous bound on the generation header in any tokenizer
@@ -111,6 +112,14 @@ class RolloutSection:
     # the longest length). With a cap the pool holds as many longest dialogues as fit; the engine evicts (and
     # logs engine/evictions) only once it is full
     engine_memory_gib: float = 0.0
+    # The layout decode runs in, over the same devices of a process as the training mesh: "" (default) = the
+    # training layout (one process: the training mesh and its arrays, no copy); "replica=R,tensor=T" = R data-
+    # parallel replicas (rows split over them, weights replicated) x T-way tensor parallelism (heads, MLP and
+    # vocabulary split) with R x T = the devices per process (one axis may be left out: it takes the rest). The
+    # weights are resharded into it device to device at every policy update (inference/weight_sync.py), so decode
+    # gathers no weight per step; `plan` shows the sync and the rollout programs in it (docs/decisions.md,
+    # "Rollout layout").
+    mesh: str = ""
 
     # the stage's per-turn token budget (a field of the subclass) and its key, for the context-budget check
     turn_tokens_key = ""
@@ -139,6 +148,8 @@ class RolloutSection:
              "rollout.branch_head_rungs",
              "must be a tuple of numbers in (0, 1] (fractions of the LM-head rungs; () = (1,))")
         self.check_engine(need)
+        need(isinstance(self.mesh, str), "rollout.mesh", "must be a string: '' or 'replica=R,tensor=T'")
+        rollout_layout(self.mesh)  # its own one-line ConfigError naming rollout.mesh
         key = f"rollout.{self.turn_tokens_key}"
         self.check_context_budget(need, getattr(self, self.turn_tokens_key), key, prompt_tokens=prompt_tokens,
                                   prompt_key=prompt_key)

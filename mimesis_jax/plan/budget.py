@@ -11,9 +11,9 @@ import math
 from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 from mimesis_jax.plan.devices import GiB, HEADROOM, Device, device_for
-from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, engine_pool_bytes, head_bytes, kv_head_split,
-                                     layer_residuals, layer_weight_bytes, optimizer_bytes, param_bytes, prefill_bytes,
-                                     saved_bytes, table_bytes, vocab_layout, widths)
+from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, divisor, engine_pool_bytes, head_bytes,
+                                     kv_head_split, layer_residuals, layer_weight_bytes, optimizer_bytes, param_bytes,
+                                     prefill_bytes, saved_bytes, table_bytes, vocab_layout, widths)
 from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
 
 
@@ -297,10 +297,11 @@ def _sampler_rollout(w: Workload, add, W, c: int) -> int:
              f"one layer's forward over {bp} prompts x {r.prompt_len} tokens per device (attending {S} cache "
              "slots) with its weights gathered over fsdp (compute dtype) + the rope tables (2 fp32 [b, P, "
              "rotary dims], live through the layer scan) + the final hidden states + 2 fp32 [B, V] logit buffers")
-    tc = table_bytes(m, mesh) * c // 4
+    tc = table_bytes(m, mesh) * c // 4 if _tables_copied(m, mesh) else 0
     st = add("rollout", "sampler tables", 3 * tc,
              "3 [V, D] tables in the compute dtype gathered over fsdp: the prefill's LM head and the decode "
-             "loop's embedding and LM head (loop invariants, hoisted out of the loop, live from the start)")
+             "loop's embedding and LM head (loop invariants, hoisted out of the loop, live from the start); none "
+             "where the tables are neither split over fsdp nor cast (a rollout layout in float32: read in place)")
     n_attn = _layer_types(m).get("full_attention", 0)
     dec = add("rollout", "decode step", kv + rec + (3 * kv // (2 * n_attn) if n_attn else 0)
               + max(_gathered_layer(m, mesh, lt) for lt in _layer_types(m)) + 2 * bp * W.V * 4,
@@ -310,6 +311,14 @@ def _sampler_rollout(w: Workload, add, W, c: int) -> int:
     prefill_phase = kv + kv // 2 + rec + pf + st
     decode_phase = kv + rec + dec + 2 * tc
     return max(prefill_phase, decode_phase)
+
+
+def _tables_copied(m: ModelConfig, mesh: dict) -> bool:
+    """Whether the sampler holds copies of the [V, D] tables: gathered over fsdp (their stored shard is smaller than
+    the tensor-split table) or cast to a compute dtype other than the parameters'."""
+    V, D = m.vocab_size, m.hidden_size
+    stored = V * D * 4 // divisor(("vocab", "embed"), (V, D), mesh, m)
+    return stored < table_bytes(m, mesh) or m.dtype != m.param_dtype
 
 
 def engine_prefill_bytes(w: Workload) -> int:

@@ -292,11 +292,13 @@ def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
 
 
 # ----------------------------------------------------------------------------------------- per config
-def weight_sync_memory(model: ModelConfig, axes: dict, processes: int, options: dict = FAST) -> int:
+def weight_sync_memory(model: ModelConfig, axes: dict, processes: int, options: dict = FAST,
+                       layout: dict | None = None) -> int:
     """Compiled per-device bytes of the largest program of the weight sync (inference/weight_sync.py) from the
-    training mesh `axes` to each of `processes` processes' blocks, the processes emulated on this one's devices:
-    what plan/memory.py `weight_sync_bytes(...).peak` plans."""
-    sync = WeightSync(model, _mesh(axes), processes=processes)
+    training mesh `axes` to each of `processes` processes' blocks (laid out as `layout` says: `rollout.mesh` parsed,
+    config/layout.py rollout_layout; None: the blocks as they are), the processes emulated on this one's devices: what
+    plan/memory.py `weight_sync_bytes(...).peak` plans."""
+    sync = WeightSync(model, _mesh(axes), processes=processes, layout=layout)
     return max(compiled_total(c) for _, c in sync.compiled(models.abstract_params(model), options))
 
 

@@ -13,6 +13,7 @@ import optax
 
 from mimesis_jax import models
 from mimesis_jax.algorithms.logprobs import vocab_layout
+from mimesis_jax.inference.weight_sync import row_pieces
 from mimesis_jax.models import abstract_params, param_specs
 from mimesis_jax.models.blockwise_attention import block_layout
 from mimesis_jax.models.config import DTYPES, ModelConfig
@@ -63,8 +64,12 @@ def weight_sync_bytes(model: ModelConfig, mesh: dict, local: dict, itemsize: int
         src_b, dst_b = src * item, dst * out_item
         work = 0
         if dst != src:  # a reshard: a copy of the training shard laid out for the collective, and what it gathers
-            # (a stacked weight one layer at a time: its layer's slice and gathered slice)
+            # (a stacked weight one layer at a time: its layer's slice and gathered slice; a table whose rows
+            # change device groups one row piece at a time, weight_sync.row_pieces)
             L = s.shape[0] if s.axes[0] == "layers" and s.shape[0] > 1 else 1
+            if L == 1 and len(s.shape) > 1:
+                L = row_pieces(s.shape[0], divisor(s.axes[:1], s.shape[:1], mesh, model),
+                               divisor(s.axes[:1], s.shape[:1], local, model))[1]
             work = src_b + (src_b + dst_b) // L if L > 1 else src_b + dst_b
         peak, most = max(peak, src_b + dst_b + work), max(most, work)
         copy += dst_b

@@ -13,7 +13,7 @@ kept exactly
   cost (the 9B simrl rehearsal's update and sampler); two layers at least keep the scan's carry between layers;
   tied / untied embeddings, attention implementation, remat, compute dtype, partial RoPE;
 * the GQA ratio (query : KV heads) and the DeltaNet key : value head ratio, with every head count, the MLP width
-  and the vocabulary a multiple of the tensor axis;
+  and the vocabulary a multiple of the tensor axis (the larger of the mesh's and `rollout.mesh`'s);
 * group size, batch / mini-batch ratio (updates per step), micro-batches, the rollout's sampler-call ratio
   (rollout.max_batch / rollout batch), max turns, CSD (rl.*: alpha, beta, teacher, credit), optimizer kind;
 * the token budgets' relations: every budget (prompt, context, row, per-turn, coach note, simulator turn) is the
@@ -46,6 +46,7 @@ from mimesis_jax.config import TokenizerConfig
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
+from mimesis_jax.config.layout import rollout_layout
 
 HEAD_DIM = 16
 # the memory-safe log-prob path's token chunk (model.logits_seq_chunk): the paper's 256 / 16 = 16 tokens would make
@@ -134,6 +135,8 @@ def narrow_config(cfg, *, width: int = 64, repeats: int | None = None, tokens: i
         raise ConfigError(f"rehearse: rollout.prompts_per_step={r.prompts_per_step} is not a multiple of --batch "
                           f"{batch}")
     tensor = cfg.mesh.tensor if cfg.mesh.tensor > 0 else 1
+    layout = rollout_layout(r.mesh)  # a rollout layout's tensor axis splits the heads too (rollout.mesh)
+    tensor = max(tensor, layout["tensor"] if layout else 1)
     model = narrow_model(cfg.model, tensor, width=width, repeats=repeats, tokens=tokens)
     tok = TokenizerConfig(name="tiny", set_model_vocab=True, vocab_multiple=64 * tensor)
     prompts = r.prompts_per_step // batch

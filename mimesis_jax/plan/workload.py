@@ -16,7 +16,8 @@ from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan.memory import divisor
 from mimesis_jax.inference.engine_sizing import rollout_sizing
 from mimesis_jax.inference.sampler import Buckets
-from mimesis_jax.sharding import rules_of
+from mimesis_jax.config.layout import rollout_layout
+from mimesis_jax.sharding import layout_axes, rules_of
 from mimesis_jax.train.rl.chat_models import fixed_buckets, ladder_buckets
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.state import model_config_for
@@ -108,6 +109,21 @@ def process_mesh(mesh: dict, processes: int) -> dict:
         out = {a: 1 for a in mesh}
         out["fsdp" if "fsdp" in mesh else "data" if "data" in mesh else next(iter(mesh))] = n // processes
     return out
+
+
+def rollout_mesh_text(cfg) -> str:
+    """`rollout.mesh` of an RL stage's config ("": decode in the training layout); an LM stage has no rollout."""
+    return cfg.rollout.mesh if isinstance(cfg, (AgentRLConfig, SimRLConfig)) else ""
+
+
+def rollout_axes(cfg, mesh: dict, processes: int) -> dict:
+    """The mesh (axis sizes) each of `processes` processes samples on: with `rollout.mesh` set, its layout over the
+    process's devices (sharding.layout_axes: data = replicas, fsdp 1, tensor; a ConfigError naming rollout.mesh
+    unless it uses exactly those devices), else the process's block of `mesh` (`process_mesh`; `mesh` itself on
+    one process)."""
+    local = process_mesh(mesh, processes)
+    layout = rollout_layout(rollout_mesh_text(cfg))
+    return local if layout is None else layout_axes(layout, math.prod(local.values()))
 
 
 def process_config(cfg, processes: int):

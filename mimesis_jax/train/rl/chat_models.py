@@ -49,14 +49,15 @@ def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
     return rollout_sizing(r, model_config, dialogues).engine_config()
 
 
-def engine_params(params, config=None, mesh=None):
+def engine_params(params, config=None, mesh=None, rollout=None):
     """The rollout engine's copy of the parameters. Without a mesh: on one device (the engine runs there),
     gathered from the training shards (several processes: the host copy of distributed.host_params). With the
     training mesh: `distributed.rollout_params` -- as they are on one process, sharded over this process's
-    devices on several; the engine places them on its mesh as models.shard_params says."""
+    devices on several, or resharded into the `rollout.mesh` layout of `rollout` (the rollout section) where it
+    is set; the engine places them on its mesh as models.shard_params says."""
     if mesh is None:
         return jax.device_put(distributed.host_params(params), jax.local_devices()[0])
-    return distributed.rollout_params(config, params, mesh)
+    return distributed.rollout_params(config, params, mesh, rollout)
 
 
 def policy_params(model_config: ModelConfig, r, params, mesh=None):
@@ -64,8 +65,8 @@ def policy_params(model_config: ModelConfig, r, params, mesh=None):
     (`engine_params`) with `rollout.engine`, else the static sampler's (`distributed.rollout_params`: no copy on
     one process, a device-to-device reshard onto this process's devices on several)."""
     if r.engine:
-        return engine_params(params, model_config, mesh)
-    return distributed.rollout_params(model_config, params, mesh)
+        return engine_params(params, model_config, mesh, r)
+    return distributed.rollout_params(model_config, params, mesh, r)
 
 
 def stop_ids(tok) -> tuple[int, ...]:
@@ -84,13 +85,14 @@ def policy_model(model_config: ModelConfig, tok, r, params, *, name: str, max_to
     `fixed_buckets` for one sampler program per run (Stage I.3), `ladder_buckets` for one per prompt rung
     (Stage II).
 
-    mesh: the training mesh. The generator samples on `distributed.rollout_mesh(mesh)`: on one process the
+    mesh: the training mesh. The generator samples on `distributed.rollout_mesh(mesh, r)`: on one process the
     training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
     several, this process's devices (`distributed.local_rollout_mesh`), the params resharded there device to
-    device by `policy_params`. None: one device (the whole batch there). The engine runs on the same
+    device by `policy_params`; with `rollout.mesh` set, those devices in that layout (tensor-parallel decode in
+    data-parallel replicas, docs/decisions.md "Rollout layout"), the params resharded into it. None: one device (the whole batch there). The engine runs on the same
     `rollout_mesh` (inference/engine.py, "On a mesh" in docs/engine.md: weights as models.shard_params lays them
     out, the page pool and state slots split over heads on `tensor`)."""
-    on = distributed.rollout_mesh(mesh)
+    on = distributed.rollout_mesh(mesh, r)
     placed = policy_params(model_config, r, params, mesh)
     if r.engine:
         generator = EngineGenerator(model_config, placed, rollout_engine_config(r, model_config, in_flight),

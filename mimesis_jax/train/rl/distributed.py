@@ -23,7 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mimesis_jax.checkpoints import gather_json
 from mimesis_jax.inference.weight_sync import WeightSync
-from mimesis_jax.sharding import local_rollout_mesh  # noqa: F401  (this module's name for it, as before)
+from mimesis_jax.config.layout import rollout_layout
+from mimesis_jax.sharding import layout_mesh, local_rollout_mesh
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -75,14 +76,27 @@ def global_groups(local_ids: Sequence[int]) -> list[int]:
     return sorted({int(g) for g in gather_list(list(local_ids))})
 
 
-def rollout_mesh(mesh: Mesh | None) -> Mesh | None:
+def layout_of(rollout) -> dict | None:
+    """The rollout layout of `rollout`: a rollout section (its `mesh` key, config/rl.py RolloutSection), the key's
+    text itself, or None; None (the training layout) where it is unset or "" (config/layout.py rollout_layout)."""
+    if rollout is None or isinstance(rollout, str):
+        return rollout_layout(rollout or "")
+    return rollout_layout(rollout.mesh)
+
+
+def rollout_mesh(mesh: Mesh | None, rollout=None) -> Mesh | None:
     """The mesh this process samples on. One process: the training mesh itself (the sampler's rows split over its
     batch axes, its params sharded as the learner's). Several: this process's `local_rollout_mesh`, because each
     process samples its own episodes (`process_share`): a program over the global mesh would need every process
-    to run it with the same inputs. None stays None (no mesh: one device)."""
-    if mesh is None or jax.process_count() == 1:
-        return mesh
-    return local_rollout_mesh(mesh)
+    to run it with the same inputs. None stays None (no mesh: one device).
+
+    rollout: the rollout section (or its `rollout.mesh` text). With `rollout.mesh` set, those devices laid out as
+    it says instead (sharding.layout_mesh: data = the replicas, tensor = the tensor-parallel split, fsdp 1); a
+    layout whose axes do not multiply to the process's device count is a ConfigError naming rollout.mesh."""
+    if mesh is None:
+        return None
+    block = mesh if jax.process_count() == 1 else local_rollout_mesh(mesh)
+    return layout_mesh(block, layout_of(rollout))
 
 
 def host_params(params):
@@ -94,14 +108,20 @@ def host_params(params):
     return multihost_utils.process_allgather(params, tiled=True)
 
 
-def rollout_params(config, params, mesh: Mesh | None):
-    """The parameters the sampler uses, placed on `rollout_mesh(mesh)` as `models.shard_params` lays them out.
+def rollout_params(config, params, mesh: Mesh | None, rollout=None):
+    """The parameters the sampler uses, placed on `rollout_mesh(mesh, rollout)` as `models.shard_params` lays them
+    out.
 
-    One process: the training parameters as they are (already sharded on the training mesh: no copy). Several:
-    resharded device to device from the training layout to this process's local devices
+    The training layout (`rollout.mesh` unset), one process: the training parameters as they are (already sharded
+    on the training mesh: no copy). Several, or a rollout layout (`rollout.mesh`) on any number of processes:
+    resharded device to device from the training layout to this process's rollout mesh
     (inference/weight_sync.py: every process calls it; no host copy, no device holds more than its shards) --
     every device of every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on
-    the mesh"). Without a mesh (several processes): the host-gathered copy on this process's first device."""
+    the mesh", "Rollout layout"). Without a mesh (several processes): the host-gathered copy on this process's
+    first device."""
+    layout = layout_of(rollout)
+    if mesh is not None and layout is not None:
+        return _weight_sync(config, mesh, tuple(layout.items()))(params)
     if jax.process_count() == 1:
         return params
     if mesh is None:
@@ -110,8 +130,8 @@ def rollout_params(config, params, mesh: Mesh | None):
 
 
 @functools.lru_cache(maxsize=4)
-def _weight_sync(config, mesh: Mesh) -> WeightSync:
-    return WeightSync(config, mesh)
+def _weight_sync(config, mesh: Mesh, layout: tuple = ()) -> WeightSync:
+    return WeightSync(config, mesh, layout=dict(layout) or None)
 
 
 def step_array(step: int, mesh):
