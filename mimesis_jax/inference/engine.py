@@ -201,6 +201,7 @@ class RolloutEngine:
         if not ok:
             return False
         self.pool.touch(key)
+        self.stats["reused_tokens"] += len(d.tokens)  # once per admitted request (a waiting one retries open)
         r.pos = len(d.tokens)
         r.pending = r.prompt[r.pos:]
         r.slot = slot

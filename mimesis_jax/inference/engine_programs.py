@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -38,13 +39,14 @@ def replica_axes(mesh, config=None) -> tuple[str, ...]:
         return ()
     target = sharding.rules_of(config).get("act_batch")
     target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    shape = dict(mesh.shape)
+    shape = dict(mesh) if isinstance(mesh, Mapping) else dict(mesh.shape)
     return tuple(a for a in target if shape.get(a, 1) > 1)
 
 
 def replica_count(mesh, config=None) -> int:
-    """How many replicas the engine has on `mesh` (the product of `replica_axes`' sizes; 1 without a mesh)."""
-    shape = {} if mesh is None else dict(mesh.shape)
+    """How many replicas the engine has on `mesh` (a Mesh or its axis sizes; the product of `replica_axes`'
+    sizes; 1 without a mesh)."""
+    shape = {} if mesh is None else dict(mesh) if isinstance(mesh, Mapping) else dict(mesh.shape)
     return math.prod(shape[a] for a in replica_axes(mesh, config))
 
 
@@ -76,6 +78,12 @@ def _per_replica(config, body, params, cache, rows, shared, n_row_outs: int):
     if not axes:
         return body(config, params, cache, *rows, *shared)
     local = local_config(config, axes)
+    R = math.prod(dict(mesh.shape)[a] for a in axes)
+    bad = {k: x.shape[PAGE_DIM[k]] for k, x in cache.items() if x.shape[PAGE_DIM[k]] % R}
+    if bad:
+        raise ValueError(f"the engine's pool holds one block of pages / state slots per replica ({R} on mesh axes "
+                         f"{axes}), but its {bad} are no multiple of {R} (allocate it as inference/page_pool.py "
+                         f"PagePool.layout does)")
     cspec = {k: P(*([None] * PAGE_DIM[k] + [axes])) for k in cache}
     fn = jax.shard_map(lambda p, c, r, s: body(local, p, c, *r, *s), mesh=mesh,
                        in_specs=(P(), cspec, P(axes), P()), out_specs=(cspec,) + (P(axes),) * n_row_outs,

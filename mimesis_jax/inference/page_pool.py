@@ -163,9 +163,7 @@ class PagePool:
         elif d.busy:
             raise ValueError(f"request {index}: dialogue {key!r} already has a request in flight")
         n = len(d.tokens)
-        if n and n < len(prompt) and prompt[:n] == d.tokens:
-            self.stats["reused_tokens"] += n
-        else:
+        if not (n and n < len(prompt) and prompt[:n] == d.tokens):  # reused: counted when admitted (engine)
             if n:
                 self.stats["recomputed"] += 1
             d.tokens = []
