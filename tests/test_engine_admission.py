@@ -125,3 +125,29 @@ def test_each_replica_admits_its_own_dialogues_against_its_own_pages():
     assert eng.stats["reused_tokens"] == ref_eng.stats["reused_tokens"]
     # the same dialogues on one replica of the same pages would not fit: the capacity is per replica
     assert _capacity(ref, range(n)) > cap
+
+
+def test_precompile_compiles_every_program_on_the_first_call_and_none_after():
+    """EngineConfig.precompile (the RL loops' engines): the first generate_tokens call compiles the prefill
+    program for every page-table width x prefill row count and the decode burst for every width -- here widths
+    8 and 16 (max_pages_per_seq 16), row counts 1 and 2: 4 + 2 programs -- so a later call with other shapes
+    compiles nothing; the tokens are those of an engine that compiles as it goes. (A prefill chunk and burst
+    length no other test here uses, so no program is already in jax's cache.)"""
+    from mimesis_jax.profiling import count_compilations
+
+    config, params = _model()
+    ec = dict(slots=2, page_size=PS, num_pages=64, max_pages_per_seq=16, prefill_chunk=8, prefill_rows=2,
+              decode_steps=3)
+    eng = RolloutEngine(config, params, EngineConfig(**ec, precompile=True))
+    lazy = RolloutEngine(config, params, EngineConfig(**ec))
+    rng = np.random.RandomState(4)
+    short, long = [list(rng.randint(1, 1024, size=3))], [list(rng.randint(1, 1024, size=40)) for _ in range(3)]
+    with count_compilations() as first:
+        a = eng.generate_tokens(short, keys=["s"], max_tokens=4, temperature=0.0)
+    assert (first.count_of("prefill_program"), first.count_of("decode_program")) == (4, 2)
+    with count_compilations() as later:
+        b = eng.generate_tokens(long, keys=["x", "y", "z"], max_tokens=20, temperature=0.0)
+    assert later.count == 0
+    ref = lazy.generate_tokens(short, keys=["s"], max_tokens=4, temperature=0.0) + lazy.generate_tokens(
+        long, keys=["x", "y", "z"], max_tokens=20, temperature=0.0)
+    assert [s.tokens for s in a + b] == [s.tokens for s in ref]

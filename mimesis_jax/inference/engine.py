@@ -111,6 +111,7 @@ class RolloutEngine:
         self._wake = threading.Event()  # set by submit / cancel: an EngineLoop waiting for work wakes up
         self._submitted = 0
         self._serial = 0
+        self._warmed: set[int] = set()  # sampling filters every program is compiled for (EngineConfig.precompile)
 
     @property
     def params(self):
@@ -248,6 +249,10 @@ class RolloutEngine:
                                   logprob_temperature)
             if not reqs:
                 return []
+            if self.ec.precompile:
+                for f in sorted({self._filtering([r]) for r in reqs} - self._warmed):
+                    self.warmup(f)
+                    self._warmed.add(f)
             self._calls += 1
             self._inbox.extend(reqs)
             try:

@@ -111,9 +111,11 @@ class EngineSizing:
                 + self.num_states * (self.device_state_bytes or self.state_bytes))
 
     def engine_config(self):
+        """The EngineConfig of these pools; it compiles every program up front (`precompile`: an RL step after
+        the first compiles nothing new)."""
         from mimesis_jax.inference.engine import EngineConfig
         return EngineConfig(slots=self.slots, page_size=self.page_size, num_pages=self.num_pages,
-                            max_pages_per_seq=self.max_pages_per_seq, num_states=self.num_states)
+                            max_pages_per_seq=self.max_pages_per_seq, num_states=self.num_states, precompile=True)
 
     def describe(self) -> str:
         cap = f"budget {self.budget_bytes / GiB:.2f} GiB" if self.budget_bytes else "no budget"

@@ -41,12 +41,12 @@ from mimesis_jax.train.rl import distributed
 
 
 # ------------------------------------------------------------------------------------------ the policy
-def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
+def rollout_engine_config(r, model_config: ModelConfig, dialogues: int, mesh=None):
     """The EngineConfig of `r` (an RL stage's rollout config) for `dialogues` dialogues in flight at once
     (`engine_sizing.rollout_sizing`: the longest dialogue, `rollout.engine_pages` / `engine_states` /
     `engine_memory_gib`). Derived pools hold every dialogue in flight at its longest, each with its state slot
     (Qwen3.5), so none is evicted and recomputed; `rollout.engine_memory_gib` caps them."""
-    return rollout_sizing(r, model_config, dialogues).engine_config()
+    return rollout_sizing(r, model_config, dialogues, mesh).engine_config()  # mesh: per replica, budget per device
 
 
 def engine_params(params, config=None, mesh=None):
@@ -84,7 +84,8 @@ class PolicySampler:
             self.engine = engine_chat.EngineChatModel(model_config, engine_params(params, model_config, mesh), tok,
                                                  max_tokens=max_tokens, mesh=distributed.rollout_mesh(mesh),
                                                  name=name,
-                                                 engine_config=rollout_engine_config(r, model_config, in_flight))
+                                                 engine_config=rollout_engine_config(
+                                                     r, model_config, in_flight, distributed.rollout_mesh(mesh)))
 
     def model(self, params):
         if self.engine is not None:
