@@ -99,6 +99,9 @@ def test_a_pool_short_of_the_steps_dialogues_evicts_and_counts_it():
     second = eng.generate_tokens(ctx, keys="abc", max_tokens=4, temperature=0.0, stop_ids=[])
     assert eng.stats["evictions"] == 5 and eng.stats["reused_tokens"] == 0
     assert list(eng.pool.dialogues) == ["c"] and eng.pool.dialogues["c"].pages == [1, 2, 3, 4]
+    assert eng.pool.home == {"a": 0, "b": 0, "c": 0}  # evicted dialogues keep their replica until released
+    eng.release_all()
+    assert eng.pool.home == {} and eng.pages_in_use() == 0
     ref = RolloutEngine(config, params, _ec(1, 64))  # the same calls with room for everything
     ref_first = ref.generate_tokens([c[:4] for c in ctx], keys="abc", max_tokens=4, temperature=0.0, stop_ids=[])
     ref_second = ref.generate_tokens(ctx, keys="abc", max_tokens=4, temperature=0.0, stop_ids=[])

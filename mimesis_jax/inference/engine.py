@@ -174,8 +174,12 @@ class RolloutEngine:
             self.pool.release(key)
 
     def release_all(self) -> None:
+        """Forgets every dialogue, and the replica assignments of evicted ones."""
         for key in list(self.pool.dialogues):
             self.release(key)
+        with self._lock:
+            for key in [k for k in self.pool.home if k not in self.pool.dialogues]:
+                del self.pool.home[key]
 
     @property
     def num_slots(self) -> int:

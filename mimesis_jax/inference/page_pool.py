@@ -134,8 +134,11 @@ class PagePool:
             d.state = 0
 
     def release(self, key) -> None:
+        """Forgets dialogue `key`: its pages and slot are freed and its replica assignment ends (an evicted one's
+        too)."""
         d = self.dialogues.get(key)
         if d is None:
+            self.home.pop(key, None)
             return
         if d.busy:
             raise EngineError(f"release({key!r}): the dialogue has a request in flight")
