@@ -106,7 +106,7 @@ def test_paper_rl_programs_are_the_loops_on_their_16_device_mesh(rl_programs):
 # the rollout engine's data-parallel replicas (inference/engine_programs.py) take the weights replicated over the
 # batch axes (a tensor-parallel copy per device, gathered at each program's start from the learner's fsdp layout),
 # and each replica decodes its own 16 slots; plan/budget.py `_engine_rollout` does not count that layout yet
-# (measured, float32: decode 38.47 planned / 67.22 compiled GiB on 16 devices, prefill 21.12 / 37.08)
+# (docs/engine.md, "Plan.")
 ENGINE_REPLICAS_UNPLANNED = pytest.mark.xfail(strict=True, reason="the planner does not count the engine's "
                                               "replica layout yet (issue #43 items 3-4)")
 
