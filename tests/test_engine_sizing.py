@@ -186,10 +186,12 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
     p = budget.plan_config(cfg, mesh, "a100-80g")
     # on the training mesh the engine samples with the learner's parameter arrays: no copy of its own
     assert p.item("engine parameters") == 0
-    # the pages the config's budget holds, each device with its share of the KV heads (split over tensor)
+    # the pages the config's budget holds per device: one replica's (8 replicas over fsdp), each device with its
+    # share of the KV heads (split over tensor)
     r, model = cfg.rollout, workload.runtime_model(cfg)
-    pages = int(r.engine_memory_gib * GiB) // _kv_page_bytes(model, r.engine_page_size)
-    assert p.item("engine pool") == pages * _kv_page_bytes(model, r.engine_page_size, tensor=mesh["tensor"])
+    device_page = _kv_page_bytes(model, r.engine_page_size, tensor=mesh["tensor"])
+    pages = int(r.engine_memory_gib * GiB) // device_page
+    assert p.item("engine pool") == pages * device_page
     assert p.item("KV cache") == 0  # the static sampler's cache is not built
     resident = p.item("parameters") + p.item("optimizer state")
     assert p.rollout_peak == (resident + p.item("engine parameters") + p.item("engine pool")
