@@ -28,11 +28,15 @@ reserves, when it is admitted, the pages for its prompt plus `max_tokens` new to
 mid-flight; when it finishes, pages beyond the dialogue's consumed tokens are returned.
 
 **Pool policy (memory bounded by configuration).** When a request cannot get its pages (or, Qwen3.5, a state
-slot) the engine evicts the least-recently-used *idle* dialogue (one not in a running request): its pages and
-slot are freed, and it is recomputed from scratch when it returns. If that is not enough it waits for running
-requests to finish; if nothing is running and it still does not fit, `EngineError` names the config key to
-raise (`EngineConfig.num_pages` / `num_states`). A prompt + max_tokens longer than a page table
-(`max_pages_per_seq * page_size`) is rejected up front.
+slot) while requests run on its replica, it waits for them to finish (admission control: inference/page_pool.py);
+only with nothing running there the engine evicts the replica's least-recently-used *idle* dialogue (one not in a
+running request): its pages and slot are freed, and it is recomputed from scratch when it returns. If nothing is
+left to evict, `EngineError` names the config key to raise (`EngineConfig.num_pages` / `num_states`). A prompt +
+max_tokens longer than a page table (`max_pages_per_seq * page_size`) is rejected up front.
+
+**Replicas.** On a mesh with batch axes the engine is one data-parallel replica per block of them
+(inference/engine_programs.py): each has `slots` decode slots, `num_pages` pages and `num_states` state slots of
+its own, and every dialogue stays on the replica it was assigned when it first arrived (page_pool.py `home`).
 
 **Continuous batching.** `slots` decode slots; a waiting request takes a slot as soon as one frees. Each
 scheduler round runs one prefill chunk (up to `prefill_rows` requests x `prefill_chunk` tokens, right-padded)
