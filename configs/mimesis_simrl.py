@@ -28,10 +28,12 @@ Chosen here (the paper is silent):
   x 8 each holds its own parameter copy too: 9B then needs `--set rollout.max_batch=128` (`plan --processes 2`:
   79.6 GiB with 256, 49.6 with 128).
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine on the training mesh instead, its pool capped at
-  `rollout.engine_memory_gib` = 16 GiB (uncapped: 512 rollouts x 16,384 tokens + their state slots, 281 GiB for
-  9B), split over tensor=2; `plan`: rollout peak 24.5 GiB for 9B (28.7 on 2 processes x 8). 16 GiB holds
-  166 state slots and 263k tokens, so with 512 rollouts in flight the engine evicts (engine/evictions);
+  rollout.max_batch=0` samples through the rollout engine on the training mesh instead: one data-parallel
+  replica per data x fsdp block (8, each owning its 64 rollouts' pages and state slots, heads split over
+  tensor=2), its pool capped at `rollout.engine_memory_gib` = 16 GiB per device (uncapped: 512 rollouts x 16,384
+  tokens + their state slots, 281 GiB for 9B); `plan`: rollout peak 32.5 GiB for 9B (41.4 on 2 processes x 8).
+  Each replica holds 81 state slots (one per rollout) and 921k tokens, 14,394 per rollout in flight (a step
+  whose rollouts outgrow that evicts, counted in engine/evictions);
 * fixed sides: any OpenAI-compatible endpoint for the judge; the ABCD support agent and the SOUL interlocutors
   default to the same endpoint (sides.support_agent / sides.partner to change).
 Ablations (Appendix C): --set init.from_workdir=... (mid-trained / SFT) vs init.from_hf=<pretrained Qwen3.5 dir>;

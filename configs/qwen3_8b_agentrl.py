@@ -30,12 +30,13 @@ Choices where the paper is silent (this project's):
   processes x 8 each calls with 128 (`plan --processes 2`: 52.8 GiB, its own parameter copy included). The
   update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine instead, on the training mesh: its pool is capped at
-  `rollout.engine_memory_gib` = 16 GiB (the uncapped rule, 1,024 dialogues x 9,344 tokens, asks 1,314 GiB);
-  `plan` then counts the pool split over tensor=2 (8 GiB per device) and a decode burst's page copy (10.3 GiB),
-  next to the training state: rollout peak 24.0 of 76 usable GiB (27.8 on 2 processes x 8, each with its own
-  parameter copy: `plan --processes 2`). The pool holds 116k tokens, 113 per dialogue in flight, so the
-  engine evicts (engine/evictions) -- the static sampler is the paper setting;
+  rollout.max_batch=0` samples through the rollout engine instead, on the training mesh: one data-parallel
+  replica per fsdp device (8, each owning its 128 dialogues' pages, heads split over tensor=2), its pool capped
+  at `rollout.engine_memory_gib` = 16 GiB per device (the uncapped rule, 1,024 dialogues x 9,344 tokens, asks
+  1,314 GiB); `plan` then counts 16 GiB of pool per device and a decode burst's page copy (10.3 GiB), next to
+  the training state: rollout peak 32.0 of 76 usable GiB (35.8 on 2 processes x 8, each with its own parameter
+  copy: `plan --processes 2`). The replicas hold 1.86M tokens, 1,820 per dialogue in flight (a step whose
+  dialogues outgrow that evicts, counted in engine/evictions) -- the static sampler is the paper setting;
 * the simulator is served (e.g. `serve --generation-role user` on the exported MIMESIS-9B, or vLLM) and also
   plays the gyms' judge and classifier; validation every 10 steps on the shipped evaluation tasks.
 The csd variant differs in rl.alpha (0.01) only:

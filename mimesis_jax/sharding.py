@@ -140,11 +140,12 @@ def kernel_split(batch: int, heads: int, kv_heads: int):
     """How a Pallas attention kernel splits under the current mesh (`jax.set_mesh`) when run per device through
     shard_map (XLA cannot partition a Pallas call): (mesh, rows axis, heads axis), or None with no mesh or one
     device. Rows split as the act_batch rule says; query and KV heads as act_heads / act_kv_heads when both split
-    over the same mesh axes (contiguous head chunks keep head h on KV head h // G), else heads are replicated."""
+    over the same mesh axes (contiguous head chunks keep head h on KV head h // G), else heads are replicated.
+    Axes already manual (inside the rollout engine's per-replica shard_map) are not split again."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return None
-    shape = dict(mesh.shape)
+    shape = {a: n for a, n in mesh.shape.items() if a not in mesh.manual_axes}
     rows = logical_to_spec(("act_batch",), (batch,), shape)[0]
     q_axis = logical_to_spec(("act_heads",), (heads,), shape)[0]
     kv_axis = logical_to_spec(("act_kv_heads",), (kv_heads,), shape)[0]

@@ -102,7 +102,9 @@ def _sampler(config):
     return (lambda p, *xs: sampler.generate_bucket(config, p, 16, filtering, *xs)), (_params(config),) + inputs
 
 
-S, W, PAGE, NUM_PAGES, STATES = 4, 8, 16, 64, 9  # slots, page-table width, page size, pool pages, state slots
+# slots, page-table width, page size, pool pages, state slots: on fsdp 2 the engine is 2 replicas, its pool one
+# block of 32 pages and 5 state slots per replica (inference/page_pool.py)
+S, W, PAGE, NUM_PAGES, STATES = 4, 8, 16, 64, 10
 
 
 def _cache(config):

@@ -1,9 +1,10 @@
 """The rollout engine on a mesh (RolloutEngine(mesh=...), docs/engine.md "On a mesh") on 8 fake CPU devices,
-data=4 x tensor=2: the tiny Qwen3 and Qwen3.5 draw the one-device engine's tokens (greedy and seeded
-temperature-1 rows, two turns of three dialogues on two slots, the second turn reusing each prefix), every
-device holds exactly half of the KV pool, of the state slots and of each attention weight, and the compiled decode
-burst's per-device arguments are exactly the shard bytes (so half the pool and weights) with its donated pool
-aliased to its output."""
+data=4 x tensor=2 (4 data-parallel replicas) and data=2 x fsdp=2 x tensor=2 (4 replicas over two batch axes, the
+weights' embed split over fsdp as the learner holds them): the tiny Qwen3 and Qwen3.5 draw the one-device
+engine's tokens (greedy and seeded temperature-1 rows, two turns of three dialogues, the second turn reusing each
+prefix), each dialogue on its own replica with that replica's (local) pages; every device holds exactly its
+replica's block of the pool and state slots, half of its heads (so as many bytes as half the one-device pool),
+and half of each attention weight; the compiled decode burst's donated pool is aliased to its output."""
 
 import functools
 
@@ -33,8 +34,12 @@ def _model(name):
     return config, models.init_params(config, jax.random.key(1))
 
 
-def _mesh():
-    return sharding.make_mesh({"data": 4, "tensor": TENSOR})
+MESHES = {"data4": {"data": 4, "tensor": TENSOR}, "data2_fsdp2": {"data": 2, "fsdp": 2, "tensor": TENSOR}}
+REPLICAS = 4  # data x fsdp on both meshes
+
+
+def _mesh(name="data4"):
+    return sharding.make_mesh(MESHES[name])
 
 
 def _turns(eng, vocab):
@@ -51,10 +56,11 @@ def _turns(eng, vocab):
     return out
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
-def test_mesh_engine_draws_the_one_device_engines_tokens(name):
+@pytest.mark.parametrize("name,mesh", [("qwen3", "data4"), ("qwen3_5", "data4"), ("qwen3_5", "data2_fsdp2")])
+def test_mesh_engine_draws_the_one_device_engines_tokens(name, mesh):
     config, params = _model(name)
-    ref_eng, mesh_eng = RolloutEngine(config, params, EC), RolloutEngine(config, params, EC, mesh=_mesh())
+    ref_eng, mesh_eng = RolloutEngine(config, params, EC), RolloutEngine(config, params, EC, mesh=_mesh(mesh))
+    assert (ref_eng.replicas, mesh_eng.replicas, mesh_eng.num_slots) == (1, REPLICAS, REPLICAS * EC.slots)
     ref, got = _turns(ref_eng, config.vocab_size), _turns(mesh_eng, config.vocab_size)
     for ta, tb in zip(ref, got):
         for a, b in zip(ta, tb):
@@ -63,10 +69,20 @@ def test_mesh_engine_draws_the_one_device_engines_tokens(name):
             np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
     assert mesh_eng.stats["reused_tokens"] == ref_eng.stats["reused_tokens"] > 0
     assert mesh_eng.stats["evictions"] == 0 and mesh_eng.stats["recomputed"] == 0
+    # one dialogue per replica (the fewest assigned first), each holding local page ids of its own block: alone
+    # there, it got the block's pages 1, 2, .. in order (page 0 is the block's trash page)
+    pool = mesh_eng.pool
+    assert [pool.dialogues[k].replica for k in "abc"] == [0, 1, 2]
+    assert [len(pool.free_by_replica[k]) for k in range(REPLICAS)] == [
+        EC.num_pages - 1 - len(pool.dialogues[k].pages) for k in "abc"] + [EC.num_pages - 1]
+    for k in "abc":
+        assert pool.dialogues[k].pages == list(range(1, len(pool.dialogues[k].pages) + 1))
     # the pool stayed sharded (the programs pin their output cache to the input layout)
-    for key, x in mesh_eng.pool.cache.items():
-        assert x.sharding.is_equivalent_to(mesh_eng.pool.shardings[key], x.ndim)
+    batch = tuple(a for a in ("data", "fsdp") if a in MESHES[mesh])
+    for key, x in pool.cache.items():
+        assert x.sharding.is_equivalent_to(pool.shardings[key], x.ndim)
         assert x.sharding.spec[HEADS_DIM[key]] == "tensor"
+        assert x.sharding.spec[PAGE_DIM[key]] == (batch[0] if len(batch) == 1 else batch)
 
 
 def _shard_bytes(x):
@@ -75,21 +91,27 @@ def _shard_bytes(x):
     return sizes.pop()
 
 
-# which dim of each cache leaf is the heads dim (paged_cache.pool_axes)
+# which dim of each cache leaf is the heads dim, which the page / state-slot dim (paged_cache.pool_axes)
 HEADS_DIM = {"k": 1, "v": 1, "conv": 3, "state": 2}
+PAGE_DIM = {"k": 2, "v": 2, "conv": 1, "state": 1}
 ATTN = ("q", "k", "v", "o", "q_gate")
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
 def test_pool_slots_and_attention_weights_are_split_over_tensor(name):
     config, params = _model(name)
-    eng = RolloutEngine(config, params, EC, mesh=_mesh())
+    eng, one = RolloutEngine(config, params, EC, mesh=_mesh()), RolloutEngine(config, params, EC)
     cache = eng.pool.cache
     assert set(cache) == ({"k", "v"} if name == "qwen3" else {"k", "v", "conv", "state"})
     for key, x in cache.items():
+        # REPLICAS blocks of the one-device pool's pages / slots, each device holding its block's half
+        ref = one.pool.cache[key]
+        shape = list(ref.shape)
+        shape[PAGE_DIM[key]] *= REPLICAS
+        assert x.shape == tuple(shape)
         assert len(x.addressable_shards) == 8
-        assert _shard_bytes(x) * TENSOR == x.nbytes
-        shape = list(x.shape)
+        assert _shard_bytes(x) * TENSOR == ref.nbytes
+        shape = list(ref.shape)
         shape[HEADS_DIM[key]] //= TENSOR
         assert {s.data.shape for s in x.addressable_shards} == {tuple(shape)}
     layers = eng.params["layers" if name == "qwen3" else "full_layers"]["attn"]

@@ -186,10 +186,12 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
     p = budget.plan_config(cfg, mesh, "a100-80g")
     # on the training mesh the engine samples with the learner's parameter arrays: no copy of its own
     assert p.item("engine parameters") == 0
-    # the pages the config's budget holds, each device with its share of the KV heads (split over tensor)
+    # the pages the config's budget holds per device: one replica's (8 replicas over fsdp), each device with its
+    # share of the KV heads (split over tensor)
     r, model = cfg.rollout, workload.runtime_model(cfg)
-    pages = int(r.engine_memory_gib * GiB) // _kv_page_bytes(model, r.engine_page_size)
-    assert p.item("engine pool") == pages * _kv_page_bytes(model, r.engine_page_size, tensor=mesh["tensor"])
+    device_page = _kv_page_bytes(model, r.engine_page_size, tensor=mesh["tensor"])
+    pages = int(r.engine_memory_gib * GiB) // device_page
+    assert p.item("engine pool") == pages * device_page
     assert p.item("KV cache") == 0  # the static sampler's cache is not built
     resident = p.item("parameters") + p.item("optimizer state")
     assert p.rollout_peak == (resident + p.item("engine parameters") + p.item("engine pool")
@@ -197,3 +199,22 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
     assert p.fits
     off = budget.plan_config(workload.load_run_config(PAPER), mesh, "a100-80g")
     assert off.item("engine pool") == 0 and off.item("KV cache") > 0
+
+
+def test_paper_simrl_mesh_sizes_each_replica_per_device():
+    """MIMESIS-9B's 512 rollouts on its mesh (data 2 x fsdp 4 x tensor 2: 8 replicas, heads split in 2) under
+    16 GiB per device: each replica holds 64 dialogues, each with a state slot, and its pages take the rest of
+    the device's budget -- by hand from the per-device page and slot bytes."""
+    config = qwen3_5_model("9b").replace(dtype="bfloat16")
+    mesh = {"data": 2, "fsdp": 4, "tensor": 2}
+    s = engine_sizing(config, dialogues=512, max_context=16384, page_size=16, slots=16, memory_gib=16, mesh=mesh)
+    pbd, sbd = _kv_page_bytes(config, 16, tensor=2), _state_slot_bytes(config) // 2
+    assert (s.replicas, s.dialogues, s.device_page_bytes, s.device_state_bytes) == (8, 64, pbd, sbd)
+    assert (s.page_bytes, s.state_bytes) == (page_bytes(config, 16), state_bytes(config))  # a whole replica's
+    budget = 16 * GiB
+    assert s.num_states == 64 + 16 + 1  # under half the budget: one per dialogue + the slots' + trash
+    assert s.num_pages == (budget - s.num_states * sbd) // pbd
+    assert s.device_pool_bytes == s.num_pages * pbd + s.num_states * sbd <= budget
+    # without the mesh the same budget holds fewer state slots than dialogues (so that engine evicts)
+    one = engine_sizing(config, dialogues=512, max_context=16384, page_size=16, slots=16, memory_gib=16)
+    assert one.replicas == 1 and one.num_states == budget // 2 // state_bytes(config) < 512

@@ -103,9 +103,19 @@ def test_paper_rl_programs_are_the_loops_on_their_16_device_mesh(rl_programs):
                                  ("mimesis_simrl.py:9b engine", "engine pool")]
 
 
+# the rollout engine's data-parallel replicas (inference/engine_programs.py) take the weights replicated over the
+# batch axes (a tensor-parallel copy per device, gathered at each program's start from the learner's fsdp layout),
+# and each replica decodes its own 16 slots; plan/budget.py `_engine_rollout` does not count that layout yet
+# (docs/engine.md, "Plan.")
+ENGINE_REPLICAS_UNPLANNED = pytest.mark.xfail(strict=True, reason="the planner does not count the engine's "
+                                              "replica layout yet (issue #43 items 3-4)")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd", "mimesis_simrl.py:4b",
-                                    "mimesis_simrl.py:9b", "qwen3_8b_agentrl.py:grpo engine"])
+                                    "mimesis_simrl.py:9b",
+                                    pytest.param("qwen3_8b_agentrl.py:grpo engine",
+                                                 marks=ENGINE_REPLICAS_UNPLANNED)])
 def test_paper_rl_programs_match_the_plan(rl_programs, config):
     got = {n: v for (c, n), v in rl_programs.items() if c == config}
     assert got and all(within(*v, TOLERANCE) for v in got.values()), got
@@ -533,7 +543,9 @@ def test_compiled_needs_the_mesh_devices(capsys):
 
 
 @pytest.mark.parametrize("config,extra", [("qwen3_8b_agentrl.py:grpo", []),
-                                          ("qwen3_8b_agentrl.py:grpo", ["rollout.engine=true", "rollout.max_batch=0"])])
+                                          pytest.param("qwen3_8b_agentrl.py:grpo",
+                                                       ["rollout.engine=true", "rollout.max_batch=0"],
+                                                       marks=ENGINE_REPLICAS_UNPLANNED)])
 def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
     """The paper Stage II config on 2 processes x 8 devices (2 nodes of 8 GPUs): each process samples its 64 of the
     128 tasks on its own sub-mesh data=1,fsdp=4,tensor=2 with its own parameter copy (distributed.rollout_params)

@@ -169,9 +169,9 @@ def test_in_process_simulator_is_sharded_once_on_the_rollout_mesh():
 
 def test_in_process_engine_simulator_runs_on_the_rollout_mesh():
     """rollout.engine=true: the Stage II simulator's own engine is built on the rollout mesh (data=4 x tensor=2),
-    its weights laid out as models.shard_params says and each device holding exactly half of every KV page, conv
-    window and DeltaNet state (the heads split over `tensor`); the same engine on one mesh equals the one-device
-    engine's tokens: test_engine_mesh.py."""
+    its weights laid out as models.shard_params says and each device holding exactly half of its data-parallel
+    replica's block of KV pages, conv windows and DeltaNet states (4 replicas over `data`, the heads split over
+    `tensor`); the same engine on one mesh equals the one-device engine's tokens: test_engine_mesh.py."""
     from mimesis_jax.config.rl import UserSideConfig
     from mimesis_jax.inference.engine import EngineConfig
     from mimesis_jax.train.rl.chat_models import build_user_side
@@ -191,7 +191,7 @@ def test_in_process_engine_simulator_runs_on_the_rollout_mesh():
         assert set(eng.pool.cache) == set(heads)  # the tiny Qwen3.5: attention pages and linear-attention states
         for key, x in eng.pool.cache.items():
             assert x.sharding.spec[heads[key]] == "tensor", key
-            assert {s.data.nbytes for s in x.addressable_shards} == {x.nbytes // 2}, key
+            assert {s.data.nbytes for s in x.addressable_shards} == {x.nbytes // (4 * 2)}, key
             assert len(x.sharding.device_set) == 8
     finally:
         side.close()

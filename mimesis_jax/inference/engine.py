@@ -28,11 +28,15 @@ reserves, when it is admitted, the pages for its prompt plus `max_tokens` new to
 mid-flight; when it finishes, pages beyond the dialogue's consumed tokens are returned.
 
 **Pool policy (memory bounded by configuration).** When a request cannot get its pages (or, Qwen3.5, a state
-slot) the engine evicts the least-recently-used *idle* dialogue (one not in a running request): its pages and
-slot are freed, and it is recomputed from scratch when it returns. If that is not enough it waits for running
-requests to finish; if nothing is running and it still does not fit, `EngineError` names the config key to
-raise (`EngineConfig.num_pages` / `num_states`). A prompt + max_tokens longer than a page table
-(`max_pages_per_seq * page_size`) is rejected up front.
+slot) while requests run on its replica, it waits for them to finish (admission control: inference/page_pool.py);
+only with nothing running there the engine evicts the replica's least-recently-used *idle* dialogue (one not in a
+running request): its pages and slot are freed, and it is recomputed from scratch when it returns. If nothing is
+left to evict, `EngineError` names the config key to raise (`EngineConfig.num_pages` / `num_states`). A prompt +
+max_tokens longer than a page table (`max_pages_per_seq * page_size`) is rejected up front.
+
+**Replicas.** On a mesh with batch axes the engine is one data-parallel replica per block of them
+(inference/engine_programs.py): each has `slots` decode slots, `num_pages` pages and `num_states` state slots of
+its own, and every dialogue stays on the replica it was assigned when it first arrived (page_pool.py `home`).
 
 **Continuous batching.** `slots` decode slots; a waiting request takes a slot as soon as one frees. Each
 scheduler round runs one prefill chunk (up to `prefill_rows` requests x `prefill_chunk` tokens, right-padded)
@@ -100,15 +104,17 @@ class RolloutEngine:
                           slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0,
                           pages_peak=0)
         self.pool = PagePool(config, self.ec, self.stats, mesh)
+        self.replicas = self.pool.replicas  # data-parallel replicas, each with ec.slots slots and its own pool
         self._calls = 0
         self._lock = threading.RLock()  # envs on worker threads may share one engine (calls are serialised)
         self._submit_lock, self._serial_lock = threading.Lock(), threading.Lock()
         self._inbox: deque = deque()  # submitted requests not yet seen by the scheduler (any thread appends)
         self._waiting: list[EngineRequest] = []  # seen, waiting for a slot (FIFO)
-        self._slots: list[EngineRequest | None] = [None] * self.ec.slots
+        self._slots: list[EngineRequest | None] = [None] * self.num_slots  # replica k: k * ec.slots ..
         self._wake = threading.Event()  # set by submit / cancel: an EngineLoop waiting for work wakes up
         self._submitted = 0
         self._serial = 0
+        self._warmed: set[int] = set()  # sampling filters every program is compiled for (EngineConfig.precompile)
 
     @property
     def params(self):
@@ -171,16 +177,29 @@ class RolloutEngine:
             self.pool.release(key)
 
     def release_all(self) -> None:
+        """Forgets every dialogue, and the replica assignments of evicted ones."""
         for key in list(self.pool.dialogues):
             self.release(key)
+        with self._lock:
+            for key in [k for k in self.pool.home if k not in self.pool.dialogues]:
+                del self.pool.home[key]
 
-    def _admit(self, r: EngineRequest, slot: int, anything_running: bool) -> bool:
-        """Gives r its dialogue's pages (and state slot) for prompt + max_new and the slot; False = wait for a
-        running request to free pages."""
-        key = r.key if r.key is not None else ("__anon__", r.serial)
+    @property
+    def num_slots(self) -> int:
+        """Decode slots over all replicas (ec.slots each)."""
+        return self.replicas * self.ec.slots
+
+    @staticmethod
+    def _key(r: EngineRequest):
+        return r.key if r.key is not None else ("__anon__", r.serial)
+
+    def _admit(self, r: EngineRequest, slot: int, running_here: bool) -> bool:
+        """Gives r its dialogue's pages (and state slot) for prompt + max_new and the slot (one of its replica's);
+        False = wait for a request running on that replica to free pages (page_pool: admission control)."""
+        key = self._key(r)
         d = r.dialogue = self.pool.open(key, r.prompt, r.index)
         try:
-            ok = self.pool.reserve(d, len(r.prompt) + r.max_new - 1, r.index, anything_running)
+            ok = self.pool.reserve(d, len(r.prompt) + r.max_new - 1, r.index, running_here)
         except EngineError:
             ok = False
             raise
@@ -190,6 +209,7 @@ class RolloutEngine:
         if not ok:
             return False
         self.pool.touch(key)
+        self.stats["reused_tokens"] += len(d.tokens)  # once per admitted request (a waiting one retries open)
         r.pos = len(d.tokens)
         r.pending = r.prompt[r.pos:]
         r.slot = slot
@@ -209,6 +229,8 @@ class RolloutEngine:
         if d is not None:
             d.busy = False
             self.pool.release(d.key)
+        elif r.key is None:
+            self.pool.home.pop(self._key(r), None)
         if 0 <= r.slot < len(self._slots) and self._slots[r.slot] is r:
             self._slots[r.slot] = None
         r.finish, r.error = reason, error
@@ -234,6 +256,10 @@ class RolloutEngine:
                                   logprob_temperature)
             if not reqs:
                 return []
+            if self.ec.precompile:
+                for f in sorted({self._filtering([r]) for r in reqs} - self._warmed):
+                    self.warmup(f)
+                    self._warmed.add(f)
             self._calls += 1
             self._inbox.extend(reqs)
             try:
@@ -306,7 +332,7 @@ class RolloutEngine:
 
     def _fail_all(self, e: BaseException) -> None:
         self._end_all("error", f"{type(e).__name__}: {e}")
-        self._slots = [None] * self.ec.slots
+        self._slots = [None] * self.num_slots
         self._recover()
 
     def _end_all(self, reason: str, error: str | None = None) -> None:
@@ -397,37 +423,61 @@ class RolloutEngine:
         waiting[:] = [w for w in waiting if w.finish is None]
 
     def _admit_waiting(self) -> None:
-        """FIFO admission into free slots; a request that can never be admitted ends alone with finish "error"."""
-        slots, waiting = self._slots, self._waiting
-        for si in range(self.ec.slots):
-            while slots[si] is None and waiting:
-                w = waiting[0]
-                try:
-                    if not self._admit(w, si, any(s is not None for s in slots)):
-                        break
-                except (EngineError, ValueError) as e:
-                    waiting.pop(0)
-                    w.exception = e
-                    self._drop(w, "error", str(e))
-                    continue
-                slots[si] = waiting.pop(0)
-            if slots[si] is None and waiting:
-                break  # the head of the queue waits for running requests to free pages
+        """FIFO admission, per replica, into the replica's free slots: a request waits while an earlier one of
+        its replica waits (no slot, or its pages are held by running requests); a request that can never be
+        admitted ends alone with finish "error"."""
+        slots, waiting, S = self._slots, self._waiting, self.ec.slots
+        blocked: set[int] = set()
+        i = 0
+        while i < len(waiting) and len(blocked) < self.replicas:
+            w = waiting[i]
+            k = self.pool.replica_of(self._key(w))
+            mine = range(k * S, (k + 1) * S)
+            free = next((si for si in mine if slots[si] is None), None)
+            if k in blocked or free is None:
+                blocked.add(k)
+                i += 1
+                continue
+            try:
+                ok = self._admit(w, free, any(slots[si] is not None for si in mine))
+            except (EngineError, ValueError) as e:
+                waiting.pop(i)
+                w.exception = e
+                self._drop(w, "error", str(e))
+                continue
+            if not ok:
+                blocked.add(k)
+                i += 1
+                continue
+            slots[free] = waiting.pop(i)
+
+    def _prefill_rows(self) -> list[EngineRequest | None]:
+        """This round's prefill rows: per replica up to prefill_rows requests with prompt tokens pending, each
+        replica's block padded (None) to the smallest prefill row count holding the fullest block."""
+        S = self.ec.slots
+        per = [[r for r in self._slots[k * S:(k + 1) * S] if r is not None and r.pending][:self.ec.prefill_rows]
+               for k in range(self.replicas)]
+        most = max(len(p) for p in per)
+        if not most:
+            return []
+        R = next(n for n in self.prefill_row_counts() if n >= most)
+        return [r for p in per for r in p + [None] * (R - len(p))]
 
     def _prefill_round(self) -> None:
-        """One prefill chunk of up to prefill_rows requests with prompt tokens pending; a request whose prompt
-        ends in it records its first sampled token."""
+        """One prefill chunk of up to prefill_rows requests per replica with prompt tokens pending; a request
+        whose prompt ends in it records its first sampled token."""
         slots, C = self._slots, self.ec.prefill_chunk
-        pre = [r for r in slots if r is not None and r.pending][:self.ec.prefill_rows]
-        if not pre:
+        rows = self._prefill_rows()
+        if not rows:
             return
-        R = next(n for n in self.prefill_row_counts() if n >= len(pre))
-        rows = pre + [None] * (R - len(pre))
-        tokens = np.zeros((R, C), np.int32)
-        starts = np.zeros((R,), np.int32)
-        nval = np.zeros((R,), np.int32)
-        sslots = np.zeros((R,), np.int32)
-        for i, r in enumerate(pre):
+        B = len(rows)
+        tokens = np.zeros((B, C), np.int32)
+        starts = np.zeros((B,), np.int32)
+        nval = np.zeros((B,), np.int32)
+        sslots = np.zeros((B,), np.int32)
+        for i, r in enumerate(rows):
+            if r is None:
+                continue
             chunk = r.pending[:C]
             tokens[i, :len(chunk)] = chunk
             starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
@@ -439,7 +489,9 @@ class RolloutEngine:
         tok, lp = jax.device_get((tok, lp))
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += int(nval.sum())
-        for i, r in enumerate(pre):
+        for i, r in enumerate(rows):
+            if r is None:
+                continue
             r.pos += int(nval[i])
             r.pending = r.pending[int(nval[i]):]
             if not r.pending:
@@ -447,15 +499,8 @@ class RolloutEngine:
                 if r.finish:
                     slots[r.slot] = None
 
-    def _decode_round(self) -> None:
-        """A burst of decode steps of every decoding slot. Prefill goes first: while prompts are pending, decode
-        runs only when at least half the slots can use it."""
-        slots, S = self._slots, self.ec.slots
-        dec = [r if (r is not None and not r.pending and r.finish is None) else None for r in slots]
-        n_dec = sum(r is not None for r in dec)
-        prefilling = any(r is not None and r.pending for r in slots)
-        if not n_dec or (prefilling and 2 * n_dec < S):
-            return
+    def _decode_inputs(self, dec: list[EngineRequest | None]):
+        """The per-row arguments of a decode burst over `dec` (one per slot; None = idle)."""
         tok = np.asarray([r.out[-1] if r else 0 for r in dec], np.int32)
         pos = np.asarray([r.pos if r else 0 for r in dec], np.int32)
         live = np.asarray([r is not None for r in dec])
@@ -463,21 +508,31 @@ class RolloutEngine:
         steps = np.asarray([len(r.out) if r else 0 for r in dec], np.int32)
         remaining = np.asarray([r.max_new - len(r.out) if r else 1 for r in dec], np.int32)
         ns = sampler.Buckets().stops(max(len(r.stops) for r in dec if r))
-        stop_arr = np.full((S, ns), -1, np.int32)
+        stop_arr = np.full((len(dec), ns), -1, np.int32)
         for i, r in enumerate(dec):
             if r is not None and r.stops:
                 stop_arr[i, :len(r.stops)] = r.stops
+        return (tok, pos, live, self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr)
+
+    def _decode_round(self) -> None:
+        """A burst of decode steps of every decoding slot (each replica's burst ends on its own). Prefill goes
+        first: while prompts are pending, decode runs only when at least half the slots can use it."""
+        slots, S = self._slots, self.ec.slots
+        dec = [r if (r is not None and not r.pending and r.finish is None) else None for r in slots]
+        n_dec = sum(r is not None for r in dec)
+        prefilling = any(r is not None and r.pending for r in slots)
+        if not n_dec or (prefilling and 2 * n_dec < len(slots)):
+            return
         stop_early = bool(self._waiting) or bool(self._inbox) or prefilling
         pool = self.pool
         with self._on_mesh():
             pool.cache, out_tok, out_lp, count, _, n_run = engine_programs.decode_program(
                 self.config, self._filtering(dec), self.decode_fn, self.ec.decode_steps, self.params, pool.cache,
-                tok, pos, live, self._table(dec), sslots, self._samp(dec), steps, remaining, stop_arr,
-                np.bool_(stop_early))
+                *self._decode_inputs(dec), np.bool_(stop_early))
         out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
         self.stats["decode_calls"] += 1
-        self.stats["decode_steps"] += int(n_run)
-        self.stats["slot_steps_offered"] += int(n_run) * S
+        self.stats["decode_steps"] += int(np.max(n_run))
+        self.stats["slot_steps_offered"] += int(np.sum(n_run)) * S
         self.stats["slot_steps_used"] += int(count.sum())
         for i, r in enumerate(dec):
             if r is None:
@@ -502,7 +557,7 @@ class RolloutEngine:
     def decode_args(self, width: int, filtering: int = 0) -> tuple:
         """The arguments of an all-idle decode burst over page tables `width` wide (warmup; what a test lowers
         to read the compiled program's memory_analysis)."""
-        ec, S = self.ec, self.ec.slots
+        ec, S = self.ec, self.num_slots
         zs = np.zeros((S,), np.int32)
         return (self.config, int(filtering), self.decode_fn, ec.decode_steps, self.params, self.pool.cache, zs, zs,
                 np.zeros((S,), bool), np.zeros((S, width), np.int32), zs, self._samp([None] * S), zs, zs + 1,
@@ -512,6 +567,7 @@ class RolloutEngine:
         ec, pool = self.ec, self.pool
         for w in self.table_widths():
             for R in self.prefill_row_counts():
+                R *= self.replicas
                 pool.cache, tok, _ = engine_programs.prefill_program(
                     self.config, filtering, self.decode_fn, self.params, pool.cache,
                     np.zeros((R, ec.prefill_chunk), np.int32), np.zeros((R,), np.int32), np.zeros((R,), np.int32),

@@ -1,11 +1,22 @@
 """The rollout engine's two jitted programs: one prefill chunk and one burst of decode steps over the paged cache
 (models/paged_cache.py), sampling with the sampler's rule and keys (`sampler.choose_tokens`; row key
 fold_in(key(seed), salt), step key fold_in(row key, step)). Shapes are fixed by EngineConfig; the scheduler
-(inference/engine.py) pads every call to them."""
+(inference/engine.py) pads every call to them.
+
+**Replicas.** On a mesh with batch axes (the act_batch rule's axes of more than one device, `replica_axes`) the
+engine is R data-parallel replicas: the pool's page and slot dims hold one block per replica, split over those
+axes (paged_cache.pool_axes(replicas=True)), and every row argument is R blocks of rows, replica-major. The
+programs run their body in shard_map over the batch axes, one replica per block of devices: a row's page table
+and state slot are indices into its own replica's pages (local ids; each replica's page 0 and slot 0 are its
+trash), so a gather or write never leaves the replica's devices. Inside, the tensor axis stays automatic (heads
+split as without replicas) and the config's rules lose the batch axes (`local_config`). The weights enter
+replicated over the batch axes (a training layout sharded over fsdp is gathered at the program's start)."""
 
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +27,68 @@ from mimesis_jax.models.paged_attention import slot_major_decode_attention
 from mimesis_jax.models.paged_cache import TRASH_PAGE, pool_axes
 from mimesis_jax.inference.sampler import choose_tokens
 
+P = jax.sharding.PartitionSpec
+# the page / slot dim of each cache leaf (paged_cache.pool_axes)
+PAGE_DIM = {"k": 2, "v": 2, "conv": 1, "state": 1}
+
+
+def replica_axes(mesh, config=None) -> tuple[str, ...]:
+    """The mesh axes the engine's data-parallel replicas span: those of the act_batch rule (config's rules) that
+    `mesh` has with more than one device; () without a mesh or without such axes (one replica)."""
+    if mesh is None:
+        return ()
+    target = sharding.rules_of(config).get("act_batch")
+    target = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    shape = dict(mesh) if isinstance(mesh, Mapping) else dict(mesh.shape)
+    return tuple(a for a in target if shape.get(a, 1) > 1)
+
+
+def replica_count(mesh, config=None) -> int:
+    """How many replicas the engine has on `mesh` (a Mesh or its axis sizes; the product of `replica_axes`'
+    sizes; 1 without a mesh)."""
+    shape = {} if mesh is None else dict(mesh) if isinstance(mesh, Mapping) else dict(mesh.shape)
+    return math.prod(shape[a] for a in replica_axes(mesh, config))
+
+
+@functools.lru_cache(maxsize=None)
+def local_config(config: ModelConfig, axes: tuple[str, ...]) -> ModelConfig:
+    """The config a replica's body runs with: its sharding rules without the replica axes (inside shard_map they
+    are manual, so no constraint may name them), the rest (tensor) as before."""
+    def strip(target):
+        if target is None:
+            return None
+        kept = tuple(a for a in ((target,) if isinstance(target, str) else target) if a not in axes)
+        return None if not kept else (kept[0] if len(kept) == 1 else kept)
+    return config.replace(sharding_rules=tuple((k, strip(v)) for k, v in sharding.rules_table(config)))
+
 
 def _pin(config, cache):
-    """The cache constrained to its mesh layout (paged_cache.pool_axes) under the current mesh, so a program's
-    output pool has its input's sharding (donation reuses the buffers; the next call takes it as is). A no-op
-    without a mesh (the one-device engine)."""
-    return {k: sharding.constrain(x, pool_axes(cache)[k], config) for k, x in cache.items()}
+    """The cache constrained to its mesh layout (paged_cache.pool_axes: heads over tensor, pages and slots over the
+    replica axes) under the current mesh, so a program's output pool has its input's sharding (donation reuses
+    the buffers; the next call takes it as is). A no-op without a mesh (the one-device engine)."""
+    return {k: sharding.constrain(x, pool_axes(cache, replicas=True)[k], config) for k, x in cache.items()}
+
+
+def _per_replica(config, body, params, cache, rows, shared, n_row_outs: int):
+    """body(config, params, cache, *rows, *shared) -> (cache, *row outputs): run as is with one replica, else in
+    shard_map over the replica axes (module docstring), each replica on its own pages, slots and block of rows.
+    rows: arrays (or tuples of arrays) whose dim 0 is R blocks of rows; shared: replicated arguments."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = () if mesh.empty else replica_axes(mesh, config)
+    if not axes:
+        return body(config, params, cache, *rows, *shared)
+    local = local_config(config, axes)
+    R = math.prod(dict(mesh.shape)[a] for a in axes)
+    bad = {k: x.shape[PAGE_DIM[k]] for k, x in cache.items() if x.shape[PAGE_DIM[k]] % R}
+    if bad:
+        raise ValueError(f"the engine's pool holds one block of pages / state slots per replica ({R} on mesh axes "
+                         f"{axes}), but its {bad} are no multiple of {R} (allocate it as inference/page_pool.py "
+                         f"PagePool.layout does)")
+    cspec = {k: P(*([None] * PAGE_DIM[k] + [axes])) for k in cache}
+    fn = jax.shard_map(lambda p, c, r, s: body(local, p, c, *r, *s), mesh=mesh,
+                       in_specs=(P(), cspec, P(axes), P()), out_specs=(cspec,) + (P(axes),) * n_row_outs,
+                       axis_names=set(axes), check_vma=False)
+    return fn(params, cache, tuple(rows), tuple(shared))
 
 
 def _row_keys(seeds, salts):
@@ -39,12 +106,17 @@ def _pick(config, params, h, samp, steps, filtering):
 def prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, tokens, starts, n_valid,
                      page_tables, state_slots, samp):
     """One prefill chunk [R, C]; returns (cache, first token [R], its log-prob [R]) sampled after each row's
-    last real token (used only for rows whose prompt ends in this chunk)."""
-    fam = models.family(config, "paged")
-    h, cache = fam.forward_paged(config, params, _pin(config, cache), tokens, starts, n_valid, page_tables,
-                                 state_slots, decode_fn)
-    last = jnp.take_along_axis(h, jnp.maximum(n_valid - 1, 0)[:, None, None], axis=1)[:, 0]
-    tok, lp = _pick(config, params, last, samp, jnp.zeros_like(n_valid), filtering)
+    last real token (used only for rows whose prompt ends in this chunk). With replicas the R rows are one
+    block per replica (module docstring)."""
+    def body(cfg, params, cache, tokens, starts, n_valid, page_tables, state_slots, samp):
+        fam = models.family(cfg, "paged")
+        h, cache = fam.forward_paged(cfg, params, _pin(cfg, cache), tokens, starts, n_valid, page_tables,
+                                     state_slots, decode_fn)
+        last = jnp.take_along_axis(h, jnp.maximum(n_valid - 1, 0)[:, None, None], axis=1)[:, 0]
+        tok, lp = _pick(cfg, params, last, samp, jnp.zeros_like(n_valid), filtering)
+        return _pin(cfg, cache), tok, lp
+    cache, tok, lp = _per_replica(config, body, params, cache,
+                                  (tokens, starts, n_valid, page_tables, state_slots, samp), (), 2)
     return _pin(config, cache), tok, lp
 
 
@@ -83,13 +155,23 @@ def decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, para
                     page_tables, state_slots, samp, steps, remaining, stops, stop_early):
     """Up to n_steps one-token steps of every live slot. tok [S]: the last sampled token (fed at position
     pos); steps [S]: index of the next sample; remaining [S]: samples left. Returns (cache, tokens [S, n],
-    log-probs [S, n], count [S] new tokens per slot, done [S], steps run).
+    log-probs [S, n], count [S] new tokens per slot, done [S], steps run [replicas]: each replica's burst
+    returns early on its own).
 
     Without a `decode_fn` (the jnp path), the burst first copies the rows' pages into a slot-major working
     copy (`_burst_copy`), steps on it with paged_attention.slot_major_decode_attention (no per-step page
     gather: on a CPU the gather cost as much as the attention itself), and writes the touched pages back at
     the end. Rows that are not active write their token to their own scratch page of the copy (position
     W * page_size) and to state slot 0."""
+    body = functools.partial(_decode_body, filtering, decode_fn, n_steps)
+    cache, *out = _per_replica(config, body, params, cache, (tok, pos, live, page_tables, state_slots, samp, steps,
+                                                             remaining, stops), (stop_early,), 5)
+    return (_pin(config, cache), *out)
+
+
+def _decode_body(filtering, decode_fn, n_steps, config, params, cache, tok, pos, live, page_tables, state_slots,
+                 samp, steps, remaining, stops, stop_early):
+    """decode_program on one replica's rows and pool; the steps run come back as a [1] array."""
     fam = models.family(config, "paged")
     cache = _pin(config, cache)
     S = tok.shape[0]
@@ -126,4 +208,4 @@ def decode_program(config: ModelConfig, filtering, decode_fn, n_steps: int, para
          done0, jnp.zeros((S,), jnp.int32), jnp.bool_(False))
     i, _, work, out_tok, out_lp, done, count, _ = jax.lax.while_loop(cond, body, c)
     cache = _burst_write_back(cache, work, page_tables, pos, count, n_steps) if burst else work
-    return _pin(config, cache), out_tok, out_lp, count, done, i
+    return _pin(config, cache), out_tok, out_lp, count, done, i.reshape(1)

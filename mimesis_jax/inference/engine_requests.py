@@ -25,6 +25,9 @@ class EngineConfig:
     prefill_rows: int = 4  # requests prefilled together per round
     decode_steps: int = 16  # one-token steps per compiled decode call (it returns early when a slot frees)
     num_states: int = 0  # Qwen3.5: per-dialogue state slots (0 = 4 * slots); slot 0 is reserved
+    # compile every program (each page-table width and prefill row count) for a sampling filter the first time a
+    # generate_tokens call needs it, so that later calls compile nothing (the RL loops: step 2 compiles nothing new)
+    precompile: bool = False
 
     def validate(self) -> None:
         for name in ("slots", "page_size", "num_pages", "max_pages_per_seq", "prefill_chunk", "prefill_rows",

@@ -18,11 +18,18 @@ take pages for the tokens they really hold, not for the longest length, so the e
 dialogues in flight fill the pages (or outnumber the slots half the budget holds) -- and counts it
 (`engine.stats["evictions"]`, logged per step as engine/evictions). `held_dialogues`: how many dialogues of the
 longest length the pools hold at once.
+
+On a mesh (`mesh`: the engine's axis sizes) the engine is one replica per device block of the batch axes
+(inference/page_pool.py): every figure above is per replica -- its share of the dialogues (ceil(dialogues /
+replicas)), its pages and state slots -- and the budget is per device: a replica's pool is split over the tensor
+axis by heads (paged_cache.pool_axes), so a device holds `device_page_bytes` of each page and `device_state_bytes`
+of each slot, and the budget caps their sum. The total capacity grows with the replicas.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import ModelConfig
@@ -40,6 +47,27 @@ def _leaf_bytes(config: ModelConfig, page_size: int, *, pages: int, states: int,
     init = models.family(config, "paged").init_paged_cache
     shapes = jax.eval_shape(lambda: init(config, pages, page_size, states))
     return sum(v.size * v.dtype.itemsize for k, v in shapes.items() if k in names)
+
+
+def device_bytes(config: ModelConfig, page_size: int, mesh) -> tuple[int, int]:
+    """(bytes of one KV page, of one state slot) that one device of `mesh` (axis sizes; None = one device) holds:
+    each leaf divided by the heads split paged_cache.pool_axes gives it (1 where tensor does not divide the
+    heads)."""
+    import jax
+
+    from mimesis_jax import models, sharding
+    from mimesis_jax.models import paged_cache
+
+    init = models.family(config, "paged").init_paged_cache
+    shapes = jax.eval_shape(lambda: init(config, 1, page_size, 1))
+    axes, shape = paged_cache.pool_axes(shapes), dict(mesh or {})
+    out = {}
+    for k, v in shapes.items():
+        spec = sharding.logical_to_spec(axes[k], v.shape, shape, config)
+        split = math.prod(shape[a] for e in spec if e for a in ((e,) if isinstance(e, str) else e))
+        out[k] = v.size * v.dtype.itemsize // split
+    kv = out.get("k", 0) + out.get("v", 0)
+    return kv, (out.get("conv", 0) + out.get("state", 0)) if config.model_type == "qwen3_5_text" else 0
 
 
 def page_bytes(config: ModelConfig, page_size: int) -> int:
@@ -66,36 +94,55 @@ class EngineSizing:
     state_bytes: int
     held_dialogues: int  # longest dialogues the pool holds at once (with their state slots)
     dialogues: int  # dialogues in flight the rollout asked for
-    budget_bytes: int  # 0 = no cap
+    budget_bytes: int  # 0 = no cap; per device
+    replicas: int = 1  # data-parallel replicas of the engine (each with these pages, slots and dialogues)
+    device_page_bytes: int = 0  # of one page, on one device (its heads' part); 0 = page_bytes
+    device_state_bytes: int = 0  # of one state slot, on one device; 0 = state_bytes
 
     @property
     def pool_bytes(self) -> int:
-        """Bytes of the KV pages and state slots (what `init_paged_cache` allocates)."""
+        """Bytes of one replica's KV pages and state slots (what `init_paged_cache` allocates per replica)."""
         return self.num_pages * self.page_bytes + self.num_states * self.state_bytes
 
+    @property
+    def device_pool_bytes(self) -> int:
+        """Bytes of the pool on one device: its replica's pages and slots, its heads' part (what the budget caps)."""
+        return (self.num_pages * (self.device_page_bytes or self.page_bytes)
+                + self.num_states * (self.device_state_bytes or self.state_bytes))
+
     def engine_config(self):
+        """The EngineConfig of these pools; it compiles every program up front (`precompile`: an RL step after
+        the first compiles nothing new)."""
         from mimesis_jax.inference.engine import EngineConfig
         return EngineConfig(slots=self.slots, page_size=self.page_size, num_pages=self.num_pages,
-                            max_pages_per_seq=self.max_pages_per_seq, num_states=self.num_states)
+                            max_pages_per_seq=self.max_pages_per_seq, num_states=self.num_states, precompile=True)
 
     def describe(self) -> str:
         cap = f"budget {self.budget_bytes / GiB:.2f} GiB" if self.budget_bytes else "no budget"
         tokens = (self.num_pages - 1) * self.page_size
         states = f" + {self.num_states} state slots" if self.state_bytes else ""
-        return (f"{self.num_pages} pages x {self.page_size} tokens{states} = "
-                f"{self.pool_bytes / GiB:.2f} GiB ({cap}); {tokens} tokens = {tokens // self.dialogues} per "
-                f"dialogue in flight ({self.dialogues}); {self.held_dialogues} dialogues of the longest "
-                f"{self.max_pages_per_seq * self.page_size} tokens at once")
+        where = f" per replica x {self.replicas} replicas" if self.replicas > 1 else ""
+        return (f"{self.num_pages} pages x {self.page_size} tokens{states}{where} = "
+                f"{self.device_pool_bytes / GiB:.2f} GiB per device ({cap}); {tokens} tokens = "
+                f"{tokens // self.dialogues} per dialogue in flight ({self.dialogues}{where}); "
+                f"{self.held_dialogues} dialogues of the longest {self.max_pages_per_seq * self.page_size} tokens "
+                f"at once{where}")
 
 
 def engine_sizing(config: ModelConfig, *, dialogues: int, max_context: int, page_size: int, slots: int,
-                  pages: int = 0, states: int = 0, memory_gib: float = 0.0, key: str = "rollout") -> EngineSizing:
+                  pages: int = 0, states: int = 0, memory_gib: float = 0.0, key: str = "rollout",
+                  mesh=None) -> EngineSizing:
     """The pools of an engine for `dialogues` in flight at once, each up to `max_context` tokens (see the module
     docstring). pages / states: `rollout.engine_pages` / `rollout.engine_states` (0 = derived); memory_gib:
-    `rollout.engine_memory_gib` (0 = no cap). Errors name the `{key}.engine_*` key to change."""
-    D = max(1, int(dialogues))
+    `rollout.engine_memory_gib` (0 = no cap; per device); mesh: the engine's mesh axis sizes (None = one
+    device): the figures are then per replica. Errors name the `{key}.engine_*` key to change."""
+    from mimesis_jax.inference.engine_programs import replica_count
+
+    replicas = replica_count(mesh, config)
+    D = -(-max(1, int(dialogues)) // replicas)
     per_seq = -(-int(max_context) // page_size)
-    pb, sb = page_bytes(config, page_size), state_bytes(config)
+    whole = page_bytes(config, page_size), state_bytes(config)
+    pb, sb = device_bytes(config, page_size, mesh)  # what the per-device budget counts
     budget = int(float(memory_gib) * GiB)
     n_pages = pages or D * per_seq + 1  # + the trash page
     n_states = states or D + slots + 1  # + a stateless request per decode slot + the trash slot
@@ -119,14 +166,18 @@ def engine_sizing(config: ModelConfig, *, dialogues: int, max_context: int, page
             raise ConfigError(f"config key '{key}.engine_memory_gib': {memory_gib} GiB leaves {n_pages} pages and "
                               f"{n_states} state slots: less than one dialogue of {max_context} tokens")
     held = min(D, (n_pages - 1) // per_seq, max(1, n_states - slots - 1) if sb else D)
-    return EngineSizing(slots, page_size, int(n_pages), int(n_states), per_seq, pb, sb, int(held), D, budget)
+    return EngineSizing(slots, page_size, int(n_pages), int(n_states), per_seq, *whole, int(held), D, budget,
+                        replicas, pb, sb)
 
 
-def rollout_sizing(r, config: ModelConfig, dialogues: int) -> EngineSizing:
+def rollout_sizing(r, config: ModelConfig, dialogues: int, mesh=None) -> EngineSizing:
     """The pools of `r` (an RL stage's rollout config: its `rollout.engine*` keys) for `dialogues` in flight at
     once. The page table holds the longest dialogue: `rollout.max_context_tokens` (the runners end a dialogue
-    before a prompt + max_tokens would pass it) or, without that limit, the model's max_position_embeddings."""
+    before a prompt + max_tokens would pass it) or, without that limit, the model's max_position_embeddings.
+    mesh: the engine's mesh (a Mesh or its axis sizes; None = one device): per replica, budget per device."""
     longest = r.max_context_tokens or config.max_position_embeddings
+    if mesh is not None and not isinstance(mesh, dict):
+        mesh = dict(mesh.shape)
     return engine_sizing(config, dialogues=dialogues, max_context=longest,
                          page_size=r.engine_page_size, slots=r.engine_slots, pages=r.engine_pages,
-                         states=r.engine_states, memory_gib=r.engine_memory_gib)
+                         states=r.engine_states, memory_gib=r.engine_memory_gib, mesh=mesh)

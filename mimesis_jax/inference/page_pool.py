@@ -7,6 +7,19 @@ is admitted, the pages for its prompt plus max_tokens new tokens; when it finish
 dialogue's consumed tokens are returned. When a request cannot get its pages (or a state slot) the pool evicts
 the least-recently-used idle dialogue; if nothing is left to evict and nothing is running, `EngineError` names
 the EngineConfig key to raise.
+
+**Replicas.** On a mesh with batch axes (inference/engine_programs.py `replica_axes`) the pool is `replicas`
+blocks, one per data-parallel replica, each of `ec.num_pages` pages and `ec.states` state slots (page ids and slot
+ids are local to the block; its page 0 and slot 0 are its trash), the blocks split over the batch axes and each
+block's heads over tensor. A dialogue is assigned to a replica when it first arrives (`home`: the replica with
+the fewest dialogues, the lowest index on a tie: deterministic for a given order of arrival) and stays there until
+released, even when evicted; its pages and state slot come from its replica's block only.
+
+**Admission control.** A request that cannot get its pages (or a state slot) while requests are running on its
+replica waits for them to finish (they return the pages reserved beyond their dialogue's tokens); only when
+nothing is running there, i.e. the replica's budget cannot hold the dialogues it already caches plus this one,
+the least-recently-used idle dialogue of that replica is evicted (counted in `stats["evictions"]`). A turn loop
+whose dialogues fit the pool therefore never evicts, however its requests are interleaved.
 """
 
 from __future__ import annotations
@@ -37,65 +50,106 @@ class Dialogue:
     state: int = 0  # Qwen3.5 state slot (0 = none)
     busy: bool = False
     last_used: int = 0
+    replica: int = 0  # the data-parallel replica whose pages and slot it holds (PagePool.replica_of)
 
 
 class PagePool:
-    """Pages and state slots of one EngineConfig (`ec`: num_pages, page_size, states), and the dialogues holding
-    them. `stats` is the engine's counter dict (reused_tokens, recomputed, evictions and pages_peak -- the most
-    pages in use at once -- are kept here). With a `mesh` the buffers are created sharded as
-    `paged_cache.pool_axes` says (`shardings`), each device allocating only its heads' part."""
+    """Pages and state slots of one EngineConfig (`ec`: num_pages, page_size, states; per replica), and the
+    dialogues holding them. `stats` is the engine's counter dict (reused_tokens, recomputed, evictions and
+    pages_peak -- the most pages in use at once over all replicas -- are kept here). With a `mesh` the buffers
+    are created sharded as `paged_cache.pool_axes(replicas=True)` says (`shardings`): each device allocates only
+    its replica's block of pages and slots, and of those only its heads' part."""
 
     def __init__(self, config: ModelConfig, ec, stats: dict, mesh=None):
+        from mimesis_jax.inference.engine_programs import replica_count
         self.config, self.ec, self.stats, self.mesh = config, ec, stats, mesh
+        self.replicas = replica_count(mesh, config)
         self.shardings = None
         self.has_state = config.model_type == "qwen3_5_text"
         self._clock = 0
         self.cache = None
+        self.home: dict = {}  # dialogue key -> its replica, from its first request until release
         self.reset()
+
+    def init_fn(self):
+        """The cache's initialiser: every replica's block of pages and slots, stacked on the page / slot dims."""
+        return functools.partial(models.family(self.config, "paged").init_paged_cache, self.config,
+                                 self.replicas * self.ec.num_pages, self.ec.page_size,
+                                 self.replicas * self.ec.states)
+
+    def layout(self):
+        """(abstract cache, its shardings on the mesh): what `reset` allocates (plan/compiled.py lowers the
+        programs on it)."""
+        shapes = jax.eval_shape(self.init_fn())
+        return shapes, sharding.tree_shardings(self.mesh, paged_cache.pool_axes(shapes, replicas=True), shapes,
+                                               self.config)
 
     def reset(self) -> None:
         """A fresh KV pool (and Qwen3.5 state slots), every page and slot free, no dialogue cached."""
         self.cache = None  # the old buffers go first: a rebuild after an OOM needs their memory
-        init = functools.partial(models.family(self.config, "paged").init_paged_cache, self.config,
-                                 self.ec.num_pages, self.ec.page_size, self.ec.states)
+        init = self.init_fn()
         if self.mesh is None:
             self.cache = init()
         else:
             if self.shardings is None:
-                shapes = jax.eval_shape(init)
-                self.shardings = sharding.tree_shardings(self.mesh, paged_cache.pool_axes(shapes), shapes,
-                                                         self.config)
+                self.shardings = self.layout()[1]
             self.cache = jax.jit(init, out_shardings=self.shardings)()
-        self.free_pages = list(range(self.ec.num_pages - 1, TRASH_PAGE, -1))  # pop() hands out low pages first
-        self.free_states = list(range(self.ec.states - 1, 0, -1))
+        # per replica; pop() hands out low pages first
+        self.free_by_replica = [list(range(self.ec.num_pages - 1, TRASH_PAGE, -1)) for _ in range(self.replicas)]
+        self.states_by_replica = [list(range(self.ec.states - 1, 0, -1)) for _ in range(self.replicas)]
         self.dialogues: OrderedDict = OrderedDict()  # key -> Dialogue, least recently used first
+        self.home = {}
+
+    @property
+    def free_pages(self) -> list[int]:
+        """Every replica's free pages (a copy; local ids)."""
+        return [p for free in self.free_by_replica for p in free]
+
+    @property
+    def free_states(self) -> list[int]:
+        return [s for free in self.states_by_replica for s in free]
+
+    def replica_of(self, key) -> int:
+        """The replica of dialogue `key`: where it was assigned, else (a new dialogue) the one with the fewest
+        dialogues assigned, the lowest index on a tie."""
+        if key not in self.home:
+            load = [0] * self.replicas
+            for k in self.home.values():
+                load[k] += 1
+            self.home[key] = load.index(min(load))
+        return self.home[key]
 
     def lost(self) -> bool:
         """Whether the pool's buffers are gone: a program that failed after taking its donated cache."""
         return self.cache is None or any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(self.cache))
 
     def pages_in_use(self) -> int:
-        return self.ec.num_pages - 1 - len(self.free_pages)
+        return sum(self.ec.num_pages - 1 - len(free) for free in self.free_by_replica)
 
     def free(self, d: Dialogue) -> None:
-        self.free_pages.extend(reversed(d.pages))
+        self.free_by_replica[d.replica].extend(reversed(d.pages))
         d.pages, d.tokens = [], []
         if d.state:
-            self.free_states.append(d.state)
+            self.states_by_replica[d.replica].append(d.state)
             d.state = 0
 
     def release(self, key) -> None:
+        """Forgets dialogue `key`: its pages and slot are freed and its replica assignment ends (an evicted one's
+        too)."""
         d = self.dialogues.get(key)
         if d is None:
+            self.home.pop(key, None)
             return
         if d.busy:
             raise EngineError(f"release({key!r}): the dialogue has a request in flight")
         self.free(d)
         del self.dialogues[key]
+        self.home.pop(key, None)
 
     def evict_one(self, protect: Dialogue) -> bool:
+        """Evicts the least recently used idle dialogue of `protect`'s replica (it keeps its replica)."""
         for key, d in self.dialogues.items():  # least recently used first
-            if not d.busy and d is not protect and (d.pages or d.state):
+            if not d.busy and d is not protect and d.replica == protect.replica and (d.pages or d.state):
                 self.free(d)
                 del self.dialogues[key]
                 self.stats["evictions"] += 1
@@ -107,40 +161,41 @@ class PagePool:
         extends them, else dropped (the dialogue is recomputed from position 0)."""
         d = self.dialogues.get(key)
         if d is None:
-            d = Dialogue(key)
+            d = Dialogue(key, replica=self.replica_of(key))
             self.dialogues[key] = d
         elif d.busy:
             raise ValueError(f"request {index}: dialogue {key!r} already has a request in flight")
         n = len(d.tokens)
-        if n and n < len(prompt) and prompt[:n] == d.tokens:
-            self.stats["reused_tokens"] += n
-        else:
+        if not (n and n < len(prompt) and prompt[:n] == d.tokens):  # reused: counted when admitted (engine)
             if n:
                 self.stats["recomputed"] += 1
             d.tokens = []
         return d
 
-    def reserve(self, d: Dialogue, tokens: int, index: int, anything_running: bool) -> bool:
-        """Gives d the pages (and state slot) for `tokens` positions; False = wait for running requests."""
+    def reserve(self, d: Dialogue, tokens: int, index: int, running_here: bool) -> bool:
+        """Gives d the pages (and state slot) for `tokens` positions from its replica; False = wait for the
+        requests running on that replica (`running_here`) to return pages. Only with none running is the
+        replica's least recently used idle dialogue evicted (module docstring: admission control)."""
         ps = self.ec.page_size
         need = math.ceil(tokens / ps) - len(d.pages)
-        while len(self.free_pages) < need or (self.has_state and not d.state and not self.free_states):
+        free, states = self.free_by_replica[d.replica], self.states_by_replica[d.replica]
+        while len(free) < need or (self.has_state and not d.state and not states):
+            if running_here:
+                return False
             if self.evict_one(d):
                 continue
-            if anything_running:
-                return False
-            if len(self.free_pages) < need:
+            if len(free) < need:
                 raise EngineError(f"request {index}: needs {need} more cache pages of {ps} tokens but the pool has "
-                                  f"{len(self.free_pages)} free with nothing left to evict; raise "
+                                  f"{len(free)} free with nothing left to evict; raise "
                                   f"EngineConfig.num_pages (RL: rollout.engine_pages / engine_memory_gib; now "
                                   f"{self.ec.num_pages})")
             raise EngineError(f"request {index}: no free state slot and nothing to evict; raise "
                               f"EngineConfig.num_states (RL: rollout.engine_states / engine_memory_gib; now "
                               f"{self.ec.states})")
         for _ in range(max(need, 0)):
-            d.pages.append(self.free_pages.pop())
+            d.pages.append(free.pop())
         if self.has_state and not d.state:
-            d.state = self.free_states.pop()
+            d.state = states.pop()
         self.stats["pages_peak"] = max(self.stats.get("pages_peak", 0), self.pages_in_use())
         return True
 
@@ -162,7 +217,7 @@ class PagePool:
         """The dialogue's request ended having fed `tokens`: the pages beyond them go back to the pool."""
         d.tokens = tokens
         keep = math.ceil(len(d.tokens) / self.ec.page_size)
-        self.free_pages.extend(reversed(d.pages[keep:]))
+        self.free_by_replica[d.replica].extend(reversed(d.pages[keep:]))
         d.pages = d.pages[:keep]
         d.busy = False
 

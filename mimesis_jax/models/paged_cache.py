@@ -36,15 +36,19 @@ def init_pages(num_layers: int, kv_heads: int, num_pages: int, page_size: int, h
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
-def pool_axes(cache: dict) -> dict:
+def pool_axes(cache: dict, replicas: bool = False) -> dict:
     """Logical axes of the engine's cache leaves (sharding.py rules) for running it on a mesh: the page pools
     [L, KVH, N, page, Dh] split over KV heads (act_kv_heads), the Qwen3.5 state slots over their heads -- conv
     windows [L_lin, slots, K-1, Hk, Cg] over key heads (act_kv_heads), DeltaNet states [L_lin, slots, Hv, Dk, Dv]
-    over value heads (act_heads), as the static sampler's cache (qwen3_5.cache_axes). Pages and slots are never
-    split: every device holds every page and slot of its heads. A heads dim the tensor axis does not divide
-    stays replicated (sharding.logical_to_spec)."""
-    axes = {"k": ("layers", "act_kv_heads", None, None, None), "v": ("layers", "act_kv_heads", None, None, None),
-            "conv": ("layers", None, None, "act_kv_heads", None), "state": ("layers", None, "act_heads", None, None)}
+    over value heads (act_heads), as the static sampler's cache (qwen3_5.cache_axes). A heads dim the tensor axis
+    does not divide stays replicated (sharding.logical_to_spec).
+
+    replicas: the engine's data-parallel layout (inference/page_pool.py): the page and slot dims hold one block
+    per replica and are split over the batch axes (act_batch), so each replica's devices hold only its own
+    pages and slots. Without it pages and slots are never split."""
+    page = "act_batch" if replicas else None
+    axes = {"k": ("layers", "act_kv_heads", page, None, None), "v": ("layers", "act_kv_heads", page, None, None),
+            "conv": ("layers", page, None, "act_kv_heads", None), "state": ("layers", page, "act_heads", None, None)}
     return {name: axes[name] for name in cache}
 
 

@@ -236,8 +236,9 @@ def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
     from mimesis_jax.inference import engine_programs, sampler
 
     m = w.model
-    ec, mesh, params, cache = _engine_inputs(w)
-    S, arr, samp = ec.slots, _arr, _sampling_args(ec.slots)
+    ec, mesh, params, cache, replicas = _engine_inputs(w)
+    S = replicas * ec.slots  # every replica's slots, replica-major (inference/engine_programs.py)
+    arr, samp = _arr, _sampling_args(S)
     i32 = jnp.int32
     with sharding.use_mesh(mesh):
         lowered = engine_programs.decode_program.lower(
@@ -262,15 +263,19 @@ def _engine_inputs(w: Workload):
     """(EngineConfig, mesh, params, pool) of the rollout engine sized for w (w.engine) on the training mesh, as the
     RL loops run it on one process (chat_models.policy_model: RolloutEngine(mesh=rollout_mesh)), abstract: the params in the
     learner's layout (models.param_shardings; the engine's shard_params keeps it) and the paged pool of the model
-    family's `init_paged_cache` split as inference/page_pool.py splits it (paged_cache.pool_axes)."""
+    family's `init_paged_cache` split as inference/page_pool.py splits it: one block of pages and state slots per
+    data-parallel replica over the batch axes, heads over tensor (paged_cache.pool_axes(replicas=True)); and the
+    replica count."""
+    from mimesis_jax.inference.engine_programs import replica_count
     from mimesis_jax.models import paged_cache
 
     m, ec = w.model, w.engine.engine_config()
     mesh = _mesh(w.mesh)
     init = models.family(m, "paged").init_paged_cache
-    shapes = jax.eval_shape(lambda: init(m, ec.num_pages, ec.page_size, ec.states))
-    cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes), shapes, m))
-    return ec, mesh, abstract(models.abstract_params(m), models.param_shardings(m, mesh)), cache
+    R = replica_count(mesh, m)
+    shapes = jax.eval_shape(lambda: init(m, R * ec.num_pages, ec.page_size, R * ec.states))
+    cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes, replicas=True), shapes, m))
+    return ec, mesh, abstract(models.abstract_params(m), models.param_shardings(m, mesh)), cache, R
 
 
 def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
@@ -281,8 +286,9 @@ def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
     from mimesis_jax.inference import engine_programs
 
     m = w.model
-    ec, mesh, params, cache = _engine_inputs(w)
-    R, C, arr, samp = ec.prefill_rows, ec.prefill_chunk, _arr, _sampling_args(ec.prefill_rows)
+    ec, mesh, params, cache, replicas = _engine_inputs(w)
+    R = replicas * ec.prefill_rows  # every replica's rows, replica-major
+    C, arr, samp = ec.prefill_chunk, _arr, _sampling_args(R)
     i32 = jnp.int32
     with sharding.use_mesh(mesh):
         lowered = engine_programs.prefill_program.lower(

@@ -194,7 +194,7 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
     notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
     engine = None
     if r.engine:  # the policy samples through one rollout engine on the training mesh instead of the sampler
-        engine = rollout_sizing(r, model, rollout_batch)
+        engine = rollout_sizing(r, model, rollout_batch, mesh=mesh)  # per replica, the budget per device
         notes[-2] = f"rollout: {rollout_batch} dialogues in flight on the rollout engine (one process)"
         notes.append(f"rollout engine pool: {engine.describe()}")
         if kind == "agentrl" and "://" not in cfg.users.simulator and cfg.users.simulator != "toy-user":

@@ -246,10 +246,11 @@ class AgentCluster(Cluster):
     def open(self, in_flight):
         cfg, r = self.cfg, self.cfg.rollout
         sim_engine = None
-        if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view
-            sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight)
-        self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine,
-                                                       mesh=distributed.rollout_mesh(self.run_state.mesh))
+        on = distributed.rollout_mesh(self.run_state.mesh)
+        if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view,
+            # per replica of the mesh it runs on
+            sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight, mesh=on)
+        self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine, mesh=on)
 
     def policy_max_tokens(self):
         return self.cfg.rollout.agent_max_tokens

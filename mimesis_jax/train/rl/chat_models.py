@@ -41,12 +41,12 @@ from mimesis_jax.train.rl import distributed
 
 
 # ------------------------------------------------------------------------------------------ the policy
-def rollout_engine_config(r, model_config: ModelConfig, dialogues: int):
+def rollout_engine_config(r, model_config: ModelConfig, dialogues: int, mesh=None):
     """The EngineConfig of `r` (an RL stage's rollout config) for `dialogues` dialogues in flight at once
     (`engine_sizing.rollout_sizing`: the longest dialogue, `rollout.engine_pages` / `engine_states` /
     `engine_memory_gib`). Derived pools hold every dialogue in flight at its longest, each with its state slot
     (Qwen3.5), so none is evicted and recomputed; `rollout.engine_memory_gib` caps them."""
-    return rollout_sizing(r, model_config, dialogues).engine_config()
+    return rollout_sizing(r, model_config, dialogues, mesh).engine_config()  # mesh: per replica, budget per device
 
 
 def engine_params(params, config=None, mesh=None, rollout=None):
@@ -89,13 +89,14 @@ def policy_model(model_config: ModelConfig, tok, r, params, *, name: str, max_to
     training mesh itself (rows split over its batch axes, the params as the learner shards them, no copy); on
     several, this process's devices (`distributed.local_rollout_mesh`), the params resharded there device to
     device by `policy_params`; with `rollout.mesh` set, those devices in that layout (tensor-parallel decode in
-    data-parallel replicas, docs/decisions.md "Rollout layout"), the params resharded into it. None: one device (the whole batch there). The engine runs on the same
-    `rollout_mesh` (inference/engine.py, "On a mesh" in docs/engine.md: weights as models.shard_params lays them
-    out, the page pool and state slots split over heads on `tensor`)."""
+    data-parallel replicas, docs/decisions.md "Rollout layout"), the params resharded into it. None: one device
+    (the whole batch there). The engine runs on the same `rollout_mesh` (inference/engine.py, "On a mesh" in
+    docs/engine.md: one data-parallel replica per block of its batch axes, each with its own pages and state
+    slots split over heads on `tensor`; sized per replica, `rollout.engine_memory_gib` per device)."""
     on = distributed.rollout_mesh(mesh, r)
     placed = policy_params(model_config, r, params, mesh)
     if r.engine:
-        generator = EngineGenerator(model_config, placed, rollout_engine_config(r, model_config, in_flight),
+        generator = EngineGenerator(model_config, placed, rollout_engine_config(r, model_config, in_flight, on),
                                     stop_ids=stop_ids(tok), mesh=on, version=version)
     else:
         generator = StaticGenerator(model_config, placed, stop_ids=stop_ids(tok), mesh=on, buckets=buckets,
@@ -169,9 +170,9 @@ class EngineMeter:
             for k in self.COUNTERS:
                 rec[f"{name}/{k}"] = e.stats[k] - last.get(k, 0)
             rec[f"{name}/pages_peak"] = e.stats["pages_peak"]
-            rec[f"{name}/pages"] = e.ec.num_pages - 1
+            rec[f"{name}/pages"] = (e.ec.num_pages - 1) * e.replicas  # every replica's pool, less its trash page
             if e.pool.has_state:
-                rec[f"{name}/states"] = e.ec.states - 1
+                rec[f"{name}/states"] = (e.ec.states - 1) * e.replicas
         return rec
 
 
@@ -216,13 +217,13 @@ def simulator_context_tokens(cfg: AgentRLConfig, sim_config: ModelConfig) -> int
     return min(longest, bound)
 
 
-def simulator_engine_config(cfg: AgentRLConfig, sim_config: ModelConfig, dialogues: int):
+def simulator_engine_config(cfg: AgentRLConfig, sim_config: ModelConfig, dialogues: int, mesh=None):
     """The EngineConfig of an in-process simulator (rollout.engine=true): `rollout_engine_config` with the
     simulator's own context bound (`simulator_context_tokens`). `rollout.engine_pages`, `engine_states`,
     `engine_slots` and `engine_memory_gib` apply to each engine (the agent's and the simulator's pools are
-    separate: two engines take up to twice the budget)."""
+    separate: two engines take up to twice the budget). mesh: the simulator engine's mesh (sized per replica)."""
     sim_r = dataclasses.replace(cfg.rollout, max_context_tokens=simulator_context_tokens(cfg, sim_config))
-    return rollout_engine_config(sim_r, sim_config, dialogues)
+    return rollout_engine_config(sim_r, sim_config, dialogues, mesh)
 
 
 class _ReleaseEngine:
