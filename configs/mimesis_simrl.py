@@ -32,8 +32,8 @@ Chosen here (the paper is silent):
   `rollout.engine_memory_gib` = 16 GiB (uncapped: 512 rollouts x 16,384 tokens + their state slots, 281 GiB for
   9B), split over tensor=2; `plan`: rollout peak 24.5 GiB for 9B (28.7 on 2 processes x 8). 16 GiB holds
   166 state slots and 263k tokens, so with 512 rollouts in flight the engine evicts (engine/evictions);
-  the engine samples 3.2x the static sampler's tokens per device-second (1.7x a plain jitted decode loop's)
-  on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md);
+  the engine samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode
+  loop's) on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md);
 * fixed sides: any OpenAI-compatible endpoint for the judge; the ABCD support agent and the SOUL interlocutors
   default to the same endpoint (sides.support_agent / sides.partner to change).
 Ablations (Appendix C): --set init.from_workdir=... (mid-trained / SFT) vs init.from_hf=<pretrained Qwen3.5 dir>;
