@@ -37,6 +37,27 @@ def run_script(script: str, devices: int, *args: str, root: str | None = None, t
     return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
 
+def run_two_processes(worker: str, arg: str, out_dir, root: str, devices: int = 4, timeout: int = 300) -> list[str]:
+    """Runs `worker` (a `python -c` source) as processes 0 and 1 of a 2-process jax run on a free local port, each
+    with `devices` fake devices, given (coordinator address, process id, `arg`, its output file); asserts both
+    exit 0 (their output tails otherwise) and returns the two output files' paths."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = subprocess_env(devices=devices, PYTHONPATH=root)
+    outs = [os.path.join(str(out_dir), f"{i}.json") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", worker, f"127.0.0.1:{port}", str(i), arg, outs[i]], cwd=root,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    return outs
+
+
 def torch_available() -> bool:
     try:
         import torch  # noqa: F401

@@ -20,15 +20,12 @@ import json
 import math
 import re
 import os
-import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from helpers import run_script, subprocess_env
+from helpers import run_script, run_two_processes
 from mimesis_jax import models, sharding
 from mimesis_jax.commands import plan as plan_cli
 from mimesis_jax.config.layout import rollout_layout
@@ -324,16 +321,7 @@ def test_two_processes_sync_into_their_own_layouts(tmp_path):
     rng = np.random.RandomState(3)
     prompts = [rng.randint(3, mc.vocab_size, size=7 - i % 3).tolist() for i in range(6)]
     seeds, temps = [21, 22, 23, 24, 25, 26], [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = subprocess_env(devices=4, PYTHONPATH=ROOT)
-    arg = json.dumps([prompts, seeds, temps])
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, f"127.0.0.1:{port}", str(i), arg,
-                               str(tmp_path / f"{i}.json")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    run_two_processes(WORKER, json.dumps([prompts, seeds, temps]), tmp_path, ROOT)
 
     mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
     params = jax.device_put(jax.device_get(models.init_params(mc, jax.random.key(1), mesh)), jax.devices()[0])
