@@ -74,7 +74,7 @@ def _policy(spec: str, max_tokens: int):
 
         config, params, tok = tiny_model("qwen3_5", 0)
         return LocalChatModel(config, params, tok, max_tokens=max_tokens)
-    from mimesis_jax.serve.server import load_chat_model
+    from mimesis_jax.chat.loading import load_chat_model
     return load_chat_model(spec, max_tokens=max_tokens)
 
 

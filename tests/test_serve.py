@@ -156,7 +156,7 @@ def test_bad_json_and_unknown_route(server):
 
 
 def _feed(det, tokens, finish):
-    from mimesis_jax.serve.openai_api import TokenEvent
+    from mimesis_jax.chat.stream import TokenEvent
 
     deltas, ids = [], []
     for i, t in enumerate(tokens):
@@ -172,7 +172,7 @@ def _feed(det, tokens, finish):
 def test_detokenizer_stop_strings_stop_token_and_partial_characters():
     """Streamed deltas add up to the final text and never show what a stop string later cuts, nor a partial
     character; the references are plain string operations on the tokenizer's full decode."""
-    from mimesis_jax.serve.openai_api import Detokenizer
+    from mimesis_jax.chat.stream import Detokenizer
 
     tok = load_tokenizer("tiny")
     stop_ids = (tok.im_end_id, tok.eos_id)

@@ -107,7 +107,7 @@ def run(tiny, tmp_path_factory):
 
 
 def test_serve_and_rollout_use_the_exported_tokenizer(tiny, run):
-    from mimesis_jax.serve.server import load_chat_model
+    from mimesis_jax.chat.loading import load_chat_model
     from mimesis_jax.chat.specs import ModelSpec, local_model
 
     wd, out = run
@@ -128,7 +128,7 @@ def test_serve_and_rollout_use_the_exported_tokenizer(tiny, run):
 
 
 def test_an_old_export_with_only_tokenizer_model_is_read_as_sentencepiece(tiny, run, tmp_path):
-    from mimesis_jax.serve.server import dir_tokenizer_spec, load_chat_model
+    from mimesis_jax.chat.loading import dir_tokenizer_spec, load_chat_model
 
     old = str(tmp_path / "old")
     os.makedirs(old)
@@ -147,7 +147,7 @@ def other_sp(tmp_path_factory):
 
 
 def test_a_tokenizer_with_other_ids_is_a_named_error(run, other_sp, tiny):
-    from mimesis_jax.serve.server import load_chat_model
+    from mimesis_jax.chat.loading import load_chat_model
 
     wd, out = run
     other = load_tokenizer(other_sp)
@@ -163,7 +163,7 @@ def test_a_tokenizer_with_other_ids_is_a_named_error(run, other_sp, tiny):
 
 
 def test_too_many_ids_is_a_named_error(tmp_path, other_sp):
-    from mimesis_jax.serve.server import load_chat_model
+    from mimesis_jax.chat.loading import load_chat_model
 
     config = ModelConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=8)

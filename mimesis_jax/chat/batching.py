@@ -18,7 +18,7 @@ import numpy as np
 from mimesis_jax.chat.base import ChatModel, ChatResponse
 from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.inference.protocol import derive_seed
-from mimesis_jax.serve.openai_api import Detokenizer, SamplingParams, TokenEvent
+from mimesis_jax.chat.stream import Detokenizer, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)
 

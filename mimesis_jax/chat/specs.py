@@ -25,7 +25,7 @@ from mimesis_jax.chat.base import ChatModel, SimulatorAsResponder
 from mimesis_jax.chat.batching import BatchedChatModel
 from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.chat.remote import OpenAIChatModel, RemoteCompletionsAgent
-from mimesis_jax.serve.server import load_chat_model
+from mimesis_jax.chat.loading import load_chat_model
 
 
 @dataclasses.dataclass

@@ -15,7 +15,8 @@ import os
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.inference.engine import EngineConfig
-from mimesis_jax.serve.server import ChatServer, load_chat_model
+from mimesis_jax.chat.loading import load_chat_model
+from mimesis_jax.serve.server import ChatServer
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
