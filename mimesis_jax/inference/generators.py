@@ -6,7 +6,8 @@
   dialogue key, so the next turn of a dialogue prefills only its new tokens; continuous batching.
 
 Same seeds give the same tokens on both (tests/test_generators.py). A generator on a mesh places the weights it is
-given as `models.shard_params` lays them out on that mesh (no copy when they already are).
+given as `models.shard_params` lays them out on that mesh (no copy when they already are), once, in `set_params`:
+the sampler and the engine's programs then take them as placed, call after call.
 """
 
 from __future__ import annotations
