@@ -4,6 +4,7 @@ SeedSequence of (generator seed, call count, index)), the same call after a weig
 bookkeeping (pages freed by `release`, dropped by `set_params`)."""
 
 import functools
+import threading
 
 import jax
 import numpy as np
@@ -15,7 +16,7 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.engine import EngineConfig
 from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
-from mimesis_jax.inference.protocol import Generator, Sampling
+from mimesis_jax.inference.protocol import Generator, Sample, Sampling
 from mimesis_jax.models.config import ModelConfig
 from test_sampler import QWEN3  # noqa: E402  (the sampler tests' tiny model)
 
@@ -123,3 +124,28 @@ def test_a_chat_model_over_a_given_generator_passes_keys_and_follows_its_weights
     model.set_params(p2, version=2)
     assert model.version == 2 and model.params is gen.params and not gen.engine.pool.dialogues
     model.release(["d"])  # released after new weights: nothing left, nothing fails
+
+
+def test_the_engine_generator_derives_its_seeds_under_the_engines_lock(monkeypatch):
+    """One lock: the call counter and seeds move under RolloutEngine.lock, the lock every engine call (and the
+    server's submissions) takes, not under a second lock of the generator's own."""
+    config, p1, _ = _model()
+    gen = EngineGenerator(config, p1, EC, stop_ids=STOPS)
+    lock, held, columns = gen.engine.lock, [], gen._columns
+
+    def taken_elsewhere():  # from another thread: is the engine's lock held (by the generating thread)?
+        free = lock.acquire(blocking=False)
+        if free:
+            lock.release()
+        held.append(not free)
+
+    def watched(sampling, n):
+        t = threading.Thread(target=taken_elsewhere)
+        t.start()
+        t.join()
+        return columns(sampling, n)
+    monkeypatch.setattr(gen, "_columns", watched)
+    monkeypatch.setattr(gen.engine, "generate_tokens",
+                        lambda prompts, **kw: [Sample([1], [0.0], "stop", len(p)) for p in prompts])
+    gen.generate([[3, 4], [5]], Sampling(max_tokens=2))
+    assert held == [True]

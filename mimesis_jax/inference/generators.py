@@ -12,7 +12,6 @@ the sampler and the engine's programs then take them as placed, call after call.
 
 from __future__ import annotations
 
-import threading
 from typing import Sequence
 
 from mimesis_jax.inference import sampler
@@ -71,7 +70,8 @@ class EngineGenerator(_Seeded):
     """The rollout engine over (config, params): `engine_config` sizes its slots and pools (EngineConfig), `mesh`
     shards its weights, pages and state slots (docs/engine.md, "On a mesh"). `set_params` drops every cached
     dialogue: their keys/values were computed with the old weights. Calls from several threads run one at a
-    time (the engine's lock); `engine` is the RolloutEngine itself (the server submits to it directly)."""
+    time under the engine's one lock (`RolloutEngine.lock`, held around the seeds and the call); `engine` is the
+    RolloutEngine itself (the server submits to it directly)."""
 
     def __init__(self, config, params, engine_config: EngineConfig | None = None, *, stop_ids: Sequence[int],
                  seed: int = 0, mesh=None, decode_attention=None, version: int = 0):
@@ -79,20 +79,19 @@ class EngineGenerator(_Seeded):
         self.config = config
         self.engine = RolloutEngine(config, params, engine_config, stop_ids=stop_ids, seed=seed,
                                     decode_attention=decode_attention, mesh=mesh)
-        self._lock = threading.RLock()
 
     @property
     def params(self):
         return self.engine.params
 
     def set_params(self, params, version: int) -> None:
-        with self._lock:
+        with self.engine.lock:
             self.engine.release_all()
             self.engine.params = params
             self.version = version
 
     def generate(self, prompts, sampling, *, keys=None, cancel=None) -> list[Sample]:
-        with self._lock:  # the call counter and the engine move together
+        with self.engine.lock:  # the call counter and the engine move together
             c = self._columns(sampling, len(prompts))
             return self._stamped(self.engine.generate_tokens(
                 prompts, keys=keys, max_tokens=c["max_tokens"], temperature=c["temperature"], top_p=c["top_p"],
