@@ -17,19 +17,19 @@ from typing import Sequence
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.engine import RolloutEngine
 from mimesis_jax.inference.engine_requests import EngineConfig
-from mimesis_jax.inference.protocol import Generator, Sample, Sampling, derive_seed, per_request
+from mimesis_jax.inference.protocol import Generator, Sample, Sampling, per_request, request_seeds
 from mimesis_jax.models import shard_params
 
 
 class _Seeded(Generator):
-    """Per-request seeds: a request without one gets derive_seed(seed, call count, index)."""
+    """Per-request seeds: the protocol's rule (`request_seeds`) over this generator's seed and call count."""
 
     def __init__(self, seed: int, version: int):
         self.seed, self.version, self._calls = seed, version, 0
 
     def _columns(self, sampling, n: int) -> dict:
         reqs = per_request(sampling, n)
-        seeds = [s.seed if s.seed is not None else derive_seed(self.seed, self._calls, i) for i, s in enumerate(reqs)]
+        seeds = request_seeds(reqs, self.seed, self._calls)
         self._calls += 1
         return dict(max_tokens=[s.max_tokens for s in reqs], temperature=[s.temperature for s in reqs],
                     top_p=[s.top_p for s in reqs], top_k=[s.top_k for s in reqs], seed=seeds)
