@@ -1,9 +1,11 @@
 """The off-policy correction of asynchronous RL (issue #44 item 4; docs/stage2.md "Off-policy correction"): the
 decoupled objective's formulas (grpo.behaviour_weight, grpo.decoupled_grpo_loss) against NumPy written from the
 formulas, its identity case (behaviour = proximal gives exactly Eq 6), the behaviour log-probs in the packed batch,
-a tiny RLStep update against a reference loss computed by hand, and the config checks of rl.behavior_is_cap."""
+a tiny RLStep update against a reference loss computed by hand, the config checks of rl.behavior_is_cap, and one
+step of the RL loop (train/rl/learner.py) logging the gap to the step-start policy."""
 
 import copy
+import os
 
 import jax
 import jax.numpy as jnp
@@ -11,12 +13,14 @@ import numpy as np
 import optax
 import pytest
 
-from rl_helpers import random_batch, scaled_params, tiny_config
+from rl_helpers import ScriptedDraws, random_batch, scaled_params, tiny_config
 from mimesis_jax.algorithms import csd, grpo, rl_batch
 from mimesis_jax.errors import ConfigError
+from mimesis_jax.train.rl import agent as A, learner as L
 from mimesis_jax.train.rl.step import RLConfig, make_rl_step, prepare_batch
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------------------------ NumPy, from the formulas
@@ -206,3 +210,52 @@ def test_step_update_matches_a_hand_computed_loss(trajectories):
     assert float(m["csd_loss"]) == pytest.approx(l_csd, rel=2e-5)
     assert float(m["behav_logp_gap"]) == pytest.approx(np.mean(np.abs(prox - behav)), rel=1e-5)
     assert float(m["behav_capped_frac"]) == capped.sum() / n
+
+
+# ------------------------------------------------------------------------------------------------- the loop
+class _ScriptedStage(ScriptedDraws, L.RLLearner):
+    """One step of 2 groups of 2 fixed random dialogues, whose rollout log-probs are the step-start policy's
+    (csd.score, at the step's parameters before any update) + N(0, 0.6) noise; `prox` keeps the former."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.prox, self.seen_groups = [], []
+
+    def rollouts(self, model, items, *, group_size, first_group, first_rid, **kw):
+        rng = np.random.RandomState(self.drawn)
+        groups = [random_batch(first_rid + i, 60, (2,) * group_size, coach_prob=0.0) for i in range(len(items))]
+        run = self.run_state
+        for i, g in enumerate(groups):
+            for k, tr in enumerate(g):
+                tr.group_id, tr.rollout_id = first_group + i, first_rid + i * group_size + k
+            scored = csd.score(run.step_fn.config, run.state["params"], g, mesh=run.mesh, row_len=64)
+            self.prox.append([np.concatenate([s for s, _ in turns]) for turns in scored])
+            for tr, turns in zip(g, scored):
+                for a, (s, _) in zip(tr.agent_indices(), turns):
+                    tr.segments[a].logprobs = (s + rng.randn(len(s)) * 0.6).tolist()
+        self.seen_groups = groups
+        return groups
+
+
+def test_loop_logs_the_gap_to_the_step_start_policy(tmp_path):
+    """Two updates in one step (mini-batches of one group): both measure the gap against the proximal log-probs of
+    the parameters at the step's start (the second update does not re-score with the first one's result), and the
+    step logs the mean of the two updates' gaps and capped fractions."""
+    cap = 1.5
+    cfg = A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo",
+                 ["train.progress_bar=false", "train.tensorboard=false", "train.steps=1", "rollout.prompts_per_step=2",
+                  "rollout.group_size=2", "rollout.mini_batch_prompts=1", "rollout.row_len=64",
+                  "checkpoint.async_save=false", "rl.old_logprobs=recompute", f"rl.behavior_is_cap={cap}"])
+    stage = _ScriptedStage(cfg, str(tmp_path), handle_signals=False, log=lambda *a: None)
+    rec = stage.run().metrics[1]
+    assert rec["updates"] == 2
+    behav = [[np.concatenate([tr.segments[a].logprobs for a in tr.agent_indices()]) for tr in g]
+             for g in stage.seen_groups]
+    gaps, capped = [], []
+    for p, b in zip(stage.prox, behav):
+        p, b = np.concatenate(p), np.concatenate(b)
+        gaps.append(np.mean(np.abs(p - b)))
+        capped.append(np.mean(np.exp(np.float64(p) - b) > cap))
+    assert 0 < np.mean(capped) < 1
+    assert rec["behav_logp_gap"] == pytest.approx(np.mean(gaps), rel=1e-5)
+    assert rec["behav_capped_frac"] == pytest.approx(np.mean(capped), rel=1e-6)
