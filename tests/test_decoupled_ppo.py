@@ -259,3 +259,18 @@ def test_loop_logs_the_gap_to_the_step_start_policy(tmp_path):
     assert 0 < np.mean(capped) < 1
     assert rec["behav_logp_gap"] == pytest.approx(np.mean(gaps), rel=1e-5)
     assert rec["behav_capped_frac"] == pytest.approx(np.mean(capped), rel=1e-6)
+
+
+def test_planner_compiles_the_update_with_the_switch_on():
+    """`plan` and `rehearse` compile the update on the planner's batch: with the switch on it carries behav_logp (the
+    update would refuse a batch without it), and the plan's peak still holds the compiled program."""
+    from mimesis_jax.plan import budget, devices, workload
+    from mimesis_jax.plan.compiled import QUICK, rl_batch_shapes, rl_step_memory, within
+
+    cfg = workload.load_run_config("configs/tiny_agentrl.py:grpo",
+                                   ["rl.old_logprobs=recompute", "rl.behavior_is_cap=2.0"])
+    w = workload.workload_from_config(cfg, {"data": 1, "fsdp": 8, "tensor": 1}, workload.runtime_model(cfg))
+    assert rl_batch_shapes(w, True)[rl_batch.BEHAV_KEY] == rl_batch_shapes(w)["old_logp"]
+    planned = budget.plan(w, devices.DEVICES["cpu"]).train_peak
+    compiled = rl_step_memory(w, cfg.rl, QUICK)
+    assert within(planned, compiled), (planned, compiled)
