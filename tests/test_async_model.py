@@ -43,6 +43,7 @@ def test_sync_by_hand():
     assert r.staleness_tokens == {0: 210} and r.staleness_max == 0
     assert r.groups_per_hour == pytest.approx(3 * 3600 / 15.6)
     assert r.tokens_per_hour == pytest.approx(210 * 3600 / 15.6)
+    assert r.rollout_tok_dev_s == pytest.approx(210 / (15.6 * 2))
 
 
 def test_async_by_hand_with_an_in_flight_update():
@@ -62,6 +63,7 @@ def test_async_by_hand_with_an_in_flight_update():
     # 60 tokens of version 1 and B2's last 10 of version 2
     assert r.staleness_tokens == {0: 80, 1: 130}
     assert r.staleness_mean == pytest.approx(130 / 210) and r.staleness_max == 1
+    assert r.rollout_tok_dev_s == pytest.approx(210 / 11.7)  # one rollout device
 
 
 def test_decode_steps_grow_with_the_batch_context_and_prefills_queue():

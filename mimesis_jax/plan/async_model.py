@@ -150,6 +150,7 @@ class Projection:
     window_s: float
     groups_per_hour: float
     tokens_per_hour: float  # agent (trained) tokens
+    rollout_tok_dev_s: float  # those tokens per second per rollout device (sync: per device)
     rollout_busy: float
     trainer_busy: float
     sync_fraction: float
@@ -544,6 +545,7 @@ def simulate(w: Workload, p: Programs, s: Schedule, plans: list[list[DialoguePla
     rollout_busy = (sum(_covered(r.intervals, lo, hi) for r in sim.replicas) / (len(sim.replicas) * window))
     return Projection(schedule=s, step_end_s=sim.step_end, window_s=window,
                       groups_per_hour=len(counted) * 3600.0 / window, tokens_per_hour=tokens * 3600.0 / window,
+                      rollout_tok_dev_s=tokens / (window * len(sim.replicas) * p.replica_devices),
                       rollout_busy=rollout_busy, trainer_busy=_covered(sim.update_intervals, lo, hi) / window,
                       sync_fraction=_covered(sim.sync_intervals, lo, hi) / window,
                       staleness_mean=sum(st * n for st, n in hist.items()) / total if total else 0.0,
