@@ -43,9 +43,10 @@ WHY = {
                      "147 KB per token holds 128 dialogues of ~7K tokens)",
     "decode_bw_eff": "decode reads weights and KV at this share of the HBM bandwidth",
     "prefill_mfu": "prefill runs at this share of the bf16 peak",
-    "train_mfu": "the update runs at this share of the bf16 peak (this project measured 19.8% for a 1B model on "
-                 "an H200: docs/benchmarks.md)",
-    "csd_factor": "fused CSD update / GRPO update (measured 1.191x on an H200 at 8 turns: docs/benchmarks.md)",
+    "train_mfu": "the update runs at this share of the bf16 peak (the project's own MFU, of a 1B model: "
+                 "docs/benchmarks.md, On an accelerator)",
+    "csd_factor": "fused CSD update / GRPO update (the H200 figure at 8 turns: docs/benchmarks.md, On an "
+                  "accelerator)",
     "sync_s": "one weight sync trainer -> rollout pool (16.4 GB of bf16 weights; both pools wait)",
 }
 
