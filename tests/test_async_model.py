@@ -46,6 +46,15 @@ def test_sync_by_hand():
     assert r.rollout_tok_dev_s == pytest.approx(210 / (15.6 * 2))
 
 
+def test_rounds_by_hand():
+    r = simulate(ONE_GROUP, TWO_DEVICES, Schedule("rounds"), [[A, B]] * 3, warmup_steps=0)
+    # round 0: A 0-1.0 s, B 0-3.0 (A waits for B); round 1 from 3.0: A 3.0-5.0, B 3.0-4.0. Coach 5.0-5.5, update
+    # 0.7 s -> 6.2. Replica 0 (A) decodes 1.0 + 2.0 s a step, replica 1 (B) 3.0 + 1.0.
+    assert r.step_end_s == pytest.approx([6.2, 12.4, 18.6])
+    assert r.rollout_busy == pytest.approx((3.0 + 4.0) / 2 * 3 / 18.6)
+    assert r.staleness_tokens == {0: 210}
+
+
 def test_async_by_hand_with_an_in_flight_update():
     r = simulate(ONE_GROUP, TWO_DEVICES, Schedule("async", rollout_devices=1, max_staleness=1), [[A, B]] * 3,
                  warmup_steps=0)
@@ -101,6 +110,29 @@ def test_staleness_never_exceeds_the_bound_and_nothing_is_dropped(staleness):
         assert r.staleness_max == staleness
 
 
+def test_rounds_wait_for_the_slowest_turn_of_each_round():
+    w, p, plans = _random_case(seed=3, user_median_s=0.0)
+    p = Programs(devices=4, replica_devices=1, replica_slots=4, decode_step_s=0.01, decode_ctx_s=0.0,
+                 prefill_tok_s=math.inf, train_token_s=0.002)
+    r = simulate(w, p, Schedule("rounds"), plans, warmup_steps=0)
+    # a round lasts as long as its longest reply among the dialogues that reach it (x 0.01 s); then the coach phase
+    # and the updates as in the serial sum below
+    expect, t = [], 0.0
+    for k in range(6):
+        groups = plans[4 * k:4 * k + 4]
+        dialogues = [d for g in groups for d in g]
+        rounds = max(len(d.turns) for d in dialogues)
+        rollout = sum(max(d.turns[j].reply_tokens for d in dialogues if len(d.turns) > j) * 0.01
+                      for j in range(rounds))
+        notes = [tp.coach_s for d in dialogues for tp in d.turns[:-1]]
+        update = sum(sum(d.row_tokens for d in g) * 0.002 * 1.19 / 4 for g in groups)
+        t += rollout + (max(notes) if notes else 0.0) + update
+        expect.append(t)
+    np.testing.assert_allclose(r.step_end_s, expect, rtol=1e-9)
+    sync = simulate(w, p, Schedule("sync"), plans, warmup_steps=0)
+    assert sync.step_end_s[-1] < r.step_end_s[-1]
+
+
 def test_sync_without_user_latency_is_the_serial_sum_of_its_phases():
     w, p, plans = _random_case(seed=7, user_median_s=0.0)
     p = Programs(devices=4, replica_devices=1, replica_slots=4, decode_step_s=0.01, decode_ctx_s=0.0,
@@ -125,6 +157,7 @@ def test_sync_without_user_latency_is_the_serial_sum_of_its_phases():
     (Schedule("async", rollout_devices=4, max_staleness=1), "--rollout-devices 4"),
     (Schedule("async", rollout_devices=0, max_staleness=1), "--rollout-devices 0"),
     (Schedule("sync", max_staleness=2), "--max-staleness 2"),
+    (Schedule("rounds", max_staleness=1), "--max-staleness 1"),
     (Schedule("overlap"), "--schedule 'overlap'"),
 ])
 def test_a_schedule_the_model_cannot_run_is_a_one_line_error(schedule, needle):
@@ -151,6 +184,7 @@ def test_projection_script_prints_assumptions_and_ratios():
     assert rc == 0, text
     assert "assumptions:" in text and "user_median_s = 8.0" in text
     assert "| sync |" in text and "| async, rollout.devices=1, max_staleness=2 |" in text
+    assert "| sync in rounds (the learner's loop) |" in text
     assert "best split: rollout.devices=1 of 2" in text
 
 

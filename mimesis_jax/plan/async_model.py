@@ -30,8 +30,9 @@ The two schedules:
 * **sync** (today's `train/rl/learner.py` loop): all devices roll out step k's groups with version k, every
   dialogue to its end; then the coach notes of the step (the learner's coach phase); then the step's updates on
   all devices; version k + 1 is read in place (no weight sync). The dialogues of a step run independently of each
-  other (the learner runs them in rounds, every dialogue's turn k before any turn k + 1, which can only be
-  slower): so the ratio against it is, on that count, a lower bound.
+  other, so a ratio against it is, on that count, a lower bound.
+* **rounds**: sync as the learner runs it (episodes/agent.py `run_episodes`): in rounds, every dialogue of the
+  step still going has its user reply to turn k before any starts turn k + 1.
 * **async**: `rollout_devices` devices roll out, the rest train. Dialogues are admitted continuously while slots
   are free; group i (in admission order) belongs to step i // prompts_per_step and is admitted only once the
   rollout side has version >= i // prompts_per_step - max_staleness, so every token sampled by version v is trained
@@ -116,7 +117,7 @@ class Programs:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    kind: str = "sync"  # "sync" | "async"
+    kind: str = "sync"  # "sync" | "rounds" | "async"
     rollout_devices: int = 0  # async: devices that roll out (the rest train); sync: all devices do both
     max_staleness: int = 0
 
@@ -262,7 +263,9 @@ class _Sim:
 
     def __init__(self, w: Workload, p: Programs, s: Schedule, plans: list[list[DialoguePlan]]):
         self.w, self.p, self.s = w, p, s
-        self.asyn = s.kind == "async"
+        self.asyn, self.rounds = s.kind == "async", s.kind == "rounds"
+        self.waiting: list[list[_Dialogue]] = [[] for _ in range(len(plans) // w.prompts_per_step)]
+        self.live = [w.dialogues_per_step] * (len(plans) // w.prompts_per_step)  # rounds: dialogues not ended
         rollout_devices = s.rollout_devices if self.asyn else p.devices
         self.train_devices = p.devices - s.rollout_devices if self.asyn else p.devices
         self.replicas = [_Replica(i, p.replica_slots) for i in range(rollout_devices // p.replica_devices)]
@@ -382,7 +385,19 @@ class _Sim:
         elif self.w.csd:
             d.deferred.append(tp.coach_s)
         d.turn += 1
-        self.turn_start(d)
+        if self.rounds:
+            step = d.group // self.w.prompts_per_step
+            self.waiting[step].append(d)
+            self.next_round(step)
+        else:
+            self.turn_start(d)
+
+    def next_round(self, step):
+        """rounds: every dialogue of the step still going has its user reply: all start their next turn."""
+        if self.waiting[step] and len(self.waiting[step]) == self.live[step]:
+            batch, self.waiting[step] = self.waiting[step], []
+            for d in batch:
+                self.turn_start(d)
 
     # -- user side ----------------------------------------------------------------------------------------------
     def call(self, latency, then, d):
@@ -416,6 +431,9 @@ class _Sim:
             return
         step = d.group // self.w.prompts_per_step
         self.step_rolled[step] += 1
+        if self.rounds:
+            self.live[step] -= 1
+            self.next_round(step)
         if self.step_rolled[step] < self.w.dialogues_per_step:
             return
         first = step * self.w.prompts_per_step
@@ -499,8 +517,8 @@ def _covered(intervals, lo, hi) -> float:
 
 def check(w: Workload, p: Programs, s: Schedule) -> None:
     """One-line errors naming the setting for a schedule the model cannot run."""
-    if s.kind not in ("sync", "async"):
-        raise ConfigError(f"--schedule {s.kind!r}: expected sync or async")
+    if s.kind not in ("sync", "rounds", "async"):
+        raise ConfigError(f"--schedule {s.kind!r}: expected sync, rounds or async")
     if w.prompts_per_step % w.mini_batch_prompts:
         raise ConfigError(f"rollout.mini_batch_prompts {w.mini_batch_prompts} must divide rollout.prompts_per_step "
                           f"{w.prompts_per_step}")
@@ -509,12 +527,19 @@ def check(w: Workload, p: Programs, s: Schedule) -> None:
                           f"prompt of gyms.max_prompt_tokens {w.max_prompt_tokens}")
     if s.max_staleness < 0:
         raise ConfigError(f"--max-staleness {s.max_staleness}: must be >= 0")
-    if s.kind == "sync" and s.max_staleness:
-        raise ConfigError(f"--max-staleness {s.max_staleness}: the synchronous schedule has none (0)")
+    if s.kind != "async" and s.max_staleness:
+        raise ConfigError(f"--max-staleness {s.max_staleness}: the {s.kind} schedule is synchronous (0)")
     roll = s.rollout_devices if s.kind == "async" else p.devices
     if s.kind == "async" and not 0 < s.rollout_devices < p.devices:
         raise ConfigError(f"--rollout-devices {s.rollout_devices}: the async schedule needs 1 to {p.devices - 1} "
                           f"(the rest of the {p.devices} devices train)")
+    if roll % p.replica_devices:
+        raise ConfigError(f"--rollout-devices {roll}: not a whole number of replicas of --replica-devices "
+                          f"{p.replica_devices}")
+    if s.kind == "rounds" and (roll // p.replica_devices) * p.replica_slots < w.dialogues_per_step:
+        raise ConfigError(f"--replica-slots {p.replica_slots}: the rounds schedule holds a step's "
+                          f"{w.dialogues_per_step} dialogues in flight, {roll // p.replica_devices} replica(s) "
+                          f"hold {(roll // p.replica_devices) * p.replica_slots}")
     if (roll // p.replica_devices) * p.replica_slots < w.group_size:
         raise ConfigError(f"--rollout-devices {roll}: {roll // p.replica_devices} replica(s) of "
                           f"--replica-devices {p.replica_devices} with --replica-slots {p.replica_slots} cannot "
