@@ -245,7 +245,7 @@ def run(args) -> int:
         cfg, mesh = _load(args)
         compiled, processes = args.compiled, args.processes
         local = rollout_axes(cfg, mesh, processes)  # one-line errors: --processes, rollout.mesh
-        text = rollout_mesh_text(cfg)
+        text = rollout_mesh_text(cfg, mesh)
         layout = rollout_layout(text)
         p = plan_config(cfg, mesh, args.device, args.rows)
         if processes > 1 and p.workload.kind == "lm":
@@ -263,7 +263,10 @@ def run(args) -> int:
                 process_programs = _rollout_programs(cfg_p, mesh, local, p, processes, layout)
         error = checked_error(programs + process_programs)
         print(format_plan(p, args.config, error))
-        if layout is not None:
+        if layout is not None and not cfg.rollout.mesh:
+            print(f"  note: rollout.engine: the engine decodes in its replica layout rollout.mesh={text} (its "
+                  "default, config/layout.py engine_layout), as the rollout phase above and below plan it")
+        elif layout is not None:
             print(f"  note: rollout.mesh={text}: the policy decodes in that layout (below), not in the training "
                   "layout of the rollout phase above")
         head = head_padding_text(cfg, p.workload.model, mesh) if p.workload.kind != "lm" else None
