@@ -185,12 +185,13 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
     cfg = workload.load_run_config(PAPER, ["rollout.engine=true", "rollout.max_batch=0"])
     p = budget.plan_config(cfg, mesh, "a100-80g")
     r, model = cfg.rollout, workload.runtime_model(cfg)
-    # the engine runs in its replica layout data=8, fsdp=1, tensor=2 with its own fp32 copy of the weights: every
+    # the engine runs in its replica layout data=8, fsdp=1, tensor=2 with its own copy of the weights, every
     # parameter split over tensor only (Qwen3-8B: its embedding and LM head along the vocabulary, the layers along
-    # heads and MLP; the norms whole), by hand from the widths
+    # heads and MLP; the norms whole): the embedding and the layers' matrices in bf16 (the compute dtype), the
+    # LM head and the norms in fp32, by hand from the widths
     V, D, L, F = 151_936, 4096, 36, 12288
-    layer = (2 * D * D + 2 * D * 1024 + 3 * D * F) // 2 + 2 * 128 + 2 * D
-    assert p.item("engine parameters") == 4 * (2 * V * D // 2 + L * layer + D)
+    matrices, norms = (2 * D * D + 2 * D * 1024 + 3 * D * F) // 2, 2 * 128 + 2 * D
+    assert p.item("engine parameters") == 2 * (V * D // 2 + L * matrices) + 4 * (V * D // 2 + L * norms + D)
     # the pages the config's budget holds per device: one replica's (8 replicas), each device with its share of
     # the KV heads (split over tensor)
     device_page = _kv_page_bytes(model, r.engine_page_size, tensor=mesh["tensor"])

@@ -11,7 +11,8 @@ import math
 from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 from mimesis_jax.plan.devices import GiB, HEADROOM, Device, device_for
-from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, divisor, engine_pool_bytes, head_bytes,
+from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, divisor, engine_param_bytes, engine_pool_bytes,
+                                     head_bytes,
                                      kv_head_split, layer_residuals, layer_weight_bytes, optimizer_bytes, param_bytes,
                                      prefill_bytes, saved_bytes, table_bytes, vocab_layout, widths)
 from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
@@ -270,12 +271,12 @@ def _engine_rollout(w: Workload, add) -> int:
     m = w.model
     e, lay = w.engine, engine_mesh(w.mesh)
     own = not _same_layout(lay, w.mesh)
-    ep = add("rollout", "engine parameters", param_bytes(m, lay) if own else 0,
+    ep = add("rollout", "engine parameters", engine_param_bytes(m, lay, cast_only=not own),
              f"the engine's copy of the parameters in its replica layout {_axes_text(lay)} (the tensor split "
-             "kept, replicated over the replicas): resharded from the training layout at every policy update "
-             "(inference/weight_sync.py, the training dtype)" if own else
-             "none beyond the parameters: the training arrays are already laid out as the engine's replicas "
-             "take them (replicated over the replicas, split over tensor)")
+             "kept, replicated over the replicas; the matrices in the compute dtype, models.compute_cast_mask): "
+             "resharded from the training layout at every policy update (inference/weight_sync.py)" if own else
+             "the training arrays are already laid out as the engine's replicas take them: only the matrices "
+             "cast to a narrower compute dtype are copied (models.compute_cast_mask; none in float32)")
     pool = add("rollout", "engine pool", engine_pool_bytes(m, lay, e.num_pages, e.page_size, e.num_states),
                f"{e.num_pages} KV pages x {e.page_size} tokens (full-attention layers, compute dtype)"
                + (f" + {e.num_states} state slots" if e.state_bytes else "")
@@ -400,7 +401,7 @@ def engine_decode_peak(w: Workload) -> int:
 def _engine_resident(w: Workload) -> int:
     """The engine programs' arguments per device: its parameters (in `engine_mesh`) and its pool."""
     m, e, lay = w.model, w.engine, engine_mesh(w.mesh)
-    return param_bytes(m, lay) + engine_pool_bytes(m, lay, e.num_pages, e.page_size, e.num_states)
+    return engine_param_bytes(m, lay) + engine_pool_bytes(m, lay, e.num_pages, e.page_size, e.num_states)
 
 
 def scoring_peak(w: Workload) -> int:

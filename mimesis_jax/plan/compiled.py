@@ -50,9 +50,10 @@ from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BEHAV_KEY, BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.inference.weight_sync import WeightSync
-from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.plan.budget import engine_decode_peak, engine_mesh, engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
+from mimesis_jax.plan.memory import engine_dtype_bytes
 from mimesis_jax.plan.normalization import (  # noqa: F401  (plan.compiled's names for them, as before)
     Normalization, normalization_split, split_compile, splits, without_persistent_cache)
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
@@ -274,7 +275,11 @@ def _engine_inputs(w: Workload):
     R = replica_count(mesh, m)
     shapes = jax.eval_shape(lambda: init(m, R * ec.num_pages, ec.page_size, R * ec.states))
     cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes, replicas=True), shapes, m))
-    return ec, mesh, abstract(models.abstract_params(m), models.param_shardings(m, mesh)), cache, R
+    params = abstract(models.abstract_params(m), models.param_shardings(m, mesh))
+    narrow = DTYPES[m.dtype] if engine_dtype_bytes(m) < DTYPES[m.param_dtype].dtype.itemsize else None
+    params = jax.tree.map(lambda x, cast: jax.ShapeDtypeStruct(x.shape, narrow, sharding=x.sharding)
+                          if cast and narrow else x, params, models.compute_cast_mask(m))
+    return ec, mesh, params, cache, R
 
 
 def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:

@@ -113,7 +113,7 @@ def host_params(params):
     return multihost_utils.process_allgather(params, tiled=True)
 
 
-def rollout_params(config, params, mesh: Mesh | None, rollout=None):
+def rollout_params(config, params, mesh: Mesh | None, rollout=None, dtype=None):
     """The parameters the sampler uses, placed on `rollout_mesh(mesh, rollout)` as `models.shard_params` lays them
     out.
 
@@ -124,20 +124,23 @@ def rollout_params(config, params, mesh: Mesh | None, rollout=None):
     (inference/weight_sync.py: every process calls it; no host copy, no device holds more than its shards) --
     every device of every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on
     the mesh", "Rollout layout"). Without a mesh (several processes): the host-gathered copy on this process's
-    first device."""
+    first device.
+
+    dtype: with a weight sync, the copy's matrices in that dtype (WeightSync(exact=True): the parameters the
+    forward casts to it anyway, so the samples are unchanged); None keeps the training dtype."""
     layout = layout_of(rollout, mesh)
     if mesh is not None and layout is not None:
-        return _weight_sync(config, mesh, tuple(layout.items()))(params)
+        return _weight_sync(config, mesh, tuple(layout.items()), dtype)(params)
     if jax.process_count() == 1:
         return params
     if mesh is None:
         return jax.device_put(host_params(params), jax.local_devices()[0])
-    return _weight_sync(config, mesh)(params)
+    return _weight_sync(config, mesh, (), dtype)(params)
 
 
 @functools.lru_cache(maxsize=4)
-def _weight_sync(config, mesh: Mesh, layout: tuple = ()) -> WeightSync:
-    return WeightSync(config, mesh, layout=dict(layout) or None)
+def _weight_sync(config, mesh: Mesh, layout: tuple = (), dtype=None) -> WeightSync:
+    return WeightSync(config, mesh, layout=dict(layout) or None, dtype=dtype, exact=dtype is not None)
 
 
 def step_array(step: int, mesh):
