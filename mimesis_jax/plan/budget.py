@@ -436,10 +436,22 @@ def plan_config(cfg, mesh: dict, device: str, rows: int | None = None) -> Plan:
 
 
 def process_rollout_peak(global_plan: Plan, local_plan: Plan) -> int:
-    """Per-device bytes of the rollout phase on one of several jax.distributed processes: the training state each
-    device keeps (parameters and optimizer state, on the global mesh) + that process's rollout program on its own
-    sub-mesh -- its copy of the parameters (distributed.rollout_params: gathered to the host, sharded over its
-    devices) and the sampler's caches or the engine's pool. local_plan: the plan of workload.process_config on
-    workload.process_mesh."""
-    return (global_plan.item("parameters") + global_plan.item("optimizer state") + local_plan.rollout_peak
-            - local_plan.item("optimizer state"))
+    """Per-device bytes of the rollout phase on one of several jax.distributed processes, or in a rollout layout:
+    the training state each device keeps (parameters and optimizer state, on the global mesh) + that process's
+    rollout program on its own devices (`rollout_copy` + the sampler's caches or the engine's pool and programs).
+    local_plan: the plan of workload.process_config on workload.rollout_axes."""
+    local_rollout = local_plan.rollout_peak - local_plan.item("optimizer state") - local_plan.item("parameters")
+    local_rollout -= local_plan.item("engine parameters")
+    return (global_plan.item("parameters") + global_plan.item("optimizer state") + rollout_copy(local_plan)
+            + local_rollout)
+
+
+def rollout_copy(local_plan: Plan) -> int:
+    """Per-device bytes of a process's (or a rollout layout's) own copy of the parameters, of the plan of its
+    rollout on its own devices: the static sampler's, its parameters as the training dtype holds them (the
+    weight sync, distributed.rollout_params); the engine's, its copy with the matrices in the compute dtype
+    (`memory.engine_param_bytes`)."""
+    w = local_plan.workload
+    if w.engine is not None:
+        return engine_param_bytes(w.model, engine_mesh(w.mesh))
+    return local_plan.item("parameters")
