@@ -28,10 +28,11 @@ Chosen here (the paper is silent):
   x 8 each holds its own parameter copy too: 9B then needs `--set rollout.max_batch=128` (`plan --processes 2`:
   79.6 GiB with 256, 49.6 with 128).
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine on the training mesh instead: one data-parallel
-  replica per data x fsdp block (8, each owning its 64 rollouts' pages and state slots, heads split over
-  tensor=2), its pool capped at `rollout.engine_memory_gib` = 16 GiB per device (uncapped: 512 rollouts x 16,384
-  tokens + their state slots, 281 GiB for 9B); `plan`: rollout peak 32.5 GiB for 9B (41.4 on 2 processes x 8).
+  rollout.max_batch=0` samples through the rollout engine instead, in its replica layout (data=8, fsdp=1,
+  tensor=2: one data-parallel replica per tensor pair, each owning its 64 rollouts' pages and state slots, heads
+  split over tensor=2, with its own copy of the weights synced after every update), its pool capped at
+  `rollout.engine_memory_gib` = 16 GiB per device (uncapped: 512 rollouts x 16,384 tokens + their state slots,
+  281 GiB for 9B); `plan`: rollout peak 48.3 GiB for 9B (its weight copy 9.3 GiB; the same on 2 processes x 8).
   Each replica holds 81 state slots (one per rollout) and 921k tokens, 14,394 per rollout in flight (a step
   whose rollouts outgrow that evicts, counted in engine/evictions);
   the engine samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode

@@ -30,12 +30,13 @@ Choices where the paper is silent (this project's):
   processes x 8 each calls with 128 (`plan --processes 2`: 52.8 GiB, its own parameter copy included). The
   update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
 * the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine instead, on the training mesh: one data-parallel
-  replica per fsdp device (8, each owning its 128 dialogues' pages, heads split over tensor=2), its pool capped
-  at `rollout.engine_memory_gib` = 16 GiB per device (the uncapped rule, 1,024 dialogues x 9,344 tokens, asks
-  1,314 GiB); `plan` then counts 16 GiB of pool per device and a decode burst's page copy (10.3 GiB), next to
-  the training state: rollout peak 32.0 of 76 usable GiB (35.8 on 2 processes x 8, each with its own parameter
-  copy: `plan --processes 2`). The replicas hold 1.86M tokens, 1,820 per dialogue in flight (a step whose
+  rollout.max_batch=0` samples through the rollout engine instead, in its replica layout (data=8, fsdp=1,
+  tensor=2 over the 16 devices: one data-parallel replica per tensor pair, each owning its 128 dialogues' pages,
+  heads split over tensor=2, with its own copy of the weights synced after every update), its pool capped at
+  `rollout.engine_memory_gib` = 16 GiB per device (the uncapped rule, 1,024 dialogues x 9,344 tokens, asks
+  1,314 GiB); `plan` then counts the engine's weight copy (8.2 GiB, matrices in bf16), 16 GiB of pool per
+  device and a decode burst (its page copy and the layers' weight slices, 16.8 GiB), next to the training
+  state: rollout peak 46.7 of 76 usable GiB (the same per device on 2 processes x 8: `plan --processes 2`). The replicas hold 1.86M tokens, 1,820 per dialogue in flight (a step whose
   dialogues outgrow that evicts, counted in engine/evictions) -- the static sampler is the paper setting;
   the engine samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode
   loop's) on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md);

@@ -184,11 +184,16 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
     mesh = {"data": 1, "fsdp": 8, "tensor": 2}
     cfg = workload.load_run_config(PAPER, ["rollout.engine=true", "rollout.max_batch=0"])
     p = budget.plan_config(cfg, mesh, "a100-80g")
-    # on the training mesh the engine samples with the learner's parameter arrays: no copy of its own
-    assert p.item("engine parameters") == 0
-    # the pages the config's budget holds per device: one replica's (8 replicas over fsdp), each device with its
-    # share of the KV heads (split over tensor)
     r, model = cfg.rollout, workload.runtime_model(cfg)
+    # the engine runs in its replica layout data=8, fsdp=1, tensor=2 with its own copy of the weights, every
+    # parameter split over tensor only (Qwen3-8B: its embedding and LM head along the vocabulary, the layers along
+    # heads and MLP; the norms whole): the embedding and the layers' matrices in bf16 (the compute dtype), the
+    # LM head and the norms in fp32, by hand from the widths
+    V, D, L, F = 151_936, 4096, 36, 12288
+    matrices, norms = (2 * D * D + 2 * D * 1024 + 3 * D * F) // 2, 2 * 128 + 2 * D
+    assert p.item("engine parameters") == 2 * (V * D // 2 + L * matrices) + 4 * (V * D // 2 + L * norms + D)
+    # the pages the config's budget holds per device: one replica's (8 replicas), each device with its share of
+    # the KV heads (split over tensor)
     device_page = _kv_page_bytes(model, r.engine_page_size, tensor=mesh["tensor"])
     pages = int(r.engine_memory_gib * GiB) // device_page
     assert p.item("engine pool") == pages * device_page

@@ -41,7 +41,7 @@ F32 = ["train.dtype=float32"]
 SCRIPT = r"""
 import json
 from mimesis_jax.plan import workload
-from mimesis_jax.plan.budget import engine_prefill_peak, plan
+from mimesis_jax.plan.budget import engine_decode_peak, engine_mesh, engine_prefill_peak, plan
 from mimesis_jax.plan.compiled import QUICK, engine_decode_memory, engine_prefill_memory, program_memory
 from mimesis_jax.plan.devices import device_for
 out = []
@@ -51,13 +51,12 @@ for name, sampler in (("qwen3_8b_agentrl.py:grpo", True), ("qwen3_8b_agentrl.py:
     for p in program_memory(cfg, dict(cfg.mesh.axes()), "a100-80g", largest_only=True, sampler=sampler,
                             options=QUICK):
         out.append([name, p.name, p.planned, p.compiled])
-# the Stage II GRPO config on the rollout engine (rollout.engine=true): its decode burst on the training mesh
+# the Stage II GRPO config on the rollout engine (rollout.engine=true): its decode burst and largest prefill in the
+# engine's replica layout (data=8, fsdp=1, tensor=2 over the 16 devices)
 cfg = workload.load_run_config("configs/qwen3_8b_agentrl.py:grpo",
                                ["train.dtype=float32", "rollout.engine=true", "rollout.max_batch=0"])
 w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
-p = plan(w, device_for("a100-80g", w.num_devices))
-planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine pool", "engine programs"))
-out.append(["qwen3_8b_agentrl.py:grpo engine", "engine decode", planned, engine_decode_memory(w, QUICK)])
+out.append(["qwen3_8b_agentrl.py:grpo engine", "engine decode", engine_decode_peak(w), engine_decode_memory(w, QUICK)])
 out.append(["qwen3_8b_agentrl.py:grpo engine", "engine prefill", engine_prefill_peak(w),
             engine_prefill_memory(w, QUICK)])
 # the engine pool's per-device bytes as the engine's own shardings cut it (inference/page_pool.py), Qwen3 and Qwen3.5
@@ -71,7 +70,8 @@ for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_simrl.py:9b"):
     ec, m = w.engine.engine_config(), w.model
     shapes = jax.eval_shape(lambda: models.family(m, "paged").init_paged_cache(m, ec.num_pages, ec.page_size,
                                                                              ec.states))
-    sh = sharding.tree_shardings(sharding.make_mesh(dict(cfg.mesh.axes())), paged_cache.pool_axes(shapes), shapes, m)
+    lay = engine_mesh(dict(cfg.mesh.axes()))  # the engine's replica layout
+    sh = sharding.tree_shardings(sharding.make_mesh(lay), paged_cache.pool_axes(shapes), shapes, m)
     shard = sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize for x, s in
                 zip(jax.tree.leaves(shapes), jax.tree.leaves(sh)))
     out.append([name + " engine", "engine pool", plan(w, device_for("a100-80g", 16)).item("engine pool"), shard])
@@ -103,19 +103,9 @@ def test_paper_rl_programs_are_the_loops_on_their_16_device_mesh(rl_programs):
                                  ("mimesis_simrl.py:9b engine", "engine pool")]
 
 
-# the rollout engine's data-parallel replicas (inference/engine_programs.py) take the weights replicated over the
-# batch axes (a tensor-parallel copy per device, gathered at each program's start from the learner's fsdp layout),
-# and each replica decodes its own 16 slots; plan/budget.py `_engine_rollout` does not count that layout yet
-# (docs/engine.md, "Plan.")
-ENGINE_REPLICAS_UNPLANNED = pytest.mark.xfail(strict=True, reason="the planner does not count the engine's "
-                                              "replica layout yet (issue #43 items 3-4)")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd", "mimesis_simrl.py:4b",
-                                    "mimesis_simrl.py:9b",
-                                    pytest.param("qwen3_8b_agentrl.py:grpo engine",
-                                                 marks=ENGINE_REPLICAS_UNPLANNED)])
+                                    "mimesis_simrl.py:9b", "qwen3_8b_agentrl.py:grpo engine"])
 def test_paper_rl_programs_match_the_plan(rl_programs, config):
     got = {n: v for (c, n), v in rl_programs.items() if c == config}
     assert got and all(within(*v, TOLERANCE) for v in got.values()), got
@@ -140,7 +130,7 @@ def test_engine_pool_is_planned_as_the_engine_shards_it(rl_programs):
 BF16_SCRIPT = r"""
 import glob, json, math, tempfile
 from mimesis_jax.plan import workload
-from mimesis_jax.plan.budget import engine_prefill_peak, plan, scoring_peak
+from mimesis_jax.plan.budget import engine_decode_peak, engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.compiled import (QUICK, engine_decode_memory, engine_prefill_memory, lm_step_memory,
                                        normalization_split, without_persistent_cache,
                                        program_workloads, rl_step_memory, sampler_memory, scoring_memory)
@@ -196,8 +186,7 @@ cfg = workload.load_run_config("configs/qwen3_8b_agentrl.py:grpo", ["rollout.eng
 w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
 p = plan(w, device_for("a100-80g", w.num_devices))
 compiled, n = split(lambda opts: engine_decode_memory(w, opts))
-row("qwen3_8b_agentrl.py:grpo engine decode",
-    sum(p.item(x) for x in ("parameters", "engine parameters", "engine pool", "engine programs")), compiled, n)
+row("qwen3_8b_agentrl.py:grpo engine decode", engine_decode_peak(w), compiled, n)
 out[-1]["pool"] = p.item("engine pool")
 # and its largest prefill chunk (the same pool updated in place)
 compiled, n = split(lambda opts: engine_prefill_memory(w, opts))
@@ -310,8 +299,12 @@ def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_prog
             if calls:
                 body = _body(hlo, calls[2])
                 root = next(x for x in body if x.lstrip().startswith("ROOT "))
-                while " bitcast(" in root:
-                    s = re.search(r"bitcast\(%([^\s,)]+)\)", root)[1]
+                # through bitcasts and slices to the value they view (the engine's prefill slices a layer out of
+                # a converted bf16 weight stack: convert_slice_fusion)
+                sliced = False
+                while " bitcast(" in root or " slice(" in root:
+                    sliced = sliced or " slice(" in root
+                    s = re.search(r"(?:bitcast|slice)\(%([^\s,)]+)\)", root)[1]
                     root = next(x for x in body if re.match(rf"\s+(ROOT )?%{re.escape(s)} = ", x))
             if not m and not (root and re.search(r"= f32\[\S* convert\(", root)):
                 # no convert: every reader converts it to bf16 first
@@ -338,7 +331,7 @@ def test_bf16_normalization_copies_are_float32_converts_of_bf16_values(bf16_prog
                 s = re.search(r"= f32\[\S* convert\(%([^\s,)]+)\)", root)
                 assert s and "op_name" not in root and re.search(rf"%{re.escape(s[1])} = bf16\[", body), root
                 own = re.search(rf"%{re.escape(s[1])} = bf16\[\S* parameter\((\d+)\)", body)
-                if not own:  # computed in the fusion
+                if not own or sliced:  # computed in the fusion (a slice of it: the bf16 slice is a copy too)
                     assert src is None and excess == nbytes // 2, (line, root)
                     continue
                 operand = re.findall(r"%([^\s,)]+)", calls[1])[int(own[1])]
@@ -401,13 +394,24 @@ def _rest_within_plan(name, g):
 ENGINE_BF16_ROWS = ("qwen3_8b_agentrl.py:grpo engine decode", "qwen3_8b_agentrl.py:grpo engine prefill")
 
 
-@ENGINE_REPLICAS_UNPLANNED
-def test_bf16_engine_programs_less_their_copies_match_the_plan(bf16_programs):
-    """The engine's bf16 decode burst and prefill against their plan: each replica's programs gather the
-    fsdp-sharded weights, which the planner does not count yet (the figures are in docs/engine.md, "Plan.")."""
+# bf16 on the CPU backend, the Qwen3-8B decode burst's rest (compiled - normalization copies - gaps) is 46.25 GiB
+# against 40.96 planned (0.886): 5.3 GiB more than the plan, about half the bf16 burst; the Qwen3.5-9B decode
+# (fewer attention layers) is at 0.999 and both prefills within 5%. The float32 compile of the same program is
+# within 1% (test_paper_rl_programs_match_the_plan), so the excess is likely the CPU's float normalization of the
+# burst's attention (a float32 value computed and carried through the decode loop is no convert-made copy, and
+# the split catches only those: plan/compiled.py); unproven without a GPU compile, so the row stays a strict
+# xfail
+BF16_DECODE_ON_CPU = pytest.mark.xfail(strict=True, reason="bf16 on CPU: the 8B decode burst's rest is 0.886 of "
+                                       "its plan (float-normalized attention carried through the decode loop)")
+
+
+@pytest.mark.parametrize("name", [pytest.param(ENGINE_BF16_ROWS[0], marks=BF16_DECODE_ON_CPU), ENGINE_BF16_ROWS[1]])
+def test_bf16_engine_programs_less_their_copies_match_the_plan(bf16_programs, name):
+    """The engine's bf16 decode burst and prefill in its replica layout against their plan (budget.engine_decode_peak,
+    engine_prefill_peak), the CPU's float-normalization copies split out; apart from the other bf16 programs'
+    check so that each row fails on its own."""
     got = {p["config"]: p for p in bf16_programs}
-    for name in ENGINE_BF16_ROWS:
-        _rest_within_plan(name, got[name])
+    _rest_within_plan(name, got[name])
 
 
 LM_CONFIGS = ("mimesis_midtrain.py:4b", "mimesis_midtrain.py:9b", "mimesis_sft.py:4b", "mimesis_sft.py:9b")
@@ -460,26 +464,32 @@ def test_scoring_pass_matches_the_plan_on_8_devices(config, extra):
 
 
 def test_engine_prefill_working_set_and_copies_by_hand():
-    """The rollout engine's largest prefill chunk on the paper Stage II mesh (fsdp=8, tensor=2; 4 rows x 64 tokens
-    over 584-page tables, Qwen3 8B widths): its working set (budget.engine_prefill_bytes) and the copies the CPU
-    program holds beyond it (engine_prefill_copies), by hand. The whole program is compiled against the plan on 16
-    devices at 36 layers (test_paper_rl_programs_match_the_plan; measured in float32: 13.12 planned / 12.83
-    compiled GiB, 10.35 without the copies)."""
+    """The rollout engine's largest prefill chunk for the paper Stage II config (4 rows x 64 tokens over 584-page
+    tables, Qwen3 8B widths) in the engine's replica layout over its 16 devices (data=8, fsdp=1, tensor=2; the
+    training mesh's fsdp=8 becomes 8 replicas): its working set (budget.engine_prefill_bytes) and the copies the
+    program holds beyond it (engine_prefill_copies), by hand. The whole program is compiled against the plan on
+    16 devices at 36 layers (test_paper_rl_programs_match_the_plan)."""
     cfg = workload.load_run_config("configs/qwen3_8b_agentrl.py:grpo",
                                    F32 + ["rollout.engine=true", "rollout.max_batch=0"])
     w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
+    assert budget.engine_mesh(w.mesh) == {"data": 8, "fsdp": 1, "tensor": 2}
     # the gathered K and V 2 [4 rows, 8/2 KV heads, 9,344, 128] + fp32 scores and softmax 2 [4, 32/2 heads, 64,
     # 9,344] + the mask [4, 64, 9,344] + q/k/v [4, 64, (32 + 8 + 8)/2 heads, 128] + the residual stream 2 [4, 64,
     # 4,096], float32: the heads split over tensor=2 as the engine's weights and pool are
     R, C, S = 4, 64, 9344
     work = 2 * R * 4 * S * 128 * 4 + 2 * R * 16 * C * S * 4 + R * C * S + R * C * 24 * 128 * 4 + 2 * R * C * 4096 * 4
     assert engine_prefill_bytes(w) == work
-    # 36 layers' weight shards (split 16 ways but the norms: layer_weight_bytes) + the [V, D] head gathered over
-    # fsdp, vocab split over tensor
-    m = w.model
-    assert engine_prefill_copies(w) == 36 * layer_weight_bytes(m, w.mesh, "full_attention", split=True) + \
-        151_936 * 4096 * 4 // 2
-    assert table_bytes(m, w.mesh) == 151_936 * 4096 * 4 // 2
+    # 36 layers' weights split over tensor (q and o 4,096 x 4,096, k and v 4,096 x 1,024, gate, up and down 4,096 x
+    # 12,288; the four norms whole: q/k norms 128, the two layer norms 4,096) + the [V, D] LM head, vocab split
+    # over tensor; float32
+    layer = (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288) // 2 + 2 * 128 + 2 * 4096
+    assert engine_prefill_copies(w) == 4 * (36 * layer + 151_936 * 4096 // 2)
+    # the decode burst holds the same layer copies beside its slot-major page copy: 16 slots x 585 pages x 16
+    # tokens x 36 layers x K and V x 4 KV heads x 128, float32
+    burst = 16 * 585 * 16 * 36 * 2 * 4 * 128 * 4
+    pool = w.engine.num_pages * 16 * 36 * 2 * 4 * 128 * 4
+    params = memory.param_bytes(w.model, {"data": 8, "fsdp": 1, "tensor": 2})
+    assert budget.engine_decode_peak(w) == params + pool + burst + 4 * 36 * layer
 
 
 def test_pallas_attention_is_planned_as_blockwise_and_the_cpu_compile_says_it_interprets(capsys):
@@ -560,41 +570,26 @@ def test_compiled_needs_the_mesh_devices(capsys):
 
 
 @pytest.mark.parametrize("config,extra", [("qwen3_8b_agentrl.py:grpo", []),
-                                          pytest.param("qwen3_8b_agentrl.py:grpo",
-                                                       ["rollout.engine=true", "rollout.max_batch=0"],
-                                                       marks=ENGINE_REPLICAS_UNPLANNED)])
+                                          ("qwen3_8b_agentrl.py:grpo", ["rollout.engine=true", "rollout.max_batch=0"])])
 def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
     """The paper Stage II config on 2 processes x 8 devices (2 nodes of 8 GPUs): each process samples its 64 of the
-    128 tasks on its own sub-mesh data=1,fsdp=4,tensor=2 with its own parameter copy (distributed.rollout_params)
-    and at most ceil(max_batch / 2) = 128 sequences per sampler call (distributed.process_max_batch) -- the
-    program that process compiles, built here on 8 devices, against `plan --processes 2`'s number for it
-    (measured, float32 compute, QUICK: sampler 98.81 planned / 98.37 compiled GiB at the 8,192-token prompts of
-    the default buckets, before the prompt ladder's 7,296; engine decode 32.38 / 33.46). The engine's prefill there
-    splits its 4 rows over fsdp=4, so every layer's weights and both [V, D] tables are gathered over fsdp, all at
-    the program's start (budget.engine_prefill_copies, by hand here; 27.51 planned / 28.95 compiled GiB)."""
+    128 tasks on its own 8 devices with its own parameter copy (distributed.rollout_params) -- the static sampler
+    on its sub-mesh data=1,fsdp=4,tensor=2 with at most ceil(max_batch / 2) = 128 sequences per call
+    (distributed.process_max_batch), the engine in its replica layout data=4,fsdp=1,tensor=2 -- the programs that
+    process compiles, built here on 8 devices, against `plan --processes 2`'s numbers for them (float32 compute,
+    QUICK)."""
     cfg = workload.load_run_config("configs/" + config, F32 + extra)
-    local = workload.process_mesh(dict(cfg.mesh.axes()), 2)
-    assert local == {"data": 1, "fsdp": 4, "tensor": 2}
+    mesh = dict(cfg.mesh.axes())
+    assert workload.process_mesh(mesh, 2) == {"data": 1, "fsdp": 4, "tensor": 2}
+    local = workload.rollout_axes(cfg, mesh, 2)
+    assert local == ({"data": 4, "fsdp": 1, "tensor": 2} if extra else {"data": 1, "fsdp": 4, "tensor": 2})
     cfg_p = workload.process_config(cfg, 2)
     assert (cfg_p.rollout.prompts_per_step, cfg_p.rollout.max_batch) == (64, 0 if extra else 128)
-    if extra:  # the decode burst, the engine's larger program, and its prefill
-        w = workload.workload_from_config(cfg_p, local, workload.runtime_model(cfg_p))
-        p = plan(w, device_for("a100-80g", w.num_devices))
-        planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine pool", "engine programs"))
-        compiled = engine_decode_memory(w, QUICK)
-        # the prefill's 4 rows split over fsdp=4: its 36 layers' weights gathered over fsdp, split over tensor (q
-        # and o 4,096 x 4,096, k and v 4,096 x 1,024, gate, up and down 4,096 x 12,288; the four norms whole) and
-        # the embedding and LM head tables gathered, vocab split over tensor; float32
-        assert w.engine.engine_config().prefill_rows == 4 and budget.engine_prefill_rows_on_fsdp(w)
-        layer = (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288) // 2 + 2 * 128 + 2 * 4096
-        assert engine_prefill_copies(w) == 4 * (36 * layer + 2 * 151_936 * 4096 // 2)
-        pf_planned, pf_compiled = engine_prefill_peak(w), engine_prefill_memory(w, QUICK)
-        assert within(pf_planned, pf_compiled, TOLERANCE), (pf_planned / 2 ** 30, pf_compiled / 2 ** 30)
-    else:
-        (p,) = program_memory(cfg_p, local, "a100-80g", largest_only=True, updates=False, options=QUICK)
-        assert p.name == "sampler 128x7296+2048"
-        planned, compiled = p.planned, p.compiled
-    assert within(planned, compiled, TOLERANCE), (planned / 2 ** 30, compiled / 2 ** 30)
+    programs = program_memory(cfg_p, local, "a100-80g", largest_only=True, updates=False, options=QUICK)
+    names = [p.name.split(" ")[:2] for p in programs]
+    assert names == ([["engine", "prefill"], ["engine", "decode"]] if extra else [["sampler", "128x7296+2048"]])
+    for p in programs:
+        assert within(p.planned, p.compiled, TOLERANCE), (p.name, p.planned / 2 ** 30, p.compiled / 2 ** 30)
 
 
 @pytest.mark.parametrize("config", ["mimesis_simrl.py:4b", "mimesis_simrl.py:9b"])

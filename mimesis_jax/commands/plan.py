@@ -11,7 +11,7 @@ from typing import Sequence
 import jax
 
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, verdict
+from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, rollout_copy, verdict
 from mimesis_jax.plan.compiled import (SPLIT_CHECKED, TOLERANCE, ProgramMemory, format_programs, need_devices,
                                        program_memory, weight_sync_memory)
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
@@ -119,19 +119,19 @@ def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error:
     the plan of one process's share on its sub-mesh or layout), its verdict with room for the planner's `error`
     (see `checked_error`)."""
     peak = process_rollout_peak(p, pp)
-    rollout = pp.rollout_peak - pp.item("optimizer state")
+    state = p.item("parameters") + p.item("optimizer state")
+    rollout = peak - state
     total = max(p.train_peak, peak)
     w = pp.workload
     if w.engine is not None:
         what = f"an engine for {w.engine.dialogues} dialogues in flight ({w.engine.pool_bytes / GiB:.2f} GiB pool)"
     else:
         what = f"sampler calls of {w.rollout.batch} x ({w.rollout.prompt_len} + {w.rollout.new_tokens}) tokens"
-    state = p.item("parameters") + p.item("optimizer state")
     return "\n".join([
         f"rollout on {rollout_where(processes, layout, pp.workload.mesh)}, "
         f"{what} ({-(-tasks // processes)} of {tasks} tasks per step)",
         f"  its rollout program {rollout / GiB:.2f} GiB per device (of which its own parameter copy "
-        f"{pp.item('parameters') / GiB:.2f} GiB) + the training state kept on every device "
+        f"{rollout_copy(pp) / GiB:.2f} GiB) + the training state kept on every device "
         f"{state / GiB:.2f} GiB = rollout peak {peak / GiB:.2f} GiB",
         f"total {total / GiB:.2f} GiB of {p.device.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable): "
         f"{_verdict(total, p.usable, error)} on {processes} process{'es' if processes > 1 else ''}"
@@ -245,7 +245,7 @@ def run(args) -> int:
         cfg, mesh = _load(args)
         compiled, processes = args.compiled, args.processes
         local = rollout_axes(cfg, mesh, processes)  # one-line errors: --processes, rollout.mesh
-        text = rollout_mesh_text(cfg)
+        text = rollout_mesh_text(cfg, mesh)
         layout = rollout_layout(text)
         p = plan_config(cfg, mesh, args.device, args.rows)
         if processes > 1 and p.workload.kind == "lm":
@@ -263,7 +263,10 @@ def run(args) -> int:
                 process_programs = _rollout_programs(cfg_p, mesh, local, p, processes, layout)
         error = checked_error(programs + process_programs)
         print(format_plan(p, args.config, error))
-        if layout is not None:
+        if layout is not None and not cfg.rollout.mesh:
+            print(f"  note: rollout.engine: the engine decodes in its replica layout rollout.mesh={text} (its "
+                  "default, config/layout.py engine_layout), as the rollout phase above and below plan it")
+        elif layout is not None:
             print(f"  note: rollout.mesh={text}: the policy decodes in that layout (below), not in the training "
                   "layout of the rollout phase above")
         head = head_padding_text(cfg, p.workload.model, mesh) if p.workload.kind != "lm" else None

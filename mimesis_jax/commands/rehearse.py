@@ -61,6 +61,7 @@ import time
 import jax
 
 from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, SHAPE_FIELDS
+from mimesis_jax.config.layout import layout_text
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.budget import plan
 from mimesis_jax.plan.devices import DEVICES, mesh_text
@@ -167,13 +168,13 @@ def _layout_programs(run_state, cfg, local: dict, options=None) -> list[dict]:
     from mimesis_jax.plan.memory import weight_sync_bytes
     from mimesis_jax.train.rl.distributed import layout_of
 
-    layout = layout_of(cfg.rollout)
+    layout = layout_of(cfg.rollout, run_state.mesh)
     if layout is None:
         return []
     model, axes = run_state.model_config, {k: int(v) for k, v in run_state.mesh.shape.items()}
     planned = weight_sync_bytes(model, axes, local).peak
     compiled = weight_sync_memory(model, axes, jax.process_count(), options or FAST, layout)
-    return [{"program": "weight_sync", "shape": {"layout": cfg.rollout.mesh}, "mesh": local,
+    return [{"program": "weight_sync", "shape": {"layout": layout_text(layout)}, "mesh": local,
              "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)}]
 
 
@@ -235,7 +236,7 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
                   "intermediate": run_state.model_config.intermediate_size,
                   "vocab": run_state.model_config.vocab_size},
         "mesh": {k: int(v) for k, v in run_state.mesh.shape.items()}, "num_devices": int(run_state.mesh.size),
-        "processes": jax.process_count(), "rollout_mesh": r.mesh,
+        "processes": jax.process_count(), "rollout_mesh": layout_text(layout_of(r, run_state.mesh)),
         "dtype": cfg.train.dtype,
         "group_size": r.group_size, "prompts_per_step": r.prompts_per_step,
         "mini_batch_prompts": r.mini_batch_prompts, "updates_per_step": cfg.updates_per_step(),

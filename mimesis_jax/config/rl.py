@@ -124,7 +124,9 @@ class RolloutSection:
     # logs engine/evictions) only once it is full
     engine_memory_gib: float = 0.0
     # The layout decode runs in, over the same devices of a process as the training mesh: "" (default) = the
-    # training layout (one process: the training mesh and its arrays, no copy); "replica=R,tensor=T" = R data-
+    # training layout (one process: the training mesh and its arrays, no copy), except with rollout.engine, whose
+    # default is its replica layout "tensor=<the training mesh's tensor>" (config/layout.py engine_layout: the
+    # other devices replicas); "replica=R,tensor=T" = R data-
     # parallel replicas (rows split over them, weights replicated) x T-way tensor parallelism (heads, MLP and
     # vocabulary split) with R x T = the devices per process (one axis may be left out: it takes the rest). The
     # weights are resharded into it device to device at every policy update (inference/weight_sync.py), so decode

@@ -141,6 +141,10 @@ class WeightSync:
     # the rollout layout (`rollout.mesh` parsed, config/layout.py rollout_layout); None: each process's block of the
     # training mesh as it is (on one process the training mesh itself)
     layout: dict | None = None
+    # with a dtype: cast only the parameters the forward casts to the compute dtype anyway (models.compute_cast_mask:
+    # the matrices and the embedding table), keeping the rest (norm scales, the LM head, DeltaNet gates) as they
+    # are; the copy then samples bit for bit as the training arrays do, at about half their bytes under bf16
+    exact: bool = False
 
     def __post_init__(self):
         self.global_mesh = sync_mesh(self.mesh, self.processes, self.layout)
@@ -150,11 +154,12 @@ class WeightSync:
             self.local = layout_mesh(local_rollout_mesh(self.mesh), self.layout)
         self._specs = jax.tree.map(lambda s: s.spec, models.param_shardings(self.config, self.local))
         self._axes = models.param_axes(self.config)
+        self._cast = models.compute_cast_mask(self.config) if self.exact else None
         self._programs: dict = {}
 
-    def _program(self, path: str, spec, layered: bool, src, shape: tuple):
+    def _program(self, path: str, spec, layered: bool, src, shape: tuple, cast: bool = True):
         if path not in self._programs:
-            dtype, out = self.dtype, NamedSharding(self.global_mesh, spec)
+            dtype, out = self.dtype if cast else None, NamedSharding(self.global_mesh, spec)
             g, c = (1, 1) if layered else _row_pieces(shape, src, out)
 
             def whole(x):
@@ -181,20 +186,22 @@ class WeightSync:
         flat, tree = jax.tree_util.tree_flatten_with_path(params)
         specs = jax.tree_util.tree_structure(params).flatten_up_to(self._specs)
         axes = jax.tree_util.tree_structure(params).flatten_up_to(self._axes)
-        return [(jax.tree_util.keystr(p), x, s, a[0] == "layers" and s and s[0] is None and x.shape[0] > 1)
-                for (p, x), s, a in zip(flat, specs, axes)], tree
+        cast = ([True] * len(flat) if self._cast is None
+                else jax.tree_util.tree_structure(params).flatten_up_to(self._cast))
+        return [(jax.tree_util.keystr(p), x, s, a[0] == "layers" and s and s[0] is None and x.shape[0] > 1, c)
+                for (p, x), s, a, c in zip(flat, specs, axes, cast)], tree
 
     def __call__(self, params):
         """The rollout copy: every array cast and resharded, one program at a time, then viewed on this process's
         rollout mesh. Every process calls it with its part of the same global arrays."""
         out = []
         flat, tree = self._leaves(params)
-        for path, x, spec, layered in flat:
+        for path, x, spec, layered, cast in flat:
             local = NamedSharding(self.local, spec)
-            if self.dtype is None and _same_shards(x, local):  # every device holds its rollout shard already
+            if (self.dtype is None or not cast) and _same_shards(x, local):  # its rollout shard is there already
                 y = x
             else:
-                y = self._program(path, spec, layered, x.sharding, x.shape)(x)
+                y = self._program(path, spec, layered, x.sharding, x.shape, cast)(x)
             out.append(jax.make_array_from_single_device_arrays(
                 y.shape, local, [s.data for s in y.addressable_shards]))
         return jax.tree_util.tree_unflatten(tree, out)
@@ -205,8 +212,8 @@ class WeightSync:
         out = []
         shardings = models.param_shardings(self.config, self.mesh)
         flat, _ = self._leaves(params)
-        for (path, x, spec, layered), sh in zip(flat, jax.tree.leaves(shardings)):
+        for (path, x, spec, layered, cast), sh in zip(flat, jax.tree.leaves(shardings)):
             arg = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
-            out.append((path, self._program(path, spec, layered, sh, x.shape).lower(arg).compile(options)))
+            out.append((path, self._program(path, spec, layered, sh, x.shape, cast).lower(arg).compile(options)))
         return out
 

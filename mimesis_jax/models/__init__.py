@@ -121,6 +121,18 @@ def _init_fn(config: ModelConfig, mesh, rules, cheap: bool = False):
     return jax.jit(fn, out_shardings=param_shardings(config, mesh, rules), compiler_options=options)
 
 
+def compute_cast_mask(config: ModelConfig):
+    """Pytree of bools, True for every parameter the forward casts to the compute dtype before it reads it: each
+    with an `embed` axis (the layers' matrices and the embedding table) but the LM head's weight, which
+    `logits_from_hidden` reads in float32 (the embedding too, when tied). A copy with those cast to the compute
+    dtype and the rest (norm scales, DeltaNet gates and conv taps, read in float32) kept computes bit for bit what
+    the parameters do (inference/weight_sync.py `WeightSync(exact=True)`)."""
+    head = "embed" if config.tie_word_embeddings else "lm_head"
+    flat, tree = jax.tree_util.tree_flatten_with_path(param_axes(config), is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree_util.tree_unflatten(tree, ["embed" in axes and jax.tree_util.keystr(path) != f"['{head}']"
+                                               for path, axes in flat])
+
+
 def lm_head_weight(config: ModelConfig, params) -> jax.Array:
     """[V, D] output projection (the embedding when tied)."""
     return params["embed"] if config.tie_word_embeddings else params["lm_head"]
@@ -222,6 +234,6 @@ def save_hf(path: str, config: ModelConfig, params, max_shard_bytes: int = 4 << 
 __all__ = [
     "ModelConfig", "family", "param_specs", "param_axes", "abstract_params", "param_shardings",
     "shard_params", "init_params",
-    "lm_head_weight", "hidden_states", "logits_from_hidden", "forward", "init_cache", "cache_axes", "extend",
+    "lm_head_weight", "compute_cast_mask", "hidden_states", "logits_from_hidden", "forward", "init_cache", "cache_axes", "extend",
     "greedy_generate", "load_hf", "save_hf", "is_spec",
 ]

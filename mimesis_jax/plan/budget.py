@@ -11,7 +11,8 @@ import math
 from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.models.qwen3_5 import layer_block
 from mimesis_jax.plan.devices import GiB, HEADROOM, Device, device_for
-from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, divisor, engine_pool_bytes, head_bytes,
+from mimesis_jax.plan.memory import (attention_blocks, cache_bytes, divisor, engine_param_bytes, engine_pool_bytes,
+                                     head_bytes,
                                      kv_head_split, layer_residuals, layer_weight_bytes, optimizer_bytes, param_bytes,
                                      prefill_bytes, saved_bytes, table_bytes, vocab_layout, widths)
 from mimesis_jax.plan.workload import Workload, batch_shards, runtime_model, workload_from_config
@@ -248,32 +249,57 @@ def plan(w: Workload, device: Device) -> Plan:
 
 
 
+def engine_mesh(mesh: dict) -> dict:
+    """The axes the rollout engine runs on over the devices of `mesh`: its replica layout (config/layout.py
+    engine_layout: the tensor split kept, every other device a data-parallel replica, fsdp 1), as
+    train/rl/distributed.py `layout_of` lays a rollout.engine run out where `rollout.mesh` is unset; `mesh` itself
+    where it already is that layout (a `rollout.mesh` or process plan)."""
+    from mimesis_jax.config.layout import engine_layout
+    from mimesis_jax.sharding import layout_axes
+
+    tensor = mesh.get("tensor", 1)
+    return layout_axes(engine_layout(tensor), math.prod(mesh.values()))
+
+
+def _same_layout(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if v > 1} == {k: v for k, v in b.items() if v > 1}
+
+
 def _engine_rollout(w: Workload, add) -> int:
-    """The rollout engine's items (rollout.engine: every dialogue of the step on the engine, on the training mesh);
-    its peak beyond the parameters and optimizer state."""
-    m, mesh = w.model, w.mesh
-    e = w.engine
-    ep = add("rollout", "engine parameters", 0,
-             "none beyond the parameters: on one process the engine samples with the training arrays, laid out "
-             "as the learner's (chat_models.engine_params -> distributed.rollout_params, no copy)")
-    pool = add("rollout", "engine pool", engine_pool_bytes(m, mesh, e.num_pages, e.page_size, e.num_states),
+    """The rollout engine's items (rollout.engine: every dialogue of the step on the engine, in its replica layout
+    `engine_mesh`); its peak beyond the parameters and optimizer state."""
+    m = w.model
+    e, lay = w.engine, engine_mesh(w.mesh)
+    own = not _same_layout(lay, w.mesh)
+    ep = add("rollout", "engine parameters", engine_param_bytes(m, lay, cast_only=not own),
+             f"the engine's copy of the parameters in its replica layout {_axes_text(lay)} (the tensor split "
+             "kept, replicated over the replicas; the matrices in the compute dtype, models.compute_cast_mask): "
+             "resharded from the training layout at every policy update (inference/weight_sync.py)" if own else
+             "the training arrays are already laid out as the engine's replicas take them: only the matrices "
+             "cast to a narrower compute dtype are copied (models.compute_cast_mask; none in float32)")
+    pool = add("rollout", "engine pool", engine_pool_bytes(m, lay, e.num_pages, e.page_size, e.num_states),
                f"{e.num_pages} KV pages x {e.page_size} tokens (full-attention layers, compute dtype)"
                + (f" + {e.num_states} state slots" if e.state_bytes else "")
                + f" (inference/engine_sizing.py: {e.pool_bytes / 2 ** 30:.2f} GiB in all), split over heads on "
                "`tensor` (paged_cache.pool_axes)")
     S = e.max_pages_per_seq * e.page_size
     ec = e.engine_config()
-    kvs = kv_head_split(m, mesh)
+    kvs = kv_head_split(m, lay)
     pf = engine_prefill_bytes(w) + engine_prefill_copies(w)
     burst = e.slots * (e.max_pages_per_seq + 1) * e.page_bytes // kvs
-    work = add("rollout", "engine programs", max(pf, burst),
+    layers = engine_layer_copies(w)
+    work = add("rollout", "engine programs", max(pf, burst + layers),
                f"the larger of a prefill chunk's ({pf / GiB:.2f} GiB: one layer's forward over {ec.prefill_rows} "
-               f"rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values, "
-               + ("every layer's weights and the [V, D] tables gathered over fsdp" if engine_prefill_rows_on_fsdp(w)
-                  else "a copy of the layers' weight shards and the gathered LM head") + ") "
-               f"and a decode burst's slot-major copy of its rows' pages ({burst / GiB:.2f} GiB: {e.slots} slots "
-               f"x {e.max_pages_per_seq + 1} pages), heads split {kvs} ways on `tensor`")
+               f"rows x {ec.prefill_chunk} tokens attending their {S} gathered keys and values, a copy of the "
+               "layers' weight shards and the LM head's table) and a decode burst's "
+               f"({(burst + layers) / GiB:.2f} GiB: the slot-major copy of its rows' pages, {burst / GiB:.2f} GiB "
+               f"for {e.slots} slots x {e.max_pages_per_seq + 1} pages, heads split {kvs} ways on `tensor`, and a "
+               "copy of the layers' weight shards)")
     return ep + pool + work
+
+
+def _axes_text(mesh: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in mesh.items())
 
 
 def _sampler_rollout(w: Workload, add, W, c: int) -> int:
@@ -323,54 +349,59 @@ def _tables_copied(m: ModelConfig, mesh: dict) -> bool:
 
 def engine_prefill_bytes(w: Workload) -> int:
     """Working set of the rollout engine's largest prefill chunk (inference/engine_programs.py `prefill_program`,
-    prefill_rows x prefill_chunk tokens over page tables max_pages_per_seq wide) on the training mesh, beyond its
-    params and pool: one layer's no-gradient forward (`prefill_bytes`, heads split over `tensor` as the engine's
-    weights and pool are; rows and tokens are not split); an attention layer's
+    prefill_rows x prefill_chunk tokens over page tables max_pages_per_seq wide) in its replica layout
+    (`engine_mesh`), beyond its params and pool: one layer's no-gradient forward (`prefill_bytes`, heads split over
+    `tensor` as the engine's weights and pool are; rows and tokens are not split); an attention layer's
     attention is the paged one whatever model.attention_impl says (models/paged_cache.py `paged_attention`): the
     rows' keys and values gathered from their pages (2 [R, KVH, S, Dh], compute dtype), 2 fp32 [R, H, C, S]
     (scores, softmax) and the boolean mask [R, C, S]."""
     m, e = w.model, w.engine
     ec = e.engine_config()
     c = DTYPES[m.dtype].dtype.itemsize
-    W = widths(m, w.mesh)
+    W = widths(m, engine_mesh(w.mesh))
     R, C, S = ec.prefill_rows, ec.prefill_chunk, e.max_pages_per_seq * e.page_size
     paged = 2 * R * W.KVH * S * W.Dh * c + 2 * R * W.H * C * S * 4 + R * C * S
     return max(prefill_bytes(m, W, lt, R, C, S, paged if lt == "full_attention" else None)
                for lt in _layer_types(m))
 
 
-def engine_prefill_rows_on_fsdp(w: Workload) -> bool:
-    """Whether the engine's prefill rows are split over `fsdp` (the act_batch rule, with its divisibility
-    fall-back: prefill_rows a multiple of the batch axes' product, e.g. 4 rows on one process's data=1, fsdp=4
-    sub-mesh of 2, not on the paper's fsdp=8). Then XLA's partitioner gathers each layer's fsdp-split weights for
-    its matmuls; else it keeps them split and sums the partial products over fsdp."""
-    m, mesh, rows = w.model, w.mesh, w.engine.engine_config().prefill_rows
-    return batch_shards(m, mesh, rows) > batch_shards(m, {**mesh, "fsdp": 1}, rows)
+def engine_layer_copies(w: Workload) -> int:
+    """A copy of every layer's weight shards in the compute dtype, held by each engine program: the paged forward
+    unrolls the layers (models/qwen3_paged.py), and XLA materialises every layer's static slice of the stacked
+    weights (cast to the compute dtype), all live at once -- out of the decode loop and from the prefill's start.
+    Counted, so the plan errs high where a GPU compile slices in place (none was lent here)."""
+    m, lay = w.model, engine_mesh(w.mesh)
+    c = DTYPES[m.dtype].dtype.itemsize
+    return sum(n * layer_weight_bytes(m, lay, lt, split=True) for lt, n in _layer_types(m).items()) * c // 4
 
 
 def engine_prefill_copies(w: Workload) -> int:
-    """What the engine's prefill program holds beyond its working set on the CPU backend, all from the program's
-    start (the paged forward unrolls the layers, models/qwen3_paged.py, with no loop between them). With its rows
-    split over fsdp (`engine_prefill_rows_on_fsdp`): every layer's weights gathered over fsdp (split over tensor)
-    and the [V, D] table(s), embedding and LM head, gathered (compute dtype); else a copy of every layer's weight
-    shards (XLA materialises every layer's static slice of the stacked weights, cast to the compute dtype) and the
-    LM head's table gathered. Counted, so the plan errs high where a GPU compile may not keep them (none was lent
-    here)."""
-    m, mesh = w.model, w.mesh
+    """What the engine's prefill program holds beyond its working set: the layers' copies
+    (`engine_layer_copies`) and the LM head's [V, D] table (split over tensor, compute dtype)."""
+    m = w.model
     c = DTYPES[m.dtype].dtype.itemsize
-    gathered = engine_prefill_rows_on_fsdp(w)
-    layers = sum(n * layer_weight_bytes(m, mesh, lt, split=not gathered) for lt, n in _layer_types(m).items()) * c // 4
-    tables = 1 if m.tie_word_embeddings or not gathered else 2
-    return int(layers + tables * (table_bytes(m, mesh) * c // 4))
+    return int(engine_layer_copies(w) + table_bytes(m, engine_mesh(w.mesh)) * c // 4)
 
 
 def engine_prefill_peak(w: Workload) -> int:
-    """Per-device bytes of the engine's largest prefill chunk on the training mesh: the parameters (the learner's
-    shards), its pool's shard, `engine_prefill_bytes` and `engine_prefill_copies` (the plan's parameters + engine
-    pool + the prefill part of engine programs)."""
-    e = w.engine
-    pool = engine_pool_bytes(w.model, w.mesh, e.num_pages, e.page_size, e.num_states)
-    return int(param_bytes(w.model, w.mesh) + pool + engine_prefill_bytes(w) + engine_prefill_copies(w))
+    """Per-device bytes of the engine's largest prefill chunk in its replica layout (`engine_mesh`): the engine's
+    parameters (replicated over the replicas, split over tensor), its pool's shard, `engine_prefill_bytes` and
+    `engine_prefill_copies`."""
+    return int(_engine_resident(w) + engine_prefill_bytes(w) + engine_prefill_copies(w))
+
+
+def engine_decode_peak(w: Workload) -> int:
+    """Per-device bytes of the engine's decode burst in its replica layout: the engine's parameters, its pool's
+    shard, the slot-major copy of its rows' pages and `engine_layer_copies`."""
+    m, e, lay = w.model, w.engine, engine_mesh(w.mesh)
+    burst = e.slots * (e.max_pages_per_seq + 1) * e.page_bytes // kv_head_split(m, lay)
+    return int(_engine_resident(w) + burst + engine_layer_copies(w))
+
+
+def _engine_resident(w: Workload) -> int:
+    """The engine programs' arguments per device: its parameters (in `engine_mesh`) and its pool."""
+    m, e, lay = w.model, w.engine, engine_mesh(w.mesh)
+    return engine_param_bytes(m, lay) + engine_pool_bytes(m, lay, e.num_pages, e.page_size, e.num_states)
 
 
 def scoring_peak(w: Workload) -> int:
@@ -405,10 +436,22 @@ def plan_config(cfg, mesh: dict, device: str, rows: int | None = None) -> Plan:
 
 
 def process_rollout_peak(global_plan: Plan, local_plan: Plan) -> int:
-    """Per-device bytes of the rollout phase on one of several jax.distributed processes: the training state each
-    device keeps (parameters and optimizer state, on the global mesh) + that process's rollout program on its own
-    sub-mesh -- its copy of the parameters (distributed.rollout_params: gathered to the host, sharded over its
-    devices) and the sampler's caches or the engine's pool. local_plan: the plan of workload.process_config on
-    workload.process_mesh."""
-    return (global_plan.item("parameters") + global_plan.item("optimizer state") + local_plan.rollout_peak
-            - local_plan.item("optimizer state"))
+    """Per-device bytes of the rollout phase on one of several jax.distributed processes, or in a rollout layout:
+    the training state each device keeps (parameters and optimizer state, on the global mesh) + that process's
+    rollout program on its own devices (`rollout_copy` + the sampler's caches or the engine's pool and programs).
+    local_plan: the plan of workload.process_config on workload.rollout_axes."""
+    local_rollout = local_plan.rollout_peak - local_plan.item("optimizer state") - local_plan.item("parameters")
+    local_rollout -= local_plan.item("engine parameters")
+    return (global_plan.item("parameters") + global_plan.item("optimizer state") + rollout_copy(local_plan)
+            + local_rollout)
+
+
+def rollout_copy(local_plan: Plan) -> int:
+    """Per-device bytes of a process's (or a rollout layout's) own copy of the parameters, of the plan of its
+    rollout on its own devices: the static sampler's, its parameters as the training dtype holds them (the
+    weight sync, distributed.rollout_params); the engine's, its copy with the matrices in the compute dtype
+    (`memory.engine_param_bytes`)."""
+    w = local_plan.workload
+    if w.engine is not None:
+        return engine_param_bytes(w.model, engine_mesh(w.mesh))
+    return local_plan.item("parameters")

@@ -15,22 +15,16 @@ loop places its arrays with, and compiled ahead of time. The programs, per stage
   largest update program's batch, planned by budget.scoring_peak.
 
 * RL stages with rollout.engine=true: instead of the sampler, the rollout engine's decode burst
-  (inference/engine_programs.py `decode_program`, the jnp path) on the training mesh, as the loops run the engine on
-  one process (chat_models.policy_model's EngineGenerator: the learner's params, no copy; the pool as
-  inference/engine_sizing.py sizes it for the config, split over KV heads as inference/page_pool.py splits it),
-  page tables max_pages_per_seq wide. Planned: the plan's parameters + engine pool + engine programs rows. On one device XLA can hoist the static slices of every
-  layer's weights out of the decode loop (the paged forward unrolls the layers, models/qwen3_paged.py), a copy
-  the plan does not count; on the mesh, at the paper's 36 layers, it does not, while a cut to a few layers does:
-  the hoisting depends on the layer count, so tests compile the paper's 36 (figures: docs/scale-out.md, "Figures
-  behind the code").
-
-  And the engine's largest prefill chunk (inference/engine_programs.py `prefill_program`: prefill_rows x
-  prefill_chunk tokens, page tables max_pages_per_seq wide), planned by budget.engine_prefill_peak (params + pool
-  + one layer's forward over the gathered pages + budget.engine_prefill_copies: with the layers unrolled and no
-  loop, XLA's CPU schedule materialises every layer's static weight slice at the program's start, and the LM
-  head's table gathered). On one process's fsdp=4 sub-mesh of 2 its rows split over fsdp, and XLA gathers every
-  layer's weights over fsdp and both [V, D] tables instead, all at the start (budget.engine_prefill_rows_on_fsdp).
-  The figures: docs/scale-out.md.
+  (inference/engine_programs.py `decode_program`, the jnp path) and its largest prefill chunk (`prefill_program`:
+  prefill_rows x prefill_chunk tokens), page tables max_pages_per_seq wide, in the engine's replica layout
+  (budget.engine_mesh: as the loops run it, chat_models.policy_model on distributed.rollout_mesh, the weights
+  resharded into it at every update, replicated over the replicas and split over tensor; the pool as
+  inference/engine_sizing.py sizes it for the config, one block per replica, heads over tensor). Planned by
+  budget.engine_decode_peak and engine_prefill_peak: the engine's parameters + pool + the burst's slot-major page
+  copy, or one layer's forward over the gathered pages and the LM head's table, + a copy of every layer's weight
+  shards (the paged forward unrolls the layers, models/qwen3_paged.py, and XLA materialises each layer's static
+  slice of the stacked weights, out of the decode loop and from the prefill's start; budget.engine_layer_copies).
+  The figures: docs/engine.md, "Plan."
 
 Compiled bytes of one call: arguments + results - results aliased to donated arguments + scratch. Planned bytes:
 the train-step peak of budget.plan for an update; for the sampler, the rollout peak less the optimizer state (it
@@ -56,9 +50,10 @@ from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BEHAV_KEY, BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.inference.weight_sync import WeightSync
-from mimesis_jax.models.config import ModelConfig
-from mimesis_jax.plan.budget import engine_prefill_peak, plan, scoring_peak
+from mimesis_jax.models.config import DTYPES, ModelConfig
+from mimesis_jax.plan.budget import engine_decode_peak, engine_mesh, engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
+from mimesis_jax.plan.memory import engine_dtype_bytes
 from mimesis_jax.plan.normalization import (  # noqa: F401  (plan.compiled's names for them, as before)
     Normalization, normalization_split, split_compile, splits, without_persistent_cache)
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
@@ -234,9 +229,9 @@ def sampler_memory(w: Workload, filtering: int = 0, stops: int = 0, options: dic
 
 
 def engine_decode_memory(w: Workload, options: dict = FAST) -> int:
-    """One decode burst of the rollout engine sized for w (w.engine) on the training mesh (`_engine_inputs`), page
-    tables max_pages_per_seq wide, no sampling filter, the jnp attention path (inference/engine.py `decode_args`
-    gives a real engine's arguments of the same shapes)."""
+    """One decode burst of the rollout engine sized for w (w.engine) in its replica layout (`_engine_inputs`),
+    page tables max_pages_per_seq wide, no sampling filter, the jnp attention path (inference/engine.py
+    `decode_args` gives a real engine's arguments of the same shapes)."""
     from mimesis_jax.inference import engine_programs, sampler
 
     m = w.model
@@ -264,26 +259,31 @@ def _sampling_args(n: int) -> tuple:
 
 
 def _engine_inputs(w: Workload):
-    """(EngineConfig, mesh, params, pool) of the rollout engine sized for w (w.engine) on the training mesh, as the
-    RL loops run it on one process (chat_models.policy_model: RolloutEngine(mesh=rollout_mesh)), abstract: the params in the
-    learner's layout (models.param_shardings; the engine's shard_params keeps it) and the paged pool of the model
-    family's `init_paged_cache` split as inference/page_pool.py splits it: one block of pages and state slots per
-    data-parallel replica over the batch axes, heads over tensor (paged_cache.pool_axes(replicas=True)); and the
-    replica count."""
+    """(EngineConfig, mesh, params, pool) of the rollout engine sized for w (w.engine) in its replica layout
+    (budget.engine_mesh over w's devices), as the RL loops run it (chat_models.policy_model: RolloutEngine on
+    distributed.rollout_mesh, the params resharded into that layout by inference/weight_sync.py), abstract: the
+    params as models.param_shardings lays them out there (replicated over the replicas, split over tensor) and the
+    paged pool of the model family's `init_paged_cache` split as inference/page_pool.py splits it: one block of
+    pages and state slots per data-parallel replica, heads over tensor (paged_cache.pool_axes(replicas=True)); and
+    the replica count."""
     from mimesis_jax.inference.engine_programs import replica_count
     from mimesis_jax.models import paged_cache
 
     m, ec = w.model, w.engine.engine_config()
-    mesh = _mesh(w.mesh)
+    mesh = _mesh(engine_mesh(w.mesh))
     init = models.family(m, "paged").init_paged_cache
     R = replica_count(mesh, m)
     shapes = jax.eval_shape(lambda: init(m, R * ec.num_pages, ec.page_size, R * ec.states))
     cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes, replicas=True), shapes, m))
-    return ec, mesh, abstract(models.abstract_params(m), models.param_shardings(m, mesh)), cache, R
+    params = abstract(models.abstract_params(m), models.param_shardings(m, mesh))
+    narrow = DTYPES[m.dtype] if engine_dtype_bytes(m) < DTYPES[m.param_dtype].dtype.itemsize else None
+    params = jax.tree.map(lambda x, cast: jax.ShapeDtypeStruct(x.shape, narrow, sharding=x.sharding)
+                          if cast and narrow else x, params, models.compute_cast_mask(m))
+    return ec, mesh, params, cache, R
 
 
 def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
-    """One prefill chunk of the rollout engine sized for w (w.engine) on the training mesh (`_engine_inputs`):
+    """One prefill chunk of the rollout engine sized for w (w.engine) in its replica layout (`_engine_inputs`):
     inference/engine_programs.py `prefill_program` on its largest call, prefill_rows x prefill_chunk tokens over page
     tables max_pages_per_seq wide, no sampling filter, the jnp attention path (as inference/engine.py `_warmup`
     calls it)."""
@@ -370,8 +370,7 @@ def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: 
         ec = e.engine_config()
         out.append(measure(f"engine prefill {ec.prefill_rows}x{ec.prefill_chunk}, {e.max_pages_per_seq} pages",
                            engine_prefill_peak(w), lambda opts: engine_prefill_memory(w, opts)))
-        planned = sum(p.item(n) for n in ("parameters", "engine parameters", "engine pool", "engine programs"))
-        out.append(measure(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", planned,
+        out.append(measure(f"engine decode {e.slots}x{e.max_pages_per_seq} pages", engine_decode_peak(w),
                            lambda opts: engine_decode_memory(w, opts)))
     if sampler and w.kind != "lm" and w.engine is None:
         # every prompt rung of the loop's sampler ladder (workload.sampler_prompts; w.rollout is the longest)

@@ -39,6 +39,27 @@ def param_bytes(model: ModelConfig, mesh: dict) -> int:
                for s in jax.tree.leaves(param_specs(model), is_leaf=is_spec))
 
 
+def engine_dtype_bytes(model: ModelConfig) -> int:
+    """The itemsize the engine's copy holds its matrices in (train/rl/chat_models.py engine_dtype): the compute
+    dtype's where narrower than the parameters', else the parameters'."""
+    return min(DTYPES[model.dtype].dtype.itemsize, DTYPES[model.param_dtype].dtype.itemsize)
+
+
+def engine_param_bytes(model: ModelConfig, mesh: dict, cast_only: bool = False) -> int:
+    """Per-device bytes of the rollout engine's copy of the parameters on `mesh` (its replica layout): the leaves
+    models.compute_cast_mask marks in `engine_dtype_bytes`, the rest in the parameters' dtype. cast_only: only the
+    cast leaves, and none where the cast is no narrowing (where the training arrays are already laid out as the
+    engine takes them, the rest is a view of them, inference/weight_sync.py)."""
+    stored, narrow = DTYPES[model.param_dtype].dtype.itemsize, engine_dtype_bytes(model)
+    specs = jax.tree.leaves(param_specs(model), is_leaf=is_spec)
+    total = 0
+    for s, cast in zip(specs, jax.tree.leaves(models.compute_cast_mask(model))):
+        if cast_only and not (cast and narrow < stored):
+            continue
+        total += math.prod(s.shape) * (narrow if cast else stored) // divisor(s.axes, s.shape, mesh, model)
+    return total
+
+
 @dataclasses.dataclass(frozen=True)
 class SyncBytes:
     """The weight sync of several processes (inference/weight_sync.py), per device: `peak` the largest one

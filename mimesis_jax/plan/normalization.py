@@ -162,14 +162,16 @@ def _convert_excess(name: str, full: int, insts: dict, bodies: dict) -> tuple[in
         return 0, None
     body = bodies.get(re.search(r"calls=%([^\s,]+)", rest)[1], {})
     root = next((v for v in body.values() if v[3]), None)
-    while root is not None and root[1] == "bitcast":
+    sliced = False  # a slice of the converted value: the bf16 slice is computed in the fusion (a copy anyway)
+    while root is not None and root[1] in ("bitcast", "slice"):
+        sliced = sliced or root[1] == "slice"
         root = body.get(_operand(root[2]))
     if root is None or root[1] != "convert" or "op_name=" in root[2]:
         return 0, None
     src = body.get(_operand(root[2]))
     if src is None or not src[0].startswith("bf16["):
         return 0, None
-    if src[1] != "parameter":
+    if src[1] != "parameter" or sliced:
         return full // 2, None
     return full, _buffer(_operand(rest, int(re.match(r"(\d+)", src[2])[1])), insts)
 

@@ -16,7 +16,7 @@ from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan.memory import divisor
 from mimesis_jax.inference.engine_sizing import rollout_sizing
 from mimesis_jax.inference.sampler import Buckets
-from mimesis_jax.config.layout import rollout_layout
+from mimesis_jax.config.layout import decode_layout, layout_text, rollout_layout
 from mimesis_jax.sharding import layout_axes, rules_of
 from mimesis_jax.train.rl.chat_models import fixed_buckets, ladder_buckets
 from mimesis_jax.train.rl.ladder import ladder_for_config
@@ -111,9 +111,14 @@ def process_mesh(mesh: dict, processes: int) -> dict:
     return out
 
 
-def rollout_mesh_text(cfg) -> str:
-    """`rollout.mesh` of an RL stage's config ("": decode in the training layout); an LM stage has no rollout."""
-    return cfg.rollout.mesh if isinstance(cfg, (AgentRLConfig, SimRLConfig)) else ""
+def rollout_mesh_text(cfg, mesh: dict) -> str:
+    """The layout an RL stage's config decodes in on the training mesh `mesh`, as `rollout.mesh` spells it: the
+    key itself, or with `rollout.engine` and the key unset the engine's default (config/layout.py decode_layout:
+    the tensor split kept, the other devices replicas); "" (decode in the training layout) else. An LM stage has
+    no rollout."""
+    if not isinstance(cfg, (AgentRLConfig, SimRLConfig)):
+        return ""
+    return layout_text(decode_layout(cfg.rollout.mesh, cfg.rollout.engine, mesh.get("tensor", 1)))
 
 
 def rollout_axes(cfg, mesh: dict, processes: int) -> dict:
@@ -122,7 +127,7 @@ def rollout_axes(cfg, mesh: dict, processes: int) -> dict:
     unless it uses exactly those devices), else the process's block of `mesh` (`process_mesh`; `mesh` itself on
     one process)."""
     local = process_mesh(mesh, processes)
-    layout = rollout_layout(rollout_mesh_text(cfg))
+    layout = rollout_layout(rollout_mesh_text(cfg, mesh))
     return local if layout is None else layout_axes(layout, math.prod(local.values()))
 
 

@@ -248,7 +248,9 @@ class AgentCluster(Cluster):
         sim_engine = None
         on = distributed.rollout_mesh(self.run_state.mesh)
         if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view,
-            # per replica of the mesh it runs on
+            # per replica of the mesh it runs on: the engine's layout (distributed.layout_of), where its frozen
+            # weights are placed once, replicated over the replicas
+            on = distributed.rollout_mesh(self.run_state.mesh, r)
             sim_engine = functools.partial(simulator_engine_config, cfg, dialogues=in_flight, mesh=on)
         self.side = self.given_side or build_user_side(cfg.users, engine_config=sim_engine, mesh=on)
 

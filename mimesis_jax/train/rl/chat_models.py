@@ -29,7 +29,7 @@ from mimesis_jax.config.rl import AgentRLConfig, SidesConfig, UserSideConfig, co
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
 from mimesis_jax.inference.engine_sizing import rollout_sizing
@@ -52,12 +52,19 @@ def rollout_engine_config(r, model_config: ModelConfig, dialogues: int, mesh=Non
 def engine_params(params, config=None, mesh=None, rollout=None):
     """The rollout engine's copy of the parameters. Without a mesh: on one device (the engine runs there),
     gathered from the training shards (several processes: the host copy of distributed.host_params). With the
-    training mesh: `distributed.rollout_params` -- as they are on one process, sharded over this process's
-    devices on several, or resharded into the `rollout.mesh` layout of `rollout` (the rollout section) where it
-    is set; the engine places them on its mesh as models.shard_params says."""
+    training mesh: `distributed.rollout_params` -- resharded into the engine's layout (`rollout.mesh`, else its
+    default replica layout: distributed.layout_of), the matrices in the compute dtype (`engine_dtype`; the samples
+    are unchanged); the engine places them on its mesh as models.shard_params says."""
     if mesh is None:
         return jax.device_put(distributed.host_params(params), jax.local_devices()[0])
-    return distributed.rollout_params(config, params, mesh, rollout)
+    return distributed.rollout_params(config, params, mesh, rollout, dtype=engine_dtype(config))
+
+
+def engine_dtype(config: ModelConfig):
+    """The dtype of the engine's copy of the matrices: the compute dtype where it is narrower than the parameters'
+    (the forward casts them to it anyway: models.compute_cast_mask), else None (the training dtype)."""
+    compute, stored = config.compute_dtype, DTYPES[config.param_dtype]
+    return compute if compute.dtype.itemsize < stored.dtype.itemsize else None
 
 
 def policy_params(model_config: ModelConfig, r, params, mesh=None):

@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mimesis_jax.checkpoints import gather_json
 from mimesis_jax.inference.weight_sync import WeightSync
-from mimesis_jax.config.layout import rollout_layout
+from mimesis_jax.config.layout import decode_layout, rollout_layout
 from mimesis_jax.sharding import layout_mesh, local_rollout_mesh
 
 
@@ -76,12 +76,15 @@ def global_groups(local_ids: Sequence[int]) -> list[int]:
     return sorted({int(g) for g in gather_list(list(local_ids))})
 
 
-def layout_of(rollout) -> dict | None:
-    """The rollout layout of `rollout`: a rollout section (its `mesh` key, config/rl.py RolloutSection), the key's
-    text itself, or None; None (the training layout) where it is unset or "" (config/layout.py rollout_layout)."""
+def layout_of(rollout, mesh=None) -> dict | None:
+    """The layout decode runs in for `rollout`: a rollout section (config/rl.py RolloutSection: `rollout.mesh`, and
+    with `rollout.engine` and no `rollout.mesh` the engine's replica layout over `mesh`'s tensor axis,
+    config/layout.py decode_layout), or the key's text itself, or None; None (the training layout) where it is
+    unset or "" and the engine is off."""
     if rollout is None or isinstance(rollout, str):
         return rollout_layout(rollout or "")
-    return rollout_layout(rollout.mesh)
+    tensor = 1 if mesh is None else dict(mesh.shape).get("tensor", 1)
+    return decode_layout(rollout.mesh, rollout.engine, tensor)
 
 
 def rollout_mesh(mesh: Mesh | None, rollout=None) -> Mesh | None:
@@ -90,13 +93,15 @@ def rollout_mesh(mesh: Mesh | None, rollout=None) -> Mesh | None:
     process samples its own episodes (`process_share`): a program over the global mesh would need every process
     to run it with the same inputs. None stays None (no mesh: one device).
 
-    rollout: the rollout section (or its `rollout.mesh` text). With `rollout.mesh` set, those devices laid out as
-    it says instead (sharding.layout_mesh: data = the replicas, tensor = the tensor-parallel split, fsdp 1); a
-    layout whose axes do not multiply to the process's device count is a ConfigError naming rollout.mesh."""
+    rollout: the rollout section (or its `rollout.mesh` text). With `rollout.mesh` set, or with `rollout.engine`
+    (its default layout, config/layout.py engine_layout: the tensor split kept, the other devices replicas), those
+    devices laid out as `layout_of` says instead (sharding.layout_mesh: data = the replicas, tensor = the
+    tensor-parallel split, fsdp 1); a layout whose axes do not multiply to the process's device count is a
+    ConfigError naming rollout.mesh."""
     if mesh is None:
         return None
     block = mesh if jax.process_count() == 1 else local_rollout_mesh(mesh)
-    return layout_mesh(block, layout_of(rollout))
+    return layout_mesh(block, layout_of(rollout, mesh))
 
 
 def host_params(params):
@@ -108,30 +113,34 @@ def host_params(params):
     return multihost_utils.process_allgather(params, tiled=True)
 
 
-def rollout_params(config, params, mesh: Mesh | None, rollout=None):
+def rollout_params(config, params, mesh: Mesh | None, rollout=None, dtype=None):
     """The parameters the sampler uses, placed on `rollout_mesh(mesh, rollout)` as `models.shard_params` lays them
     out.
 
-    The training layout (`rollout.mesh` unset), one process: the training parameters as they are (already sharded
-    on the training mesh: no copy). Several, or a rollout layout (`rollout.mesh`) on any number of processes:
+    The training layout (`rollout.mesh` unset, the engine off), one process: the training parameters as they are
+    (already sharded on the training mesh: no copy). Several, or a rollout layout (`rollout.mesh`, or the engine's
+    default, `layout_of`) on any number of processes:
     resharded device to device from the training layout to this process's rollout mesh
     (inference/weight_sync.py: every process calls it; no host copy, no device holds more than its shards) --
     every device of every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on
     the mesh", "Rollout layout"). Without a mesh (several processes): the host-gathered copy on this process's
-    first device."""
-    layout = layout_of(rollout)
+    first device.
+
+    dtype: with a weight sync, the copy's matrices in that dtype (WeightSync(exact=True): the parameters the
+    forward casts to it anyway, so the samples are unchanged); None keeps the training dtype."""
+    layout = layout_of(rollout, mesh)
     if mesh is not None and layout is not None:
-        return _weight_sync(config, mesh, tuple(layout.items()))(params)
+        return _weight_sync(config, mesh, tuple(layout.items()), dtype)(params)
     if jax.process_count() == 1:
         return params
     if mesh is None:
         return jax.device_put(host_params(params), jax.local_devices()[0])
-    return _weight_sync(config, mesh)(params)
+    return _weight_sync(config, mesh, (), dtype)(params)
 
 
 @functools.lru_cache(maxsize=4)
-def _weight_sync(config, mesh: Mesh, layout: tuple = ()) -> WeightSync:
-    return WeightSync(config, mesh, layout=dict(layout) or None)
+def _weight_sync(config, mesh: Mesh, layout: tuple = (), dtype=None) -> WeightSync:
+    return WeightSync(config, mesh, layout=dict(layout) or None, dtype=dtype, exact=dtype is not None)
 
 
 def step_array(step: int, mesh):
