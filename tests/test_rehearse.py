@@ -4,7 +4,8 @@ the command that runs it for a step (commands/rehearse.py).
 The narrowing tests are cheap (configs and shapes, nothing compiled), as are those of `off_programs` on a plan
 made off on purpose and of the Stage I.3 rehearsal's toy judge; the two slow ones run the command in a subprocess
 with no device count in its environment (rehearse gives the CPU the mesh's 16 devices) and check the structure,
-every program within the planner's tolerance, the per-step figures and that the update moved the weights. Both
+every program within the planner's tolerance, the per-step figures and that the update moved the weights (the
+simrl one for two steps with the static sampler and then the engine: issue #43 item 4's check for Stage I.3). Both
 rehearse in float32 (`--set train.dtype=float32`): on a CPU the bf16 programs compile larger than the planner (sized
 for accelerators) counts (the Stage II update: plan/compiled 0.69 in bf16, 0.89 in fp32), so fp32 is the honest
 compare of plan against compiled on a CPU, and it runs faster there (agent csd 72 -> 56 CPU s)."""
@@ -26,13 +27,14 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.envs import soul
 from mimesis_jax.envs.agent_env import EnvError
 from mimesis_jax.envs.soul import humanual
-from mimesis_jax.envs.toy import ToyBehaviourJudge
+from mimesis_jax.envs.toy import ToyBehaviourJudge, ToySupportAgent
 from mimesis_jax.envs.userrl import mixture
 from mimesis_jax.models.qwen3_5 import layer_block
 from mimesis_jax.commands import rehearse as rehearse_cli
 from mimesis_jax.plan.compiled import TOLERANCE
 from mimesis_jax.plan.rehearse import SIM_DOMAINS, narrow_config
 from mimesis_jax.plan.workload import load_run_config, runtime_model, workload_from_config
+from mimesis_jax.train.metrics import read_metrics
 
 from helpers import subprocess_env
 
@@ -129,14 +131,25 @@ def test_simrl_9b_keeps_the_paper_structure():
     assert paper.rollout.thinking and not r.thinking
     assert tiny.domains.max_user_turns == 8 and tiny.domains.weights == SIM_DOMAINS
     assert {soul.task_info(d).family for d, _ in SIM_DOMAINS} == {"judge"}
-    assert (tiny.sides.judge, tiny.sides.support_agent, tiny.sides.max_tokens) == ("toy-judge", "toy-agent", 64)
+    assert (tiny.sides.judge, tiny.sides.support_agent, tiny.sides.partner, tiny.sides.max_tokens) == (
+        "toy-judge", "toy-agent", "toy-agent", 64)
+    # the multi-turn domain: every record opens within the context with room for a turn, and takes >= 2 turns
+    tok = load_tokenizer("tiny")
+    (multi,) = [d for d, _ in SIM_DOMAINS if soul.task_info(d).multi_turn]
+    for record in soul.sample_records(multi):
+        env = soul.make_env(multi, record, judge=ToyBehaviourJudge(), partner=ToySupportAgent())
+        env.thinking = False
+        opening = render_messages(tok, env.reset(seed=0), add_generation_prompt=True, generation_role=env.policy_role)
+        assert len(opening.ids) + r.max_tokens <= r.max_context_tokens and env.max_policy_turns >= 2
 
 
 def test_the_simulator_rehearsal_judge_grades_any_reply():
     """The toy judge scores the rehearsal's Humanual domains for any reply, by its words against the real reply's,
     so a random policy's group of replies gets rewards that differ (its update has advantages to follow)."""
     assert ToyBehaviourJudge.HUMANUAL_DIMENSIONS == humanual.DIMENSIONS
-    for name, _ in SIM_DOMAINS:
+    single = [name for name, _ in SIM_DOMAINS if not soul.task_info(name).multi_turn]
+    assert single == ["humanual_chat", "humanual_opinion"]
+    for name in single:
         record = soul.sample_records(name)[0]
         real = len(re.findall(r"[A-Za-z]+", record["completion"]))
 
@@ -151,6 +164,33 @@ def test_the_simulator_rehearsal_judge_grades_any_reply():
             want = round(math.exp(-((w - real) / real) ** 2), 6) * factor
             assert math.isclose(reward(w), want, rel_tol=1e-9, abs_tol=1e-12), (name, w)
         assert reward(real) == 1.0 > reward(real // 2) > reward(3 * real)
+
+
+def test_the_simulator_rehearsal_judge_grades_any_mirrorbench_reenactment():
+    """The toy judge scores the rehearsal's MirrorBench dialogues (the toy support agent as the partner) by the mean
+    words of the simulated user turns against the real user turns': min / max of the two, so long random turns
+    still get graded rewards; a turn's further lines count to it."""
+    record = soul.sample_records("mirrorbench")[1]
+    real = [t for t in record["turns"] if t["role"] == "user"]
+    assert len(real) >= 2
+    w_real = sum(len(re.findall(r"[A-Za-z]+", t["content"])) for t in real) / len(real)
+
+    def reward(turns):
+        env = soul.make_env("mirrorbench", record, judge=ToyBehaviourJudge(), partner=ToySupportAgent())
+        env.reset(seed=0)
+        for i, text in enumerate(turns):
+            t = env.step(None, text)
+            assert t.done == (i == len(real) - 1)
+        return t.reward
+
+    for words in ((1, 1), (3, 5), (40, 60), (int(w_real), int(w_real))):
+        turns = [" ".join(["word"] * w) for w in words] + ["a b"] * (len(real) - 2)
+        w = (sum(words) + 2 * (len(real) - 2)) / len(real)
+        assert reward(turns) == round(min(w, w_real) / max(w, w_real), 6), words
+    # a turn over two lines counts as one turn of all its words
+    split = ["one two\nthree four", "five"] + ["a b"] * (len(real) - 2)
+    w = (5 + 2 * (len(real) - 2)) / len(real)
+    assert reward(split) == round(min(w, w_real) / max(w, w_real), 6)
 
 
 def test_toy_source_with_turns_and_its_errors():
@@ -216,11 +256,19 @@ def _check_steps(rep, stdout):
         assert c["sampler"] == 0 and c["engine"] >= 2
     else:
         assert c["engine"] == 0 and c["sampler"] >= 1
-    for s in rep["steps"]:
-        # one step: the learner's count of the programs compiled so far is the run's, part by part
-        parts = {"update": "rl_update", "old_logprobs": "old_logprobs", "sampler": "sampler", "engine": "engine"}
-        assert {k: s[f"compilations/{k}"] for k in parts} == {k: rep["compilations"][v] for k, v in parts.items()}
-        assert s["num_compilations"] == sum(s[f"compilations/{k}"] for k in parts)
+    parts = {"update": "rl_update", "old_logprobs": "old_logprobs", "sampler": "sampler", "engine": "engine"}
+    for i, s in enumerate(rep["steps"]):
+        # the learner's count of the programs compiled so far: the run's, part by part, after its last step; with
+        # the engine after every step (it compiles every program on its first call, EngineConfig.precompile, so a
+        # later step compiles nothing new), without it at most the run's (a later turn may meet a new batch bucket)
+        run = {k: rep["compilations"][v] for k, v in parts.items()}
+        counts = {k: s[f"compilations/{k}"] for k in parts}
+        if rep["engine"] or i == len(rep["steps"]) - 1:
+            assert counts == run
+        else:
+            assert all(counts[k] <= run[k] for k in parts), (counts, run)
+        assert s["num_compilations"] == sum(counts.values())
+        assert f"step {i + 1}: " in stdout
         if rep["engine"]:  # an uncapped pool (rehearse: engine_memory_gib = 0) evicts nothing
             assert s["engine/evictions"] == 0 and s["engine/reused_tokens"] >= 0
             assert f"engine reused tokens {s['engine/reused_tokens']}, evictions 0" in stdout
@@ -232,11 +280,29 @@ def _check_steps(rep, stdout):
 
 
 def _check_learns(rep):
-    """The rehearsal's world rewards the random policy unevenly within its groups, so the step has advantages, a
+    """The rehearsal's world rewards the random policy unevenly within its groups, so every step has advantages, a
     loss and an update that moves the weights."""
-    (step,) = rep["steps"]
-    assert step["reward_mean"] > 0 and step["loss"] != 0, step
+    for step in rep["steps"]:
+        assert step["reward_mean"] > 0 and step["loss"] != 0, step
     assert rep["param_change"] > 0
+
+
+def check_engine_steps(rep, stdout, mesh):
+    """`rehearse --engine on --steps 2` (issue #43 item 4) at a paper mesh of 16 fake devices: every dialogue of a
+    step stays in its replica's pool (the rehearsal's pool is uncapped: engine_memory_gib = 0, sized per replica),
+    so nothing is evicted; the engine compiles every program on its first call (EngineConfig.precompile), so step 2
+    compiles nothing new. Returns the two steps."""
+    assert rep["engine"] and rep["num_devices"] == 16 and rep["mesh"] == mesh
+    first, second = rep["steps"]
+    assert first["engine/evictions"] == second["engine/evictions"] == 0
+    # step 2 compiles no new program: the run's count (every part) is step 1's
+    assert second["num_compilations"] == first["num_compilations"] == sum(
+        rep["compilations"][k] for k in ("rl_update", "old_logprobs", "sampler", "engine"))
+    assert rep["compilations"]["sampler"] == 0 and rep["compilations"]["engine"] >= 2
+    for i, s in enumerate((first, second), 1):
+        assert (f"step {i}: " in stdout and f"engine reused tokens {s['engine/reused_tokens']}, evictions 0"
+                in stdout)
+    return first, second
 
 
 def _report(plan_bytes, compiled_bytes, ok=True):
@@ -284,9 +350,11 @@ def test_rehearse_agent_csd(tmp_path):
 @pytest.mark.slow
 def test_rehearse_simrl_9b(tmp_path):
     # one period of the layer pattern, fp32, the CPU init's cheap compile; the static sampler, then the rollout
-    # engine (--engine both: 151 CPU s, -n 0, loaded cores)
-    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", *FP32)
+    # engine, two steps each: also issue #43 item 4's engine check at the Stage I.3 paper mesh (one rehearsal for
+    # both instead of a second engine-only run in tests/test_rehearse_engine.py)
+    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32)
     assert (off["engine"], on["engine"]) == (False, True)
+    paper = load_run_config(SIM).rollout
     for rep in (off, on):
         assert rep["num_devices"] == 16 and rep["mesh"] == {"data": 2, "fsdp": 4, "tensor": 2}
         assert (rep["group_size"], rep["updates_per_step"], rep["csd"]) == (8, 4, False)
@@ -300,26 +368,37 @@ def test_rehearse_simrl_9b(tmp_path):
         assert all(list(p["shape"].values()) in plan and p["shape"]["row_len"] == 1024 for p in updates)
         _check_programs(rep, stdout)
         _check_steps(rep, stdout)
-        (step,) = rep["steps"]
-        assert step["updates"] == 4
-        assert math.isclose(step["coach_s"], 0.0)
+        for step in rep["steps"]:
+            assert step["updates"] == 4
+            assert math.isclose(step["coach_s"], 0.0)
+            # MirrorBench's dialogues take more than one policy turn: more tokens than one full turn per rollout
+            assert step["generated_tokens"] > rep["prompts_per_step"] * rep["group_size"] * paper.max_tokens // 16, step
         _check_learns(rep)
+    first, second = check_engine_steps(on, stdout, {"data": 2, "fsdp": 4, "tensor": 2})
+    # no reuse yet, though MirrorBench's turns 2+ return to their dialogue: the simulator runner renders each
+    # turn's prompt afresh from the dialogue (episodes/simulator.py), and the chat template drops the empty think
+    # block that ended the previous prompt (data/chat.py: Qwen3 shows it only after the last user query), so the
+    # new prompt does not extend the cached prompt + reply and the engine prefills it again
+    assert first["engine/reused_tokens"] == second["engine/reused_tokens"] == 0
+    # ... and counts each such return as a recomputed dialogue (the step records the run logged)
+    logged = [r for r in read_metrics(str(tmp_path / "run" / "engine_on")) if "engine/recomputed" in r]
+    assert len(logged) == 2 and all(r["engine/recomputed"] > 0 for r in logged), logged
     # the engine draws the static sampler's tokens from the same per-request keys: the same dialogues, rewards,
     # tokens and update (float32)
-    (s_off,), (s_on,) = off["steps"], on["steps"]
-    for key in ("reward_mean", "generated_tokens", "trained_tokens"):
-        assert s_on[key] == s_off[key], key
+    for s_off, s_on in zip(off["steps"], on["steps"]):
+        for key in ("reward_mean", "generated_tokens", "trained_tokens"):
+            assert s_on[key] == s_off[key], key
+        assert s_on["loss"] == pytest.approx(s_off["loss"], rel=1e-4)
     assert on["param_change"] == pytest.approx(off["param_change"], rel=1e-4)
-    assert s_on["loss"] == pytest.approx(s_off["loss"], rel=1e-4)
 
 
 def test_a_rehearsal_that_trains_nothing_fails_naming_the_flag(tmp_path):
-    # at --tokens 32 the simulator's 16,384-token context becomes 512: no rehearsal domain's prompt leaves room for
+    # at --tokens 64 the simulator's 16,384-token context becomes 256: no rehearsal domain's prompt leaves room for
     # a turn, so the step rolls out and trains nothing -- an error naming the flag, not a report of nothing
-    proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "rehearse", "--config", SIM, "--tokens", "32", *FP32],
+    proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "rehearse", "--config", SIM, "--tokens", "64", *FP32],
                           capture_output=True, text=True, timeout=600, env=subprocess_env())
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr.strip().splitlines()[-1]
-    context = load_run_config(SIM).rollout.max_context_tokens // 32
+    context = load_run_config(SIM).rollout.max_context_tokens // 64
     assert err == (f"error: --config {SIM}: the rehearsal (rollout.engine off) trained nothing: no rollout fit "
-                   f"max_context_tokens {context} (--tokens 32); use a smaller --tokens")
+                   f"max_context_tokens {context} (--tokens 64); use a smaller --tokens")

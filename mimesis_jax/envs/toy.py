@@ -154,7 +154,9 @@ class ToyCoach(ChatModel):
 # ------------------------------------------------------------------------------------ simulator-stage toy sides
 class ToySupportAgent(ChatModel):
     """A rule-based ABCD support agent for CPU runs of Stage I's joint RL (envs/abcd/env.py's fixed side): it
-    acknowledges the customer's last message, quoting its first words, and asks for the next detail."""
+    acknowledges the customer's last message, quoting its first words, and asks for the next detail. The Stage I.3
+    rehearsal (plan/rehearse.py) also makes it the `partner` of its multi-turn SOUL domain (MirrorBench's assistant
+    "mirror"): there too the simulated user's messages are `user` turns and its replies `assistant` ones."""
 
     def chat(self, messages, **_):
         last = next((x.get("content", "") for x in reversed(messages) if x.get("role") == "user"), "")
@@ -173,13 +175,24 @@ class ToyBehaviourJudge(ChatModel):
     It also answers the SOUL Humanual judge (envs/soul/humanual.py, the request of prompts/humanual.toml `judge`),
     as the rehearsal of Stage I.3 asks it (plan/rehearse.py SIM_DOMAINS): every dimension scores
     exp(-((w - w_real) / w_real)^2), w the simulated reply's words and w_real the real reply's (at least 1), so a
-    reply about as long as the person's scores best and any reply gets a graded score."""
+    reply about as long as the person's scores best and any reply gets a graded score.
+
+    And the SOUL MirrorBench judge (envs/soul/mirrorbench.py, prompts/mirrorbench.toml `judge`), the multi-turn
+    domain of that rehearsal: {"score": min(w, w_real) / max(w, w_real)}, w the mean words of the simulated USER
+    turns (0 with none) and w_real the real ones' (at least 1): user turns as long as the real user's score 1, k
+    times longer or shorter 1 / k -- never vanishing, so a random policy's long turns still get graded rewards."""
 
     # the headings around the replies in the Humanual judge's request (envs/soul/prompts/humanual.toml `judge`) and
     # the dimensions it asks for (envs/soul/humanual.py DIMENSIONS; not imported: the SOUL tasks depend on this
     # module's library)
     REAL_REPLY, SIMULATED_REPLY = "## The real reply", "## The simulated reply (score this one)"
     HUMANUAL_DIMENSIONS = ("stance", "emotion", "belief", "value", "goal", "communication")
+
+    # the headings around the two conversations in the MirrorBench judge's request (prompts/mirrorbench.toml `judge`)
+    # and the start of the rubric after the second; each turn there is a "ROLE: text" line (mirrorbench.format_turns),
+    # a turn's further lines follow it
+    MIRROR_REAL, MIRROR_SIMULATED = "## Real conversation", "## Simulated conversation"
+    MIRROR_RUBRIC = "\n\nJudge only the USER turns"
 
     def __init__(self, target_words: int = 12):
         self.target_words = target_words
@@ -194,10 +207,35 @@ class ToyBehaviourJudge(ChatModel):
         score = round(math.exp(-((words - real) / real) ** 2), 6)
         return ChatResponse(text=json.dumps({d: score for d in self.HUMANUAL_DIMENSIONS}), meta={"model": "toy-judge"})
 
+    @staticmethod
+    def user_turn_words(conversation: str) -> list[int]:
+        """The words of each USER turn of a "ROLE: text" conversation (a turn's further lines count to it)."""
+        counts, role = [], None
+        for line in conversation.splitlines():
+            head = re.match(r"(USER|ASSISTANT): ?", line)
+            if head:
+                role = head.group(1)
+                if role == "USER":
+                    counts.append(0)
+                line = line[head.end():]
+            if role == "USER":
+                counts[-1] += len(_WORD.findall(line))
+        return counts
+
+    def _mirror(self, request: str) -> ChatResponse:
+        real = self.user_turn_words(self._section(request, self.MIRROR_REAL))
+        sim = self.user_turn_words(self._section(request, self.MIRROR_SIMULATED).split(self.MIRROR_RUBRIC, 1)[0])
+        w_real = max(1.0, sum(real) / len(real)) if real else 1.0
+        w = sum(sim) / len(sim) if sim else 0.0
+        score = round(min(w, w_real) / max(w, w_real), 6)
+        return ChatResponse(text=json.dumps({"reasoning": "toy judge", "score": score}), meta={"model": "toy-judge"})
+
     def chat(self, messages, **_):
         request = messages[-1].get("content", "") if messages else ""
         if self.SIMULATED_REPLY in request and self.REAL_REPLY in request:
             return self._humanual(request)
+        if self.MIRROR_SIMULATED in request and self.MIRROR_REAL in request:
+            return self._mirror(request)
         simulated = request.split("# Simulated part", 1)[-1]
         turns = [line[len("Customer:"):].strip() for line in simulated.splitlines() if line.startswith("Customer:")]
         if not turns:

@@ -29,7 +29,8 @@ narrowed
 * prompts per step: the paper's / `batch` (the mini-batch shrinks with it);
 * the sides: Stage II's user, judge and coach are the rule-based toy user and coach on `toy:N:s:turns`
   ToyKeyword tasks with the paper's turn limit (envs/toy.py); Stage I.3 draws two single-turn judged SOUL
-  domains (`SIM_DOMAINS`) with the toy judge and support agent configured, and samples without thinking
+  domains and a multi-turn one (`SIM_DOMAINS`) with the toy judge, and the toy support agent as the support agent
+  and the multi-turn domain's partner, and samples without thinking
   (rollout.thinking = False: a random-init policy never closes its thought with `</think>`, one token of 1,024,
   so it would never reply and every reward would be 0; the programs are the same, the sampler's shapes fixed by
   the token budgets); nothing is served or read from disk;
@@ -56,13 +57,17 @@ MIN_LOGPROB_CHUNK = 64
 TOY_TASKS = 64
 # the toy tasks' prompts are 58-64 tiny tokens (system + user turn, rendered): the paper's 1,152 / 16
 TOY_PROMPT_TOKENS = 72
-# Stage I.3's rehearsal domains: two single-turn judged ones, whose rewards the toy judge grades for any reply
-# (envs/toy.py ToyBehaviourJudge: by the reply's length against the real one), so a random-init policy gets
-# rewards that differ within a group and its update moves the weights; their prompts, in the tiny tokenizer
-# (460-560 tokens), leave room for a turn in the 1,024-token context of the paper's 16,384 / 16. The choice domains
+# Stage I.3's rehearsal domains: judged ones whose rewards the toy judge grades for any reply (envs/toy.py
+# ToyBehaviourJudge: by the replies' length against the real ones), so a random-init policy gets rewards that
+# differ within a group and its update moves the weights. Two single-turn Humanual domains, whose prompts in the
+# tiny tokenizer (460-560 tokens) leave room for a turn in the 1,024-token context of the paper's 16,384 / 16, and
+# the multi-turn MirrorBench (2-4 policy turns per record, the toy support agent as its partner): its openings
+# are 230-260 tiny tokens and each turn adds the reply and the partner's answer, so a random policy's 128-token
+# turns all fit that context (at --tokens 32, 512 tokens and 64-token turns, only MirrorBench fits; at 64 none).
+# With the uniform weights and seed 0 each of the two steps draws MirrorBench at least once. The choice domains
 # (hitom, social_r1...) score a random policy 0 (it never writes an option letter in <answer> tags), and
 # abcd_behaviour's opening prompts are 1,100-1,400 tiny tokens: it gets no policy turn at that context.
-SIM_DOMAINS = (("humanual_chat", 1.0), ("humanual_opinion", 1.0))
+SIM_DOMAINS = (("humanual_chat", 1.0), ("humanual_opinion", 1.0), ("mirrorbench", 1.0))
 
 
 def _multiple(n: float, m: int) -> int:
@@ -160,7 +165,7 @@ def narrow_config(cfg, *, width: int = 64, repeats: int | None = None, tokens: i
                           **common)
     else:  # Stage I.3
         sides = dataclasses.replace(cfg.sides, judge="toy-judge", judge_model="", support_agent="toy-agent",
-                                    support_agent_model="", partner="", partner_model="", key_env="",
+                                    support_agent_model="", partner="toy-agent", partner_model="", key_env="",
                                     max_tokens=_scale(cfg.sides.max_tokens, tokens))
         domains = dataclasses.replace(cfg.domains, weights=SIM_DOMAINS, sources=())
         rollout = dataclasses.replace(_rollout(r, tokens, prompts, "max_tokens"), thinking=False)
