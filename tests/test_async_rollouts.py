@@ -15,10 +15,12 @@ import pytest
 
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
+from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.train.rl import agent as A
 from mimesis_jax.train.rl.async_rollouts import Produced, RolloutProducer, staleness_record
+from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
@@ -95,6 +97,11 @@ def test_staleness_record_against_a_numpy_count():
     assert rec["staleness_max"] == max(lags)
     assert rec["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
     assert staleness_record([Trajectory([Segment("agent", [1, 2])])], 3) == {}  # no version: nothing logged
+    # Stage I.3: a rollout holds one Trajectory per policy turn
+    sim = SimRollout(segments=[Trajectory([Segment("public", [1]), Segment("agent", [2, 3, 4], version=5)]),
+                     Trajectory([Segment("public", [1]), Segment("agent", [5], version=6)])],
+                     domain="d", group_id=0, rollout_id=0)
+    assert staleness_record([sim], 7) == {"staleness_max": 2, "staleness_mean": (3 * 2 + 1 * 1) / 4}
 
 
 def test_negative_max_staleness_names_the_key():
@@ -143,9 +150,8 @@ def test_fixed_lag_trains_each_token_one_version_late(fixed_lag):
     assert sorted(ids) == list(range(len(ids)))  # every rollout id once, in the synchronous run's order
 
 
-TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s", "step_s", "rollout_wait_s",
-          "num_compilations", "compilations/update", "compilations/old_logprobs", "compilations/sampler",
-          "compilations/engine")
+TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s", "step_s",
+          "rollout_wait_s") + COMPILATION_KEYS
 
 
 def test_synchronous_run_has_no_staleness_and_the_first_step_of_both(fixed_lag, tmp_path):
@@ -156,7 +162,7 @@ def test_synchronous_run_has_no_staleness_and_the_first_step_of_both(fixed_lag, 
     for step in (1, 2, 3):
         assert set(_versions(seen[step])) == {step - 1}
         assert sync.metrics[step]["staleness_max"] == 0 == sync.metrics[step]["staleness_mean"]
-        assert "rollout_wait_s" not in sync.metrics[step]
+        assert "rollout_wait_s" not in sync.metrics[step] and "step_s" not in sync.metrics[step]
     strip = lambda rec: {k: v for k, v in rec.items() if k not in TIMING}  # noqa: E731
     assert strip(sync.metrics[1]) == strip(lag.metrics[1])
     assert strip(sync.metrics[2]) != strip(lag.metrics[2])  # step 2 sampled other weights

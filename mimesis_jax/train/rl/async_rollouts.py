@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mimesis_jax.data.trajectory import Segment
 from mimesis_jax.inference import sampler as sampler_lib
 from mimesis_jax.inference.protocol import Generator
 
@@ -199,13 +200,22 @@ def own_copy(placed):
 _copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one program for the whole tree, new buffers
 
 
-def agent_segments(trajectories):
-    """The agent segments of `trajectories` (Stage II dialogues, Stage I.3 policy-turn segments alike)."""
-    return [s for t in trajectories for s in t.segments if s.kind == "agent"]
+def agent_segments(rollouts) -> list[Segment]:
+    """The agent segments of `rollouts`: Stage II dialogues (Trajectory: segments) or Stage I.3 rollouts (SimRollout:
+    one Trajectory per policy turn)."""
+    out = []
+    for r in rollouts:
+        for s in r.segments:
+            if isinstance(s, Segment):
+                if s.kind == "agent":
+                    out.append(s)
+            else:
+                out.extend(agent_segments([s]))
+    return out
 
 
 def staleness_record(trained: list, step: int) -> dict:
-    """`staleness_max` and `staleness_mean` (per token) of the agent tokens of the `trained` trajectories, trained
+    """`staleness_max` and `staleness_mean` (per token) of the agent tokens of the `trained` rollouts, trained
     by version `step`; {} when none carries a version (a scripted stage's hand-made segments)."""
     lags, weights = [], []
     for s in agent_segments(trained):

@@ -562,20 +562,23 @@ class RLLearner:
                     times["start"] = times["rollouts"] - (got.ended - got.started)
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
+                if self.source.lock is None:  # the next rollouts sample the updated policy (in train_s, as ever)
+                    self.publish(policy, step)
                 times["trained"] = time.perf_counter()
-                self.publish(policy, step)  # the next rollouts (or the turns in flight) sample the new weights
+                if self.source.lock is not None:  # the turns in flight or the steps held back: the new weights
+                    self.publish(policy, step)
                 rec = self.record(outs, kept, counts, times)
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
                 rec.update(async_rollouts.staleness_record([t for g in kept for t in g], step - 1))
-                if self.source.lock is not None:
-                    rec["rollout_wait_s"] = wait_s
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
                     rec.update(self.validate(policy,
                                              f"{self.stage} step {step} validation"))
                 now = time.perf_counter()
-                rec["step_s"], ended = now - ended, now  # wall seconds since the previous step's record
+                if self.source.lock is not None:  # wall clock of the pipeline: since the previous step's record
+                    rec.update(step_s=now - ended, rollout_wait_s=wait_s)
+                ended = now
                 pending.append((step, rec, ms))
                 saving = run_.save_due(step, scheduled=self.save_checkpoints)
                 if len(pending) >= sync_every or validating or saving:
