@@ -465,13 +465,16 @@ class RLLearner:
         times["prepared"] = time.perf_counter()
         if self.on_rollouts is not None:
             self.on_rollouts(step + 1, got.outs)
-        chunks = [self.advantages([t for g in kept[i:i + r.mini_batch_prompts] for t in g], counts)
-                  for i in range(0, len(kept), r.mini_batch_prompts)]
+        lock = self.source.lock
+        with contextlib.nullcontext() if lock is None else lock:  # a credit may score on the devices (infopo)
+            chunks = [self.advantages([t for g in kept[i:i + r.mini_batch_prompts] for t in g], counts)
+                      for i in range(0, len(kept), r.mini_batch_prompts)]
+            if lock is not None:
+                jax.block_until_ready(chunks)
         times["advantages"] = time.perf_counter()
         ms: list[dict] = []
         if chunks:
-            run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder,
-                                         lock=self.source.lock)
+            run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder, lock=lock)
         return got.outs, kept, counts, times, ms
 
     def publish(self, policy, version: int) -> None:
@@ -502,7 +505,11 @@ class RLLearner:
         start = run_.start
         if run_.nothing_to_do():
             return RLResult(self.workdir, start, start, {}, False, run_.latest)
-        self.check_async(resuming=run_.latest is not None)
+        try:
+            self.check_async(resuming=run_.latest is not None)
+        except ConfigError:
+            run_.ckpt.close()
+            raise
 
         r = cfg.rollout
         P = jax.process_count()
