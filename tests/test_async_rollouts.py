@@ -8,6 +8,7 @@ schedule) logs the same record on both schedules, update metrics included. That 
 before is the existing loop tests' (tests/test_agent_rl_loop.py, test_rl_schedule_metrics.py) and resume tests'."""
 
 import os
+import signal
 import threading
 
 import numpy as np
@@ -172,6 +173,26 @@ def test_resuming_an_asynchronous_run_is_refused(fixed_lag):
     wd, _, _ = fixed_lag
     with pytest.raises(ConfigError, match=r"^config key 'rl.max_staleness': .* resume with --set rl.max_staleness=0"):
         _run(wd, "rl.max_staleness=1", f"train.steps={STEPS + 1}")
+
+
+def test_a_checkpoint_keeps_the_data_state_of_its_own_step(fixed_lag, tmp_path):
+    """SIGTERM during step 2 of the fixed-lag run: step 3 is drawn already (its rollouts ran beside step 2's
+    update), yet the checkpoint holds the task sampler and rollout id after step 2, so the synchronous resume
+    draws step 3's tasks and ids again."""
+    _, _, lag_seen = fixed_lag
+
+    def stop_at_2(step, trajs):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    user = ToyUser()
+    side = A.UserSide(user, SimulatorAsResponder(user), user, ToyCoach())
+    first = A.run(_cfg("rl.max_staleness=1", "rl.async_deterministic=true"), str(tmp_path), user_side=side,
+                  on_rollouts=stop_at_2, log=lambda *a: None)
+    assert first.preempted and first.checkpoint_step == 2
+    _, seen = _run(tmp_path, "rl.max_staleness=0")
+    key = lambda trajs: [(t.group_id, t.rollout_id, t.task) for t in trajs]  # noqa: E731
+    assert sorted(seen) == [3] and key(seen[3]) == key(lag_seen[3])
 
 
 def test_in_flight_tokens_stay_within_the_bound(tmp_path):
