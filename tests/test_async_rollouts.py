@@ -105,9 +105,12 @@ def test_staleness_record_against_a_numpy_count():
     assert staleness_record([sim], 7) == {"staleness_max": 2, "staleness_mean": (3 * 2 + 1 * 1) / 4}
 
 
-def test_negative_max_staleness_names_the_key():
-    with pytest.raises(ConfigError, match=r"^config key 'rl.max_staleness': must be an int >= 0"):
-        _cfg("rl.max_staleness=-1")
+@pytest.mark.parametrize("sets, msg", [
+    (["rl.max_staleness=-1"], "must be an int >= 0"),
+    (["rl.max_staleness=1", "rollout.engine=true"], "must be 0 with rollout.engine")])
+def test_config_errors_name_rl_max_staleness(sets, msg):
+    with pytest.raises(ConfigError, match=rf"^config key 'rl.max_staleness': {msg}"):
+        _cfg(*sets)
 
 
 # ------------------------------------------------------------------------------------------ the Stage II loop
@@ -198,6 +201,7 @@ def test_a_checkpoint_keeps_the_data_state_of_its_own_step(fixed_lag, tmp_path):
 def test_in_flight_tokens_stay_within_the_bound(tmp_path):
     res, seen = _run(tmp_path, "rl.max_staleness=1")
     for step in (1, 2, 3):
+        assert res.metrics[step]["invalid"] == 0 == res.metrics[step]["skipped_groups"]  # every dialogue trained
         vs = _versions(seen[step])
         assert vs and all(step - 2 <= v <= step - 1 for v in vs), (step, vs)
         lags = [(step - 1) - v for t in seen[step] if t.status == "ok" for s in t.segments if s.kind == "agent"
