@@ -4,18 +4,21 @@ SeedSequence of (generator seed, call count, index)), the same call after a weig
 bookkeeping (pages freed by `release`, dropped by `set_params`)."""
 
 import functools
+import threading
 
 import jax
 import numpy as np
 import pytest
 
 from mimesis_jax import models
+from mimesis_jax.chat.batching import BatchingEngine
 from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.chat.stream import SamplingParams
 from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.engine import EngineConfig
 from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
-from mimesis_jax.inference.protocol import Generator, Sampling
+from mimesis_jax.inference.protocol import Generator, Sample, Sampling
 from mimesis_jax.models.config import ModelConfig
 from test_sampler import QWEN3  # noqa: E402  (the sampler tests' tiny model)
 
@@ -123,3 +126,60 @@ def test_a_chat_model_over_a_given_generator_passes_keys_and_follows_its_weights
     model.set_params(p2, version=2)
     assert model.version == 2 and model.params is gen.params and not gen.engine.pool.dialogues
     model.release(["d"])  # released after new weights: nothing left, nothing fails
+
+
+def test_the_engine_generator_derives_its_seeds_under_the_engines_lock(monkeypatch):
+    """One lock: the call counter and seeds move under RolloutEngine.lock, the lock every engine call (and the
+    server's submissions) takes, not under a second lock of the generator's own."""
+    config, p1, _ = _model()
+    gen = EngineGenerator(config, p1, EC, stop_ids=STOPS)
+    lock, held, columns = gen.engine.lock, [], gen._columns
+
+    def taken_elsewhere():  # from another thread: is the engine's lock held (by the generating thread)?
+        free = lock.acquire(blocking=False)
+        if free:
+            lock.release()
+        held.append(not free)
+
+    def watched(sampling, n):
+        t = threading.Thread(target=taken_elsewhere)
+        t.start()
+        t.join()
+        return columns(sampling, n)
+    monkeypatch.setattr(gen, "_columns", watched)
+    monkeypatch.setattr(gen.engine, "generate_tokens",
+                        lambda prompts, **kw: [Sample([1], [0.0], "stop", len(p)) for p in prompts])
+    gen.generate([[3, 4], [5]], Sampling(max_tokens=2))
+    assert held == [True]
+
+
+def test_batched_requests_sample_with_the_protocols_seeds_on_the_models_call_counter(monkeypatch):
+    """The BatchingEngine derives no seeds of its own: an unseeded request in a batch samples with the protocol's
+    rule (generator seed, call count, row), on the same call counter as the model's direct calls; a seeded one
+    keeps its seed. The sampler is replaced by a recorder (no program is compiled)."""
+    config, p1, _ = _model()
+    calls = []
+
+    def recorder(config, params, prompts, *, seed, **kw):
+        calls.append((list(prompts), list(seed)))
+        return [Sample([1], [0.0], "stop", len(p)) for p in prompts]
+    monkeypatch.setattr(sampler, "generate", recorder)
+    tok = type("Tok", (), {"im_end_id": 1, "eos_id": 2})()
+    model = LocalChatModel(config, p1, tok, seed=5)
+    batcher = BatchingEngine(model, max_batch=3, batch_wait_ms=60_000)  # the batch closes at its 3rd request
+    try:
+        asks = {3: SamplingParams(max_tokens=2), 4: SamplingParams(max_tokens=2, seed=42),
+                5: SamplingParams(max_tokens=2)}
+        threads = [threading.Thread(target=batcher.submit, args=([t], asks[t])) for t in asks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        batcher.close()
+    model.generate([[6]], model.sampling())  # a direct call after the batch: the generator's call 1
+    assert len(calls) == 2
+    (prompts, seeds), direct = calls
+    assert sorted(p[0] for p in prompts) == [3, 4, 5]
+    assert seeds == [42 if p == [4] else _seed_of(5, 0, i) for i, p in enumerate(prompts)]
+    assert direct == ([[6]], [_seed_of(5, 1, 0)])

@@ -398,12 +398,21 @@ def test_fixed_buckets_give_one_shape_within_their_bounds():
     assert fixed_buckets(SimRolloutConfig(max_tokens=8), 8, 6) is None  # no context budget: the default ladders
 
 
-def test_sharded_equals_single_device(model):
+def test_sharded_equals_single_device(model, monkeypatch):
+    """On a mesh the sampler takes the params as placed there and does not place them again (a tree walk per
+    call): it samples what one device samples; params not on the mesh are refused by name."""
     config, params = model
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     prompts = _prompts(config.vocab_size, (3, 8, 5), seed=6)
     ref = gen(config, params, prompts, max_new_tokens=6, temperature=1.0, seed=[1, 2, 3])
-    out = gen(config, params, prompts, max_new_tokens=6, temperature=1.0, seed=[1, 2, 3], mesh=mesh)
+    placed = models.shard_params(config, params, mesh)
+    with pytest.raises(ValueError, match=r"params must already be placed on that mesh.*models\.shard_params"):
+        gen(config, params, prompts, max_new_tokens=6, temperature=1.0, seed=[1, 2, 3], mesh=mesh)
+
+    def no_placing(*a, **k):
+        raise AssertionError("sampler.generate placed params that were already on its mesh")
+    monkeypatch.setattr(models, "shard_params", no_placing)
+    out = gen(config, placed, prompts, max_new_tokens=6, temperature=1.0, seed=[1, 2, 3], mesh=mesh)
     assert [s.tokens for s in out] == [s.tokens for s in ref]
     np.testing.assert_allclose(np.concatenate([s.logprobs for s in out]), np.concatenate([s.logprobs for s in ref]),
                                atol=1e-5)

@@ -20,6 +20,12 @@ Device side (JAX):
   per-token weights that already hold the normaliser (see `loss_token_weights`): the token-mean normaliser is
   the number of agent tokens in the GLOBAL batch (computed on the host before the batch is split into
   micro-batches or devices), so splitting never changes the loss. User, tool and padding tokens have weight 0.
+* the decoupled objective of asynchronous RL (AReaL's decoupled PPO; docs/stage2.md "Off-policy correction"):
+  three policies per token -- pi_behav (sampled it: the rollout's log-prob), pi_prox (the parameters at the
+  update's start: the recomputed old log-prob) and pi_theta (being trained). The clip of Eq 6 is taken against
+  pi_prox, and the per-token surrogate is multiplied by the constant weight
+  u = min(pi_prox / pi_behav, cap) (`behaviour_weight`, `decoupled_grpo_loss`). With pi_behav = pi_prox
+  (synchronous RL) u = 1 and the loss is `grpo_loss` exactly.
 
 Where UserRL's code differs from the paper text, this module follows the paper (docs/reference/paper.md §4.1): UserRL's "Sum"
 is the sum (not the mean) of turn rewards, and it rescales the credits of a trajectory so that their token mean
@@ -268,3 +274,36 @@ def grpo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, weigh
     old_logp = jnp.where(on, old_logp, 0.0)
     per_tok, clipped = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
     return jnp.sum(weights * per_tok), clipped * on
+
+
+# ------------------------------------------------------------------------ decoupled objective (device)
+def behaviour_weight(prox_logp: jax.Array, behav_logp: jax.Array, cap: float) -> tuple[jax.Array, jax.Array]:
+    """The behaviour -> proximal importance weight per token, truncated: (u, capped) with
+    u = min(pi_prox / pi_behav, cap) = min(exp(log pi_prox - log pi_behav), cap), and capped = 1.0 where
+    pi_prox / pi_behav > cap (the truncation changed the weight).
+
+    Both log-probs are constants of the update (no gradient flows through u). The log-ratio is clamped to
+    +-LOG_RATIO_CLAMP before exp() as in `importance_ratio`; cap (>= 1) is below e^20, so the clamp never
+    changes a weight the cap lets through.
+    """
+    log_u = jax.lax.stop_gradient(prox_logp - behav_logp)
+    raw = jnp.exp(jnp.clip(log_u, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return jnp.minimum(raw, cap), (raw > cap).astype(jnp.float32)
+
+
+def decoupled_grpo_loss(logp: jax.Array, prox_logp: jax.Array, behav_logp: jax.Array, advantages: jax.Array,
+                        weights: jax.Array, cap: float, eps_low: float = 0.2,
+                        eps_high: float = 0.2) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The decoupled Eq 6: L = sum_tokens weights x u x (-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)), with
+    r = pi_theta / pi_prox (the clip against the proximal policy) and u = min(pi_prox / pi_behav, cap)
+    (`behaviour_weight`). Returns (loss, per-token clipped, per-token capped), both masks zero off the tokens of
+    nonzero weight. Masked tokens are zeroed before the ratios as in `grpo_loss`; with behav_logp == prox_logp
+    and cap >= 1 every u is 1 and the loss is `grpo_loss(logp, prox_logp, ...)`.
+    """
+    on = weights != 0
+    logp = jnp.where(on, logp, 0.0)
+    prox_logp = jnp.where(on, prox_logp, 0.0)
+    behav_logp = jnp.where(on, behav_logp, 0.0)
+    per_tok, clipped = clipped_surrogate(logp, prox_logp, advantages, eps_low, eps_high)
+    u, capped = behaviour_weight(prox_logp, behav_logp, cap)
+    return jnp.sum(weights * u * per_tok), clipped * on, capped * on

@@ -20,6 +20,10 @@ A list of `data.trajectory.Trajectory` becomes one `PackedRL`:
 * **naive teacher rows** [B, K, Tn] (``teacher="naive"``, the reference path): each coached turn's full
   teacher sequence (Trajectory.teacher_sequence) as its own row, K rows per trunk row; ``teacher_src``
   indexes the flattened [K * Tn] axis.
+* **behaviour log-probs** (``behav_logp`` [B, T], only with ``behaviour_logprobs=True``: the decoupled objective of
+  rl.behavior_is_cap > 0, grpo.decoupled_grpo_loss): the sampler's log-prob of each agent token (Segment.logprobs),
+  kept beside ``old_logp``, which then holds the proximal log-probs the step recomputes. Without it no such array
+  exists: the batch's keys and shapes are those of the plain objective.
 * **LM-head positions** (the head and its log-softmax run only there, see csd.py), listed per head group: the
   G = B / rows_multiple consecutive rows one device holds in one micro-batch (rows_multiple = micro-batches x
   batch-sharding devices; G = 1 is one list per row), flattened (`head_arrays`). ``head_idx`` [B, Ka]: a group's
@@ -55,6 +59,7 @@ TOKEN_KEYS = ("agent_mask", "coached_mask", "advantages", "old_logp", "grpo_weig
 BRANCH_KEYS = ("branch_tokens", "branch_positions", "branch_ids", "branch_trunk_segment", "branch_prefix_len")
 NAIVE_KEYS = ("naive_tokens", "naive_positions", "naive_segment_ids")
 HEAD_KEYS = ("head_idx", "branch_head_idx")  # [B, Ka] always; [B, Kc] with fused branches (per head group)
+BEHAV_KEY = "behav_logp"  # [B, T] the sampler's log-probs, only for the decoupled objective (behaviour_logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +182,8 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
                       row_len: int | None = None, branch_len: int | None = None, naive_len: int | None = None,
                       num_rows: int | None = None, head_len: int | None = None,
                       branch_head_len: int | None = None, rows_multiple: int = 1,
-                      pad_multiple: int = 64, ladder: ShapeLadder | None = None) -> PackedRL:
+                      pad_multiple: int = 64, ladder: ShapeLadder | None = None,
+                      behaviour_logprobs: bool = False) -> PackedRL:
     """Packs trajectories into trunk rows, teacher branches, LM-head index arrays and per-token arrays.
 
     advantages[i][t]: the advantage of agent turn t of trajectory i (grpo.trajectory_turn_advantages); None
@@ -197,6 +203,8 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
     (fix them too for exactly one compiled step: a batch that does not fit is an error).
     ladder: pack to the cheapest of its programs the batch fits (rl_shapes docstring; row_len is the ladder's, the
     other shape arguments must be None; a fused ladder packs the fused layout even without a coached turn).
+    behaviour_logprobs: also pack Segment.logprobs as `behav_logp` (the decoupled objective's pi_behav; an agent
+    segment without them is an error), whatever use_rollout_logprobs puts in old_logp.
     """
     if teacher not in TEACHER_MODES:
         raise ValueError(f"teacher must be one of {TEACHER_MODES}, got {teacher!r}")
@@ -215,7 +223,7 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
                              f"teacher={teacher!r}")
         row_len = ladder.row_len
     lays = [_layout(tr, i, teacher) for i, tr in enumerate(trajectories)]
-    _check_turn_inputs(lays, advantages, use_rollout_logprobs)
+    _check_turn_inputs(lays, advantages, use_rollout_logprobs or behaviour_logprobs)
     trunk = np.array([len(l.tokens) for l in lays], np.int64)
     T = bucket(int(trunk.max()), pad_multiple) if row_len is None else int(row_len)
     dropped_tail = 0
@@ -239,6 +247,8 @@ def pack_trajectories(trajectories: Sequence, advantages: Sequence[Sequence[floa
         naive_rows=[len(l.naive) for l in lays], naive_need=max([len(s) for l in lays for s, _ in l.naive] or [0]),
         naive_len=naive_len)
     arr, slots = _fill(lays, shape, mode, advantages, use_rollout_logprobs, loss_agg)
+    if behaviour_logprobs:
+        arr[BEHAV_KEY] = _behaviour_logprobs(lays, slots, arr["tokens"].shape)
     n_seq = len({i for i in range(len(lays)) if any(n for _, n, _, _ in lays[i].turns)})
     return PackedRL(arr, slots, int(arr["agent_mask"].sum()), int(arr["coached_mask"].sum()), n_seq, mode,
                     bool(use_rollout_logprobs), dropped_tail, shape.overflow, shape.group)
@@ -256,10 +266,22 @@ def _check_turn_inputs(lays: list[_Layout], advantages, use_rollout_logprobs: bo
         for i, lay in enumerate(lays):
             for (_, n, _, a), lp in zip(lay.turns, lay.logprobs):
                 if lp is None and n:
-                    raise ValueError(f"trajectory {i}: agent segment {a} has no rollout log-probs; set the "
-                                     "step's old_logprobs='recompute' or record them in the sampler")
+                    raise ValueError(f"trajectory {i}: agent segment {a} has no rollout log-probs; record them "
+                                     "in the sampler, or set the step's old_logprobs='recompute' (with "
+                                     "behavior_is_cap = 0: the decoupled objective needs them)")
                 if lp is not None and not np.all(np.isfinite(lp)):
                     raise ValueError(f"trajectory {i}: agent segment {a} has a non-finite rollout log-prob")
+
+
+def _behaviour_logprobs(lays: list[_Layout], slots: list[list[TurnSlot]], shape) -> np.ndarray:
+    """[B, T] float32: each agent token's rollout log-prob (Segment.logprobs) where `_fill` put the token, 0
+    elsewhere."""
+    out = np.zeros(shape, np.float32)
+    for lay, turns in zip(lays, slots):
+        for s, lp in zip(turns, lay.logprobs):
+            if s.length:
+                out[s.row, s.start:s.start + s.length] = lp
+    return out
 
 
 def _fill(lays: list[_Layout], shape: PackShape, mode: str, advantages, use_rollout_logprobs: bool,
@@ -411,6 +433,8 @@ def layout_info(packed: PackedRL | None) -> dict:
         info.update(Tb=int(a["branch_tokens"].shape[1]), Kc=int(a["branch_head_idx"].shape[1]))
     elif packed.teacher == "naive":
         info.update(K=int(a["naive_tokens"].shape[1]), Tn=int(a["naive_tokens"].shape[2]))
+    if BEHAV_KEY in a:  # the decoupled objective's behaviour log-probs (absent otherwise: the info is unchanged)
+        info["behav"] = 1
     return info
 
 
@@ -434,6 +458,8 @@ def common_layout(infos: Sequence[dict], rows_multiple: int = 1, ladder: ShapeLa
             out[k] = max(vals)
     for k in ("n_agent", "n_coached", "n_seq"):
         out[k] = sum(int(i[k]) for i in infos)
+    if any("behav" in i for i in infos):  # a process without trajectories still pads a behav_logp of zeros
+        out["behav"] = 1
     if ladder is not None and out["mode"] == _MODE_CODE["fused" if ladder.fused else "none"]:
         need = (out["rows"], out["T"], out["Ka"], out.get("Tb", 0), out.get("Kc", 0))
         for k in ladder.programs():
@@ -467,6 +493,8 @@ def conform(packed: PackedRL | None, layout: dict, loss_agg: str = "token-mean")
         shapes["branch_head_idx"] = (B, layout["Kc"])
     elif mode == "naive":
         shapes.update({k: (B, layout["K"], layout["Tn"]) for k in NAIVE_KEYS})
+    if "behav" in layout:
+        shapes[BEHAV_KEY] = (B, T)
     src = {} if packed is None else dict(packed.arrays)
     if packed is not None and packed.teacher != "none" and packed.teacher != mode:
         raise ValueError(f"conform: packed with teacher {packed.teacher!r}, the common layout is {mode!r}")
@@ -490,7 +518,7 @@ def conform(packed: PackedRL | None, layout: dict, loss_agg: str = "token-mean")
             src[k] = rows
     out = {}
     for k, shape in shapes.items():
-        dtype = np.float32 if k in TOKEN_KEYS and k != "teacher_src" else np.int32
+        dtype = np.float32 if k in TOKEN_KEYS + (BEHAV_KEY,) and k != "teacher_src" else np.int32
         out[k] = _pad_to(src[k], shape) if k in src else np.zeros(shape, dtype)
     out.update(head_arrays(out, B // groups, layout["Ka"], layout["Kc"] if mode == "fused" else None))
     agent = out["agent_mask"].astype(np.float64)

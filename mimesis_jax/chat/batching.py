@@ -17,7 +17,6 @@ import numpy as np
 
 from mimesis_jax.chat.base import ChatModel, ChatResponse
 from mimesis_jax.chat.local import LocalChatModel
-from mimesis_jax.inference.protocol import derive_seed
 from mimesis_jax.chat.stream import Detokenizer, SamplingParams, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -38,14 +37,15 @@ class _Job:
 
 class BatchingEngine:
     """Collects concurrent requests (prompt ids + SamplingParams) and samples them together with
-    `LocalChatModel.generate`: one generator call per batch. A request without a seed gets one derived from
-    (model seed, batch counter, row), so unseeded requests differ and seeded ones do not depend on their batch."""
+    `LocalChatModel.generate`: one generator call per batch. A request without a seed goes to the generator
+    unseeded and gets the protocol's seed (inference/protocol.py `request_seeds`: the generator's seed, its call
+    count, the row), so unseeded requests differ, share one call counter with the model's direct calls, and
+    seeded ones do not depend on their batch."""
 
     def __init__(self, model: LocalChatModel, *, max_batch: int = 32, batch_wait_ms: float = 5.0):
         self.model, self.max_batch, self.wait = model, int(max_batch), batch_wait_ms / 1000.0
         self._q: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._calls = 0
         self.batch_sizes: list[int] = []  # one entry per sampler call, for tests and logs
         self.cancelled_tokens: list[int] = []  # tokens sampled for each request cancelled while in a batch
         self._thread = threading.Thread(target=self._loop, name="mimesis-serve-batcher", daemon=True)
@@ -106,7 +106,6 @@ class BatchingEngine:
             return
         m, ps = self.model, [j.req[1] for j in jobs]
         self.batch_sizes.append(len(jobs))
-        self._calls += 1
         flags = np.zeros((len(jobs),), bool)
         for i, j in enumerate(jobs):
             j.row, j.flags = i, flags
@@ -115,8 +114,7 @@ class BatchingEngine:
         try:
             out = m.generate([j.req[0] for j in jobs], [
                 m.sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                           seed=derive_seed(m.seed, self._calls, i) if p.seed is None else p.seed)
-                for i, p in enumerate(ps)], cancel=flags)
+                           seed=p.seed) for p in ps], cancel=flags)
             for j, r in zip(jobs, out):
                 j.result = r
                 if j.cancelled:

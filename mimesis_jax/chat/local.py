@@ -14,6 +14,12 @@ from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
 from mimesis_jax.inference.protocol import Generator, Sample, Sampling
 
 
+def stop_ids(tokenizer) -> tuple[int, ...]:
+    """The ids a turn ends with: `<|im_end|>` and EOS, each once, ascending (what LocalChatModel and the RL
+    policy's generator stop at)."""
+    return tuple(sorted({int(tokenizer.im_end_id), int(tokenizer.eos_id)}))
+
+
 def cut_at_stop_strings(tok, tokens: list[int], stops: Sequence[str]) -> tuple[int, str] | None:
     """(number of tokens through the one that completes the earliest stop string, text before it), or None."""
     text = tok.decode(tokens)
@@ -58,7 +64,7 @@ class LocalChatModel(ChatModel, Generator):
         self.generation_role, self.enable_thinking, self.tools = generation_role, enable_thinking, tools
         self.max_tokens, self.temperature, self.top_p, self.top_k = max_tokens, temperature, top_p, top_k
         self.seed, self.mesh, self.name = seed, mesh, name
-        self.stop_ids = tuple(sorted({int(tokenizer.im_end_id), int(tokenizer.eos_id)}))
+        self.stop_ids = stop_ids(tokenizer)
         if generator is None and engine_config is not None:
             generator = EngineGenerator(config, params, engine_config, stop_ids=self.stop_ids, seed=seed, mesh=mesh,
                                         decode_attention=decode_attention)

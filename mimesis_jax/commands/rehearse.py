@@ -121,7 +121,7 @@ def _update_shapes(key, w) -> dict:
     import jax.numpy as jnp
     from mimesis_jax.plan.compiled import rl_batch_shapes
 
-    dtypes = {k: d for k, (_, d) in rl_batch_shapes(w).items()}
+    dtypes = {k: d for k, (_, d) in rl_batch_shapes(w, behaviour=True).items()}
     return {k: (s, dtypes.get(k, jnp.int32)) for k, s in _step_shapes(key).items()}
 
 

@@ -39,6 +39,10 @@ class RLConfig:
     temperature: float = 1.0  # T of every log-prob of the update: must equal the rollout's sampling temperature
     kl_coef: float = 0.0  # weight of the KL-to-reference term (0 in the paper: no reference); needs ref_params
     kl_estimator: str = "k3"  # k1 | k2 | k3: Schulman's per-token estimator of KL(pi_theta || pi_ref)
+    # The decoupled objective of asynchronous RL (docs/stage2.md "Off-policy correction"): 0 = off (Eq 6 as is);
+    # c >= 1 = the clip against the proximal policy (the recomputed old log-probs: needs old_logprobs=recompute)
+    # and each token's surrogate x min(pi_prox / pi_behav, c), pi_behav the rollout's log-prob (Segment.logprobs)
+    behavior_is_cap: float = 0.0
     # advantages (host side: grpo.trajectory_turn_advantages; credit "infopo": algorithms/infopo.py)
     credit: str = "equalized"  # one of CREDITS
     infopo_coef: float = 0.5  # credit "infopo": weight of the normalised information gain (algorithms/infopo.py)
@@ -68,6 +72,13 @@ class RLConfig:
         need(0 < self.temperature < float("inf"), "temperature", "must be a finite value > 0")
         need(0 <= self.kl_coef < float("inf"), "kl_coef", "must be a finite value >= 0")
         need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {KL_ESTIMATORS}")
+        cap = self.behavior_is_cap
+        need(isinstance(cap, (int, float)) and not isinstance(cap, bool) and (cap == 0 or 1 <= cap < float("inf")),
+             "behavior_is_cap", "must be 0 (off) or a finite number >= 1 (a cap below 1 would shrink even the "
+             "on-policy tokens' weight of 1)")
+        need(cap == 0 or self.old_logprobs == "recompute", "behavior_is_cap",
+             "> 0 needs old_logprobs=recompute: the decoupled objective clips against the proximal policy, whose "
+             "log-probs the update's scoring pass recomputes (the rollout's own are the behaviour log-probs)")
         need(self.credit in CREDITS, "credit", f"must be one of {CREDITS}")
         need(0 <= self.infopo_coef < float("inf"), "infopo_coef", "must be a finite value >= 0")
         need(0 <= self.infopo_gate_tau < float("inf"), "infopo_gate_tau", "must be a finite value >= 0")

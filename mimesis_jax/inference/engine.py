@@ -117,6 +117,12 @@ class RolloutEngine:
         self._warmed: set[int] = set()  # sampling filters every program is compiled for (EngineConfig.precompile)
 
     @property
+    def lock(self):
+        """The lock every engine call holds (re-entrant): a caller whose own state must move together with an
+        engine call (EngineGenerator's call counter and seeds) holds it around both."""
+        return self._lock
+
+    @property
     def params(self):
         return self._params
 

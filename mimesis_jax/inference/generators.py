@@ -6,30 +6,30 @@
   dialogue key, so the next turn of a dialogue prefills only its new tokens; continuous batching.
 
 Same seeds give the same tokens on both (tests/test_generators.py). A generator on a mesh places the weights it is
-given as `models.shard_params` lays them out on that mesh (no copy when they already are).
+given as `models.shard_params` lays them out on that mesh (no copy when they already are), once, in `set_params`:
+the sampler and the engine's programs then take them as placed, call after call.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Sequence
 
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.engine import RolloutEngine
 from mimesis_jax.inference.engine_requests import EngineConfig
-from mimesis_jax.inference.protocol import Generator, Sample, Sampling, derive_seed, per_request
+from mimesis_jax.inference.protocol import Generator, Sample, Sampling, per_request, request_seeds
 from mimesis_jax.models import shard_params
 
 
 class _Seeded(Generator):
-    """Per-request seeds: a request without one gets derive_seed(seed, call count, index)."""
+    """Per-request seeds: the protocol's rule (`request_seeds`) over this generator's seed and call count."""
 
     def __init__(self, seed: int, version: int):
         self.seed, self.version, self._calls = seed, version, 0
 
     def _columns(self, sampling, n: int) -> dict:
         reqs = per_request(sampling, n)
-        seeds = [s.seed if s.seed is not None else derive_seed(self.seed, self._calls, i) for i, s in enumerate(reqs)]
+        seeds = request_seeds(reqs, self.seed, self._calls)
         self._calls += 1
         return dict(max_tokens=[s.max_tokens for s in reqs], temperature=[s.temperature for s in reqs],
                     top_p=[s.top_p for s in reqs], top_k=[s.top_k for s in reqs], seed=seeds)
@@ -70,7 +70,8 @@ class EngineGenerator(_Seeded):
     """The rollout engine over (config, params): `engine_config` sizes its slots and pools (EngineConfig), `mesh`
     shards its weights, pages and state slots (docs/engine.md, "On a mesh"). `set_params` drops every cached
     dialogue: their keys/values were computed with the old weights. Calls from several threads run one at a
-    time (the engine's lock); `engine` is the RolloutEngine itself (the server submits to it directly)."""
+    time under the engine's one lock (`RolloutEngine.lock`, held around the seeds and the call); `engine` is the
+    RolloutEngine itself (the server submits to it directly)."""
 
     def __init__(self, config, params, engine_config: EngineConfig | None = None, *, stop_ids: Sequence[int],
                  seed: int = 0, mesh=None, decode_attention=None, version: int = 0):
@@ -78,20 +79,19 @@ class EngineGenerator(_Seeded):
         self.config = config
         self.engine = RolloutEngine(config, params, engine_config, stop_ids=stop_ids, seed=seed,
                                     decode_attention=decode_attention, mesh=mesh)
-        self._lock = threading.RLock()
 
     @property
     def params(self):
         return self.engine.params
 
     def set_params(self, params, version: int) -> None:
-        with self._lock:
+        with self.engine.lock:
             self.engine.release_all()
             self.engine.params = params
             self.version = version
 
     def generate(self, prompts, sampling, *, keys=None, cancel=None) -> list[Sample]:
-        with self._lock:  # the call counter and the engine move together
+        with self.engine.lock:  # the call counter and the engine move together
             c = self._columns(sampling, len(prompts))
             return self._stamped(self.engine.generate_tokens(
                 prompts, keys=keys, max_tokens=c["max_tokens"], temperature=c["temperature"], top_p=c["top_p"],

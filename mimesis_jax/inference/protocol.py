@@ -18,8 +18,10 @@ the server sample through, whatever runs underneath (the static sampler, the rol
 * `release(keys)`: the dialogues ended; nothing happens for keys the generator never saw.
 * `close()`: frees what the generator holds; it is not used afterwards.
 
-Randomness: a request whose `Sampling.seed` is None gets `derive_seed(generator seed, call count, index)`, so
-repeated calls draw fresh samples and a run is reproducible; an explicit seed makes a request's sample independent
+Randomness: a request whose `Sampling.seed` is None gets `derive_seed(generator seed, call count, index)`
+(`request_seeds`, the one place the rule is written; whoever batches requests for a generator, as
+chat/batching.py does, passes unseeded requests through unseeded), so repeated calls draw fresh samples and a run
+is reproducible; an explicit seed makes a request's sample independent
 of its batch (inference/sampler.py, "Randomness").
 """
 
@@ -66,6 +68,12 @@ def per_request(sampling: Sampling | Sequence[Sampling], n: int) -> list[Samplin
     if len(out) != n or not all(isinstance(s, Sampling) for s in out):
         raise ValueError(f"generate: sampling must be one Sampling or one per request ({n}), got {sampling!r}")
     return out
+
+
+def request_seeds(reqs: Sequence[Sampling], seed: int, call: int) -> list[int]:
+    """The seed each request samples with: its own, else derive_seed(seed, call, its index in the call), where
+    `seed` is the generator's and `call` counts the generator's earlier calls."""
+    return [r.seed if r.seed is not None else derive_seed(seed, call, i) for i, r in enumerate(reqs)]
 
 
 class Generator(abc.ABC):

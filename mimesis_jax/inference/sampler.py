@@ -46,11 +46,14 @@ How a call runs
   fold_in(key(seed), r): rows differ (GRPO groups repeat one prompt). With a list of seeds, row_key_r =
   fold_in(key(seeds[r]), 0): a request's samples then do not depend on what else is in the batch, so one-by-one
   and batched generation agree. Same seeds, same samples.
-* **Sharding.** With a mesh, params are placed by `models.shard_params`, inputs are split over the batch mesh
-  axes, the cache follows `models.cache_axes`, and the program runs under `sharding.use_mesh(mesh)`. Calls on
-  a mesh from several threads (the RL loops' simulator and judge samplers, each behind its own batching thread)
-  run one at a time (`_MESH_LOCK`, held from dispatch to the fetched outputs): two multi-device programs
-  enqueued in different orders on different devices could wait on each other's collectives.
+* **Sharding.** With a mesh, the params must already be on it, laid out as `models.shard_params` lays them out
+  (what `StaticGenerator.set_params`, `distributed.rollout_params` and `models.init_params(..., mesh)` give): the
+  sampler does not place them again on every call (a tree walk and a device_put per leaf); params elsewhere are
+  refused with a ValueError. Inputs are split over the batch mesh axes, the cache follows `models.cache_axes`,
+  and the program runs under `sharding.use_mesh(mesh)`. Calls on a mesh from several threads (the RL loops'
+  simulator and judge samplers, each behind its own batching thread) run one at a time (`_MESH_LOCK`, held from
+  dispatch to the fetched outputs): two multi-device programs enqueued in different orders on different devices
+  could wait on each other's collectives.
 """
 
 from __future__ import annotations
@@ -318,6 +321,16 @@ def stop_lists(stop_ids, n: int) -> list[list[int]]:
     return [[int(t) for t in stop_ids]] * n
 
 
+def check_placed(params, mesh) -> None:
+    """Raises unless the params are device arrays on `mesh` (one leaf looked at: a cheap check per call, not a
+    walk of the tree; a leaf on other devices would fail in the compiled call with a less clear message)."""
+    leaf = jax.tree.leaves(params)[0]
+    if not (isinstance(leaf, jax.Array) and isinstance(leaf.sharding, jax.sharding.NamedSharding)
+            and leaf.sharding.mesh == mesh):
+        raise ValueError("sampler.generate(mesh=...): params must already be placed on that mesh; place them once "
+                         "with models.shard_params(config, params, mesh) (StaticGenerator.set_params does)")
+
+
 def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, max_new_tokens,
              temperature=1.0, top_p=1.0, top_k=0, stop_ids=(), seed=0, mesh=None,
              buckets: Buckets | None = None, logprob_temperature: str | float = "sampling",
@@ -330,6 +343,7 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
     consecutive chunks of at most `max_batch`, each with its own batch / prompt bucket, so the KV cache and the
     prefill hold one chunk at a time. Row r keeps its key (seed, global index r) whatever the chunking: the
     samples are those of a single call.
+    `mesh`: the mesh the params are already placed on (the module docstring, "Sharding"); None = one device.
     `cancel` (no mesh): a bool array [len(prompts)] another thread may set while the call runs; a row set True
     stops decoding within CANCEL_CHECK_EVERY steps (its sample ends early, marked "length"; the caller that
     cancelled it discards it). The other rows' samples do not change.
@@ -378,7 +392,7 @@ def generate(config: ModelConfig, params, prompts: Sequence[Sequence[int]], *, m
     else:
         seeds, salts = [int(seed)] * n, list(range(n))  # the salt is the global row index: chunking keeps it
     if mesh is not None:
-        params = models.shard_params(config, params, mesh)
+        check_placed(params, mesh)
     step = max_batch or n
     samples = []
     for a in range(0, n, step):

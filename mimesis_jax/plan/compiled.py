@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from mimesis_jax import models, sharding
-from mimesis_jax.algorithms.rl_batch import BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
+from mimesis_jax.algorithms.rl_batch import BEHAV_KEY, BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.inference.weight_sync import WeightSync
 from mimesis_jax.models.config import ModelConfig
@@ -144,9 +144,10 @@ def lm_step_memory(mc: ModelConfig, rows: int, T: int, axes: dict, grad_accum: i
         return compiled_total(step.jitted.lower(abstract(abs_state, shard), batch).compile(options))
 
 
-def rl_batch_shapes(w: Workload) -> dict[str, tuple[tuple[int, ...], object]]:
+def rl_batch_shapes(w: Workload, behaviour: bool = False) -> dict[str, tuple[tuple[int, ...], object]]:
     """The [M, B/M, ...] arrays of one update as the packer lays them out (algorithms/rl_batch.py: trunk and
-    per-token arrays, the head index, with fused CSD branches the branch arrays and their head index)."""
+    per-token arrays, the head index, with fused CSD branches the branch arrays and their head index; with
+    `behaviour`, rl.behavior_is_cap > 0, the behaviour log-probs)."""
     M, B = w.microbatches, w.rows // w.microbatches
     shapes = {k: ((M, B, w.row_len), jnp.int32) for k in TRUNK_KEYS}
     shapes |= {k: ((M, B, w.row_len), jnp.int32 if k == "teacher_src" else jnp.float32) for k in TOKEN_KEYS}
@@ -154,6 +155,8 @@ def rl_batch_shapes(w: Workload) -> dict[str, tuple[tuple[int, ...], object]]:
     if w.branch_len:
         shapes |= {k: ((M, B, w.branch_len), jnp.int32) for k in BRANCH_KEYS}
         shapes["branch_head_idx"] = ((M, B, w.branch_head_len), jnp.int32)
+    if behaviour:
+        shapes[BEHAV_KEY] = ((M, B, w.row_len), jnp.float32)
     return shapes
 
 
@@ -189,7 +192,8 @@ def _rl_step(w: Workload, rl):
 
 def rl_step_memory(w: Workload, rl, options: dict = FAST) -> int:
     """The RL update of train/rl/step.py, built as train/rl/learner.py `setup` builds it."""
-    return update_memory(_rl_step(w, rl), rl_batch_shapes(w), options=options)
+    return update_memory(_rl_step(w, rl), rl_batch_shapes(w, rl.behavior_is_cap > 0),
+                         options=options)
 
 
 def scoring_memory(w: Workload, rl, options: dict = FAST) -> int:

@@ -34,7 +34,7 @@ from mimesis_jax.inference import sampler
 from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
 from mimesis_jax.inference.engine_sizing import rollout_sizing
 from mimesis_jax.chat.base import SimulatorAsResponder
-from mimesis_jax.chat.local import LocalChatModel
+from mimesis_jax.chat.local import LocalChatModel, stop_ids
 from mimesis_jax.chat.batching import BatchedChatModel
 from mimesis_jax.chat.specs import ModelSpec, chat_model_from_spec, local_model
 from mimesis_jax.train.rl import distributed
@@ -67,11 +67,6 @@ def policy_params(model_config: ModelConfig, r, params, mesh=None):
     if r.engine:
         return engine_params(params, model_config, mesh, r)
     return distributed.rollout_params(model_config, params, mesh, r)
-
-
-def stop_ids(tok) -> tuple[int, ...]:
-    """The ids a turn ends with: `<|im_end|>` and EOS (what LocalChatModel stops at)."""
-    return tuple(sorted({int(tok.im_end_id), int(tok.eos_id)}))
 
 
 def policy_model(model_config: ModelConfig, tok, r, params, *, name: str, max_tokens: int, in_flight: int,

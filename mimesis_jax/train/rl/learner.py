@@ -89,7 +89,7 @@ from mimesis_jax.train.rl.async_rollouts import (DEVICE_LOCK, Guarded, Produced,
 from mimesis_jax.train.rl.chat_models import EngineMeter, engine_of, policy_model, policy_params
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.seams import GRPO, Algorithm, Cluster, World
-from mimesis_jax.train.rl.step import make_rl_step
+from mimesis_jax.train.rl.step import DECOUPLED_METRICS, make_rl_step
 from mimesis_jax.train.run import Run
 from mimesis_jax.train.state import initial_params, state_shardings
 from mimesis_jax.train.step import init_train_state
@@ -218,6 +218,7 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
         if len(trajs):
             packed = rl_batch.pack_trajectories(trajs, adv, teacher=teacher, loss_agg=rl.loss_agg,
                                                 use_rollout_logprobs=rl.old_logprobs == "rollout",
+                                                behaviour_logprobs=rl.behavior_is_cap > 0,
                                                 rows_multiple=step_fn.local_rows_multiple() if multi else
                                                 step_fn.rows_multiple(), row_len=None if ladder else row_len,
                                                 ladder=ladder)
@@ -287,6 +288,7 @@ def update_record(ms: list[dict], train_s: float | None) -> dict:
     per second of `train_s` (None: the update time was not measured)."""
     rec = {k: (float(np.mean([float(m[k]) for m in ms if k in m])) if any(k in m for m in ms) else 0.0)
            for k in UPDATE_METRICS}
+    rec.update({k: float(np.mean([float(m[k]) for m in ms])) for k in DECOUPLED_METRICS if ms and k in ms[0]})
     rec["updates"] = len(ms)
     if ms:
         rec["clip_frac_last"] = float(ms[-1]["clip_frac"])

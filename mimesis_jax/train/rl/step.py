@@ -33,11 +33,20 @@ normaliser) x k(log pi_theta, log pi_ref), k one of Schulman's per-token estimat
 (`kl_estimate`); the step then takes `ref_params` (never differentiated, never donated). It is unrelated to
 CSD's beta (Eq 9), which is a sigmoid temperature, not a KL weight.
 
+Off-policy correction (rl.behavior_is_cap = c > 0; docs/stage2.md "Off-policy correction"). The batch then
+carries `behav_logp` (the sampler's log-probs, pi_behav) beside `old_logp`, which `recompute_old_logprobs` fills
+with the proximal log-probs (pi_prox: the parameters at the step's start); the GRPO term becomes
+grpo.decoupled_grpo_loss: the clip against pi_prox and each token's surrogate x min(pi_prox / pi_behav, c). The CSD
+term is unchanged (its teacher is the coached current policy). With c = 0 the batch, the program and the metrics
+are exactly those of the plain objective.
+
 Metrics (global over the batch): loss, grpo_loss, csd_loss (L_CSD before alpha), mean_w (Eq 9 weight over
 coached tokens), frac_delta_pos (fraction of coached tokens with Delta > 0), clip_frac (agent tokens whose
 clip is active), entropy (mean -log pi_theta of the sampled agent tokens: a one-sample entropy estimate),
 approx_kl (mean log pi_old - log pi_theta), grad_norm (before the optimizer), agent_tokens, coached_tokens;
-kl_ref (L_KL before kl_coef) only when kl_coef > 0. Built with the optimizer's `schedule`
+kl_ref (L_KL before kl_coef) only when kl_coef > 0; with behavior_is_cap > 0, behav_logp_gap (mean
+|log pi_prox - log pi_behav| over agent tokens) and behav_capped_frac (agent tokens whose pi_prox / pi_behav passed
+the cap). Built with the optimizer's `schedule`
 (make_rl_step(..., schedule=s), as the learner does), the step also returns lr = s(n), the learning rate this
 update applied, read from the same count n the optimizer's schedule reads (optax's ScaleByScheduleState: the
 updates applied before this one), and opt_steps = n + 1.
@@ -63,6 +72,8 @@ from mimesis_jax.train.optim import opt_state_shardings
 from mimesis_jax.train.step import accumulate_gradients, apply_gradients, schedule_count  # noqa: F401 (re-export)
 import contextlib
 
+# the decoupled objective's per-step metrics (rl.behavior_is_cap > 0; absent otherwise)
+DECOUPLED_METRICS = ("behav_logp_gap", "behav_capped_frac")
 # the batch arrays the old-log-prob scoring pass reads (recompute_old_logprobs; plan/compiled.py compiles it)
 SCORE_KEYS = ("tokens", "positions", "segment_ids", "agent_mask", "head_idx")
 
@@ -77,7 +88,8 @@ def prepare_batch(trajectories: Sequence, rl: RLConfig, **pack_kw) -> PackedRL:
                                           eps=rl.adv_eps, divide_std=rl.divide_std)
     teacher = rl.teacher if rl.alpha > 0 else "none"
     return pack_trajectories(trajectories, adv, teacher=teacher, loss_agg=rl.loss_agg,
-                             use_rollout_logprobs=rl.old_logprobs == "rollout", **pack_kw)
+                             use_rollout_logprobs=rl.old_logprobs == "rollout",
+                             behaviour_logprobs=rl.behavior_is_cap > 0, **pack_kw)
 
 
 def batch_teacher(batch, rl: RLConfig) -> str:
@@ -119,6 +131,35 @@ def _temperature_kw(rl: RLConfig) -> dict:
     return {} if rl.temperature == 1.0 else {"temperature": rl.temperature}
 
 
+def policy_loss(rl: RLConfig, student: jax.Array, mb) -> tuple[jax.Array, dict]:
+    """The GRPO term of one micro-batch and its metric sums: Eq 6 against old_logp, or with rl.behavior_is_cap > 0
+    the decoupled objective (old_logp = the proximal log-probs, behav_logp = the behaviour ones)."""
+    agent = mb["agent_mask"]
+    sg_student = jax.lax.stop_gradient(student)
+    if rl.behavior_is_cap > 0:
+        if rl_batch.BEHAV_KEY not in mb:
+            raise ValueError(f"RLConfig.behavior_is_cap = {rl.behavior_is_cap} > 0 needs the behaviour log-probs in "
+                             "the batch: pack with behaviour_logprobs=True (prepare_batch does)")
+        behav = mb[rl_batch.BEHAV_KEY]
+        l_grpo, clipped, capped = grpo.decoupled_grpo_loss(student, mb["old_logp"], behav, mb["advantages"],
+                                                           mb["grpo_weight"], rl.behavior_is_cap, rl.eps_low,
+                                                           rl.eps_high)
+        extra = {"behav_gap": jnp.sum(jnp.where(agent > 0, jnp.abs(mb["old_logp"] - behav), 0.0)),
+                 "capped": jnp.sum(capped * agent)}
+    else:
+        l_grpo, clipped = grpo.grpo_loss(student, mb["old_logp"], mb["advantages"], mb["grpo_weight"], rl.eps_low,
+                                         rl.eps_high)
+        extra = {}
+    sums = {
+        "grpo_loss": l_grpo,
+        "clipped": jnp.sum(clipped * agent),
+        "neg_logp": -jnp.sum(jnp.where(agent > 0, sg_student, 0.0)),
+        "log_ratio": jnp.sum(jnp.where(agent > 0, mb["old_logp"] - sg_student, 0.0)),
+        "agent": jnp.sum(agent),
+    }
+    return l_grpo, sums | extra
+
+
 def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None = None, ref_params=None):
     """Eq 11 on one micro-batch (+ kl_coef L_KL when rl.kl_coef > 0, which needs `ref_params`): (loss, sums for
     the metrics). `teacher` overrides the batch's layout (tests use it to run the teacher pass with alpha = 0)."""
@@ -126,17 +167,7 @@ def rl_loss(config: ModelConfig, rl: RLConfig, params, mb, teacher: str | None =
     temp = _temperature_kw(rl)
     student, teacher_lp = csd.student_teacher_logprobs(config, params, mb, teacher, **temp)
     with jax.named_scope("loss"):
-        agent = mb["agent_mask"]
-        l_grpo, clipped = grpo.grpo_loss(student, mb["old_logp"], mb["advantages"], mb["grpo_weight"], rl.eps_low,
-                                         rl.eps_high)
-        sg_student = jax.lax.stop_gradient(student)
-        sums = {
-            "grpo_loss": l_grpo,
-            "clipped": jnp.sum(clipped * agent),
-            "neg_logp": -jnp.sum(jnp.where(agent > 0, sg_student, 0.0)),
-            "log_ratio": jnp.sum(jnp.where(agent > 0, mb["old_logp"] - sg_student, 0.0)),
-            "agent": jnp.sum(agent),
-        }
+        l_grpo, sums = policy_loss(rl, student, mb)
         if teacher_lp is None:
             loss = l_grpo
             sums |= {"csd_loss": jnp.zeros(()), "w": jnp.zeros(()), "delta_pos": jnp.zeros(()),
@@ -210,6 +241,9 @@ class RLStep:
         arrays = packed.microbatches(self.rl.num_microbatches) if isinstance(packed, PackedRL) else packed
         if isinstance(packed, PackedRL) and self.rl.old_logprobs == "rollout" and not packed.old_logp_from_rollout:
             raise ValueError("the batch was packed without rollout log-probs but RLConfig.old_logprobs='rollout'")
+        if self.rl.behavior_is_cap > 0 and rl_batch.BEHAV_KEY not in arrays:
+            raise ValueError(f"RLConfig.behavior_is_cap = {self.rl.behavior_is_cap} > 0 but the batch has no "
+                             f"{rl_batch.BEHAV_KEY}: pack with behaviour_logprobs=True (prepare_batch does)")
         if self.mesh is None:
             return {k: jnp.asarray(v) for k, v in arrays.items()}
         if process_local and jax.process_count() > 1:
@@ -272,6 +306,9 @@ class RLStep:
         }
         if "kl_ref" in s:
             metrics["kl_ref"] = s["kl_ref"]
+        if "behav_gap" in s:  # the decoupled objective (rl.behavior_is_cap > 0)
+            metrics["behav_logp_gap"] = s["behav_gap"] / nz(s["agent"])
+            metrics["behav_capped_frac"] = s["capped"] / nz(s["agent"])
         if applied is not None:
             metrics |= applied
         return params, opt_state, metrics
