@@ -22,11 +22,12 @@ Devices. The update's programs, the weight publication and the sampler's program
 (`sampler._MESH_LOCK`, the lock the sampler's threads already share): two multi-device programs enqueued from two
 threads in different orders could wait on each other's collectives. What overlaps is everything else: environment
 steps, user and judge replies of remote or rule-based sides, coach notes, packing. The policy's generator is wrapped
-(`Guarded`) so that new weights never land between a call reading the weights and stamping their version.
+(`Guarded`) so that new weights never land between a call reading the weights and stamping their version, and it
+holds its own copy of the weights (`own_copy`: the update donates the training arrays).
 
 Not yet (issue #44): several processes and the rollout engine with N > 0 (ConfigErrors), a resume of an
 asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), split device
-pools, partial rollouts, the off-policy correction.
+pools, partial rollouts. The stale tokens' off-policy correction is `rl.behavior_is_cap` (train/rl/step.py).
 """
 
 from __future__ import annotations
