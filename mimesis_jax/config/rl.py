@@ -51,6 +51,12 @@ class RLConfig:
     gamma: float = 0.8
     adv_eps: float = 1e-6
     divide_std: bool = True
+    # bounded-staleness rollouts (train/rl/async_rollouts.py, docs/stage2.md): a token sampled by policy version v
+    # is trained by version at most v + max_staleness; 0 = the synchronous loop (rollouts, then the update)
+    max_staleness: int = 0
+    # with max_staleness > 0: a fixed version lag (new weights reach the rollouts only between steps) instead of
+    # in-flight updates; every step then samples with one version, whatever the timing
+    async_deterministic: bool = False
 
     def __post_init__(self):
         def need(cond, key, msg):
@@ -169,10 +175,19 @@ class RolloutSection:
         need(self.temperature >= 0, "rollout.temperature", "must be >= 0")
         need(2 <= self.min_valid_per_group <= self.group_size, "rollout.min_valid_per_group",
              f"must be in [2, rollout.group_size={self.group_size}]")
+        self.check_staleness(need, rl)
         sampling_t = self.temperature if self.temperature > 0 else 1.0  # greedy rollouts are scored at T = 1
         need(getattr(rl, "temperature", 1.0) == sampling_t, "rl.temperature",
              f"must equal the rollout's sampling temperature {sampling_t} (the update scores the sampled tokens "
              "at the temperature that sampled them)")
+
+    def check_staleness(self, need, rl) -> None:
+        """`rl.max_staleness` and `rl.async_deterministic` (train/rl/async_rollouts.py)."""
+        n = rl.max_staleness
+        need(_is_int(n) and n >= 0, "rl.max_staleness", "must be an int >= 0 (0 = synchronous rollouts)")
+        need(isinstance(rl.async_deterministic, bool), "rl.async_deterministic", "must be true or false")
+        need(not (n and self.engine), "rl.max_staleness", "must be 0 with rollout.engine=true (asynchronous "
+             "rollouts run on the static sampler only, for now)")
 
     def check_engine(self, need) -> None:
         """The `rollout.engine*` keys."""

@@ -26,6 +26,7 @@ class Segment:
     tokens: list[int]
     logprobs: list[float] | None = None  # agent segments: the sampler's log-probs (at the sampling temperature)
     text: str | None = None  # decoded text, for logs and the coach prompt (never re-tokenised)
+    version: int | None = None  # agent segments: the policy version that sampled them (Sample.version; None: unknown)
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -133,8 +133,8 @@ class _Live:
 ROLLOUT_IDS = itertools.count(1 << 40)  # default ids of both runners: far above the ids training drivers assign from 0
 
 
-def _add(ep: _Live, kind: str, tokens, logprobs=None, text=None):
-    seg = Segment(kind, list(tokens), None if logprobs is None else list(logprobs), text)
+def _add(ep: _Live, kind: str, tokens, logprobs=None, text=None, version=None):
+    seg = Segment(kind, list(tokens), None if logprobs is None else list(logprobs), text, version)
     ep.traj.segments.append(seg)
     ep.context.extend(seg.tokens)
 
@@ -297,7 +297,7 @@ def _agent_turn(live: list[_Live], agent, t: _Turns) -> tuple[list[ToolCall], in
         ended_cleanly = bool(s.tokens) and s.tokens[-1] == t.im_end
         body = s.tokens[:-1] if (s.tokens and s.finish_reason == "stop") else s.tokens
         reply = t.tok.decode(body)
-        _add(ep, "agent", s.tokens, s.logprobs, text=reply)
+        _add(ep, "agent", s.tokens, s.logprobs, text=reply, version=s.version)
         _add_tail(ep, t.newline if ended_cleanly else [t.im_end] + t.newline, cfg.max_context_tokens)
         ep.turns += 1
         if ep.task.env.tool_mode:

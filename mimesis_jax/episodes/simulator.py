@@ -218,7 +218,8 @@ def _policy_turn(live: list[_Live], prompts: list[list[int]], policy: Generator,
         ep.out.thoughts.append(thought)
         ep.out.utterances.append(utterance)
         ep.out.segments.append(Trajectory(
-            segments=[Segment("public", prompt), Segment("agent", s.tokens, s.logprobs, text=text)],
+            segments=[Segment("public", prompt), Segment("agent", s.tokens, s.logprobs, text=text,
+                                                                       version=s.version)],
             group_id=ep.out.group_id, rollout_id=ep.out.rollout_id, task=ep.out.task,
             meta={"domain": ep.out.domain, "turn": turn, "finish_reason": s.finish_reason}))
         steps.append((ep, thought, utterance))

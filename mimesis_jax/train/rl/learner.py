@@ -83,7 +83,9 @@ from mimesis_jax.data.tokenizer import load_tokenizer
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.train.optim import make_optimizer, make_schedule
-from mimesis_jax.train.rl import distributed
+from mimesis_jax.train.rl import async_rollouts, distributed
+from mimesis_jax.train.rl.async_rollouts import (DEVICE_LOCK, Guarded, Produced, RolloutProducer, StepRollouts,
+                                                  own_copy)
 from mimesis_jax.train.rl.chat_models import EngineMeter, engine_of, policy_model, policy_params
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.seams import GRPO, Algorithm, Cluster, World
@@ -199,11 +201,13 @@ def waits_for_updates(run: RLRun) -> bool:
 
 
 def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None,
-                ladder: rl_batch.ShapeLadder | None = None) -> tuple[dict, list[dict]]:
+                ladder: rl_batch.ShapeLadder | None = None, lock=None) -> tuple[dict, list[dict]]:
     """One RL step's optimizer updates, one per mini-batch: chunks = [(trajectories, advantages per trajectory's
     agent turns)]. Old log-probs are fixed for the whole step BEFORE the first update (the sampler's, or
     recomputed with the pre-update parameters), so ratios move from the second mini-batch on (Eq 5-6).
     ladder: pack every mini-batch to one of its programs (rl_batch.ShapeLadder; row_len is then the ladder's).
+    lock: held around each program until its outputs are ready, when rollouts sample beside the updates
+    (async_rollouts.DEVICE_LOCK); None: the synchronous loop, nothing held.
     Returns (the new state, each update's metrics as device arrays: `fetch_metrics` brings them to the host)."""
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     teacher = rl.teacher if rl.alpha > 0 else "none"
@@ -231,16 +235,21 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
             counts = {k: sum(c[k] for c in shares) for k in PAD_KEYS}
         pads.append(counts)
         batches.append(jax.block_until_ready(batch))  # nothing in flight while the step compiles
+    held = contextlib.nullcontext() if lock is None else lock
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
-        batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
+        with held:
+            batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
+            if lock is not None:
+                jax.block_until_ready(batches)
     params, opt_state = state["params"], state["opt_state"]
     cpu = on_cpu(run)
     ms = []
     for b, counts in zip(batches, pads):
-        params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
+        with held:
+            params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
+            if cpu or lock is not None:
+                jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
         m = dict(m, **counts)  # host ints: the padding of the update's batch (pad_counts)
-        if cpu:
-            jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
         ms.append(m)
     if ms and waits_for_updates(run):  # train_s then covers the updates' device time (the last one ends last)
         jax.block_until_ready(ms[-1])
@@ -339,6 +348,7 @@ class RLLearner:
         self.log = distributed.primary_log(log)
         self.tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
         self.run_state: RLRun | None = None
+        self.source = None  # where the steps' rollouts come from (`rollout_source`), while `run` runs
         self.world = (world or World()).bind(self)
         self.cluster = (cluster or Cluster()).bind(self)
         self.algorithm = (algorithm or GRPO()).bind(self)
@@ -407,6 +417,84 @@ class RLLearner:
         return TurnReporter(label) if self.cfg.train.progress_bar and jax.process_index() == 0 else None
 
     # ---------------------------------------------------------------------------------- the loop
+    def produce(self, policy, step: int, first_rid: int, *, keep_sampler: bool = False) -> Produced:
+        """Step `step`'s draw and rollouts (rollout ids from `first_rid`; every process counts the rollouts of all
+        processes). keep_sampler: with a copy of the data sampler's state right after the draw (what a checkpoint
+        after this step keeps when the draws run ahead of the updates)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        started = time.perf_counter()
+        drawn = self.draw(r.prompts_per_step)
+        kept = async_rollouts.snapshot(self.data_state()["sampler"]) if keep_sampler else None
+        outs = self.rollouts(policy, drawn, group_size=r.group_size, temperature=r.temperature,
+                             seed=distributed.step_seed(cfg.train.seed, step), first_group=step * r.prompts_per_step,
+                             first_rid=first_rid, label=f"{self.stage} step {step + 1} rollout")
+        return Produced(step, outs, first_rid + len(drawn) * r.group_size, kept, started, time.perf_counter())
+
+    def rollout_source(self, policy, start: int, next_rid: int):
+        """Where the loop takes each step's rollouts from (train/rl/async_rollouts.py): inline (rl.max_staleness
+        = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`)."""
+        rl = self.cfg.rl
+        if rl.max_staleness == 0:
+            return StepRollouts(lambda s, rid: self.produce(policy, s, rid), next_rid)
+        policy.generator = Guarded(policy.generator)
+        with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
+            placed = own_copy(policy.params)
+        policy.set_params(placed, start)
+        return RolloutProducer(lambda s, rid: self.produce(policy, s, rid, keep_sampler=True), start=start,
+                               stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
+                               fixed_lag=rl.async_deterministic)
+
+    def check_async(self, resuming: bool) -> None:
+        """What rl.max_staleness > 0 does not support yet (async_rollouts.py): several processes, a resume."""
+        n = self.cfg.rl.max_staleness
+        if n and jax.process_count() > 1:
+            raise ConfigError(f"config key 'rl.max_staleness': {n} needs one process (asynchronous rollouts on "
+                              "several processes are not supported yet); use 0")
+        if n and resuming:
+            raise ConfigError(f"config key 'rl.max_staleness': {self.workdir} holds a checkpoint, and resuming "
+                              f"with max_staleness={n} is not supported yet (the steps after it were sampled by "
+                              "weights it does not hold); resume with --set rl.max_staleness=0")
+
+    def learn(self, got: Produced, ladder) -> tuple[list, list[list], dict, dict, list]:
+        """One step's rollouts -> its updates: groups filtered and prepared (on_rollouts sees them), advantages per
+        mini-batch, `ppo_updates` (taking turns on the devices with the rollouts when they run beside it). Returns
+        (outs, kept, counts, times from the rollouts' arrival on, the updates' device metrics)."""
+        run_, r, step = self.run_state, self.cfg.rollout, got.step
+        times = {"rollouts": time.perf_counter()}
+        kept, counts = self.filter_groups(got.outs)
+        kept = global_minibatch_order(kept)
+        self.prepare_groups(kept, counts)
+        times["prepared"] = time.perf_counter()
+        if self.on_rollouts is not None:
+            self.on_rollouts(step + 1, got.outs)
+        lock = self.source.lock
+        with contextlib.nullcontext() if lock is None else lock:  # a credit may score on the devices (infopo)
+            chunks = [self.advantages([t for g in kept[i:i + r.mini_batch_prompts] for t in g], counts)
+                      for i in range(0, len(kept), r.mini_batch_prompts)]
+            if lock is not None:
+                jax.block_until_ready(chunks)
+        times["advantages"] = time.perf_counter()
+        ms: list[dict] = []
+        if chunks:
+            run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder, lock=lock)
+        return got.outs, kept, counts, times, ms
+
+    def publish(self, policy, version: int) -> None:
+        """The updated weights to the policy's generator as `version` (after every step, also one without an
+        update: its rollouts are then stamped with the version that trains them)."""
+        run_, r = self.run_state, self.cfg.rollout
+        lock = self.source.lock
+
+        def set_params():
+            if lock is None:
+                policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), version)
+                return
+            with lock:  # the copies are multi-device programs
+                placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
+            policy.set_params(placed, version)
+
+        self.source.publish(version, set_params)
+
     def run(self) -> RLResult:
         self.read_inputs()
         run_ = self.run_state = setup(self.cfg, self.workdir, self.tok, self.log)
@@ -419,6 +507,11 @@ class RLLearner:
         start = run_.start
         if run_.nothing_to_do():
             return RLResult(self.workdir, start, start, {}, False, run_.latest)
+        try:
+            self.check_async(resuming=run_.latest is not None)
+        except ConfigError:
+            run_.ckpt.close()
+            raise
 
         r = cfg.rollout
         P = jax.process_count()
@@ -464,50 +557,49 @@ class RLLearner:
                                   buckets=self.policy_buckets(in_flight), version=step)
             cleanup.callback(policy.close)
             meter = EngineMeter({"engine": engine_of(policy), **self.engines()})
+            self.source = self.rollout_source(policy, start, next_rid)
+            cleanup.callback(self.source.close)  # before policy.close: the rollout in flight ends first
+            ended = time.perf_counter()
             while step < cfg.train.steps:
-                times = {"start": time.perf_counter()}
+                started = time.perf_counter()
                 meter.start()
-                drawn = self.draw(r.prompts_per_step)
-                outs = self.rollouts(policy, drawn, group_size=r.group_size,
-                                     temperature=r.temperature, seed=distributed.step_seed(cfg.train.seed, step),
-                                     first_group=step * r.prompts_per_step, first_rid=next_rid,
-                                     label=f"{self.stage} step {step + 1} rollout")
-                next_rid += len(drawn) * r.group_size  # every process counts the rollouts of all processes
-                times["rollouts"] = time.perf_counter()
-                kept, counts = self.filter_groups(outs)
-                kept = global_minibatch_order(kept)
-                self.prepare_groups(kept, counts)
-                times["prepared"] = time.perf_counter()
-                if self.on_rollouts is not None:
-                    self.on_rollouts(step + 1, outs)
-                chunks = [self.advantages([t for g in kept[i:i + r.mini_batch_prompts] for t in g], counts)
-                          for i in range(0, len(kept), r.mini_batch_prompts)]
-                times["advantages"] = time.perf_counter()
-                ms: list[dict] = []
-                if chunks:
-                    run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder)
-                    # the next rollouts sample from the updated policy
-                    policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), step + 1)
+                got = self.source.take(step)
+                outs, kept, counts, times, ms = self.learn(got, ladder)
+                times["start"], next_rid = started, got.next_rid
+                wait_s = times["rollouts"] - started  # what the loop waited for the step's rollouts
+                if self.source.lock is not None:  # they ran beside the updates: rollout_s is the producer's time
+                    times["start"] = times["rollouts"] - (got.ended - got.started)
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
+                if self.source.lock is None:  # the next rollouts sample the updated policy (in train_s, as ever)
+                    self.publish(policy, step)
                 times["trained"] = time.perf_counter()
+                if self.source.lock is not None:  # the turns in flight or the steps held back: the new weights
+                    self.publish(policy, step)
                 rec = self.record(outs, kept, counts, times)
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
+                rec.update(async_rollouts.staleness_record([t for g in kept for t in g], step - 1))
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
                     rec.update(self.validate(policy,
                                              f"{self.stage} step {step} validation"))
+                now = time.perf_counter()
+                if self.source.lock is not None:  # wall clock of the pipeline: since the previous step's record
+                    rec.update(step_s=now - ended, rollout_wait_s=wait_s)
+                ended = now
                 pending.append((step, rec, ms))
                 saving = run_.save_due(step, scheduled=self.save_checkpoints)
                 if len(pending) >= sync_every or validating or saving:
                     flush()
                 if saving:
                     data = self.data_state()
-                    run_.save(step, run_.state, {"sampler": data.pop("sampler"), "next_rollout_id": next_rid, **data})
+                    sampler_state = data.pop("sampler")
+                    if got.sampler_state is not None:  # the draws ran ahead: the state after this step's draw
+                        sampler_state = got.sampler_state
+                    run_.save(step, run_.state, {"sampler": sampler_state, "next_rollout_id": next_rid, **data})
                     abort_if_requested(step, run_.ckpt)
                 if run_.preempted:
                     run_.say_stopped(step)
                     break
         return RLResult(self.workdir, start, step, history, run_.preempted, run_.saved)
-

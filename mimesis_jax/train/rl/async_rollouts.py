@@ -1,0 +1,230 @@
+"""Bounded-staleness rollouts (issue #44 items 1-2; docs/stage2.md): `rl.max_staleness` = N > 0 lets the rollouts
+of the next steps run while the current step's update does.
+
+Versions. The policy's version v is the number of RL steps whose update it has taken (the learner's step counter;
+`Generator.set_params(params, v)`); every sampled token carries the version of the weights that sampled it
+(`Sample.version` -> `Segment.version`). Step s trains with version s (the weights at the start of its updates), so
+a token sampled by version v is trained with staleness s - v.
+
+The bound. The rollouts of step j are admitted (their first dialogue starts) only once the generator holds a
+version >= j - N; versions only grow, so every token of step j has staleness <= N. The bound is kept by holding
+back admissions, never by dropping a finished rollout. N = 0 is the synchronous loop (`StepRollouts`: draw and
+rollouts inline, exactly the code path of before); N > 0 runs them in a producer thread (`RolloutProducer`), one
+step at a time in step order, so the draws, rollout ids and seeds of every step are those of the synchronous run.
+
+Two schedules. By default (`rl.async_deterministic=false`) new weights reach the generator as soon as an update
+ends (in-flight: a dialogue's later turns sample with newer weights than its first). With
+`rl.async_deterministic=true` the lag is fixed: version v is published only after every step admitted under v-1
+has finished its rollouts, so step j samples all its tokens with version max(start, j - N) -- staleness exactly
+min(N, j - start), whatever the timing.
+
+Devices. The update's programs, the weight publication and the sampler's programs take turns on the mesh
+(`sampler._MESH_LOCK`, the lock the sampler's threads already share): two multi-device programs enqueued from two
+threads in different orders could wait on each other's collectives. What overlaps is everything else: environment
+steps, user and judge replies of remote or rule-based sides, coach notes, packing. The policy's generator is wrapped
+(`Guarded`) so that new weights never land between a call reading the weights and stamping their version, and it
+holds its own copy of the weights (`own_copy`: the update donates the training arrays).
+
+Not yet (issue #44): several processes and the rollout engine with N > 0 (ConfigErrors), a resume of an
+asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), split device
+pools, partial rollouts. The stale tokens' off-policy correction is `rl.behavior_is_cap` (train/rl/step.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mimesis_jax.data.trajectory import Segment
+from mimesis_jax.inference import sampler as sampler_lib
+from mimesis_jax.inference.protocol import Generator
+
+DEVICE_LOCK = sampler_lib._MESH_LOCK  # one multi-device program at a time across threads (module docstring)
+
+
+@dataclasses.dataclass
+class Produced:
+    """One step's rollouts: the outcomes, the next rollout id after them, the data sampler's state right after the
+    step's draw (async only: what a checkpoint after this step keeps) and the producer's wall-clock marks."""
+
+    step: int
+    outs: list
+    next_rid: int
+    sampler_state: Any = None
+    started: float = 0.0
+    ended: float = 0.0
+
+
+def snapshot(state):
+    """A copy of a data sampler's state that later draws cannot change."""
+    return copy.deepcopy(state)
+
+
+class StepRollouts:
+    """N = 0: each step's rollouts run inline when the loop takes them, the weights are published after each step --
+    the synchronous loop."""
+
+    lock = None  # nothing runs beside the update
+
+    def __init__(self, produce: Callable[[int, int], Produced], first_rid: int):
+        self.produce, self.next_rid = produce, first_rid
+
+    def take(self, step: int) -> Produced:
+        got = self.produce(step, self.next_rid)
+        self.next_rid = got.next_rid
+        return got
+
+    def publish(self, version: int, set_params: Callable[[], None]) -> None:
+        set_params()
+
+    def close(self) -> None:
+        pass
+
+
+class RolloutProducer:
+    """N > 0: a thread producing the rollouts of steps [start, stop) in order, step j admitted once the published
+    version is >= j - N (module docstring). The loop `take`s each step's rollouts and `publish`es each new version;
+    an error in the thread is raised by the next `take` / `publish`; `close` stops admitting and waits for the
+    step in flight."""
+
+    def __init__(self, produce: Callable[[int, int], Produced], *, start: int, stop: int, first_rid: int,
+                 max_staleness: int, fixed_lag: bool):
+        self.produce, self.start, self.stop, self.first_rid = produce, start, stop, first_rid
+        self.max_staleness, self.fixed_lag = max_staleness, fixed_lag
+        self.lock = DEVICE_LOCK
+        self._cv = threading.Condition()
+        self._published = start  # the generator's version
+        self._done: dict[int, Produced] = {}
+        self._finished = start - 1  # the last step whose rollouts are done
+        self._error: BaseException | None = None
+        self._closing = False
+        self.admitted_at: dict[int, int] = {}  # step -> the published version when it was admitted
+        self._thread = threading.Thread(target=self._loop, name="rollout-producer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        rid = self.first_rid
+        try:
+            for j in range(self.start, self.stop):
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closing or self._published >= j - self.max_staleness)
+                    if self._closing:
+                        return
+                    self.admitted_at[j] = self._published
+                got = self.produce(j, rid)
+                rid = got.next_rid
+                with self._cv:
+                    self._done[j] = got
+                    self._finished = j
+                    self._cv.notify_all()
+        except BaseException as e:  # raised again in the loop's thread by take / publish
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def take(self, step: int) -> Produced:
+        with self._cv:
+            self._cv.wait_for(lambda: step in self._done or self._error is not None)
+            self._raise()
+            return self._done.pop(step)
+
+    def publish(self, version: int, set_params: Callable[[], None]) -> None:
+        """`set_params()` puts the weights of `version` in the generator; then steps up to version + N are
+        admitted. With the fixed lag, first waits for every step admitted under the previous version."""
+        if self.fixed_lag:
+            last = min(version - 1 + self.max_staleness, self.stop - 1)
+            with self._cv:
+                self._cv.wait_for(lambda: self._finished >= last or self._error is not None)
+                self._raise()
+        set_params()
+        with self._cv:
+            self._published = version
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join()
+
+
+class Guarded(Generator):
+    """A generator whose `set_params` waits for the `generate` in flight: a sample's version is that of the weights
+    it was sampled with (the generator reads its weights when a call starts and stamps the version when it ends)."""
+
+    def __init__(self, inner: Generator):
+        self.inner = inner
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @property
+    def params(self):
+        return self.inner.params
+
+    def generate(self, prompts, sampling, *, keys=None, cancel=None):
+        with self._lock:
+            return self.inner.generate(prompts, sampling, keys=keys, cancel=cancel)
+
+    def set_params(self, params, version: int) -> None:
+        with self._lock, DEVICE_LOCK:  # the generator may lay the weights out on its mesh: device programs
+            self.inner.set_params(params, version)
+            jax.block_until_ready(self.inner.params)
+
+    def release(self, keys) -> None:
+        with self._lock:
+            self.inner.release(keys)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def own_copy(placed):
+    """The rollout weights `placed` as arrays of their own: the update donates the training arrays, which the
+    generator holds itself when it samples in the training layout; rollouts running beside the update need their
+    weights to outlive it (one copy of the weights more, whatever the layout). Call with the device lock held."""
+    return jax.block_until_ready(_copy(placed))
+
+
+_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one program for the whole tree, new buffers
+
+
+def agent_segments(rollouts) -> list[Segment]:
+    """The agent segments of `rollouts`: Stage II dialogues (Trajectory: segments) or Stage I.3 rollouts (SimRollout:
+    one Trajectory per policy turn)."""
+    out = []
+    for r in rollouts:
+        for s in r.segments:
+            if isinstance(s, Segment):
+                if s.kind == "agent":
+                    out.append(s)
+            else:
+                out.extend(agent_segments([s]))
+    return out
+
+
+def staleness_record(trained: list, step: int) -> dict:
+    """`staleness_max` and `staleness_mean` (per token) of the agent tokens of the `trained` rollouts, trained
+    by version `step`; {} when none carries a version (a scripted stage's hand-made segments)."""
+    lags, weights = [], []
+    for s in agent_segments(trained):
+        if s.version is not None and s.tokens:
+            lags.append(step - int(s.version))
+            weights.append(len(s.tokens))
+    if not lags:
+        return {}
+    lags_a = np.asarray(lags, dtype=np.int64)
+    return {"staleness_max": int(lags_a.max()),
+            "staleness_mean": float(np.dot(lags_a, weights) / float(sum(weights)))}

@@ -1,0 +1,210 @@
+"""Bounded-staleness rollouts (train/rl/async_rollouts.py, issue #44 items 1-2): the producer's admission rule
+against a scripted loop (no JAX), the staleness metrics against a NumPy count written from their definition, the
+config and resume refusals, and the tiny Stage II GRPO loop with rl.max_staleness=1. Under the fixed lag
+(rl.async_deterministic) the step trained by version s sampled all its tokens with version max(0, s - 1) and logs
+staleness exactly 1 from its second step on; in flight every token's version lies in [s - 1, s]; with
+max_staleness=0 every token is sampled by the version that trains it, and the first step (version 0 on every
+schedule) logs the same record on both schedules, update metrics included. That the synchronous path is the loop of
+before is the existing loop tests' (tests/test_agent_rl_loop.py, test_rl_schedule_metrics.py) and resume tests'."""
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from mimesis_jax.data.trajectory import Segment, Trajectory
+from mimesis_jax.envs.toy import ToyCoach, ToyUser
+from mimesis_jax.episodes.simulator import SimRollout
+from mimesis_jax.chat.base import SimulatorAsResponder
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.train.rl import agent as A
+from mimesis_jax.train.rl.async_rollouts import Produced, RolloutProducer, staleness_record
+from mimesis_jax.train.rl.learner import COMPILATION_KEYS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+
+
+# ------------------------------------------------------------------------------------------ the producer alone
+def _schedule(n, fixed_lag, steps=6):
+    """Runs the producer against a loop that trains each step and publishes the next version; returns for every
+    step the published version at its admission and the versions published while its rollouts ran."""
+    published = {"v": 0}
+    during: dict[int, set] = {}
+    lock = threading.Lock()
+
+    def produce(step, rid):
+        with lock:
+            during[step] = {published["v"]}
+        for _ in range(20):  # a rollout long enough for a publication to land in it
+            with lock:
+                during[step].add(published["v"])
+            threading.Event().wait(0.001)
+        return Produced(step, [step], rid + 1)
+
+    p = RolloutProducer(produce, start=0, stop=steps, first_rid=0, max_staleness=n, fixed_lag=fixed_lag)
+    try:
+        for s in range(steps):
+            assert p.take(s).outs == [s]
+
+            def set_params(v=s + 1):
+                with lock:
+                    published["v"] = v
+
+            p.publish(s + 1, set_params)
+    finally:
+        p.close()
+    return p.admitted_at, during
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_fixed_lag_samples_each_step_with_one_version(n):
+    admitted, during = _schedule(n, fixed_lag=True)
+    for s in range(6):
+        assert admitted[s] == max(0, s - n) and during[s] == {max(0, s - n)}, (s, admitted, during)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_in_flight_admission_keeps_the_bound(n):
+    admitted, during = _schedule(n, fixed_lag=False)
+    for s in range(6):
+        assert admitted[s] >= s - n and min(during[s]) >= s - n and max(during[s]) <= s, (s, admitted, during)
+
+
+def test_a_producer_error_reaches_the_loop():
+    def produce(step, rid):
+        raise RuntimeError(f"rollout {step} failed")
+
+    p = RolloutProducer(produce, start=0, stop=2, first_rid=0, max_staleness=1, fixed_lag=False)
+    with pytest.raises(RuntimeError, match="rollout 0 failed"):
+        p.take(0)
+    p.close()
+
+
+# ------------------------------------------------------------------------------------------ the metrics
+def test_staleness_record_against_a_numpy_count():
+    rng = np.random.RandomState(0)
+    trajs, lags = [], []
+    for _ in range(5):
+        segs = [Segment("public", [1, 2])]
+        for _ in range(3):
+            v, n = int(rng.randint(3, 7)), int(rng.randint(1, 9))
+            segs += [Segment("public", [3]), Segment("agent", list(range(1, n + 1)), version=v)]
+            lags += [7 - v] * n
+        trajs.append(Trajectory(segs))
+    rec = staleness_record(trajs, 7)
+    assert rec["staleness_max"] == max(lags)
+    assert rec["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
+    assert staleness_record([Trajectory([Segment("agent", [1, 2])])], 3) == {}  # no version: nothing logged
+    # Stage I.3: a rollout holds one Trajectory per policy turn
+    sim = SimRollout(segments=[Trajectory([Segment("public", [1]), Segment("agent", [2, 3, 4], version=5)]),
+                     Trajectory([Segment("public", [1]), Segment("agent", [5], version=6)])],
+                     domain="d", group_id=0, rollout_id=0)
+    assert staleness_record([sim], 7) == {"staleness_max": 2, "staleness_mean": (3 * 2 + 1 * 1) / 4}
+
+
+@pytest.mark.parametrize("sets, msg", [
+    (["rl.max_staleness=-1"], "must be an int >= 0"),
+    (["rl.max_staleness=1", "rollout.engine=true"], "must be 0 with rollout.engine")])
+def test_config_errors_name_rl_max_staleness(sets, msg):
+    with pytest.raises(ConfigError, match=rf"^config key 'rl.max_staleness': {msg}"):
+        _cfg(*sets)
+
+
+# ------------------------------------------------------------------------------------------ the Stage II loop
+def _cfg(*sets):
+    base = ["train.progress_bar=false", "train.tensorboard=false", f"train.steps={STEPS}",
+            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=1",
+            "rollout.agent_max_tokens=8", "rollout.row_len=128", "checkpoint.async_save=false",
+            "checkpoint.every=100"]
+    return A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", base + list(sets))
+
+
+def _run(workdir, *sets):
+    seen = {}
+    user = ToyUser()
+    res = A.run(_cfg(*sets), str(workdir), user_side=A.UserSide(user, SimulatorAsResponder(user), user, ToyCoach()),
+                on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
+                log=lambda *a: None)
+    return res, seen
+
+
+def _versions(trajs):
+    return [s.version for t in trajs if t.status == "ok" for s in t.segments if s.kind == "agent"]
+
+
+@pytest.fixture(scope="module")
+def fixed_lag(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("lag")
+    return wd, *_run(wd, "rl.max_staleness=1", "rl.async_deterministic=true")
+
+
+def test_fixed_lag_trains_each_token_one_version_late(fixed_lag):
+    _, res, seen = fixed_lag
+    assert sorted(res.metrics) == [1, 2, 3] and res.final_step == STEPS
+    for step in (1, 2, 3):  # step s (1-based) trains with version s - 1; its rollouts sampled version max(0, s - 2)
+        vs = _versions(seen[step])
+        assert vs and set(vs) == {max(0, step - 2)}, (step, vs)
+        rec = res.metrics[step]
+        assert rec["staleness_max"] == (step - 1) - max(0, step - 2) == rec["staleness_mean"]
+        assert rec["step_s"] > 0
+    ids = [t.rollout_id for s in seen.values() for t in s]
+    assert sorted(ids) == list(range(len(ids)))  # every rollout id once, in the synchronous run's order
+
+
+TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s", "step_s",
+          "rollout_wait_s") + COMPILATION_KEYS
+
+
+def test_synchronous_run_has_no_staleness_and_the_first_step_of_both(fixed_lag, tmp_path):
+    """max_staleness=0: every token sampled by the version that trains it; step 1 (version 0 on both schedules)
+    logs the same record, update metrics included, in both runs."""
+    _, lag, _ = fixed_lag
+    sync, seen = _run(tmp_path)
+    for step in (1, 2, 3):
+        assert set(_versions(seen[step])) == {step - 1}
+        assert sync.metrics[step]["staleness_max"] == 0 == sync.metrics[step]["staleness_mean"]
+        assert "rollout_wait_s" not in sync.metrics[step] and "step_s" not in sync.metrics[step]
+    strip = lambda rec: {k: v for k, v in rec.items() if k not in TIMING}  # noqa: E731
+    assert strip(sync.metrics[1]) == strip(lag.metrics[1])
+    assert strip(sync.metrics[2]) != strip(lag.metrics[2])  # step 2 sampled other weights
+
+
+def test_resuming_an_asynchronous_run_is_refused(fixed_lag):
+    wd, _, _ = fixed_lag
+    with pytest.raises(ConfigError, match=r"^config key 'rl.max_staleness': .* resume with --set rl.max_staleness=0"):
+        _run(wd, "rl.max_staleness=1", f"train.steps={STEPS + 1}")
+
+
+def test_a_checkpoint_keeps_the_data_state_of_its_own_step(fixed_lag, tmp_path):
+    """SIGTERM during step 2 of the fixed-lag run: step 3 is drawn already (its rollouts ran beside step 2's
+    update), yet the checkpoint holds the task sampler and rollout id after step 2, so the synchronous resume
+    draws step 3's tasks and ids again."""
+    _, _, lag_seen = fixed_lag
+
+    def stop_at_2(step, trajs):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    user = ToyUser()
+    side = A.UserSide(user, SimulatorAsResponder(user), user, ToyCoach())
+    first = A.run(_cfg("rl.max_staleness=1", "rl.async_deterministic=true"), str(tmp_path), user_side=side,
+                  on_rollouts=stop_at_2, log=lambda *a: None)
+    assert first.preempted and first.checkpoint_step == 2
+    _, seen = _run(tmp_path, "rl.max_staleness=0")
+    key = lambda trajs: [(t.group_id, t.rollout_id, t.task) for t in trajs]  # noqa: E731
+    assert sorted(seen) == [3] and key(seen[3]) == key(lag_seen[3])
+
+
+def test_in_flight_tokens_stay_within_the_bound(tmp_path):
+    res, seen = _run(tmp_path, "rl.max_staleness=1")
+    for step in (1, 2, 3):
+        assert res.metrics[step]["invalid"] == 0 == res.metrics[step]["skipped_groups"]  # every dialogue trained
+        vs = _versions(seen[step])
+        assert vs and all(step - 2 <= v <= step - 1 for v in vs), (step, vs)
+        lags = [(step - 1) - v for t in seen[step] if t.status == "ok" for s in t.segments if s.kind == "agent"
+                for v in [s.version] * len(s.tokens)]
+        assert res.metrics[step]["staleness_max"] == max(lags) <= 1
+        assert res.metrics[step]["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
