@@ -20,7 +20,7 @@ pytestmark = pytest.mark.optimized  # its cost is running RL steps, which unopti
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s",
-          "train_tokens_per_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
+          "train_tokens_per_s", "step_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
 
 
 def _cfg(name="tiny_agentrl.py:csd", *sets):

@@ -32,7 +32,8 @@ from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # compilation counts differ by construction: the engine run compiles engine programs, the other sampler ones
-TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s") + COMPILATION_KEYS
+TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s",
+          "step_s") + COMPILATION_KEYS
 
 
 class _Recording(EngineGenerator):

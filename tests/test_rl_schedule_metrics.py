@@ -20,7 +20,7 @@ from mimesis_jax.train.rl.step import schedule_count
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEPT = [2, 0, 1, 2, 0, 1]  # groups kept per step (of 2): updates made per step, one per kept group
 PEAK, WARM, MIN_RATIO = 1e-3, 3, 0.1
-TIMING = ("train_s", "train_tokens_per_s") + L.COMPILATION_KEYS  # compilations: per process
+TIMING = ("train_s", "train_tokens_per_s", "step_s") + L.COMPILATION_KEYS  # compilations: per process
 
 
 def _cfg(*sets):
@@ -112,6 +112,9 @@ def test_schedule_counts_the_updates_made_and_logs_the_applied_lr(every_step):
     # the applied lrs at the updates really made (0-based 1, 2, 4, 5), not at step x updates per step - 1
     assert [res.metrics[s]["lr"] for s in (1, 3, 4, 6)] == pytest.approx([_np_lr(n, total) for n in (1, 2, 4, 5)],
                                                                          rel=1e-6)
+    # a synchronous run logs step_s too: the wall clock from one step's record to the next spans its update
+    for s in range(1, 7):
+        assert res.metrics[s]["step_s"] >= res.metrics[s]["train_s"] > 0, (s, res.metrics[s])
 
 
 def test_metrics_fetched_every_k_steps_and_rows_unchanged_through_sigterm_and_resume(every_step, tmp_path):

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.optimized
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
 TIMING = ("rollout_s", "train_s", "rollout_tokens_per_s",
-          "train_tokens_per_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
+          "train_tokens_per_s", "step_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
 SMALL = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
          "rollout.mini_batch_prompts=1", "rollout.max_tokens=8", "domains.max_user_turns=2",
          "checkpoint.async_save=false", "validation.every=2", "validation.max_records=1",

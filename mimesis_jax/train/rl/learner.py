@@ -585,8 +585,9 @@ class RLLearner:
                     rec.update(self.validate(policy,
                                              f"{self.stage} step {step} validation"))
                 now = time.perf_counter()
-                if self.source.lock is not None:  # wall clock of the pipeline: since the previous step's record
-                    rec.update(step_s=now - ended, rollout_wait_s=wait_s)
+                rec["step_s"] = now - ended  # wall clock of the loop: since the previous step's record
+                if self.source.lock is not None:
+                    rec["rollout_wait_s"] = wait_s
                 ended = now
                 pending.append((step, rec, ms))
                 saving = run_.save_due(step, scheduled=self.save_checkpoints)
