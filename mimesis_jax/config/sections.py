@@ -57,6 +57,9 @@ class TrainConfig:
     prefetch: int = 2  # batches prepared ahead on a host thread; 0 = none
     progress_bar: bool = True
     tensorboard: bool = True
+    # RL stages: write <workdir>/timeline.json, a trace of the run's rollouts, agent turns, user waits, coach
+    # notes, updates and weight syncs per track (mimesis_jax/timeline.py; open it in ui.perfetto.dev; docs/stage2.md)
+    timeline: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +154,7 @@ def validate(cfg: RunConfig) -> RunConfig:
          "must be 1 for mid-training / SFT (the trainer checks every step's loss for train.nonfinite); "
          "it applies to the RL stages")
     need(t.prefetch >= 0, "train.prefetch", "must be >= 0")
+    need(not t.timeline, "train.timeline", "applies to the RL stages only (mid-training / SFT write no timeline)")
     for ax in ("data", "fsdp", "tensor"):
         v = getattr(cfg.mesh, ax)
         need(v == -1 or v >= 1, f"mesh.{ax}", "must be >= 1, or -1 to absorb the remaining devices")

@@ -47,6 +47,7 @@ from mimesis_jax.chat.thoughts import response_thought
 from mimesis_jax.inference.protocol import Generator, Sampling, derive_seed
 from mimesis_jax.chat.refusal import RefusalDetector
 from mimesis_jax.inference.protocol import Sample
+from mimesis_jax import timeline
 
 
 @dataclasses.dataclass
@@ -166,7 +167,8 @@ def _user_turns(eps: list[_Live], user, cfg: EpisodeConfig, refusal: RefusalDete
         kwargs["keys"] = [("user", ep.traj.rollout_id) for ep in eps]
     if cfg.user_temperature is not None:
         kwargs["temperature"] = cfg.user_temperature
-    responses = chat_many(user, [ep.user_view for ep in eps], **kwargs)
+    with timeline.span("user wait", dialogues=len(eps), opening=opening):  # the simulator's replies
+        responses = chat_many(user, [ep.user_view for ep in eps], **kwargs)
     accepted = []
     for ep, r in zip(eps, responses):
         where = "opening user turn" if opening else f"user turn after agent turn {ep.turns - 1}"
@@ -407,10 +409,13 @@ def run_episodes(agent, user, tasks: Sequence[EpisodeTask], config: EpisodeConfi
                 if reported_active:  # the last report still counted dialogues that the context limit ended
                     report()
                 break
-            calls, n_sampled = _agent_turn(live, agent, t)
+            with timeline.span("agent turn", dialogues=len(live)):  # one batched generation
+                calls, n_sampled = _agent_turn(live, agent, t)
             rounds += 1
             sampled += n_sampled
-            _user_turn(_env_turn(live, calls, t), user, t)
+            with timeline.span("env step", dialogues=len(live)):
+                pending = _env_turn(live, calls, t)
+            _user_turn(pending, user, t)
             _close_round(live, cfg)
             report()
     finally:  # an env that raised leaves no dialogue state behind either

@@ -40,6 +40,7 @@ from mimesis_jax.episodes.agent import ROLLOUT_IDS
 from mimesis_jax.episodes.progress import TurnProgress
 from mimesis_jax.chat.thoughts import split_thought
 from mimesis_jax.inference.protocol import Generator, Sampling, derive_seed
+from mimesis_jax import timeline
 
 
 @dataclasses.dataclass
@@ -285,9 +286,11 @@ def run_sim_episodes(policy, tasks: Sequence[SimEpisodeTask], config: SimEpisode
                 if reported_active:  # the last report still counted rollouts that the context limit ended
                     report(turn)
                 break
-            steps, n_sampled = _policy_turn(live, prompts, policy, cfg, tok, turn)
+            with timeline.span("agent turn", dialogues=len(live)):  # the trained simulator's turn
+                steps, n_sampled = _policy_turn(live, prompts, policy, cfg, tok, turn)
             sampled += n_sampled
-            _env_turn(steps, cfg, turn)
+            with timeline.span("partner reply", dialogues=len(steps)):  # the env answering the trained turn
+                _env_turn(steps, cfg, turn)
             turn += 1
             report(turn)
     finally:  # free the engine state (pages, state slots) of every rollout, also when a step raised

@@ -83,6 +83,10 @@ class StepRollouts:
     def publish(self, version: int, set_params: Callable[[], None]) -> None:
         set_params()
 
+    def started_after(self, step: int) -> int:
+        """Steps after `step` whose rollouts have started: none, they run when the loop takes them."""
+        return 0
+
     def close(self) -> None:
         pass
 
@@ -127,6 +131,11 @@ class RolloutProducer:
             with self._cv:
                 self._error = e
                 self._cv.notify_all()
+
+    def started_after(self, step: int) -> int:
+        """Steps after `step` whose rollouts have started (admitted), finished or not."""
+        with self._cv:
+            return sum(j > step for j in self.admitted_at)
 
     def _raise(self) -> None:
         if self._error is not None:

@@ -76,7 +76,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from mimesis_jax import config as config_lib, profiling
+from mimesis_jax import config as config_lib, profiling, timeline
 from mimesis_jax.algorithms import rl_batch
 from mimesis_jax.checkpoints import Checkpointer, gather_json
 from mimesis_jax.data.tokenizer import load_tokenizer
@@ -200,6 +200,35 @@ def waits_for_updates(run: RLRun) -> bool:
     return run.cfg.train.metrics_sync_every == 1 or on_cpu(run)
 
 
+def pack_minibatch(run: RLRun, trajs: Sequence, adv: Sequence, *, row_len: int | None,
+                   ladder: rl_batch.ShapeLadder | None):
+    """One mini-batch of `ppo_updates` packed and placed on the devices (this process's share of it with several
+    processes), ready; with the padding counts of the whole mini-batch (`pad_counts`)."""
+    rl, step_fn = run.cfg.rl, run.step_fn
+    teacher = rl.teacher if rl.alpha > 0 else "none"
+    multi = jax.process_count() > 1
+    packed = None
+    if len(trajs):
+        packed = rl_batch.pack_trajectories(trajs, adv, teacher=teacher, loss_agg=rl.loss_agg,
+                                            use_rollout_logprobs=rl.old_logprobs == "rollout",
+                                            behaviour_logprobs=rl.behavior_is_cap > 0,
+                                            rows_multiple=step_fn.local_rows_multiple() if multi else
+                                            step_fn.rows_multiple(), row_len=None if ladder else row_len,
+                                            ladder=ladder)
+    if multi:  # this process's share of the mini-batch, in the shapes and normalisers all processes agree on
+        layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple(),
+                                        ladder)
+        local = rl_batch.split_microbatches(rl_batch.conform(packed, layout, rl.loss_agg), rl.num_microbatches)
+        batch = step_fn.place(local, process_local=True)
+    else:
+        batch = step_fn.place(packed)
+    counts = pad_counts(local if multi else packed.arrays)
+    if multi:  # the whole mini-batch's padding: every process logs the same record
+        shares = gather_json(counts)
+        counts = {k: sum(c[k] for c in shares) for k in PAD_KEYS}
+    return jax.block_until_ready(batch), counts  # nothing in flight while the step compiles
+
+
 def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None,
                 ladder: rl_batch.ShapeLadder | None = None, lock=None) -> tuple[dict, list[dict]]:
     """One RL step's optimizer updates, one per mini-batch: chunks = [(trajectories, advantages per trajectory's
@@ -210,42 +239,23 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     (async_rollouts.DEVICE_LOCK); None: the synchronous loop, nothing held.
     Returns (the new state, each update's metrics as device arrays: `fetch_metrics` brings them to the host)."""
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
-    teacher = rl.teacher if rl.alpha > 0 else "none"
-    multi = jax.process_count() > 1
     batches, pads = [], []
     for trajs, adv in chunks:
-        packed = None
-        if len(trajs):
-            packed = rl_batch.pack_trajectories(trajs, adv, teacher=teacher, loss_agg=rl.loss_agg,
-                                                use_rollout_logprobs=rl.old_logprobs == "rollout",
-                                                behaviour_logprobs=rl.behavior_is_cap > 0,
-                                                rows_multiple=step_fn.local_rows_multiple() if multi else
-                                                step_fn.rows_multiple(), row_len=None if ladder else row_len,
-                                                ladder=ladder)
-        if multi:  # this process's share of the mini-batch, in the shapes and normalisers all processes agree on
-            layout = rl_batch.common_layout(gather_json(rl_batch.layout_info(packed)), step_fn.local_rows_multiple(),
-                                            ladder)
-            local = rl_batch.split_microbatches(rl_batch.conform(packed, layout, rl.loss_agg), rl.num_microbatches)
-            batch = step_fn.place(local, process_local=True)
-        else:
-            batch = step_fn.place(packed)
-        counts = pad_counts(local if multi else packed.arrays)
-        if multi:  # the whole mini-batch's padding: every process logs the same record
-            shares = gather_json(counts)
-            counts = {k: sum(c[k] for c in shares) for k in PAD_KEYS}
+        with timeline.span("pack", trajectories=len(trajs)):
+            batch, counts = pack_minibatch(run, trajs, adv, row_len=row_len, ladder=ladder)
         pads.append(counts)
-        batches.append(jax.block_until_ready(batch))  # nothing in flight while the step compiles
+        batches.append(batch)
     held = contextlib.nullcontext() if lock is None else lock
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
-        with held:
+        with held, timeline.span("old logprobs", minibatches=len(batches)):
             batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
             if lock is not None:
                 jax.block_until_ready(batches)
     params, opt_state = state["params"], state["opt_state"]
     cpu = on_cpu(run)
     ms = []
-    for b, counts in zip(batches, pads):
-        with held:
+    for i, (b, counts) in enumerate(zip(batches, pads)):
+        with held, timeline.span("update", minibatch=i):
             params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
             if cpu or lock is not None:
                 jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
@@ -349,6 +359,7 @@ class RLLearner:
         self.tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
         self.run_state: RLRun | None = None
         self.source = None  # where the steps' rollouts come from (`rollout_source`), while `run` runs
+        self.groups_in_flight = 0  # at the last update's start: groups started and not trained, beyond its own
         self.world = (world or World()).bind(self)
         self.cluster = (cluster or Cluster()).bind(self)
         self.algorithm = (algorithm or GRPO()).bind(self)
@@ -423,11 +434,13 @@ class RLLearner:
         after this step keeps when the draws run ahead of the updates)."""
         cfg, r = self.cfg, self.cfg.rollout
         started = time.perf_counter()
-        drawn = self.draw(r.prompts_per_step)
-        kept = async_rollouts.snapshot(self.data_state()["sampler"]) if keep_sampler else None
-        outs = self.rollouts(policy, drawn, group_size=r.group_size, temperature=r.temperature,
-                             seed=distributed.step_seed(cfg.train.seed, step), first_group=step * r.prompts_per_step,
-                             first_rid=first_rid, label=f"{self.stage} step {step + 1} rollout")
+        with timeline.track("rollouts"), timeline.span("rollouts", step=step + 1):  # steps numbered as logged
+            drawn = self.draw(r.prompts_per_step)
+            kept = async_rollouts.snapshot(self.data_state()["sampler"]) if keep_sampler else None
+            outs = self.rollouts(policy, drawn, group_size=r.group_size, temperature=r.temperature,
+                                 seed=distributed.step_seed(cfg.train.seed, step),
+                                 first_group=step * r.prompts_per_step, first_rid=first_rid,
+                                 label=f"{self.stage} step {step + 1} rollout")
         return Produced(step, outs, first_rid + len(drawn) * r.group_size, kept, started, time.perf_counter())
 
     def rollout_source(self, policy, start: int, next_rid: int):
@@ -463,18 +476,21 @@ class RLLearner:
         times = {"rollouts": time.perf_counter()}
         kept, counts = self.filter_groups(got.outs)
         kept = global_minibatch_order(kept)
-        self.prepare_groups(kept, counts)
+        with timeline.span("coach notes" if self.cfg.rl.alpha > 0 else "prepare groups", step=step + 1):
+            self.prepare_groups(kept, counts)
         times["prepared"] = time.perf_counter()
         if self.on_rollouts is not None:
             self.on_rollouts(step + 1, got.outs)
         lock = self.source.lock
-        with contextlib.nullcontext() if lock is None else lock:  # a credit may score on the devices (infopo)
+        with contextlib.nullcontext() if lock is None else lock, timeline.span("advantages", step=step + 1):
+            # a credit may score on the devices (infopo)
             chunks = [self.advantages([t for g in kept[i:i + r.mini_batch_prompts] for t in g], counts)
                       for i in range(0, len(kept), r.mini_batch_prompts)]
             if lock is not None:
                 jax.block_until_ready(chunks)
         times["advantages"] = time.perf_counter()
         ms: list[dict] = []
+        self.groups_in_flight = self.source.started_after(step) * r.prompts_per_step
         if chunks:
             run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder, lock=lock)
         return got.outs, kept, counts, times, ms
@@ -486,12 +502,13 @@ class RLLearner:
         lock = self.source.lock
 
         def set_params():
-            if lock is None:
-                policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), version)
-                return
-            with lock:  # the copies are multi-device programs
-                placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
-            policy.set_params(placed, version)
+            with timeline.span("weight sync", version=version):
+                if lock is None:
+                    policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), version)
+                    return
+                with lock:  # the copies are multi-device programs
+                    placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
+                policy.set_params(placed, version)
 
         self.source.publish(version, set_params)
 
@@ -533,6 +550,7 @@ class RLLearner:
                 run_.logger.log(s, rec)
             done = [(s, rec) for s, rec, _ in pending] if check else []
             pending.clear()
+            timeline.flush()  # the timeline so far, with the rows (a killed run keeps both)
             for s, rec in done:
                 run_.check_finite(s, rec["loss"], rec["grad_norm"])
 
@@ -546,6 +564,10 @@ class RLLearner:
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(self.close)
             cleanup.enter_context(run_)  # at exit: the stop flag, the metrics logger and the checkpointer closed
+            cleanup.enter_context(timeline.recording(  # written at each flush and at the end (train.timeline)
+                os.path.join(self.workdir, "timeline.json") if cfg.train.timeline and jax.process_index() == 0
+                else None, process=f"{self.stage} {os.path.basename(self.workdir)}"))
+            cleanup.enter_context(timeline.track("trainer"))  # the loop's thread: updates, syncs, the rest
             compiled = cleanup.enter_context(profiling.count_compilations())  # the run's compile events
             self.open_models(in_flight)
             self.log(self.banner(start))
@@ -563,7 +585,8 @@ class RLLearner:
             while step < cfg.train.steps:
                 started = time.perf_counter()
                 meter.start()
-                got = self.source.take(step)
+                with timeline.span("wait for rollouts", step=step + 1):
+                    got = self.source.take(step)
                 outs, kept, counts, times, ms = self.learn(got, ladder)
                 times["start"], next_rid = started, got.next_rid
                 wait_s = times["rollouts"] - started  # what the loop waited for the step's rollouts
@@ -582,12 +605,13 @@ class RLLearner:
                 rec.update(async_rollouts.staleness_record([t for g in kept for t in g], step - 1))
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
-                    rec.update(self.validate(policy,
-                                             f"{self.stage} step {step} validation"))
+                    with timeline.span("validation", step=step):
+                        rec.update(self.validate(policy, f"{self.stage} step {step} validation"))
                 now = time.perf_counter()
                 rec["step_s"] = now - ended  # wall clock of the loop: since the previous step's record
                 if self.source.lock is not None:
                     rec["rollout_wait_s"] = wait_s
+                rec["groups_in_flight"] = self.groups_in_flight
                 ended = now
                 pending.append((step, rec, ms))
                 saving = run_.save_due(step, scheduled=self.save_checkpoints)

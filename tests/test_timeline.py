@@ -1,0 +1,210 @@
+"""The run timeline (mimesis_jax/timeline.py, issue #44 item 6): the recorder alone (tracks by thread, nesting,
+the Chrome trace format, atomic writes, nothing recorded when off), then the tiny Stage II GRPO loop of
+tests/test_async_rollouts.py for 2 steps with train.timeline=true: per step one "rollouts" span, one "update" span
+per update the record counts, agent turns that sum to the agent segments of the step's trajectories, user waits
+that sum to the simulator replies they asked for, updates that never overlap; with rl.max_staleness=1 a step's
+rollouts run during an update (the point of it) and `groups_in_flight` is what the trace shows started; with the
+key off (the default) no file."""
+
+import json
+import os
+import threading
+
+import pytest
+
+from mimesis_jax import timeline
+from mimesis_jax.chat.base import SimulatorAsResponder
+from mimesis_jax.envs.toy import ToyCoach, ToyUser
+from mimesis_jax.config import load_config
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.train.rl import agent as A
+from mimesis_jax.train.rl.async_rollouts import Produced, RolloutProducer, StepRollouts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 2
+PROMPTS = 2  # rollout.prompts_per_step
+
+
+# ------------------------------------------------------------------------------------------ the recorder alone
+def _spans(trace, name=None):
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and (name is None or e["name"] == name)]
+
+
+def _tracks(trace) -> dict[int, str]:
+    return {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+
+
+def test_recorder_tracks_nesting_and_format(tmp_path):
+    path = str(tmp_path / "t.json")
+    with timeline.recording(path, process="p"):
+        with timeline.track("main"), timeline.span("outer", step=1):
+            with timeline.span("inner"):
+                pass
+
+        def worker():
+            with timeline.span("in thread"):
+                pass
+
+        th = threading.Thread(target=worker, name="w0")
+        th.start()
+        th.join()
+        timeline.flush()
+        with open(path) as f:
+            flushed = json.load(f)
+        with timeline.track("main"), timeline.span("later"):
+            pass
+    with open(path) as f:
+        trace = json.load(f)
+    assert [e["name"] for e in _spans(flushed)] == ["inner", "outer", "in thread"]  # each span at its end
+    assert [e["name"] for e in _spans(trace)] == ["inner", "outer", "in thread", "later"]
+    tracks = _tracks(trace)
+    by = {e["name"]: e for e in _spans(trace)}
+    assert tracks[by["outer"]["tid"]] == tracks[by["inner"]["tid"]] == tracks[by["later"]["tid"]] == "main"
+    assert tracks[by["in thread"]["tid"]] == "w0"  # a thread without a track block: its own name
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"} == {"p"}
+    outer, inner = by["outer"], by["inner"]
+    assert outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+    assert outer["args"] == {"step": 1} and inner["args"] == {}
+    for e in _spans(trace):
+        assert set(e) == {"name", "ph", "ts", "dur", "pid", "tid", "args"} and e["dur"] >= 0
+    assert os.listdir(tmp_path) == ["t.json"]  # no temporary file left
+
+
+def test_off_records_nothing_and_one_recording_at_a_time(tmp_path):
+    assert timeline.span("x") is timeline.track("x")  # the one shared no-op
+    with timeline.span("x"), timeline.track("y"):
+        timeline.flush()
+    with timeline.recording(None) as tl:
+        assert tl is None and timeline.span("x") is timeline.track("x")
+    with timeline.recording(str(tmp_path / "a.json")):
+        with pytest.raises(RuntimeError, match="already being recorded"):
+            with timeline.recording(str(tmp_path / "b.json")):
+                pass
+    assert os.listdir(tmp_path) == ["a.json"]
+
+
+# ------------------------------------------------------------------------------------------ the Stage II loop
+def _cfg(*sets):
+    base = ["train.progress_bar=false", "train.tensorboard=false", f"train.steps={STEPS}",
+            f"rollout.prompts_per_step={PROMPTS}", "rollout.group_size=2", "rollout.mini_batch_prompts=1",
+            "rollout.agent_max_tokens=8", "rollout.row_len=128", "checkpoint.async_save=false",
+            "checkpoint.every=100"]
+    return A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", base + list(sets))
+
+
+def _run(workdir, *sets):
+    seen = {}
+    user = ToyUser()
+    res = A.run(_cfg(*sets), str(workdir), user_side=A.UserSide(user, SimulatorAsResponder(user), user, ToyCoach()),
+                on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
+                log=lambda *a: None)
+    return res, seen
+
+
+def _load(workdir):
+    with open(os.path.join(workdir, "timeline.json")) as f:
+        return json.load(f)
+
+
+def _on(trace, track):
+    tid = {v: k for k, v in _tracks(trace).items()}[track]
+    return [e for e in _spans(trace) if e["tid"] == tid]
+
+
+def _within(inner, outer):
+    return outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+
+
+def _overlap(a, b):
+    return a["ts"] < b["ts"] + b["dur"] and b["ts"] < a["ts"] + a["dur"]
+
+
+def _replies_asked(trajs):
+    """The simulator replies the step's dialogues asked for: openings and turns whose env addressed the user and
+    went on (episodes/agent.py `_user_turns`)."""
+    opening = sum("opening_utterance" in t.meta for t in trajs)
+    later = sum(1 for t in trajs for e in t.env_info
+                if e.get("to_user") is not None and not e["terminated"] and not e["truncated"])
+    return opening, later
+
+
+@pytest.fixture(scope="module")
+def synchronous(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("sync")
+    return wd, *_run(wd, "train.timeline=true")
+
+
+def test_synchronous_timeline_counts_every_span(synchronous):
+    wd, res, seen = synchronous
+    trace = _load(wd)
+    assert set(_tracks(trace).values()) == {"rollouts", "trainer"}
+    rollouts = sorted(_on(trace, "rollouts"), key=lambda e: e["ts"])
+    steps = [e for e in rollouts if e["name"] == "rollouts"]
+    assert [e["args"]["step"] for e in steps] == [1, 2]  # one per step, in order
+    updates = _on(trace, "trainer")
+    assert [e["name"] for e in updates if e["name"] == "update"] == ["update"] * sum(
+        res.metrics[s]["updates"] for s in (1, 2))
+    assert sum(res.metrics[s]["updates"] for s in (1, 2)) == STEPS * PROMPTS  # one mini-batch per group
+    assert [e["args"]["version"] for e in updates if e["name"] == "weight sync"] == [1, 2]
+    for step_span in steps:
+        s = step_span["args"]["step"]
+        inside = [e for e in rollouts if e is not step_span and _within(e, step_span)]
+        agent_segments = sum(1 for t in seen[s] for seg in t.segments if seg.kind == "agent")
+        turns = [e for e in inside if e["name"] == "agent turn"]
+        assert agent_segments > 0 and sum(e["args"]["dialogues"] for e in turns) == agent_segments
+        waits = [e for e in inside if e["name"] == "user wait"]
+        opening, later = _replies_asked(seen[s])
+        assert sum(e["args"]["dialogues"] for e in waits if e["args"]["opening"]) == opening
+        assert sum(e["args"]["dialogues"] for e in waits if not e["args"]["opening"]) == later
+        assert opening + later > 0
+        assert res.metrics[s]["groups_in_flight"] == 0  # synchronous: nothing starts before the update
+    # one track's updates never overlap, and the synchronous loop's rollouts never overlap its updates
+    only = sorted((e for e in updates if e["name"] == "update"), key=lambda e: e["ts"])
+    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(only, only[1:]))
+    assert not any(_overlap(r, u) for r in steps for u in only)
+
+
+def test_asynchronous_rollouts_overlap_an_update(tmp_path):
+    res, _ = _run(tmp_path, "train.timeline=true", "rl.max_staleness=1")
+    trace = _load(tmp_path)
+    steps = [e for e in _on(trace, "rollouts") if e["name"] == "rollouts"]
+    updates = [e for e in _on(trace, "trainer") if e["name"] == "update"]
+    assert sorted(e["args"]["step"] for e in steps) == [1, 2] and len(updates) == STEPS * PROMPTS
+    assert any(_overlap(r, u) for r in steps for u in updates)  # step 2's rollouts run beside step 1's update
+    # groups_in_flight (exact against the producer below): step 2's groups at most, none after the last step
+    assert res.metrics[1]["groups_in_flight"] in (0, PROMPTS) and res.metrics[2]["groups_in_flight"] == 0
+
+
+def test_groups_in_flight_counts_the_started_steps():
+    """The producer with max_staleness=1 and version 0 published: step 0 done, step 1 admitted and running (held
+    inside its rollouts), step 2 held back by the bound. The loop training step 0 sees step 1 in flight only."""
+    running, release = threading.Event(), threading.Event()
+
+    def produce(step, rid):
+        if step == 1:
+            running.set()
+            release.wait(10)
+        return Produced(step, [step], rid + 1)
+
+    p = RolloutProducer(produce, start=0, stop=3, first_rid=0, max_staleness=1, fixed_lag=False)
+    try:
+        p.take(0)
+        assert running.wait(10)
+        assert (p.started_after(0), p.started_after(1)) == (1, 0)
+        assert StepRollouts(lambda s, rid: Produced(s, [], rid), 0).started_after(0) == 0
+    finally:
+        release.set()
+        p.publish(1, lambda: None)
+        p.close()
+
+
+def test_off_writes_no_timeline(synchronous, tmp_path):
+    _run(tmp_path)
+    assert not os.path.exists(os.path.join(tmp_path, "timeline.json"))
+    assert os.path.exists(os.path.join(tmp_path, "metrics.jsonl"))
+
+
+def test_the_key_is_the_rl_stages_only():
+    with pytest.raises(ConfigError, match=r"^config key 'train.timeline': applies to the RL stages only"):
+        load_config(os.path.join(ROOT, "configs", "tiny_midtrain.py"), ["train.timeline=true"])
+    assert _cfg("train.timeline=true").train.timeline is True and _cfg().train.timeline is False
