@@ -155,7 +155,7 @@ def test_fixed_lag_trains_each_token_one_version_late(fixed_lag):
 
 
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s", "step_s",
-          "rollout_wait_s") + COMPILATION_KEYS
+          "rollout_wait_s", "groups_in_flight") + COMPILATION_KEYS  # groups_in_flight: when the producer woke
 
 
 def test_synchronous_run_has_no_staleness_and_the_first_step_of_both(fixed_lag, tmp_path):
