@@ -22,7 +22,7 @@ Two arms run in this one process, one after the other, each in a fresh workdir o
 
 Per arm it prints each step's `step_s` (the loop's wall seconds per step, in every RL record), their median over the
 steps after the first (the first compiles), `rollout_s` and `train_s` medians (async: also `rollout_wait_s`, the
-loop's wait for the producer), the user requests served, and then the ratio async / sync of the median step_s (the
+loop's wait for the producer), the user requests served and the most in flight at once, and then the ratio async / sync of the median step_s (the
 issue's goal: <= 0.6x) next to what to expect today: the producer runs one step's rollouts at a time, so a steady
 asynchronous step takes about its rollouts (the sync arm's median rollout_s / step_s; both arms are noisy). The server stops (shutdown, then close)
 whatever happens; each run stops its producer thread itself.
@@ -49,10 +49,12 @@ USER_REPLY = "<think>\nThe reply is on topic; I want more.\n</think>\n\nHmm. Tel
 class DelayUser:
     """A loopback OpenAI-compatible chat endpoint that answers every `POST {base}/chat/completions` with USER_REPLY
     after `delay_s` seconds (requests are served concurrently, one thread each). `requests` counts the answered
-    ones; other paths get 404. Use as a context manager, or call `close()`."""
+    ones, `peak_in_flight` the most it held at once (`reset_peak()` starts a new count); other paths get 404. Use as a
+    context manager, or call `close()`."""
 
     def __init__(self, delay_s: float):
-        self.delay_s, self.requests, self._lock = float(delay_s), 0, threading.Lock()
+        self.delay_s, self._lock = float(delay_s), threading.Lock()
+        self.requests = self.in_flight = self.peak_in_flight = 0
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -64,8 +66,12 @@ class DelayUser:
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 req = json.loads(body or b"{}")
+                with owner._lock:
+                    owner.in_flight += 1
+                    owner.peak_in_flight = max(owner.peak_in_flight, owner.in_flight)
                 time.sleep(owner.delay_s)
                 with owner._lock:
+                    owner.in_flight -= 1
                     owner.requests += 1
                 self._send(200, owner.completion(req))
 
@@ -94,6 +100,10 @@ class DelayUser:
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": USER_REPLY},
                              "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 0, "completion_tokens": words, "total_tokens": words}}
+
+    def reset_peak(self):
+        with self._lock:
+            self.peak_in_flight = self.in_flight
 
     def close(self):
         self.httpd.shutdown()
@@ -150,13 +160,14 @@ def main(argv=None) -> int:
     with DelayUser(a.delay) as user, tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         for name, n in (("sync", 0), ("async", a.max_staleness)):
             before = user.requests
+            user.reset_peak()
             r = run_arm(name, user.url, a.steps, n, os.path.join(tmp, name))
-            r["user_requests"] = user.requests - before
+            r["user_requests"], r["user_peak_in_flight"] = user.requests - before, user.peak_in_flight
             arms.append(r)
             print(f"{name:5s} rl.max_staleness={n}: step_s " + " ".join(f"{s:.2f}" for s in r["step_s"])
                   + f" | median (steps 2-{r['steps']}) step_s {r['median_step_s']:.2f}, rollout_s "
                   f"{r['median_rollout_s']:.2f}, train_s {r['median_train_s']:.2f} | {r['user_requests']} user "
-                  f"requests | arm wall {r['wall_s']:.1f} s", flush=True)
+                  f"requests, at most {r['user_peak_in_flight']} at once | arm wall {r['wall_s']:.1f} s", flush=True)
     sync, asyn = arms
     ratio = asyn["median_step_s"] / sync["median_step_s"]
     # the producer runs one step's rollouts at a time: a steady asynchronous step takes about its rollouts

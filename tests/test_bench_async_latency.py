@@ -44,7 +44,7 @@ def test_delay_user_answers_the_openai_client_after_its_delay(user):
     assert time.perf_counter() - t0 >= DELAY  # a lower bound: sleep guarantees it
     assert out.text == B.USER_REPLY and out.finish_reason == "stop" and out.meta["model"] == B.USER_MODEL
     assert split_thought(out.text, thinking=True) == ("The reply is on topic; I want more.", "Hmm. Tell me more.")
-    assert user.requests == 1
+    assert user.requests == 1 == user.peak_in_flight and user.in_flight == 0
 
 
 def test_delay_user_refuses_other_paths(user):
