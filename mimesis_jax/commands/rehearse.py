@@ -188,6 +188,7 @@ def rehearse_once(cfg, workdir: str, log=print) -> dict:
     from mimesis_jax.plan.compiled import TOLERANCE
     from mimesis_jax.inference import sampler
     from mimesis_jax.train.rl import agent, simulator
+    from mimesis_jax.train.rl.distributed import layout_of
     from mimesis_jax.train.rl.learner import COMPILATION_KEYS, ENGINE_PROGRAMS, SAMPLER_PROGRAM, SCORE_PROGRAM
 
     stage = agent.AgentLearner if hasattr(cfg, "users") else simulator.SimulatorLearner
