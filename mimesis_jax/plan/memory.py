@@ -91,7 +91,11 @@ def weight_sync_bytes(model: ModelConfig, mesh: dict, local: dict, itemsize: int
             if L == 1 and len(s.shape) > 1:
                 L = row_pieces(s.shape[0], divisor(s.axes[:1], s.shape[:1], mesh, model),
                                divisor(s.axes[:1], s.shape[:1], local, model))[1]
-            work = src_b + (src_b + dst_b) // L if L > 1 else src_b + dst_b
+            gather = len(s.shape) > 1 and L == 1 and divisor(s.axes, s.shape, local, model) == divisor(
+                s.axes[:1], s.shape[:1], local, model) == divisor(s.axes[:1], s.shape[:1], mesh, model)
+            # a table whose rows stay where they are and whose other dims are gathered whole: one all-gather into
+            # the output, no copy of the training shard beside it
+            work = dst_b if gather else src_b + (src_b + dst_b) // L if L > 1 else src_b + dst_b
         peak, most = max(peak, src_b + dst_b + work), max(most, work)
         copy += dst_b
         moved += (dst - src) * out_item
