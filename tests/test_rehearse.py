@@ -240,8 +240,13 @@ def _check_programs(rep, stdout):
     assert rep["programs"], rep
     # the memory is read from the executables the run compiled: no update or sampler program is compiled again
     assert not [n for n in rep["measure_compilations"] if "_rl_update" in n or "generate_bucket" in n]
-    # the static sampler's programs, or with the engine on none (its programs are counted, not measured here)
-    assert {p["program"] for p in rep["programs"]} == ({"rl_update"} if rep["engine"] else {"rl_update", "sampler"})
+    # the static sampler's programs, or with the engine on none (its programs are counted, not measured here) but
+    # the weight sync into the engine's replica layout (distributed.layout_of)
+    assert {p["program"] for p in rep["programs"]} == ({"rl_update", "weight_sync"} if rep["engine"]
+                                                       else {"rl_update", "sampler"})
+    if rep["engine"]:
+        (sync,) = [p for p in rep["programs"] if p["program"] == "weight_sync"]
+        assert sync["shape"] == {"layout": f"tensor={rep['mesh']['tensor']}"} and sync["mesh"]["fsdp"] == 1
     assert all(p["compiled_bytes"] > 0 and p["plan_bytes"] > 0 for p in rep["programs"])
     # every program, update and sampler, within the planner's tolerance (fp32: the honest compare on a CPU)
     off = rehearse_cli.off_programs(rep)
