@@ -148,3 +148,32 @@ def expected_ids_mask(tok, pieces):
         ids += new
         mask += [int(target)] * len(new)
     return np.asarray(ids, np.int32), np.asarray(mask, np.int32)
+
+
+def tiny_grpo_config(steps: int, *sets: str):
+    """configs/tiny_agentrl.py:grpo cut to `steps` steps of 2 prompts x 2 dialogues, 8-token agent turns in 128-token
+    rows, one mini-batch per prompt, no progress bar, TensorBoard or async checkpoint; `sets` on top."""
+    from mimesis_jax.train.rl import agent
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = ["train.progress_bar=false", "train.tensorboard=false", f"train.steps={steps}",
+            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=1",
+            "rollout.agent_max_tokens=8", "rollout.row_len=128", "checkpoint.async_save=false",
+            "checkpoint.every=100"]
+    return agent.load(os.path.join(root, "configs", "tiny_agentrl.py") + ":grpo", base + list(sets))
+
+
+def run_tiny_grpo(workdir, steps: int, *sets: str):
+    """`tiny_grpo_config` run in `workdir` against the rule-based toy user and coach: (RLResult, {step: the step's
+    trajectories})."""
+    from mimesis_jax.chat.base import SimulatorAsResponder
+    from mimesis_jax.envs.toy import ToyCoach, ToyUser
+    from mimesis_jax.train.rl import agent
+
+    seen = {}
+    user = ToyUser()
+    res = agent.run(tiny_grpo_config(steps, *sets), str(workdir),
+                    user_side=agent.UserSide(user, SimulatorAsResponder(user), user, ToyCoach()),
+                    on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
+                    log=lambda *a: None)
+    return res, seen

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pytest
 
+from helpers import run_tiny_grpo, tiny_grpo_config
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.episodes.simulator import SimRollout
@@ -23,7 +24,6 @@ from mimesis_jax.train.rl import agent as A
 from mimesis_jax.train.rl.async_rollouts import Produced, RolloutProducer, staleness_record
 from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 
 
@@ -115,20 +115,11 @@ def test_config_errors_name_rl_max_staleness(sets, msg):
 
 # ------------------------------------------------------------------------------------------ the Stage II loop
 def _cfg(*sets):
-    base = ["train.progress_bar=false", "train.tensorboard=false", f"train.steps={STEPS}",
-            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=1",
-            "rollout.agent_max_tokens=8", "rollout.row_len=128", "checkpoint.async_save=false",
-            "checkpoint.every=100"]
-    return A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", base + list(sets))
+    return tiny_grpo_config(STEPS, *sets)
 
 
 def _run(workdir, *sets):
-    seen = {}
-    user = ToyUser()
-    res = A.run(_cfg(*sets), str(workdir), user_side=A.UserSide(user, SimulatorAsResponder(user), user, ToyCoach()),
-                on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
-                log=lambda *a: None)
-    return res, seen
+    return run_tiny_grpo(workdir, STEPS, *sets)
 
 
 def _versions(trajs):

@@ -12,12 +12,10 @@ import threading
 
 import pytest
 
+from helpers import run_tiny_grpo, tiny_grpo_config
 from mimesis_jax import timeline
-from mimesis_jax.chat.base import SimulatorAsResponder
-from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.config import load_config
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.train.rl import agent as A
 from mimesis_jax.train.rl.async_rollouts import Produced, RolloutProducer, StepRollouts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,20 +83,11 @@ def test_off_records_nothing_and_one_recording_at_a_time(tmp_path):
 
 # ------------------------------------------------------------------------------------------ the Stage II loop
 def _cfg(*sets):
-    base = ["train.progress_bar=false", "train.tensorboard=false", f"train.steps={STEPS}",
-            f"rollout.prompts_per_step={PROMPTS}", "rollout.group_size=2", "rollout.mini_batch_prompts=1",
-            "rollout.agent_max_tokens=8", "rollout.row_len=128", "checkpoint.async_save=false",
-            "checkpoint.every=100"]
-    return A.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo", base + list(sets))
+    return tiny_grpo_config(STEPS, *sets)
 
 
 def _run(workdir, *sets):
-    seen = {}
-    user = ToyUser()
-    res = A.run(_cfg(*sets), str(workdir), user_side=A.UserSide(user, SimulatorAsResponder(user), user, ToyCoach()),
-                on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
-                log=lambda *a: None)
-    return res, seen
+    return run_tiny_grpo(workdir, STEPS, *sets)
 
 
 def _load(workdir):
