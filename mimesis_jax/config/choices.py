@@ -15,3 +15,4 @@ CREDITS = CREDIT_METHODS + ("infopo",)  # RLConfig.credit: "infopo" is the §4.3
 KL_ESTIMATORS = ("k1", "k2", "k3")  # Schulman's per-token KL estimators (train/rl/step.py kl_estimate)
 OLD_LOGPROBS = ("rollout", "recompute")  # where the update's old log-probs come from
 NOTE_TOKENS = 32  # chat-template tokens around one CSD coach note plus the turn's assistant header (the packing bound)
+GENERATORS = ("jax", "vllm")  # rollout.generator: who samples the policy (train/rl/chat_models.py policy_model)

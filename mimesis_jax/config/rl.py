@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from mimesis_jax.config.checks import need as _need
-from mimesis_jax.config.choices import CREDITS, KL_ESTIMATORS, LOSS_AGGS, NOTE_TOKENS, OLD_LOGPROBS, SCORE_METHODS
+from mimesis_jax.config.choices import CREDITS, GENERATORS, KL_ESTIMATORS, LOSS_AGGS, NOTE_TOKENS, OLD_LOGPROBS, SCORE_METHODS
 from mimesis_jax.config.mixture import MixtureConfig
 from mimesis_jax.config.sections import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
                                          TrainConfig)
@@ -139,6 +139,13 @@ class RolloutSection:
     # gathers no weight per step; `plan` shows the sync and the rollout programs in it (docs/decisions.md,
     # "Rollout layout").
     mesh: str = ""
+    # Who samples the policy's rollouts: "jax" (this project's static sampler, or its rollout engine with
+    # rollout.engine) or "vllm" (vLLM in a child process with its own Python, weights synced after every update:
+    # inference/vllm_generator.py; its environment: scripts/vllm_env.sh). One process only, for now.
+    generator: str = "jax"
+    vllm_python: str = ""  # the vLLM child's interpreter; "" = ~/.cache/mimesis_vllm/bin/python (scripts/vllm_env.sh)
+    vllm_kv_cache_gib: float = 1.0  # the KV cache vLLM reserves, GiB
+    vllm_sync_bucket_mib: int = 256  # the most MiB one weight-sync bucket holds (one tmpfs file at a time)
 
     # the stage's per-turn token budget (a field of the subclass) and its key, for the context-budget check
     turn_tokens_key = ""
@@ -167,6 +174,7 @@ class RolloutSection:
              "rollout.branch_head_rungs",
              "must be a tuple of numbers in (0, 1] (fractions of the LM-head rungs; () = (1,))")
         self.check_engine(need)
+        self.check_generator(need)
         need(isinstance(self.mesh, str), "rollout.mesh", "must be a string: '' or 'replica=R,tensor=T'")
         rollout_layout(self.mesh)  # its own one-line ConfigError naming rollout.mesh
         key = f"rollout.{self.turn_tokens_key}"
@@ -186,8 +194,23 @@ class RolloutSection:
         n = rl.max_staleness
         need(_is_int(n) and n >= 0, "rl.max_staleness", "must be an int >= 0 (0 = synchronous rollouts)")
         need(isinstance(rl.async_deterministic, bool), "rl.async_deterministic", "must be true or false")
+        need(not (n and self.generator == "vllm"), "rl.max_staleness", "must be 0 with rollout.generator=vllm "
+             "(asynchronous rollouts through vLLM are not built yet)")
         need(not (n and self.engine), "rl.max_staleness", "must be 0 with rollout.engine=true (asynchronous "
              "rollouts run on the static sampler only, for now)")
+
+    def check_generator(self, need) -> None:
+        """The `rollout.generator` and `rollout.vllm_*` keys."""
+        need(self.generator in GENERATORS, "rollout.generator", f"must be one of {GENERATORS}")
+        need(isinstance(self.vllm_python, str), "rollout.vllm_python", "must be a path string ('' = the default)")
+        g = self.vllm_kv_cache_gib
+        need(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g < float("inf"),
+             "rollout.vllm_kv_cache_gib", "must be a finite number of GiB > 0")
+        need(_is_int(self.vllm_sync_bucket_mib) and self.vllm_sync_bucket_mib >= 1, "rollout.vllm_sync_bucket_mib",
+             "must be an int >= 1")
+        if self.generator == "vllm":
+            need(not self.engine, "rollout.generator", "vllm needs rollout.engine=false (vLLM is the engine)")
+            need(not self.mesh, "rollout.generator", "vllm needs rollout.mesh='' (vLLM lays out its own weights)")
 
     def check_engine(self, need) -> None:
         """The `rollout.engine*` keys."""

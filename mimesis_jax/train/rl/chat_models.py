@@ -33,6 +33,7 @@ from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
 from mimesis_jax.inference.engine_sizing import rollout_sizing
+from mimesis_jax.inference.vllm_generator import VLLMGenerator
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.chat.local import LocalChatModel, stop_ids
 from mimesis_jax.chat.batching import BatchedChatModel
@@ -71,6 +72,8 @@ def policy_params(model_config: ModelConfig, r, params, mesh=None):
     """The training parameters moved to where the policy's generator samples: the engine's copy
     (`engine_params`) with `rollout.engine`, else the static sampler's (`distributed.rollout_params`: no copy on
     one process, a device-to-device reshard onto this process's devices on several)."""
+    if r.generator == "vllm":  # the vLLM generator fetches each tensor itself as it streams them over
+        return params
     if r.engine:
         return engine_params(params, model_config, mesh, r)
     return distributed.rollout_params(model_config, params, mesh, r)
@@ -95,6 +98,9 @@ def policy_model(model_config: ModelConfig, tok, r, params, *, name: str, max_to
     (the whole batch there). The engine runs on the same `rollout_mesh` (inference/engine.py, "On a mesh" in
     docs/engine.md: one data-parallel replica per block of its batch axes, each with its own pages and state
     slots split over heads on `tensor`; sized per replica, `rollout.engine_memory_gib` per device)."""
+    if r.generator == "vllm":
+        return LocalChatModel(model_config, None, tok, max_tokens=max_tokens, name=name,
+                              generator=vllm_policy(model_config, tok, r, params, in_flight, version))
     on = distributed.rollout_mesh(mesh, r)
     placed = policy_params(model_config, r, params, mesh)
     if r.engine:
@@ -104,6 +110,22 @@ def policy_model(model_config: ModelConfig, tok, r, params, *, name: str, max_to
         generator = StaticGenerator(model_config, placed, stop_ids=stop_ids(tok), mesh=on, buckets=buckets,
                                     max_batch=distributed.process_max_batch(r.max_batch), version=version)
     return LocalChatModel(model_config, None, tok, max_tokens=max_tokens, name=name, mesh=on, generator=generator)
+
+
+def vllm_policy(model_config: ModelConfig, tok, r, params, in_flight: int, version: int = 0) -> VLLMGenerator:
+    """The policy's generator with `rollout.generator = "vllm"`: vLLM in a child process run by
+    `rollout.vllm_python` (inference/vllm_generator.py), holding prompts + turns up to the context budget (else the
+    model's max_position_embeddings), `in_flight` requests decoded together, `rollout.vllm_kv_cache_gib` of KV
+    cache, weights synced in buckets of `rollout.vllm_sync_bucket_mib`. One process only: each process would
+    otherwise start its own vLLM on weights it does not hold whole."""
+    if jax.process_count() != 1:
+        raise ConfigError(f"config key 'rollout.generator': vllm runs on one process, this run has "
+                          f"{jax.process_count()}")
+    longest = min(context_budget(r) or model_config.max_position_embeddings, model_config.max_position_embeddings)
+    return VLLMGenerator(model_config, distributed.host_params(params), stop_ids=stop_ids(tok),
+                         python=r.vllm_python or None, max_model_len=longest, max_num_seqs=max(1, in_flight),
+                         kv_cache_bytes=int(r.vllm_kv_cache_gib * (1 << 30)),
+                         bucket_bytes=int(r.vllm_sync_bucket_mib) << 20, version=version)
 
 
 PROMPT_RUNGS = (1 / 4, 1 / 2, 3 / 4, 1)  # `ladder_buckets`: fractions of the longest prompt a run may sample from

@@ -1,0 +1,165 @@
+"""The vLLM generator (inference/vllm_generator.py, issue #45 items 1-3): vLLM in a child process behind the
+generation protocol, checked against this project's own scoring of the same tokens under the same weights.
+
+The tests marked `vllm` need the vLLM environment (scripts/vllm_env.sh; MIMESIS_VLLM_PYTHON names another
+interpreter) and are skipped, saying so, without it. One vLLM child serves the module: a tiny Qwen3 with head_dim
+32 (vLLM's CPU attention takes 32-512; the tiny configs' 16 is below it), fp32, its embedding scaled so that the
+next-token distributions are neither uniform nor one-hot (entropies of a few nats). The config checks at the end
+need no vLLM.
+"""
+
+import dataclasses
+import math
+import os
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+
+from mimesis_jax import models
+from mimesis_jax.algorithms.logprobs import token_logprobs
+from mimesis_jax.config import presets
+from mimesis_jax.errors import ConfigError
+from mimesis_jax.inference.protocol import Sampling
+from mimesis_jax.inference.vllm_generator import DEFAULT_PYTHON, KNOWN_EXIT_ABORT, VLLMGenerator, hf_buckets
+
+PYTHON = os.path.expanduser(os.environ.get("MIMESIS_VLLM_PYTHON", DEFAULT_PYTHON))
+STOP = 7
+SCORE_LEN = 64  # every scored row is padded to this length: one scoring program for the module
+TOL = 1e-4  # fp32 on both sides; different kernels and summation orders
+
+
+def _has_vllm() -> bool:
+    if not os.access(PYTHON, os.X_OK):
+        return False
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([PYTHON, "-c", probe], capture_output=True).returncode == 0
+
+
+def _config():
+    return dataclasses.replace(presets.tiny_qwen3(), head_dim=32, max_position_embeddings=256)
+
+
+def _params(seed: int):
+    p = models.init_params(_config(), jax.random.PRNGKey(seed))
+    return dict(p, embed=p["embed"] * 6.0)
+
+
+@pytest.fixture(scope="module")
+def vllm_gen():
+    if not _has_vllm():
+        pytest.skip(f"no vLLM environment at {PYTHON} (build it with scripts/vllm_env.sh, or set MIMESIS_VLLM_PYTHON)")
+    params = _params(0)
+    # buckets of 64 KiB: the 0.66 MB model syncs in several, as a large one does
+    gen = VLLMGenerator(_config(), params, stop_ids=[STOP], seed=3, python=PYTHON, kv_cache_bytes=64 << 20,
+                        max_num_seqs=8, bucket_bytes=64 << 10, engine_args={"block_size": 32})
+    yield gen, params
+    gen.close()
+    assert gen.exit_code in (0, KNOWN_EXIT_ABORT), f"vLLM child exited with {gen.exit_code} (log {gen.log_path})"
+
+
+def _scores(params, prompts, samples, temperature):
+    """This project's log-probs of each sample's tokens after its prompt: the model's forward, one padded batch."""
+    rows = [list(p) + list(s.tokens) for p, s in zip(prompts, samples)]
+    assert max(map(len, rows)) <= SCORE_LEN
+    ids = np.array([r + [0] * (SCORE_LEN - len(r)) for r in rows], np.int32)
+    lp = np.asarray(token_logprobs(_config(), params, ids, temperature=temperature))
+    return [lp[i, len(p) - 1:len(p) - 1 + len(s.tokens)] for i, (p, s) in enumerate(zip(prompts, samples))]
+
+
+def _max_gap(params, prompts, samples, temperature):
+    refs = _scores(params, prompts, samples, temperature)
+    return max(float(np.abs(np.asarray(s.logprobs) - r).max()) for s, r in zip(samples, refs))
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [9, 10, 11], list(range(20, 40))]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_logprobs_match_the_projects_scoring(vllm_gen, temperature):
+    gen, params = vllm_gen
+    out = gen.generate(PROMPTS, Sampling(max_tokens=16, temperature=temperature, seed=11))
+    assert [s.prompt_len for s in out] == [len(p) for p in PROMPTS]
+    assert all(s.version == 0 for s in out)
+    for s in out:
+        assert len(s.logprobs) == len(s.tokens) >= 1
+        stopped = s.tokens[-1] == STOP
+        assert s.finish_reason == ("stop" if stopped else "length")
+        assert stopped or len(s.tokens) == 16
+        assert STOP not in s.tokens[:-1]
+    # greedy samples are scored at T = 1, as the sampler and the RL update do
+    assert _max_gap(params, PROMPTS, out, temperature or 1.0) < TOL
+    # the check has teeth: the same tokens scored at another temperature are far off
+    assert _max_gap(params, PROMPTS, out, 0.5 if temperature == 1.0 else 1.5) > 100 * TOL
+
+
+@pytest.mark.vllm
+def test_same_seed_same_sample_and_fresh_draws_without_one(vllm_gen):
+    gen, _ = vllm_gen
+    a = gen.generate(PROMPTS, Sampling(max_tokens=12, seed=21))
+    b = gen.generate(PROMPTS, Sampling(max_tokens=12, seed=21))
+    c = gen.generate(PROMPTS, Sampling(max_tokens=12, seed=22))
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+    assert [s.logprobs for s in a] == [s.logprobs for s in b]
+    assert [s.tokens for s in a] != [s.tokens for s in c]
+    # unseeded requests: derive_seed(generator seed, call, index), so two calls differ
+    d, e = (gen.generate(PROMPTS, Sampling(max_tokens=12)) for _ in range(2))
+    assert [s.tokens for s in d] != [s.tokens for s in e]
+
+
+@pytest.mark.vllm
+def test_set_params_streams_the_new_weights_and_resets_the_prefix_cache(vllm_gen):
+    gen, params = vllm_gen
+    new = _params(1)
+    long_prompts = [list(range(100, 140)), list(range(200, 248))]  # a full 32-token block each: prefix-cached
+    before = gen.generate(long_prompts, Sampling(max_tokens=6, seed=5))
+    assert _max_gap(params, long_prompts, before, 1.0) < TOL
+    try:
+        gen.set_params(new, version=4)
+        after = gen.generate(long_prompts, Sampling(max_tokens=6, seed=5))
+        assert all(s.version == 4 for s in after)
+        assert _max_gap(new, long_prompts, after, 1.0) < TOL  # the new weights, not cached keys of the old
+        assert _max_gap(params, long_prompts, after, 1.0) > 0.1
+        sync = gen.last_sync
+        cfg = _config()
+        total = sum(math.prod(e.hf_shape) * 4 for e in models.family(cfg, "hf").hf_tensors(cfg))
+        assert sync["bytes"] == total
+        assert sync["buckets"] == len(hf_buckets(cfg, 64 << 10)) > 1
+        assert sync["tensors"] == len(models.family(cfg, "hf").hf_tensors(cfg))
+    finally:
+        gen.set_params(params, version=0)
+    again = gen.generate(long_prompts, Sampling(max_tokens=6, seed=5))
+    assert [s.tokens for s in again] == [s.tokens for s in before]
+
+
+def test_buckets_cover_every_tensor_once_within_the_cap():
+    cfg = dataclasses.replace(_config(), dtype="bfloat16")
+    names = [e.name for e in models.family(cfg, "hf").hf_tensors(cfg)]
+    buckets = hf_buckets(cfg, 20_000)
+    assert [e.name for b in buckets for e in b] == names
+    for b in buckets:
+        sizes = [math.prod(e.hf_shape) * 2 for e in b]  # bf16
+        assert sum(sizes) <= 20_000 or len(b) == 1
+
+
+def test_a_missing_vllm_python_is_a_config_error_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"rollout\.vllm_python.*scripts/vllm_env\.sh"):
+        VLLMGenerator(_config(), None, stop_ids=[STOP], python=str(tmp_path / "nope" / "python"))
+
+
+@pytest.mark.parametrize("sets, key", [
+    (["rollout.generator=sglang"], "rollout.generator"),
+    (["rollout.generator=vllm", "rollout.engine=true"], "rollout.generator"),
+    (["rollout.generator=vllm", "rollout.mesh=tensor=1"], "rollout.generator"),
+    (["rollout.generator=vllm", "rl.max_staleness=1"], "rl.max_staleness"),
+    (["rollout.vllm_sync_bucket_mib=0"], "rollout.vllm_sync_bucket_mib"),
+    (["rollout.vllm_kv_cache_gib=0"], "rollout.vllm_kv_cache_gib"),
+])
+def test_rollout_generator_keys_are_checked(sets, key):
+    from helpers import tiny_grpo_config
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
+        tiny_grpo_config(1, *sets)
+    assert "\n" not in str(e.value)
