@@ -49,7 +49,7 @@ def _params(seed: int):
 @pytest.fixture(scope="module")
 def vllm_gen():
     if not _has_vllm():
-        pytest.skip(f"no vLLM environment at {PYTHON} (build it with scripts/vllm_env.sh, or set MIMESIS_VLLM_PYTHON)")
+        pytest.skip(f"no vLLM environment at {PYTHON} (scripts/vllm_env.sh builds it; or set MIMESIS_VLLM_PYTHON)")
     params = _params(0)
     # buckets of 64 KiB: the 0.66 MB model syncs in several, as a large one does
     gen = VLLMGenerator(_config(), params, stop_ids=[STOP], seed=3, python=PYTHON, kv_cache_bytes=64 << 20,
@@ -132,6 +132,32 @@ def test_set_params_streams_the_new_weights_and_resets_the_prefix_cache(vllm_gen
         gen.set_params(params, version=0)
     again = gen.generate(long_prompts, Sampling(max_tokens=6, seed=5))
     assert [s.tokens for s in again] == [s.tokens for s in before]
+
+
+@pytest.mark.vllm
+def test_agentrl_samples_through_vllm_and_syncs_every_step(tmp_path):
+    """Two steps of the tiny Stage II GRPO run (toy user side) with rollout.generator=vllm at head_dim 32: each
+    step's dialogues are sampled by the weights of the step before (versions 0, 1), with their log-probs, and each
+    step logs its weight sync."""
+    if not _has_vllm():
+        pytest.skip(f"no vLLM environment at {PYTHON} (scripts/vllm_env.sh builds it; or set MIMESIS_VLLM_PYTHON)")
+    from helpers import run_tiny_grpo
+    from mimesis_jax.train.rl.async_rollouts import agent_segments
+
+    res, seen = run_tiny_grpo(tmp_path, 2, "rollout.generator=vllm", f"rollout.vllm_python={PYTHON}",
+                              "model.head_dim=32", "rollout.vllm_kv_cache_gib=0.0625")
+    assert res.final_step == 2 and sorted(seen) == [1, 2]
+    for step, trajs in seen.items():
+        segs = agent_segments(trajs)
+        assert len(trajs) == 4 and segs
+        assert {s.version for s in segs} == {step - 1}
+        assert all(len(s.logprobs) == len(s.tokens) and max(s.logprobs) <= 0 for s in segs)
+    m = res.metrics
+    assert m[1]["staleness_max"] == m[2]["staleness_max"] == 0
+    cfg = _config()  # configs/tiny_agentrl.py's agent is tiny_qwen3; head_dim 32 as set
+    whole = sum(math.prod(e.hf_shape) * 4 for e in models.family(cfg, "hf").hf_tensors(cfg))
+    assert m[1]["vllm/sync_bytes"] == m[2]["vllm/sync_bytes"] == whole  # the whole model in fp32, every step
+    assert m[1]["vllm/sync_buckets"] >= 1
 
 
 def test_buckets_cover_every_tensor_once_within_the_cap():

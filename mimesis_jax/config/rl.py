@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from mimesis_jax.config.checks import need as _need
-from mimesis_jax.config.choices import CREDITS, GENERATORS, KL_ESTIMATORS, LOSS_AGGS, NOTE_TOKENS, OLD_LOGPROBS, SCORE_METHODS
+from mimesis_jax.config.choices import (CREDITS, GENERATORS, KL_ESTIMATORS, LOSS_AGGS, NOTE_TOKENS, OLD_LOGPROBS,
+                                        SCORE_METHODS)
 from mimesis_jax.config.mixture import MixtureConfig
 from mimesis_jax.config.sections import (CheckpointConfig, InitConfig, MeshConfig, OptimizerConfig, TokenizerConfig,
                                          TrainConfig)
@@ -143,7 +144,7 @@ class RolloutSection:
     # rollout.engine) or "vllm" (vLLM in a child process with its own Python, weights synced after every update:
     # inference/vllm_generator.py; its environment: scripts/vllm_env.sh). One process only, for now.
     generator: str = "jax"
-    vllm_python: str = ""  # the vLLM child's interpreter; "" = ~/.cache/mimesis_vllm/bin/python (scripts/vllm_env.sh)
+    vllm_python: str = ""  # the vLLM child's Python; "" = ~/.cache/mimesis_vllm/bin/python (scripts/vllm_env.sh)
     vllm_kv_cache_gib: float = 1.0  # the KV cache vLLM reserves, GiB
     vllm_sync_bucket_mib: int = 256  # the most MiB one weight-sync bucket holds (one tmpfs file at a time)
 

@@ -86,7 +86,7 @@ from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import async_rollouts, distributed
 from mimesis_jax.train.rl.async_rollouts import (DEVICE_LOCK, Guarded, Produced, RolloutProducer, StepRollouts,
                                                   own_copy)
-from mimesis_jax.train.rl.chat_models import EngineMeter, engine_of, policy_model, policy_params
+from mimesis_jax.train.rl.chat_models import EngineMeter, engine_of, policy_model, policy_params, vllm_sync_record
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.seams import GRPO, Algorithm, Cluster, World
 from mimesis_jax.train.rl.step import DECOUPLED_METRICS, make_rl_step
@@ -602,6 +602,7 @@ class RLLearner:
                 rec = self.record(outs, kept, counts, times)
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
+                rec.update(vllm_sync_record(policy))  # rollout.generator=vllm: the step's weight sync
                 rec.update(async_rollouts.staleness_record([t for g in kept for t in g], step - 1))
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
