@@ -170,6 +170,35 @@ def test_buckets_cover_every_tensor_once_within_the_cap():
         assert sum(sizes) <= 20_000 or len(b) == 1
 
 
+def test_the_worker_imports_only_vllm_torch_safetensors_and_the_stdlib():
+    import ast
+    import sys
+
+    from mimesis_jax.inference import vllm_worker
+
+    with open(vllm_worker.__file__) as f:
+        tree = ast.parse(f.read())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert roots - set(sys.stdlib_module_names) == {"vllm", "safetensors"}
+
+
+def test_a_child_that_cannot_start_vllm_raises_its_one_line_error(tmp_path, monkeypatch):
+    """The worker run by a Python without vLLM (this one) answers that vLLM did not start; the generator raises it
+    and removes its scratch directory."""
+    import sys
+
+    from mimesis_jax.inference import vllm_generator
+
+    scratch = tmp_path / "scratch"
+    monkeypatch.setattr(vllm_generator, "_scratch_dir", lambda: str(scratch.mkdir() or scratch))
+    with pytest.raises(vllm_generator.VLLMError, match=r"vLLM did not start: ModuleNotFoundError: No module named "
+                       r"'vllm'") as e:
+        VLLMGenerator(_config(), _params(0), stop_ids=[STOP], python=sys.executable)
+    assert "\n" not in str(e.value)
+    assert not scratch.exists()
+
+
 def test_a_missing_vllm_python_is_a_config_error_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout\.vllm_python.*scripts/vllm_env\.sh"):
         VLLMGenerator(_config(), None, stop_ids=[STOP], python=str(tmp_path / "nope" / "python"))
