@@ -324,6 +324,9 @@ def test_a_fit_within_the_planner_error_is_tight_and_the_suggestion_clears_it(ca
     # the rollout engine's replica layout (the config's default) changes the rollout phase, not the verdict
     assert f"{line.split(' (')[0]} (76.00 GiB usable): margin" in out
     assert out.rstrip().count("-> TIGHT on 1 process in the rollout layout rollout.mesh=tensor=2") == 1
+    # the rollout names no knob of its own: the engine's is its pool's budget, and the update is what is TIGHT
+    assert (f"suggestion: no rollout.engine_memory_gib FITS in the rollout layout rollout.mesh=tensor=2: the train "
+            f"step alone ({p.train_peak / GiB:.2f} GiB) is TIGHT; change it first") in out
     error = float(line.split("planner error ")[1].split()[0])
     assert error == pytest.approx((p.total / (1 - TOLERANCE) - p.total) / GiB, abs=0.006)
     assert f"e = {TOLERANCE:.0%}: plan/compiled.py TOLERANCE" in out
