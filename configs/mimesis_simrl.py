@@ -22,21 +22,22 @@ Chosen here (the paper is silent):
   attention at these lengths.
 * memory on A100-80GB (`python -m mimesis_jax plan`, 76 GiB usable): the smallest settings that fit. 4 gradient
   micro-batches per update (`rl.num_microbatches`; 128 rows of 16,384 tokens = 4 rows per device per micro-batch):
-  the update's peak is 67.7 GiB for 9B (206 GiB with 1, 114 with 2) and 45.1 GiB for 4B (150 / 80 with 1 / 2).
-  At most 256 rollouts per sampler call (`rollout.max_batch`; 512 per step as 2 calls, the same samples): the
-  rollout phase's peak is 75.4 GiB for 9B and 63.8 for 4B (135 / 120 GiB with all 512 at once). On 2 processes
-  x 8 each holds its own parameter copy too: 9B then needs `--set rollout.max_batch=128` (`plan --processes 2`:
-  79.6 GiB with 256, 49.6 with 128).
-* the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine instead, in its replica layout (data=8, fsdp=1,
-  tensor=2: one data-parallel replica per tensor pair, each owning its 64 rollouts' pages and state slots, heads
-  split over tensor=2, with its own copy of the weights synced after every update), its pool capped at
+  the update's peak is 70.0 GiB for 9B (204 GiB with 1, 115 with 2) and 46.4 GiB for 4B (148 / 80 with 1 / 2).
+* the rollout engine samples the policy (`rollout.engine`, `rollout.max_batch` = 0: the engine's slots bound its
+  batch): it samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode
+  loop's) on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md), so it is the
+  setting here. It decodes in its replica layout (the `rollout.mesh` default, data=8, fsdp=1, tensor=2: one
+  data-parallel replica per tensor pair, each owning its 64 rollouts' pages and state slots, heads split over
+  tensor=2, with its own copy of the weights synced after every update), its pool capped at
   `rollout.engine_memory_gib` = 16 GiB per device (uncapped: 512 rollouts x 16,384 tokens + their state slots,
-  281 GiB for 9B); `plan`: rollout peak 48.3 GiB for 9B (its weight copy 9.3 GiB; the same on 2 processes x 8).
-  Each replica holds 81 state slots (one per rollout) and 921k tokens, 14,394 per rollout in flight (a step
-  whose rollouts outgrow that evicts, counted in engine/evictions);
-  the engine samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode
-  loop's) on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md);
+  281 GiB for 9B); `plan`: rollout peak 48.3 GiB for 9B (its weight copy 9.3 GiB) and 33.7 for 4B (4.5 GiB; the
+  same per device on 2 processes x 8), so the update's peak above decides: 9B is TIGHT, 4B FITS. Each replica
+  holds 81 state slots (one per rollout) and 921k tokens, 14,394 per rollout in flight (a step whose rollouts
+  outgrow that evicts, counted in engine/evictions);
+* the static sampler instead: `--set rollout.engine=false rollout.max_batch=256`, at most 256 rollouts per
+  sampler call (512 per step as 2 calls, the same samples): the rollout phase's peak is 75.8 GiB for 9B and 64.1
+  for 4B (136 / 120 GiB with all 512 at once). On 2 processes x 8 each holds its own parameter copy too: 9B then
+  needs `rollout.max_batch=128` (`plan --processes 2`: 80.0 GiB with 256, 49.9 with 128).
 * fixed sides: any OpenAI-compatible endpoint for the judge; the ABCD support agent and the SOUL interlocutors
   default to the same endpoint (sides.support_agent / sides.partner to change).
 Ablations (Appendix C): --set init.from_workdir=... (mid-trained / SFT) vs init.from_hf=<pretrained Qwen3.5 dir>;
@@ -62,7 +63,7 @@ def get_config(size: str = "4b") -> SimRLConfig:
         rollout=SimRolloutConfig(prompts_per_step=64, group_size=8, mini_batch_prompts=16, max_tokens=2048,
                                  max_context_tokens=16_384, row_len=16_384, head_rungs=(0.2, 0.3, 1),
                                  temperature=1.0, thinking=True,
-                                 fold=True, env_workers=64, max_batch=256,
+                                 fold=True, env_workers=64, max_batch=0, engine=True,
                                  engine_memory_gib=16.0),
         optimizer=OptimizerConfig(lr=8e-6, schedule="constant", warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.95,
                                   clip_norm=1.0),

@@ -24,22 +24,24 @@ Choices where the paper is silent (this project's):
   agent tokens, and for csd the teacher's 1.42x the coached tokens (2.6x when it was min(branch, head));
 * 4 gradient micro-batches per update (`rl.num_microbatches`), a constant LR after 3 warmup updates, grad clipping
   at 1.0, AdamW without weight decay;
-* at most 256 dialogues per sampler call (`rollout.max_batch`; 1,024 per step run as 4 calls with the same
-  samples): the largest power of two whose rollout phase fits an A100-80GB on this mesh (`python -m mimesis_jax
-  plan`: KV cache 20.5 GiB + prefill 10.7 GiB, peak 49.0 of 76 usable GiB; all 1,024 at once need 173 GiB); on 2
-  processes x 8 each calls with 128 (`plan --processes 2`: 52.8 GiB, its own parameter copy included). The
-  update's peak with 4 micro-batches is 31 GiB (93.6 GiB with one);
-* the static sampler (`rollout.engine` off, as in every shipped config). `--set rollout.engine=true
-  rollout.max_batch=0` samples through the rollout engine instead, in its replica layout (data=8, fsdp=1,
-  tensor=2 over the 16 devices: one data-parallel replica per tensor pair, each owning its 128 dialogues' pages,
-  heads split over tensor=2, with its own copy of the weights synced after every update), its pool capped at
+* the rollout engine samples the policy (`rollout.engine`, `rollout.max_batch` = 0: the engine's slots bound its
+  batch): it samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode
+  loop's) on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md), so it is the
+  setting here. It decodes in its replica layout (the `rollout.mesh` default, data=8, fsdp=1, tensor=2 over the 16
+  devices: one data-parallel replica per tensor pair, each owning its 128 dialogues' pages, heads split over
+  tensor=2, with its own copy of the weights synced after every update), its pool capped at
   `rollout.engine_memory_gib` = 16 GiB per device (the uncapped rule, 1,024 dialogues x 9,344 tokens, asks
-  1,314 GiB); `plan` then counts the engine's weight copy (8.2 GiB, matrices in bf16), 16 GiB of pool per
-  device and a decode burst (its page copy and the layers' weight slices, 16.8 GiB), next to the training
-  state: rollout peak 46.7 of 76 usable GiB (the same per device on 2 processes x 8: `plan --processes 2`). The replicas hold 1.86M tokens, 1,820 per dialogue in flight (a step whose
-  dialogues outgrow that evicts, counted in engine/evictions) -- the static sampler is the paper setting;
-  the engine samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode
-  loop's) on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md);
+  1,314 GiB); `python -m mimesis_jax plan` counts the engine's weight copy (8.2 GiB, matrices in bf16), 16 GiB of
+  pool per device and a decode burst (its page copy and the layers' weight slices, 16.8 GiB), next to the
+  training state: rollout peak 46.7 of 76 usable GiB on an A100-80GB, FITS (the same per device on 2 processes x
+  8: `plan --processes 2`). The replicas hold 1.86M tokens, 1,820 per dialogue in flight (a step whose dialogues
+  outgrow that evicts, counted in engine/evictions). The update's peak with 4 micro-batches is 31.3 GiB (88.0
+  GiB with one);
+* the static sampler instead: `--set rollout.engine=false rollout.max_batch=256`, at most 256 dialogues per
+  sampler call (1,024 per step run as 4 calls with the same samples): the largest power of two whose rollout
+  phase fits an A100-80GB on this mesh (`plan`: KV cache 20.5 GiB + prefill 11.1 GiB, peak 49.4 of 76 usable
+  GiB; all 1,024 at once need 175 GiB); on 2 processes x 8 each calls with 128 (`plan --processes 2`: 53.2 GiB,
+  its own parameter copy included);
 * the simulator is served (e.g. `serve --generation-role user` on the exported MIMESIS-9B, or vLLM) and also
   plays the gyms' judge and classifier; validation every 10 steps on the shipped evaluation tasks.
 The csd variant differs in rl.alpha (0.01) only:
@@ -54,7 +56,7 @@ from mimesis_jax.config import (MAX_PROMPT_TOKENS, USERRL_TRAIN_ROWS, AgentRLCon
 
 PROMPT, RESPONSE = MAX_PROMPT_TOKENS, 8192
 VARIANTS = ("grpo", "csd")
-ENGINE_GIB = 16.0  # the rollout engine's pool, when a run turns it on (see the docstring)
+ENGINE_GIB = 16.0  # the rollout engine's pool per device (see the docstring)
 ALPHA = {"grpo": 0.0, "csd": 0.01}  # Eq 11's CSD weight: the only difference between the variants
 
 
@@ -72,7 +74,8 @@ def get_config(variant: str = "grpo") -> AgentRLConfig:
         rollout=RolloutConfig(prompts_per_step=128, group_size=8, mini_batch_prompts=16, max_turns=16,
                               agent_max_tokens=2048, max_context_tokens=PROMPT + RESPONSE,
                               row_len=PROMPT + RESPONSE, head_rungs=(0.55, 1), branch_head_rungs=(0.5, 0.7),
-                              temperature=1.0, env_workers=64, max_batch=256, engine_memory_gib=ENGINE_GIB),
+                              temperature=1.0, env_workers=64, max_batch=0, engine=True,
+                              engine_memory_gib=ENGINE_GIB),
         optimizer=OptimizerConfig(lr=1e-6, schedule="constant", warmup_steps=3, weight_decay=0.0, clip_norm=1.0),
         train=TrainConfig(steps=100, seed=0, remat="full", dtype="bfloat16", log_every=1),
         mesh=MeshConfig(data=1, fsdp=8, tensor=2),

@@ -8,9 +8,10 @@
 #      benchmarks/bench_engine_decode.py;
 #   4. memory against the plan: a rehearsal (`python -m mimesis_jax rehearse`, commands/rehearse.py) of the paper
 #      Stage II CSD config (configs/qwen3_8b_agentrl.py:csd) at hidden REH_WIDTH (2048) with REH_REPEATS (16)
-#      layers on this one device (its mesh set to 1 x 1 x 1), in the config's bf16: one real RL step, then every
-#      program it compiled (the update on its ladder rungs, the sampler's buckets) with the backend's own compiled
-#      bytes next to the plan's, and their ratio;
+#      layers on this one device (its mesh set to 1 x 1 x 1), in the config's bf16, with the static sampler
+#      (rollout.engine=false rollout.max_batch=256): one real RL step, then every program it compiled (the update
+#      on its ladder rungs, the sampler's buckets) with the backend's own compiled bytes next to the plan's, and
+#      their ratio;
 #   5. the static sampler's steady-state decode against a plain jitted decode loop (benchmarks/bench_sampler.py:
 #      sampler / reference, goal <= 1.1) at the ~1B agent's width and the real Qwen3 vocabulary.
 #
@@ -133,10 +134,11 @@ profile grpo grpo_step "$GRPO_TIMEOUT"
 profile csd csd_step "$CSD_TIMEOUT" rl.alpha=0.01
 # shellcheck disable=SC2086
 run engine "$ENGINE_TIMEOUT" "$PY" benchmarks/bench_engine_decode.py $ENGINE_ARGS --batch 64 --json "$OUT/engine.json"
-# the paper Stage II CSD config's structure on this one device (its mesh set to 1 x 1 x 1), in the config's bf16
+# the paper Stage II CSD config's structure on this one device (its mesh set to 1 x 1 x 1), in the config's bf16,
+# with its static sampler (the config's default is the engine, whose programs a rehearsal counts, not measures)
 run memory "$MEMORY_TIMEOUT" "$PY" -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd \
   --width "$REH_WIDTH" --repeats "$REH_REPEATS" --tokens "$REH_TOKENS" --json "$OUT/rehearse.json" \
-  --set mesh.data=1 mesh.fsdp=1 mesh.tensor=1
+  --set mesh.data=1 mesh.fsdp=1 mesh.tensor=1 rollout.engine=false rollout.max_batch=256
 # shellcheck disable=SC2086
 run sampler "$SAMPLER_TIMEOUT" "$PY" benchmarks/bench_sampler.py $SAMPLER_ARGS --reference-argmax first --count-compiles
 sed -n '/^\[device_figures .*sampler: start/,/^\[device_figures .*sampler: exit/p' "$LOG" >"$OUT/sampler.txt"

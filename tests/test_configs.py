@@ -262,6 +262,10 @@ def test_agent_rl_paper_configs_follow_table_13():
         assert (c.rollout.prompts_per_step, c.rollout.mini_batch_prompts, c.updates_per_step()) == (128, 16, 8)
         assert (c.rl.eps_low, c.rl.eps_high, c.rl.loss_agg) == (0.2, 0.2, "token-mean")
         assert math.prod(v for v in c.mesh.axes().values()) == 16
+        # the rollout engine samples (issue #43 item 5: it out-samples the static sampler), in its default replica
+        # layout, its pool capped per device
+        r = c.rollout
+        assert (r.engine, r.max_batch, r.mesh, r.engine_memory_gib) == (True, 0, "", 16.0)
     assert grpo_cfg.rl.alpha == 0.0 and csd_cfg.rl.alpha == 0.01
     assert dataclasses.replace(csd_cfg.rl, alpha=0.0) == grpo_cfg.rl
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(models.abstract_params(grpo_cfg.model)))
@@ -348,8 +352,10 @@ OLD_9B = {
                           "mesh.tensor": 2, "checkpoint.every": 20},
     "mimesis_simrl.py:9b": {"train.steps": 500, "rollout.prompts_per_step": 64, "rollout.group_size": 8,
                             "rollout.mini_batch_prompts": 16, "rollout.max_tokens": 2048,
-                            "rollout.max_context_tokens": 16384, "rollout.row_len": 16384, "rollout.max_batch": 256,
-                            "rollout.env_workers": 64, "rl.num_microbatches": 4, "optimizer.lr": 8e-06,
+                            # the old files' rollout.max_batch was 256, the static sampler's cap; the rollout engine,
+                            # the paper setting since issue #43 item 5, takes 0 (its slots bound the batch)
+                            "rollout.max_context_tokens": 16384, "rollout.row_len": 16384, "rollout.max_batch": 0,
+                            "rollout.engine": True, "rollout.engine_memory_gib": 16.0, "rollout.env_workers": 64, "rl.num_microbatches": 4, "optimizer.lr": 8e-06,
                             "mesh.data": 2, "mesh.fsdp": 4, "mesh.tensor": 2, "checkpoint.every": 10,
                             "sides.judge": "http://localhost:8001/v1"},
 }

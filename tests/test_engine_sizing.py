@@ -182,7 +182,8 @@ def test_turn_loop_with_fewer_slots_evicts_exactly_the_lru_misses(case):
 def test_plan_counts_the_engine_when_the_config_turns_it_on():
     from mimesis_jax.plan import budget, workload
     mesh = {"data": 1, "fsdp": 8, "tensor": 2}
-    cfg = workload.load_run_config(PAPER, ["rollout.engine=true", "rollout.max_batch=0"])
+    cfg = workload.load_run_config(PAPER)  # the paper setting: the engine on, no sampler-call cap
+    assert (cfg.rollout.engine, cfg.rollout.max_batch, cfg.rollout.mesh) == (True, 0, "")
     p = budget.plan_config(cfg, mesh, "a100-80g")
     r, model = cfg.rollout, workload.runtime_model(cfg)
     # the engine runs in its replica layout data=8, fsdp=1, tensor=2 with its own copy of the weights, every
@@ -202,7 +203,8 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
     assert p.rollout_peak == (resident + p.item("engine parameters") + p.item("engine pool")
                               + p.item("engine programs"))
     assert p.fits
-    off = budget.plan_config(workload.load_run_config(PAPER), mesh, "a100-80g")
+    static = workload.load_run_config(PAPER, ["rollout.engine=false", "rollout.max_batch=256"])
+    off = budget.plan_config(static, mesh, "a100-80g")
     assert off.item("engine pool") == 0 and off.item("KV cache") > 0
 
 

@@ -160,6 +160,8 @@ def _batch_shards(mesh: dict) -> int:
 PAPER = ("mimesis_midtrain.py:4b", "mimesis_midtrain.py:9b", "mimesis_sft.py:4b", "mimesis_sft.py:9b",
          "mimesis_simrl.py:4b", "mimesis_simrl.py:9b", "qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd")
 PAPER_LM = PAPER[:4]
+# the paper RL configs sample through the rollout engine (issue #43 item 5); their static sampler is this
+STATIC = ["rollout.engine=false", "rollout.max_batch=256"]
 
 
 @pytest.mark.parametrize("name", PAPER)
@@ -190,8 +192,9 @@ def test_paper_stage1_sft_and_midtrain_activations(name):
 
 
 def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
-    """What makes the RL configs fit: Stage II's 1,024 dialogues per step sampled 256 per call (all at once, the
-    KV cache alone is more than a device holds), and Stage I's update in 4 micro-batches (in one it does not fit)."""
+    """What makes the RL configs fit with the static sampler (STATIC): Stage II's 1,024 dialogues per step sampled
+    256 per call (all at once, the KV cache alone is more than a device holds), and Stage I's update in 4
+    micro-batches (in one it does not fit)."""
     mesh16 = {"data": 1, "fsdp": 8, "tensor": 2}
 
     def kv_cache(m, r):
@@ -204,7 +207,7 @@ def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
         return 2 * layers * rows * slots * heads * m.head_dim * _bytes(m.dtype) + rows * slots * 4 + 4
 
     for name in ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd"):
-        cfg = workload.load_run_config(f"configs/{name}")
+        cfg = workload.load_run_config(f"configs/{name}", STATIC)
         assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
         p = budget.plan_config(cfg, mesh16, "a100-80g")
         # prompts up to 9,344 - 2,048: the top rung of the sampler's ladder (chat_models.ladder_buckets), the
@@ -214,18 +217,19 @@ def test_paper_rl_configs_fit_because_of_max_batch_and_microbatches():
         assert p.workload.rollout == workload.Rollout(r.max_batch, top, r.agent_max_tokens)
         m = workload.runtime_model(cfg)
         assert p.item("KV cache") == kv_cache(m, p.workload.rollout)
-        whole = budget.plan_config(workload.load_run_config(f"configs/{name}", ["rollout.max_batch=0"]), mesh16,
-                                   "a100-80g")
+        whole = budget.plan_config(workload.load_run_config(f"configs/{name}", STATIC + ["rollout.max_batch=0"]),
+                                   mesh16, "a100-80g")
         assert whole.workload.rollout.batch == cfg.rollout.prompts_per_step * cfg.rollout.group_size
         assert whole.item("KV cache") == kv_cache(m, whole.workload.rollout) > whole.usable and not whole.fits
         assert whole.train_peak == p.train_peak  # the cap changes the rollout phase only
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
     for name in ("mimesis_simrl.py:4b", "mimesis_simrl.py:9b"):  # one 16,384-token row per rollout
-        cfg = workload.load_run_config(f"configs/{name}")
+        cfg = workload.load_run_config(f"configs/{name}", STATIC)
         assert (cfg.rollout.max_batch, cfg.rl.num_microbatches) == (256, 4)
         p = budget.plan_config(cfg, mesh, "a100-80g")
         assert (p.workload.rows // 8, p.workload.row_len) == (16, 16_384)
-        one = budget.plan_config(workload.load_run_config(f"configs/{name}", ["rl.num_microbatches=1"]), mesh, "a100-80g")
+        one = budget.plan_config(workload.load_run_config(f"configs/{name}", STATIC + ["rl.num_microbatches=1"]), mesh,
+                                 "a100-80g")
         assert one.train_peak > p.usable > p.train_peak
         # 4 rows per device per micro-batch instead of 16: the saved activations shrink 4x
         assert one.item("activations (saved)") == 4 * p.item("activations (saved)")
@@ -252,10 +256,11 @@ def test_paper_stage2_plan_is_the_ladders_top_rung(name, top):
 
 
 def test_paper_rl_configs_get_a_change_that_fits():
-    """Without their memory settings the RL configs do not fit, and `suggest` finds a change that does: for
-    Stage II the knob is the sequences per sampler call."""
-    for name, undo, mesh in (("qwen3_8b_agentrl.py:csd", ["rollout.max_batch=0"], {"data": 1, "fsdp": 8, "tensor": 2}),
-                             ("mimesis_simrl.py:9b", ["rollout.max_batch=0", "rl.num_microbatches=1"],
+    """Without their memory settings the RL configs with the static sampler do not fit, and `suggest` finds a
+    change that does: for Stage II the knob is the sequences per sampler call."""
+    for name, undo, mesh in (("qwen3_8b_agentrl.py:csd", STATIC + ["rollout.max_batch=0"],
+                              {"data": 1, "fsdp": 8, "tensor": 2}),
+                             ("mimesis_simrl.py:9b", STATIC + ["rollout.max_batch=0", "rl.num_microbatches=1"],
                               {"data": 2, "fsdp": 4, "tensor": 2})):
         assert not budget.plan_config(workload.load_run_config(f"configs/{name}", undo), mesh, "a100-80g").fits
         s = suggestions.suggest(f"configs/{name}", undo, mesh, "a100-80g")
@@ -270,8 +275,10 @@ def test_paper_rl_configs_get_a_change_that_fits():
 
 
 def _verdict_line(out: str) -> str:
-    (line,) = [x for x in out.splitlines() if x.startswith("total ")]
-    return line
+    """The plan's verdict; a rollout layout's (the engine's, in the paper RL configs) follows it on its own line."""
+    lines = [x for x in out.splitlines() if x.startswith("total ")]
+    assert len(lines) == 1 or (len(lines) == 2 and " in the rollout layout " in lines[1]), lines
+    return lines[0]
 
 
 def _suggested(out: str) -> tuple[list[str], dict | None]:
@@ -314,6 +321,12 @@ def test_a_fit_within_the_planner_error_is_tight_and_the_suggestion_clears_it(ca
     out = capsys.readouterr().out
     line = _verdict_line(out)
     assert line.endswith("-> TIGHT")
+    # the rollout engine's replica layout (the config's default) changes the rollout phase, not the verdict
+    assert f"{line.split(' (')[0]} (76.00 GiB usable): margin" in out
+    assert out.rstrip().count("-> TIGHT on 1 process in the rollout layout rollout.mesh=tensor=2") == 1
+    # the rollout names no knob of its own: the engine's is its pool's budget, and the update is what is TIGHT
+    assert (f"suggestion: no rollout.engine_memory_gib FITS in the rollout layout rollout.mesh=tensor=2: the train "
+            f"step alone ({p.train_peak / GiB:.2f} GiB) is TIGHT; change it first") in out
     error = float(line.split("planner error ")[1].split()[0])
     assert error == pytest.approx((p.total / (1 - TOLERANCE) - p.total) / GiB, abs=0.006)
     assert f"e = {TOLERANCE:.0%}: plan/compiled.py TOLERANCE" in out

@@ -35,6 +35,9 @@ from mimesis_jax.plan.devices import GiB, device_for
 from mimesis_jax.plan.memory import layer_weight_bytes, table_bytes
 
 F32 = ["train.dtype=float32"]
+# the paper RL configs sample through the rollout engine (issue #43 item 5); the static sampler, whose programs most
+# tests here compile, is this
+STATIC = ["rollout.engine=false", "rollout.max_batch=256"]
 
 # per config: the largest update program of the shape ladder, and the sampler where its shapes are new; QUICK
 # compile options (plan/compiled.py)
@@ -47,7 +50,9 @@ from mimesis_jax.plan.devices import device_for
 out = []
 for name, sampler in (("qwen3_8b_agentrl.py:grpo", True), ("qwen3_8b_agentrl.py:csd", False),
                       ("mimesis_simrl.py:4b", True), ("mimesis_simrl.py:9b", True)):
-    cfg = workload.load_run_config("configs/" + name, ["train.dtype=float32"])
+    # the static sampler (rollout.engine=false rollout.max_batch=256); the engine's programs follow
+    cfg = workload.load_run_config("configs/" + name, ["train.dtype=float32", "rollout.engine=false",
+                                                       "rollout.max_batch=256"])
     for p in program_memory(cfg, dict(cfg.mesh.axes()), "a100-80g", largest_only=True, sampler=sampler,
                             options=QUICK):
         out.append([name, p.name, p.planned, p.compiled])
@@ -155,8 +160,9 @@ def row(name, planned, compiled, nb, stack=None):
                     stack=stack))
 
 
-for name in ("qwen3_8b_agentrl.py:grpo", "mimesis_sft.py:4b"):
-    cfg = workload.load_run_config("configs/" + name, [])
+for name, sets in (("qwen3_8b_agentrl.py:grpo", ["rollout.engine=false", "rollout.max_batch=256"]),
+                   ("mimesis_sft.py:4b", [])):  # Stage II with its static sampler
+    cfg = workload.load_run_config("configs/" + name, sets)
     mesh = dict(cfg.mesh.axes())
     w = workload.workload_from_config(cfg, mesh, workload.runtime_model(cfg))
     _, wp = program_workloads(w)[-1]
@@ -569,8 +575,7 @@ def test_compiled_needs_the_mesh_devices(capsys):
     assert "XLA_FLAGS=--xla_force_host_platform_device_count=16" in err
 
 
-@pytest.mark.parametrize("config,extra", [("qwen3_8b_agentrl.py:grpo", []),
-                                          ("qwen3_8b_agentrl.py:grpo", ["rollout.engine=true", "rollout.max_batch=0"])])
+@pytest.mark.parametrize("config,extra", [("qwen3_8b_agentrl.py:grpo", STATIC), ("qwen3_8b_agentrl.py:grpo", [])])
 def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
     """The paper Stage II config on 2 processes x 8 devices (2 nodes of 8 GPUs): each process samples its 64 of the
     128 tasks on its own 8 devices with its own parameter copy (distributed.rollout_params) -- the static sampler
@@ -579,15 +584,17 @@ def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
     process compiles, built here on 8 devices, against `plan --processes 2`'s numbers for them (float32 compute,
     QUICK)."""
     cfg = workload.load_run_config("configs/" + config, F32 + extra)
+    engine = cfg.rollout.engine  # the config's default; STATIC turns it off
+    assert engine == (not extra)
     mesh = dict(cfg.mesh.axes())
     assert workload.process_mesh(mesh, 2) == {"data": 1, "fsdp": 4, "tensor": 2}
     local = workload.rollout_axes(cfg, mesh, 2)
-    assert local == ({"data": 4, "fsdp": 1, "tensor": 2} if extra else {"data": 1, "fsdp": 4, "tensor": 2})
+    assert local == ({"data": 4, "fsdp": 1, "tensor": 2} if engine else {"data": 1, "fsdp": 4, "tensor": 2})
     cfg_p = workload.process_config(cfg, 2)
-    assert (cfg_p.rollout.prompts_per_step, cfg_p.rollout.max_batch) == (64, 0 if extra else 128)
+    assert (cfg_p.rollout.prompts_per_step, cfg_p.rollout.max_batch) == (64, 0 if engine else 128)
     programs = program_memory(cfg_p, local, "a100-80g", largest_only=True, updates=False, options=QUICK)
     names = [p.name.split(" ")[:2] for p in programs]
-    assert names == ([["engine", "prefill"], ["engine", "decode"]] if extra else [["sampler", "128x7296+2048"]])
+    assert names == ([["engine", "prefill"], ["engine", "decode"]] if engine else [["sampler", "128x7296+2048"]])
     for p in programs:
         assert within(p.planned, p.compiled, TOLERANCE), (p.name, p.planned / 2 ** 30, p.compiled / 2 ** 30)
 
@@ -596,8 +603,8 @@ def test_one_process_of_two_rolls_out_within_the_plan(config, extra):
 def test_one_process_of_two_samples_the_simulator_within_the_plan(config):
     """The paper simulator configs on 2 processes x 8 devices: each process's one sampler program (128 of the 256
     rollouts on data=1,fsdp=4,tensor=2, prompts at the 14,336 tokens the context budget leaves) within the plan
-    `plan --processes 2` makes for it (float32, QUICK)."""
-    cfg = workload.load_run_config("configs/" + config, F32)
+    `plan --processes 2` makes for it (float32, QUICK; the static sampler, STATIC)."""
+    cfg = workload.load_run_config("configs/" + config, F32 + STATIC)
     local = workload.process_mesh(dict(cfg.mesh.axes()), 2)
     assert local == {"data": 1, "fsdp": 4, "tensor": 2}
     (p,) = program_memory(workload.process_config(cfg, 2), local, "a100-80g", updates=False, options=QUICK)
@@ -606,13 +613,14 @@ def test_one_process_of_two_samples_the_simulator_within_the_plan(config):
 
 
 def test_plan_on_processes_prints_the_weight_sync(capsys):
-    """`plan --processes 2` on the Stage II config: the sync line gives the bytes each device receives, by hand
-    the process block's fp32 parameter bytes less the training shard's (fsdp=8 -> fsdp=4)."""
+    """`plan --processes 2` on the Stage II config with the static sampler: the sync line gives the bytes each
+    device receives, by hand the process block's fp32 parameter bytes less the training shard's (fsdp=8 ->
+    fsdp=4)."""
     name = "configs/qwen3_8b_agentrl.py:grpo"
-    argv = ["--config", name, "--processes", "2"]
+    argv = ["--config", name, "--processes", "2", "--set", *STATIC]
     assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("weight sync into each process")]
-    cfg = workload.load_run_config(name, [])
+    cfg = workload.load_run_config(name, STATIC)
     m, mesh = workload.runtime_model(cfg), dict(cfg.mesh.axes())
     assert workload.process_mesh(mesh, 2) == {"data": 1, "fsdp": 4, "tensor": 2}
     moved = memory.param_bytes(m, {"data": 1, "fsdp": 4, "tensor": 2}) - memory.param_bytes(m, mesh)
@@ -621,16 +629,17 @@ def test_plan_on_processes_prints_the_weight_sync(capsys):
 
 def test_plan_on_processes_names_the_key_that_fits(capsys):
     """On N processes each process rolls out its share of the tasks on its own sub-mesh, with its own parameter
-    copy: the 9B simulator config fits one 16-device process but not 2. `plan --processes 2` says so with the
-    figures of the whole mesh's and one process's plans. With the update in 8 micro-batches (the train step FITS
-    with room for the planner error, budget.verdict) it names the rollout.max_batch (the config's halved) under
-    which the rollout FITS on 2 processes too -- re-planned here, it does, and twice it does not; in 2
-    micro-batches the train step alone does not fit, so no rollout.max_batch can, and it says that instead."""
+    copy: the 9B simulator config with the static sampler (STATIC) fits one 16-device process but not 2. `plan
+    --processes 2` says so with the figures of the whole mesh's and one process's plans. With the update in 8
+    micro-batches (the train step FITS with room for the planner error, budget.verdict) it names the
+    rollout.max_batch (the config's halved) under which the rollout FITS on 2 processes too -- re-planned here, it
+    does, and twice it does not; in 2 micro-batches the train step alone does not fit, so no rollout.max_batch
+    can, and it says that instead."""
     name, n = "configs/mimesis_simrl.py:9b", 2
     e = plan_cli.checked_error()[0]
 
     def run(*sets):
-        argv = ["--config", name, "--processes", str(n)] + (["--set", *sets] if sets else [])
+        argv = ["--config", name, "--processes", str(n), "--set", *STATIC, *sets]
         assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)) == 0
         out = capsys.readouterr().out.splitlines()
         i = next(i for i, line in enumerate(out) if line.startswith(f"rollout on each of {n} processes"))
@@ -639,7 +648,7 @@ def test_plan_on_processes_names_the_key_that_fits(capsys):
     def on_processes(*sets):
         """The config with `sets`, its plan on the whole mesh and one process's plan on its sub-mesh, and the
         rollout peak by hand: the training state every device keeps + that process's rollout program."""
-        cfg = workload.load_run_config(name, list(sets))
+        cfg = workload.load_run_config(name, STATIC + list(sets))
         mesh = dict(cfg.mesh.axes())
         p = plan_config(cfg, mesh, "a100-80g")
         pp = plan_config(workload.process_config(cfg, n), workload.process_mesh(mesh, n), "a100-80g")

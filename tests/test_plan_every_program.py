@@ -13,6 +13,9 @@ from mimesis_jax.plan.compiled import TOLERANCE, within
 from mimesis_jax.plan.devices import GiB
 
 F32 = ["train.dtype=float32"]
+# the paper RL configs sample through the rollout engine (issue #43 item 5); the static sampler, whose programs are
+# compiled here, is this
+STATIC = ["rollout.engine=false", "rollout.max_batch=256"]
 
 
 # the rest of each paper RL config's ladders, float32, QUICK: every update program the ladder lists but the largest
@@ -25,7 +28,8 @@ from mimesis_jax.plan.budget import plan
 from mimesis_jax.plan.devices import device_for
 out = []
 for name in sys.argv[1:]:
-    cfg = workload.load_run_config("configs/" + name, ["train.dtype=float32"])
+    cfg = workload.load_run_config("configs/" + name, ["train.dtype=float32", "rollout.engine=false",
+                                                       "rollout.max_batch=256"])  # the static sampler
     mesh = dict(cfg.mesh.axes())
     w = workload.workload_from_config(cfg, mesh, workload.runtime_model(cfg))
     for rung, wp in program_workloads(w)[:-1]:
@@ -47,7 +51,7 @@ def test_every_ladder_program_matches_the_plan(configs):
     rows = _run_script(RUNGS_SCRIPT, 16, *configs)
     want = []
     for name in configs:
-        cfg = workload.load_run_config("configs/" + name, F32)
+        cfg = workload.load_run_config("configs/" + name, F32 + STATIC)
         w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
         rungs = ["rl update " + "x".join(map(str, p)) for p in w.programs]
         assert len(rungs) == len(set(rungs)) == {"grpo": 6, "csd": 33}.get(name.split(":")[1], 9), rungs
@@ -80,17 +84,18 @@ for spec in sys.argv[1:]:
 print("RESULT " + json.dumps(out))
 """
 SCORED = "rl.old_logprobs=recompute"
+SAMPLER = ",".join(STATIC)  # the RL configs' static sampler
 BF16_ALL = {  # spec (config, processes, overrides): the programs it lists
-    "qwen3_8b_agentrl.py:csd,1": ["rl update 128x9344x9344x12800x9344", "old log-probs 128x9344x9344x12800x9344",
-                                  "sampler 256x7296+2048"],
-    f"mimesis_simrl.py:4b,1,{SCORED}": ["rl update 128x16384x16384x0x0", "old log-probs 128x16384x16384x0x0",
-                                        "sampler 256x14336+2048"],
-    f"mimesis_simrl.py:9b,1,{SCORED}": ["rl update 128x16384x16384x0x0", "old log-probs 128x16384x16384x0x0",
-                                        "sampler 256x14336+2048"],
+    f"qwen3_8b_agentrl.py:csd,1,{SAMPLER}": ["rl update 128x9344x9344x12800x9344",
+                                             "old log-probs 128x9344x9344x12800x9344", "sampler 256x7296+2048"],
+    f"mimesis_simrl.py:4b,1,{SCORED},{SAMPLER}": ["rl update 128x16384x16384x0x0",
+                                                  "old log-probs 128x16384x16384x0x0", "sampler 256x14336+2048"],
+    f"mimesis_simrl.py:9b,1,{SCORED},{SAMPLER}": ["rl update 128x16384x16384x0x0",
+                                                  "old log-probs 128x16384x16384x0x0", "sampler 256x14336+2048"],
     "mimesis_sft.py:9b,1": ["train step"],
-    "qwen3_8b_agentrl.py:grpo,2": ["sampler 128x7296+2048"],
-    "mimesis_simrl.py:4b,2": ["sampler 128x14336+2048"],
-    "mimesis_simrl.py:9b,2": ["sampler 128x14336+2048"],
+    f"qwen3_8b_agentrl.py:grpo,2,{SAMPLER}": ["sampler 128x7296+2048"],
+    f"mimesis_simrl.py:4b,2,{SAMPLER}": ["sampler 128x14336+2048"],
+    f"mimesis_simrl.py:9b,2,{SAMPLER}": ["sampler 128x14336+2048"],
     "mimesis_midtrain.py:4b,1": ["train step"],
     "mimesis_midtrain.py:9b,1": ["train step"],
 }

@@ -40,10 +40,13 @@ from helpers import subprocess_env
 
 AGENT, SIM = "configs/qwen3_8b_agentrl.py:csd", "configs/mimesis_simrl.py:9b"
 FP32 = ("--set", "train.dtype=float32")
+# the paper configs sample through the rollout engine (issue #43 item 5); their static sampler is this (`rehearse
+# --engine on` turns the engine back on with rollout.max_batch 0)
+STATIC = ("--set", "rollout.engine=false", "rollout.max_batch=256")
 
 
 def _pair(path):
-    paper = load_run_config(path)
+    paper = load_run_config(path, list(STATIC[1:]))  # the static sampler's per-call cap narrows with the batch
     # --set applies before the narrowing, so `rehearse --set train.dtype=float32` rehearses (and plans) in fp32
     assert narrow_config(load_run_config(path, ["train.dtype=float32"])).train.dtype == "float32"
     return paper, narrow_config(paper)
@@ -78,6 +81,8 @@ def _structure_kept(paper, tiny):
 def test_agent_csd_keeps_the_paper_structure():
     paper, tiny = _pair(AGENT)
     _structure_kept(paper, tiny)
+    shipped = narrow_config(load_run_config(AGENT)).rollout  # the config as shipped: the engine, no per-call cap
+    assert (shipped.engine, shipped.max_batch) == (True, 0)
     tm = tiny.model
     assert (tm.num_hidden_layers, tm.num_attention_heads, tm.num_key_value_heads, tm.hidden_size) == (2, 8, 2, 64)
     assert tiny.mesh.axes() == {"data": 1, "fsdp": 8, "tensor": 2}
@@ -331,7 +336,7 @@ def test_off_programs_flags_a_plan_off_its_compiled_bytes():
 def test_rehearse_agent_csd(tmp_path):
     # --tokens 32: half the tokens of the default 16 (row == context == 328, 64-token agent turns), the 16 turns
     # kept; with fp32 (and the CPU init's cheap compile) 107.5 -> 55.6 CPU s (-n 0, 2 shared cores)
-    (rep,), stdout = _rehearse(tmp_path, AGENT, "--tokens", "32", *FP32)
+    (rep,), stdout = _rehearse(tmp_path, AGENT, "--tokens", "32", *FP32, *STATIC)
     assert rep["num_devices"] == 16 and rep["mesh"] == {"data": 1, "fsdp": 8, "tensor": 2}
     assert (rep["group_size"], rep["max_turns"], rep["updates_per_step"], rep["csd"]) == (8, 16, 8, True)
     assert rep["row_len"] == rep["max_context_tokens"] == 328 and rep["dtype"] == "float32"
@@ -357,7 +362,7 @@ def test_rehearse_simrl_9b(tmp_path):
     # one period of the layer pattern, fp32, the CPU init's cheap compile; the static sampler, then the rollout
     # engine, two steps each: also issue #43 item 4's engine check at the Stage I.3 paper mesh (one rehearsal for
     # both instead of a second engine-only run in tests/test_rehearse_engine.py)
-    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32)
+    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32, *STATIC)
     assert (off["engine"], on["engine"]) == (False, True)
     paper = load_run_config(SIM).rollout
     for rep in (off, on):
@@ -400,7 +405,8 @@ def test_rehearse_simrl_9b(tmp_path):
 def test_a_rehearsal_that_trains_nothing_fails_naming_the_flag(tmp_path):
     # at --tokens 64 the simulator's 16,384-token context becomes 256: no rehearsal domain's prompt leaves room for
     # a turn, so the step rolls out and trains nothing -- an error naming the flag, not a report of nothing
-    proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "rehearse", "--config", SIM, "--tokens", "64", *FP32],
+    proc = subprocess.run([sys.executable, "-m", "mimesis_jax", "rehearse", "--config", SIM, "--tokens", "64", *FP32,
+                           *STATIC],
                           capture_output=True, text=True, timeout=600, env=subprocess_env())
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr.strip().splitlines()[-1]

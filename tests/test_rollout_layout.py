@@ -111,7 +111,9 @@ from mimesis_jax.plan.rehearse import narrow_model
 from mimesis_jax.train.rl import distributed
 
 LAYOUT = "replica=4,tensor=4"
-cfg = workload.load_run_config("configs/mimesis_simrl.py:9b", ["train.dtype=float32", "rollout.mesh=" + LAYOUT])
+# the static sampler in the layout (the config's default is the rollout engine)
+cfg = workload.load_run_config("configs/mimesis_simrl.py:9b", ["train.dtype=float32", "rollout.engine=false",
+                                                              "rollout.max_batch=256", "rollout.mesh=" + LAYOUT])
 mc = narrow_model(workload.runtime_model(cfg), 4, width=64)
 mesh = sharding.make_mesh(dict(cfg.mesh.axes()))
 params = models.init_params(mc, jax.random.key(1), mesh)
@@ -240,15 +242,17 @@ def test_row_pieces(rows, src, dst, want):
 
 # ------------------------------------------------------------------------------------------ plan
 def test_plan_prints_the_rollout_in_the_layout(capsys):
-    """`plan --set rollout.mesh=replica=4,tensor=4` on the 9B simulator config: the rollout line names the layout,
-    its parameter copy per device is the fp32 model split 4 ways on its tensor axes (by hand), the rollout peak is
-    the training state + that program, and the sync line the bytes each device receives (copy - training shard)."""
+    """`plan --set rollout.mesh=replica=4,tensor=4` on the 9B simulator config with the static sampler: the rollout
+    line names the layout, its parameter copy per device is the fp32 model split 4 ways on its tensor axes (by
+    hand), the rollout peak is the training state + that program, and the sync line the bytes each device receives
+    (copy - training shard)."""
     name, layout = "configs/mimesis_simrl.py:9b", "replica=4,tensor=4"
-    argv = ["--config", name, "--set", f"rollout.mesh={layout}"]
+    static = ["rollout.engine=false", "rollout.max_batch=256"]
+    argv = ["--config", name, "--set", *static, f"rollout.mesh={layout}"]
     assert plan_cli.run(plan_cli.add_args(argparse.ArgumentParser()).parse_args(argv)) == 0
     out = capsys.readouterr().out.splitlines()
     i = next(i for i, line in enumerate(out) if line.startswith("rollout on one process"))
-    cfg = workload.load_run_config(name, [f"rollout.mesh={layout}"])
+    cfg = workload.load_run_config(name, static + [f"rollout.mesh={layout}"])
     m, mesh = workload.runtime_model(cfg), dict(cfg.mesh.axes())
     p, pp = plan_config(cfg, mesh, "a100-80g"), plan_config(cfg, {"data": 4, "fsdp": 1, "tensor": 4}, "a100-80g")
     copy = _copy_bytes(m, 4)

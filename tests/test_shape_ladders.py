@@ -28,10 +28,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER = os.path.join(ROOT, "configs", "qwen3_8b_agentrl.py")
 MINIBATCHES = 200
 HEADER = mix.HEADER
+# the paper RL configs sample through the rollout engine (issue #43 item 5); their static sampler, whose programs
+# the sampler tests here are about, is this
+STATIC = ("rollout.engine=false", "rollout.max_batch=256")
 
 
-def _paper(variant):
-    cfg = workload.load_run_config(f"{PAPER}:{variant}")
+def _paper(variant, sets=()):
+    cfg = workload.load_run_config(f"{PAPER}:{variant}", list(sets))
     m = cfg.mesh
     multiple = cfg.rl.num_microbatches * workload.batch_multiple(cfg.model, {"data": m.data, "fsdp": m.fsdp,
                                                                               "tensor": m.tensor})
@@ -350,18 +353,18 @@ def test_simrl_paper_mix_compiles_a_bounded_known_set_of_programs():
     assert sum(seen.values()) == SIM_MINIBATCHES and padded[0] == sum(k[0] * k[1] * n for k, n in seen.items())
 
 
-def _paper_sim():
-    cfg = workload.load_run_config(SIMRL)
+def _paper_sim(sets=()):
+    cfg = workload.load_run_config(SIMRL, list(sets))
     m = cfg.mesh
     return cfg, cfg.rl.num_microbatches * workload.batch_multiple(cfg.model, {"data": m.data, "fsdp": m.fsdp,
                                                                                "tensor": m.tensor})
 
 
 def test_simrl_plan_lists_its_step_and_sampler_programs():
-    """`plan` for the 9B simulator config: its 3 step programs and its one sampler program (the loop's
-    chat_models.fixed_buckets: 256 rollouts per call, prompts padded to 16,384 - 2,048 tokens, 2,048 new);
-    rollout.row_rungs sets the rows (here one program of 2 rows per rollout)."""
-    cfg, _ = _paper_sim()
+    """`plan` for the 9B simulator config with the static sampler: its 3 step programs and its one sampler program
+    (the loop's chat_models.fixed_buckets: 256 rollouts per call, prompts padded to 16,384 - 2,048 tokens, 2,048
+    new); rollout.row_rungs sets the rows (here one program of 2 rows per rollout)."""
+    cfg, _ = _paper_sim(STATIC)
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
     text = workload.programs_text(workload.workload_from_config(cfg, mesh, cfg.model))
     assert text == ["step programs: 9 (rows x row_len x head x branch x branch_head, cheapest first): "
@@ -398,15 +401,15 @@ def _sampler_calls(rng, cfg, dialogues):
 
 
 def test_agentrl_sampler_ladder_is_listed_and_compiles_in_the_first_step():
-    """configs/qwen3_8b_agentrl.py (budget 9,344 tokens, 2,048 new, 1,024 dialogues per step in calls of 256): the
-    policy's sampler buckets (chat_models.ladder_buckets, what AgentLearner.policy_buckets returns) put every call
-    of a paper-like step on one of 4 programs, the ones `plan` lists; the first step's growing contexts reach
-    every rung, so a second step compiles nothing. The prefill work (padded rows x prompt length over the real
+    """configs/qwen3_8b_agentrl.py with the static sampler (budget 9,344 tokens, 2,048 new, 1,024 dialogues per step
+    in calls of 256): the policy's sampler buckets (chat_models.ladder_buckets, what AgentLearner.policy_buckets
+    returns) put every call of a paper-like step on one of 4 programs, the ones `plan` lists; the first step's
+    growing contexts reach every rung, so a second step compiles nothing. The prefill work (padded rows x prompt length over the real
     prompt tokens) is printed for the ladder, one rung (Stage I.3's fixed_buckets) and the default buckets."""
     from mimesis_jax.inference.sampler import Buckets
     from mimesis_jax.train.rl import chat_models
 
-    cfg, _ = _paper("grpo")
+    cfg, _ = _paper("grpo", STATIC)
     r = cfg.rollout
     longest, dialogues = r.max_context_tokens - r.agent_max_tokens, r.prompts_per_step * r.group_size
     b = chat_models.ladder_buckets(r, r.agent_max_tokens, dialogues)

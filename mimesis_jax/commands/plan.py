@@ -155,10 +155,12 @@ def process_suggestion(args, cfg, mesh: dict, p: Plan, processes: int, error: fl
     """The largest rollout.max_batch (halving the config's) under which the rollout phase FITS on `processes`
     processes with room for the planner's `error`, or what to try instead."""
     cap = cfg.rollout.max_batch or cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    on = f"on {processes} processes" if processes > 1 else f"in the rollout layout rollout.mesh={cfg.rollout.mesh}"
+    on = (f"on {processes} processes" if processes > 1
+          else f"in the rollout layout rollout.mesh={rollout_mesh_text(cfg, mesh)}")  # the engine's default too
     train = verdict(p.train_peak, p.usable, error)
-    if train != "FITS":
-        return (f"suggestion: no rollout.max_batch FITS {on}: the train step alone "
+    if train != "FITS":  # the engine's batch is its slots: its knob is the pool's budget
+        knob = "rollout.engine_memory_gib" if cfg.rollout.engine else "rollout.max_batch"
+        return (f"suggestion: no {knob} FITS {on}: the train step alone "
                 f"({p.train_peak / GiB:.2f} GiB) {'is TIGHT' if train == 'TIGHT' else train}; change it first (the "
                 f"plan's suggestion), then re-plan")
     if not cfg.rollout.engine:

@@ -1,7 +1,7 @@
 """`python -m mimesis_jax rehearse`: a paper RL config narrowed to tiny widths with its structure kept
 (plan/rehearse.py `narrow_config`), run for a step or two on this machine's devices, with what it cost.
 
-    python -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd [--engine off|on|both] [--steps 1]
+    python -m mimesis_jax rehearse --config configs/qwen3_8b_agentrl.py:csd [--engine config|off|on|both] [--steps 1]
 
 On a CPU (JAX_PLATFORMS unset or cpu) in one process it gives the CPU backend the config's mesh of fake devices
 itself (`provide_cpu_devices`: jax_num_cpu_devices, set before the backend starts); where it cannot (a backend
@@ -68,7 +68,8 @@ from mimesis_jax.plan.devices import DEVICES, mesh_text
 from mimesis_jax.plan.rehearse import narrow_config
 from mimesis_jax.plan.workload import Rollout, load_run_config, workload_from_config
 
-MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+# rollout.engine per rehearsal: None = as the config sets it (the paper RL configs: on)
+MODES = {"config": (None,), "off": (False,), "on": (True,), "both": (False, True)}
 # the policy engine's per-step counters the report copies from the learner's step record (0 with the engine off)
 ENGINE_KEYS = ("engine/reused_tokens", "engine/evictions")
 MiB = 2 ** 20
@@ -76,8 +77,10 @@ MiB = 2 ** 20
 
 def add_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="configs/<name>.py[:variant] (AgentRLConfig or SimRLConfig)")
-    p.add_argument("--engine", default="off", choices=sorted(MODES), help="rollout.engine: off (the static "
-                   "sampler, as the paper configs), on, or both one after the other")
+    p.add_argument("--engine", default="config", choices=sorted(MODES), help="rollout.engine: as the config "
+                   "sets it (default; the paper RL configs: on), off (the static sampler, with the config's "
+                   "rollout.max_batch: add --set rollout.max_batch=256 for the paper configs' static setting), on "
+                   "(with rollout.max_batch=0), or both one after the other")
     p.add_argument("--steps", type=int, default=1, help="RL steps per mode (default 1)")
     p.add_argument("--width", type=int, default=64, help="hidden size of the narrowed model (default 64)")
     p.add_argument("--repeats", type=int, default=None, help="repeats of the layer pattern's period (default: the "
@@ -390,8 +393,10 @@ def run(args) -> int:
     reports, lead = [], jax.process_index() == 0  # several processes (--distributed): process 0 reports
     for on in MODES[args.engine]:
         c = narrowed
-        if on:
-            c = c.replace(rollout=dataclasses.replace(c.rollout, engine=True, max_batch=0))
+        if on is not None:  # the engine's slots bound its batch: rollout.max_batch 0 with it on
+            batch = 0 if on else c.rollout.max_batch
+            c = c.replace(rollout=dataclasses.replace(c.rollout, engine=on, max_batch=batch))
+        on = c.rollout.engine
         with contextlib.ExitStack() as stack:
             if args.workdir is None:
                 wd = tempfile.mkdtemp(prefix="rehearse_")

@@ -114,10 +114,11 @@ class RolloutSection:
     max_batch: int = 0  # sequences per sampler call (0 = all at once); bounds the rollout's KV cache
     # The policy samples through the rollout engine (inference/engine.py: persistent per-dialogue caches, paged KV
     # pool, continuous batching) instead of the static sampler; so does an in-process model simulator in Stage II
-    # (its own frozen engine; a remote simulator is unchanged). Off by default, and off in every shipped config
-    # (configs/): the engine runs on one device and compiles its prefill/decode programs for every page-table
-    # width (~40 programs), which tiny CPU runs do not earn back; a paper run turns it on with
-    # `--set rollout.engine=true rollout.max_batch=0 rollout.engine_memory_gib=<GiB>` (docs/engine.md, sizing).
+    # (its own frozen engine; a remote simulator is unchanged). Off by default and in the tiny configs: the engine
+    # compiles its prefill/decode programs for every page-table width (~40 programs), which tiny CPU runs do not
+    # earn back. On in the paper RL configs (configs/qwen3_8b_agentrl.py, configs/mimesis_simrl.py: with
+    # rollout.max_batch = 0 and rollout.engine_memory_gib set), where it samples faster than the static sampler
+    # (docs/benchmarks.md); `--set rollout.engine=false rollout.max_batch=256` brings the static sampler back there.
     # Same seeds -> the same tokens as the static sampler.
     engine: bool = False
     engine_slots: int = 16  # decode slots (EngineConfig.slots): requests decoded together
