@@ -32,6 +32,7 @@ pools, partial rollouts. The stale tokens' off-policy correction is `rl.behavior
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import threading
@@ -71,6 +72,7 @@ class StepRollouts:
     the synchronous loop."""
 
     lock = None  # nothing runs beside the update
+    beside = False
 
     def __init__(self, produce: Callable[[int, int], Produced], first_rid: int):
         self.produce, self.next_rid = produce, first_rid
@@ -95,13 +97,16 @@ class RolloutProducer:
     """N > 0: a thread producing the rollouts of steps [start, stop) in order, step j admitted once the published
     version is >= j - N (module docstring). The loop `take`s each step's rollouts and `publish`es each new version;
     an error in the thread is raised by the next `take` / `publish`; `close` stops admitting and waits for the
-    step in flight."""
+    step in flight. lock: what the update holds around its programs (DEVICE_LOCK: the rollouts sample on the same
+    devices; None: on a rollout pool of their own, `rollout.devices`)."""
+
+    beside = True  # the rollouts run beside the updates
 
     def __init__(self, produce: Callable[[int, int], Produced], *, start: int, stop: int, first_rid: int,
-                 max_staleness: int, fixed_lag: bool):
+                 max_staleness: int, fixed_lag: bool, lock=DEVICE_LOCK):
         self.produce, self.start, self.stop, self.first_rid = produce, start, stop, first_rid
         self.max_staleness, self.fixed_lag = max_staleness, fixed_lag
-        self.lock = DEVICE_LOCK
+        self.lock = lock
         self._cv = threading.Condition()
         self._published = start  # the generator's version
         self._done: dict[int, Produced] = {}
@@ -169,10 +174,12 @@ class RolloutProducer:
 
 class Guarded(Generator):
     """A generator whose `set_params` waits for the `generate` in flight: a sample's version is that of the weights
-    it was sampled with (the generator reads its weights when a call starts and stamps the version when it ends)."""
+    it was sampled with (the generator reads its weights when a call starts and stamps the version when it ends).
+    device_lock: held while the generator takes new weights (DEVICE_LOCK where it samples on the training devices;
+    None on a rollout pool, whose weights arrive placed)."""
 
-    def __init__(self, inner: Generator):
-        self.inner = inner
+    def __init__(self, inner: Generator, device_lock=DEVICE_LOCK):
+        self.inner, self.device_lock = inner, device_lock
         self._lock = threading.Lock()
 
     @property
@@ -188,7 +195,8 @@ class Guarded(Generator):
             return self.inner.generate(prompts, sampling, keys=keys, cancel=cancel)
 
     def set_params(self, params, version: int) -> None:
-        with self._lock, DEVICE_LOCK:  # the generator may lay the weights out on its mesh: device programs
+        held = contextlib.nullcontext() if self.device_lock is None else self.device_lock
+        with self._lock, held:  # the generator may lay the weights out on its mesh: device programs
             self.inner.set_params(params, version)
             jax.block_until_ready(self.inner.params)
 

@@ -143,6 +143,11 @@ class RLRun(Run):
     step_fn: Any = None
     ref_params: Any = None
 
+    def training_devices(self):
+        """The training mesh's devices: all but each process's rollout pool (`rollout.devices`,
+        distributed.training_devices)."""
+        return distributed.training_devices(self.cfg.rollout)
+
 
 def setup(cfg, workdir: str, tok, log=print) -> RLRun:
     """Validates `cfg`, builds mesh / optimizer / step, and restores the latest checkpoint of `workdir` or
@@ -235,8 +240,9 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     agent turns)]. Old log-probs are fixed for the whole step BEFORE the first update (the sampler's, or
     recomputed with the pre-update parameters), so ratios move from the second mini-batch on (Eq 5-6).
     ladder: pack every mini-batch to one of its programs (rl_batch.ShapeLadder; row_len is then the ladder's).
-    lock: held around each program until its outputs are ready, when rollouts sample beside the updates
-    (async_rollouts.DEVICE_LOCK); None: the synchronous loop, nothing held.
+    lock: held around each program until its outputs are ready, when rollouts sample beside the updates on the same
+    devices (async_rollouts.DEVICE_LOCK); None: the synchronous loop, or rollouts on a pool of their own
+    (`rollout.devices`), nothing held.
     Returns (the new state, each update's metrics as device arrays: `fetch_metrics` brings them to the host)."""
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     batches, pads = [], []
@@ -449,13 +455,16 @@ class RLLearner:
         rl = self.cfg.rl
         if rl.max_staleness == 0:
             return StepRollouts(lambda s, rid: self.produce(policy, s, rid), next_rid)
-        policy.generator = Guarded(policy.generator)
-        with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
-            placed = own_copy(policy.params)
-        policy.set_params(placed, start)
+        pool = distributed.pool_size(self.cfg.rollout) > 0  # the rollouts on devices of their own: no turns
+        lock = None if pool else DEVICE_LOCK
+        policy.generator = Guarded(policy.generator, device_lock=lock)
+        if not pool:  # the generator's weights must outlive the updates (own_copy); a pool's are its own copy
+            with DEVICE_LOCK:
+                placed = own_copy(policy.params)
+            policy.set_params(placed, start)
         return RolloutProducer(lambda s, rid: self.produce(policy, s, rid, keep_sampler=True), start=start,
                                stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
-                               fixed_lag=rl.async_deterministic)
+                               fixed_lag=rl.async_deterministic, lock=lock)
 
     def check_async(self, resuming: bool) -> None:
         """What rl.max_staleness > 0 does not support yet (async_rollouts.py): several processes, a resume."""
@@ -503,11 +512,16 @@ class RLLearner:
 
         def set_params():
             with timeline.span("weight sync", version=version):
-                if lock is None:
+                if not self.source.beside:
                     policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), version)
                     return
-                with lock:  # the copies are multi-device programs
-                    placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
+                if lock is None:  # a rollout pool: the weights copied into it (new buffers there), on their way
+                    # before the next update donates the training arrays
+                    placed = jax.block_until_ready(policy_params(run_.model_config, r, run_.state["params"],
+                                                                 run_.mesh))
+                else:
+                    with lock:  # the copies are multi-device programs
+                        placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
                 policy.set_params(placed, version)
 
         self.source.publish(version, set_params)
@@ -590,14 +604,14 @@ class RLLearner:
                 outs, kept, counts, times, ms = self.learn(got, ladder)
                 times["start"], next_rid = started, got.next_rid
                 wait_s = times["rollouts"] - started  # what the loop waited for the step's rollouts
-                if self.source.lock is not None:  # they ran beside the updates: rollout_s is the producer's time
+                if self.source.beside:  # they ran beside the updates: rollout_s is the producer's time
                     times["start"] = times["rollouts"] - (got.ended - got.started)
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
-                if self.source.lock is None:  # the next rollouts sample the updated policy (in train_s, as ever)
+                if not self.source.beside:  # the next rollouts sample the updated policy (in train_s, as ever)
                     self.publish(policy, step)
                 times["trained"] = time.perf_counter()
-                if self.source.lock is not None:  # the turns in flight or the steps held back: the new weights
+                if self.source.beside:  # the turns in flight or the steps held back: the new weights
                     self.publish(policy, step)
                 rec = self.record(outs, kept, counts, times)
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
@@ -609,7 +623,7 @@ class RLLearner:
                         rec.update(self.validate(policy, f"{self.stage} step {step} validation"))
                 now = time.perf_counter()
                 rec["step_s"] = now - ended  # wall clock of the loop: since the previous step's record
-                if self.source.lock is not None:
+                if self.source.beside:
                     rec["rollout_wait_s"] = wait_s
                 rec["groups_in_flight"] = self.groups_in_flight
                 ended = now
