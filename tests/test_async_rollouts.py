@@ -31,7 +31,7 @@ from mimesis_jax.inference import sampler as sampler_lib
 from mimesis_jax.train.rl import agent as A
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl import learner as L
-from mimesis_jax.train.rl.async_rollouts import Produced, RolloutProducer, staleness_record
+from mimesis_jax.train.rl.async_rollouts import Drawn, Produced, RolloutProducer, staleness_record
 from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 from mimesis_jax.train.state import make_mesh
 
@@ -39,9 +39,10 @@ STEPS = 3
 
 
 # ------------------------------------------------------------------------------------------ the producer alone
-def _schedule(n, fixed_lag, steps=6):
+def _schedule(n, fixed_lag, steps=6, concurrent=False):
     """Runs the producer against a loop that trains each step and publishes the next version; returns for every
-    step the published version at its admission and the versions published while its rollouts ran."""
+    step the published version at its admission and the versions published while its rollouts ran. concurrent:
+    every admitted step's rollouts at once (the producer's `draw`)."""
     published = {"v": 0}
     during: dict[int, set] = {}
     lock = threading.Lock()
@@ -55,7 +56,11 @@ def _schedule(n, fixed_lag, steps=6):
             threading.Event().wait(0.001)
         return Produced(step, [step], rid + 1)
 
-    p = RolloutProducer(produce, start=0, stop=steps, first_rid=0, max_staleness=n, fixed_lag=fixed_lag)
+    if concurrent:
+        p = RolloutProducer(lambda d: produce(d.step, d.first_rid), start=0, stop=steps, first_rid=0,
+                            max_staleness=n, fixed_lag=fixed_lag, draw=lambda s, rid: Drawn(s, [s], rid, rid + 1))
+    else:
+        p = RolloutProducer(produce, start=0, stop=steps, first_rid=0, max_staleness=n, fixed_lag=fixed_lag)
     try:
         for s in range(steps):
             assert p.take(s).outs == [s]
@@ -82,6 +87,57 @@ def test_in_flight_admission_keeps_the_bound(n):
     admitted, during = _schedule(n, fixed_lag=False)
     for s in range(6):
         assert admitted[s] >= s - n and min(during[s]) >= s - n and max(during[s]) <= s, (s, admitted, during)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_every_admitted_step_at_once_keeps_both_schedules(n):
+    admitted, during = _schedule(n, fixed_lag=True, concurrent=True)
+    for s in range(6):
+        assert admitted[s] == max(0, s - n) and during[s] == {max(0, s - n)}, (s, admitted, during)
+    admitted, during = _schedule(n, fixed_lag=False, concurrent=True)
+    for s in range(6):
+        assert admitted[s] >= s - n and min(during[s]) >= s - n and max(during[s]) <= s, (s, admitted, during)
+
+
+def test_the_producer_runs_every_admitted_step_at_once():
+    """N = 2, version 0: steps 0, 1 and 2 roll at the same time (a barrier only three steps in flight at once
+    pass), drawn in step order with consecutive rollout ids; step 3 waits for version 1."""
+    started, passed, release = threading.Barrier(3, timeout=10), threading.Semaphore(0), threading.Event()
+    draws = []
+
+    def draw(step, rid):
+        draws.append((step, rid))
+        return Drawn(step, [step], rid, rid + 10)
+
+    def produce(d):
+        if d.step < 3:
+            started.wait()
+            passed.release()
+            release.wait(10)
+        return Produced(d.step, [d.step], d.next_rid)
+
+    p = RolloutProducer(produce, start=0, stop=4, first_rid=5, max_staleness=2, fixed_lag=False, draw=draw)
+    try:
+        assert all(passed.acquire(timeout=10) for _ in range(3))
+        assert sorted(p.admitted_at) == [0, 1, 2] and draws == [(0, 5), (1, 15), (2, 25)]
+        release.set()
+        assert [p.take(s).outs for s in range(3)] == [[0], [1], [2]] and 3 not in p.admitted_at
+        p.publish(1, lambda: None)
+        assert p.take(3).next_rid == 45 and p.admitted_at[3] == 1 and draws[-1] == (3, 35)
+    finally:
+        release.set()
+        p.close()
+
+
+def test_an_error_in_a_step_of_its_own_reaches_the_loop():
+    def produce(d):
+        raise RuntimeError(f"rollout {d.step} failed")
+
+    p = RolloutProducer(produce, start=0, stop=2, first_rid=0, max_staleness=1, fixed_lag=False,
+                        draw=lambda s, rid: Drawn(s, [], rid, rid))
+    with pytest.raises(RuntimeError, match=r"rollout [01] failed"):
+        p.take(0)
+    p.close()
 
 
 def test_a_producer_error_reaches_the_loop():

@@ -84,8 +84,8 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import async_rollouts, distributed
-from mimesis_jax.train.rl.async_rollouts import (DEVICE_LOCK, Guarded, Produced, RolloutProducer, StepRollouts,
-                                                  own_copy)
+from mimesis_jax.train.rl.async_rollouts import (DEVICE_LOCK, Drawn, Guarded, Produced, RolloutProducer,
+                                                  StepRollouts, own_copy)
 from mimesis_jax.train.rl.chat_models import EngineMeter, engine_of, policy_model, policy_params
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.seams import GRPO, Algorithm, Cluster, World
@@ -449,9 +449,32 @@ class RLLearner:
                                  label=f"{self.stage} step {step + 1} rollout")
         return Produced(step, outs, first_rid + len(drawn) * r.group_size, kept, started, time.perf_counter())
 
+    def draw_step(self, step: int, first_rid: int) -> Drawn:
+        """Step `step`'s draw alone, with the data sampler's state right after it: what the producer takes in step
+        order before the step's rollouts run beside other steps' (`roll`)."""
+        r = self.cfg.rollout
+        drawn = self.draw(r.prompts_per_step)
+        kept = async_rollouts.snapshot(self.data_state()["sampler"])
+        return Drawn(step, drawn, first_rid, first_rid + len(drawn) * r.group_size, kept)
+
+    def roll(self, policy, d: Drawn, slots: int) -> Produced:
+        """The rollouts of a drawn step (`draw_step`), on the timeline's track of its slot: up to `slots` steps
+        roll at once, step j in slot j % slots ("rollouts", "rollouts 2", ...)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        slot = d.step % slots
+        started = time.perf_counter()
+        with timeline.track("rollouts" if slot == 0 else f"rollouts {slot + 1}"), \
+                timeline.span("rollouts", step=d.step + 1):
+            outs = self.rollouts(policy, d.items, group_size=r.group_size, temperature=r.temperature,
+                                 seed=distributed.step_seed(cfg.train.seed, d.step),
+                                 first_group=d.step * r.prompts_per_step, first_rid=d.first_rid,
+                                 label=f"{self.stage} step {d.step + 1} rollout")
+        return Produced(d.step, outs, d.next_rid, d.sampler_state, started, time.perf_counter())
+
     def rollout_source(self, policy, start: int, next_rid: int):
         """Where the loop takes each step's rollouts from (train/rl/async_rollouts.py): inline (rl.max_staleness
-        = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`)."""
+        = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`): one
+        step's rollouts at a time on shared devices, every admitted step's at once on a rollout pool."""
         rl = self.cfg.rl
         if rl.max_staleness == 0:
             return StepRollouts(lambda s, rid: self.produce(policy, s, rid), next_rid)
@@ -462,6 +485,10 @@ class RLLearner:
             with DEVICE_LOCK:
                 placed = own_copy(policy.params)
             policy.set_params(placed, start)
+        if pool:  # every admitted step's rollouts at once (up to N + 1), each step's draw in step order
+            return RolloutProducer(lambda d: self.roll(policy, d, rl.max_staleness + 1), start=start,
+                                   stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
+                                   fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step)
         return RolloutProducer(lambda s, rid: self.produce(policy, s, rid, keep_sampler=True), start=start,
                                stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
                                fixed_lag=rl.async_deterministic, lock=lock)
