@@ -10,7 +10,9 @@ The bound. The rollouts of step j are admitted (their first dialogue starts) onl
 version >= j - N; versions only grow, so every token of step j has staleness <= N. The bound is kept by holding
 back admissions, never by dropping a finished rollout. N = 0 is the synchronous loop (`StepRollouts`: draw and
 rollouts inline, exactly the code path of before); N > 0 runs them in a producer thread (`RolloutProducer`), one
-step at a time in step order, so the draws, rollout ids and seeds of every step are those of the synchronous run.
+step at a time in step order on shared devices; on a rollout pool (below) every admitted step's rollouts at once,
+up to N + 1 steps, each in a thread of its own, their draws still taken in step order at admission. Either way the
+draws, rollout ids and seeds of every step are those of the synchronous run.
 
 Two schedules. By default (`rl.async_deterministic=false`) new weights reach the generator as soon as an update
 ends (in-flight: a dialogue's later turns sample with newer weights than its first). With
@@ -33,11 +35,12 @@ device, so the update holds no lock (the producer's `lock` is None) and runs whi
 programs still take turns among themselves (the frozen models and the policy share the pool). After each update
 the weights are copied into the pool device to device (`distributed.rollout_params`: laid out on the training
 devices as the pool lays them out, then each shard copied to the pool devices that hold it); the copy is the
-generator's own, so no `own_copy`.
+generator's own, so no `own_copy`. With the pool the producer keeps every admitted step in flight (above): the
+user waits of several steps overlap one another as well as the update.
 
 Not yet (issue #44): several processes and the rollout engine with N > 0 (ConfigErrors), a resume of an
 asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), partial
-rollouts, more than one step's rollouts in flight at once. The stale tokens' off-policy correction is
+rollouts, more than one step in flight on shared devices. The stale tokens' off-policy correction is
 `rl.behavior_is_cap` (train/rl/step.py).
 """
 
