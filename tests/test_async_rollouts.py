@@ -331,6 +331,20 @@ def test_a_rollout_pool_changes_where_programs_run_not_what_they_compute(pooled,
         assert a["pad/row_fraction"] < b["pad/row_fraction"]
 
 
+def test_a_rollout_pool_in_flight_keeps_the_bound(tmp_path):
+    """max_staleness=2 on a pool: every step is admitted under version 0 (all three in flight at once), new weights
+    land in flight; every token of the step trained by version s has a version in [s - 2, s] and the logged
+    staleness is the tokens' own."""
+    res, seen = _run(tmp_path, "rl.max_staleness=2", f"rollout.devices={POOL}")
+    for step in (1, 2, 3):
+        assert res.metrics[step]["invalid"] == 0 == res.metrics[step]["skipped_groups"]
+        lags = [(step - 1) - s.version for t in seen[step] if t.status == "ok" for s in t.segments
+                if s.kind == "agent" for _ in s.tokens]
+        assert lags and 0 <= min(lags) and max(lags) <= min(2, step - 1), (step, lags)
+        assert res.metrics[step]["staleness_max"] == max(lags)
+        assert res.metrics[step]["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
+
+
 def test_weights_reach_the_pool_device_to_device_in_its_layout():
     """The training parameters (fsdp=2 x tensor=2 on devices 0-3) copied into a pool of devices 4-7 laid out as
     2 replicas x the training tensor split: the same values, each leaf on the pool in the pool's sharding."""
