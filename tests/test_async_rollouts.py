@@ -28,10 +28,11 @@ from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.inference import sampler as sampler_lib
+from mimesis_jax.inference.protocol import Generator, Sample, Sampling
 from mimesis_jax.train.rl import agent as A
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl import learner as L
-from mimesis_jax.train.rl.async_rollouts import Drawn, Produced, RolloutProducer, staleness_record
+from mimesis_jax.train.rl.async_rollouts import Drawn, Guarded, Produced, RolloutProducer, staleness_record
 from mimesis_jax.train.rl.learner import COMPILATION_KEYS
 from mimesis_jax.train.state import make_mesh
 
@@ -148,6 +149,46 @@ def test_a_producer_error_reaches_the_loop():
     with pytest.raises(RuntimeError, match="rollout 0 failed"):
         p.take(0)
     p.close()
+
+
+class _Gate(Generator):
+    """A generator whose weights are an int and whose `generate` returns them (the weights it read at its start,
+    stamped with its version at its end) once `go` is set; `entered` is set while a call is in flight."""
+
+    def __init__(self):
+        self.params, self.version = 0, 0
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def generate(self, prompts, sampling, *, keys=None, cancel=None):
+        read = self.params
+        self.entered.set()
+        assert self.go.wait(10)
+        return [Sample([read], None, "stop", version=self.version)]
+
+    def set_params(self, params, version):
+        self.params, self.version = params, version
+
+
+def test_a_pool_generator_takes_new_weights_at_its_next_call_without_holding_the_trainer():
+    """Guarded on a pool (no device lock): set_params while a call is in flight returns before the call ends; the
+    call keeps the weights it started with and their version; the next call samples the new ones."""
+    inner = _Gate()
+    g = Guarded(inner, device_lock=None)
+    out = []
+    call = threading.Thread(target=lambda: out.extend(g.generate([[1]], Sampling())))
+    call.start()
+    assert inner.entered.wait(10)
+    setter = threading.Thread(target=g.set_params, args=(7, 1))
+    setter.start()
+    setter.join(10)
+    assert not setter.is_alive() and call.is_alive()  # handed over without waiting for the call in flight
+    assert (g.version, g.params) == (1, 7) and (inner.version, inner.params) == (0, 0)
+    inner.go.set()
+    call.join(10)
+    assert [(s.tokens, s.version) for s in out] == [([0], 0)]
+    assert [(s.tokens, s.version) for s in g.generate([[1]], Sampling())] == [([7], 1)]
+    g.set_params(9, 2)  # no call in flight: at once
+    assert (inner.version, inner.params) == (2, 9)
 
 
 # ------------------------------------------------------------------------------------------ the metrics

@@ -35,7 +35,8 @@ device, so the update holds no lock (the producer's `lock` is None) and runs whi
 programs still take turns among themselves (the frozen models and the policy share the pool). After each update
 the weights are copied into the pool device to device (`distributed.rollout_params`: laid out on the training
 devices as the pool lays them out, then each shard copied to the pool devices that hold it); the copy is the
-generator's own, so no `own_copy`. With the pool the producer keeps every admitted step in flight (above): the
+generator's own, so no `own_copy`, and the trainer does not wait for the agent turn in flight: the generator
+(`Guarded`) takes the new weights at its next call. With the pool the producer keeps every admitted step in flight (above): the
 user waits of several steps overlap one another as well as the update.
 
 Not yet (issue #44): several processes and the rollout engine with N > 0 (ConfigErrors), a resume of an
@@ -46,7 +47,6 @@ rollouts, more than one step in flight on shared devices. The stale tokens' off-
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import threading
@@ -231,32 +231,57 @@ class RolloutProducer:
 
 
 class Guarded(Generator):
-    """A generator whose `set_params` waits for the `generate` in flight: a sample's version is that of the weights
-    it was sampled with (the generator reads its weights when a call starts and stamps the version when it ends).
-    device_lock: held while the generator takes new weights (DEVICE_LOCK where it samples on the training devices;
-    None on a rollout pool, whose weights arrive placed)."""
+    """A generator whose weights never change during a `generate`: a sample's version is that of the weights it
+    was sampled with (the generator reads its weights when a call starts and stamps the version when it ends).
+
+    On shared devices (device_lock = DEVICE_LOCK, held while the generator takes the weights: it may lay them out
+    on its mesh) `set_params` waits for the call in flight. On a rollout pool (device_lock None: the weights arrive
+    placed) it does not wait: the weights are handed over at once when no call is in flight, else kept and taken by
+    the next call before it samples, so the trainer goes on with its next update while the turn in flight ends with
+    the weights it started with; `version` and `params` are then those the next call samples with."""
 
     def __init__(self, inner: Generator, device_lock=DEVICE_LOCK):
         self.inner, self.device_lock = inner, device_lock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by the call in flight
+        self._pending_lock = threading.Lock()
+        self._pending: tuple | None = None  # (params, version) handed over at the next call (a pool's)
 
     @property
     def version(self) -> int:
-        return self.inner.version
+        with self._pending_lock:
+            return self.inner.version if self._pending is None else self._pending[1]
 
     @property
     def params(self):
-        return self.inner.params
+        with self._pending_lock:
+            return self.inner.params if self._pending is None else self._pending[0]
+
+    def _take_pending(self) -> None:
+        """The kept weights into the inner generator; call with `_lock` held."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self.inner.set_params(*pending)
+            jax.block_until_ready(self.inner.params)
 
     def generate(self, prompts, sampling, *, keys=None, cancel=None):
         with self._lock:
+            self._take_pending()
             return self.inner.generate(prompts, sampling, keys=keys, cancel=cancel)
 
     def set_params(self, params, version: int) -> None:
-        held = contextlib.nullcontext() if self.device_lock is None else self.device_lock
-        with self._lock, held:  # the generator may lay the weights out on its mesh: device programs
-            self.inner.set_params(params, version)
-            jax.block_until_ready(self.inner.params)
+        if self.device_lock is not None:
+            with self._lock, self.device_lock:
+                self.inner.set_params(params, version)
+                jax.block_until_ready(self.inner.params)
+            return
+        with self._pending_lock:
+            self._pending = (params, version)
+        if self._lock.acquire(blocking=False):  # no call in flight: hand them over now
+            try:
+                self._take_pending()
+            finally:
+                self._lock.release()
 
     def release(self, keys) -> None:
         with self._lock:
