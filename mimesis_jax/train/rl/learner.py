@@ -478,20 +478,19 @@ class RLLearner:
         rl = self.cfg.rl
         if rl.max_staleness == 0:
             return StepRollouts(lambda s, rid: self.produce(policy, s, rid), next_rid)
-        pool = distributed.pool_size(self.cfg.rollout) > 0  # the rollouts on devices of their own: no turns
-        lock = None if pool else DEVICE_LOCK
-        policy.generator = Guarded(policy.generator, device_lock=lock)
-        if not pool:  # the generator's weights must outlive the updates (own_copy); a pool's are its own copy
-            with DEVICE_LOCK:
-                placed = own_copy(policy.params)
-            policy.set_params(placed, start)
-        if pool:  # every admitted step's rollouts at once (up to N + 1), each step's draw in step order
+        if distributed.pool_size(self.cfg.rollout):  # the rollouts on devices of their own: no turns, the pool's
+            # weights its own copy; every admitted step's rollouts at once (up to N + 1), the draws in step order
+            policy.generator = Guarded(policy.generator, device_lock=None)
             return RolloutProducer(lambda d: self.roll(policy, d, rl.max_staleness + 1), start=start,
                                    stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
                                    fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step)
+        policy.generator = Guarded(policy.generator)
+        with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
+            placed = own_copy(policy.params)
+        policy.set_params(placed, start)
         return RolloutProducer(lambda s, rid: self.produce(policy, s, rid, keep_sampler=True), start=start,
                                stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
-                               fixed_lag=rl.async_deterministic, lock=lock)
+                               fixed_lag=rl.async_deterministic)
 
     def check_async(self, resuming: bool) -> None:
         """What rl.max_staleness > 0 does not support yet (async_rollouts.py): several processes, a resume."""
