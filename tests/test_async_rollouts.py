@@ -11,6 +11,7 @@ device lock and samples on devices 4-7, sampling the same tokens and logging the
 shared devices; the weights reach the pool with their values and the pool's layout; bad values are one-line
 ConfigErrors naming the key."""
 
+import json
 import os
 import signal
 import threading
@@ -375,8 +376,14 @@ def test_a_rollout_pool_changes_where_programs_run_not_what_they_compute(pooled,
 def test_a_rollout_pool_in_flight_keeps_the_bound(tmp_path):
     """max_staleness=2 on a pool: every step is admitted under version 0 (all three in flight at once), new weights
     land in flight; every token of the step trained by version s has a version in [s - 2, s] and the logged
-    staleness is the tokens' own."""
-    res, seen = _run(tmp_path, "rl.max_staleness=2", f"rollout.devices={POOL}")
+    staleness is the tokens' own. On the timeline each step's rollouts are on its slot's track."""
+    res, seen = _run(tmp_path, "rl.max_staleness=2", f"rollout.devices={POOL}", "train.timeline=true")
+    with open(os.path.join(tmp_path, "timeline.json")) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    on = {e["args"]["step"]: tracks[e["tid"]] for e in events if e["ph"] == "X" and e["name"] == "rollouts"}
+    assert on == {1: "rollouts", 2: "rollouts 2", 3: "rollouts 3"}
     for step in (1, 2, 3):
         assert res.metrics[step]["invalid"] == 0 == res.metrics[step]["skipped_groups"]
         lags = [(step - 1) - s.version for t in seen[step] if t.status == "ok" for s in t.segments

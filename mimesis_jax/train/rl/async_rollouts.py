@@ -36,8 +36,8 @@ programs still take turns among themselves (the frozen models and the policy sha
 the weights are copied into the pool device to device (`distributed.rollout_params`: laid out on the training
 devices as the pool lays them out, then each shard copied to the pool devices that hold it); the copy is the
 generator's own, so no `own_copy`, and the trainer does not wait for the agent turn in flight: the generator
-(`Guarded`) takes the new weights at its next call. With the pool the producer keeps every admitted step in flight (above): the
-user waits of several steps overlap one another as well as the update.
+(`Guarded`) takes the new weights at its next call. With the pool the producer keeps every admitted step in flight
+(above): the user waits of several steps overlap one another as well as the update.
 
 Not yet (issue #44): several processes and the rollout engine with N > 0 (ConfigErrors), a resume of an
 asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), partial
