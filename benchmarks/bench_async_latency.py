@@ -2,6 +2,7 @@
 user is an API that takes its time.
 
     python benchmarks/bench_async_latency.py                       # 6 steps per arm, a 1 s user, max_staleness 2
+    python benchmarks/bench_async_latency.py --rollout-devices 0   # without the rollout-pool arm
     python benchmarks/bench_async_latency.py --steps 4 --delay 0.5 --json out.json
 
 The tiny Stage II GRPO run (`configs/tiny_agentrl.py:grpo`: 8 tasks x 4 dialogues per step, 2 agent turns) talks to
@@ -12,19 +13,23 @@ points the run at it (`users.simulator=http://127.0.0.1:PORT/v1`, `users.simulat
 through the same remote client, retries and concurrency as a real API user. The toy gym's reward is rule-based
 (envs/toy.py), so the user's words do not change what is learned, only when it arrives.
 
-Two arms run in this one process, one after the other, each in a fresh workdir on the same 8 (fake) devices:
+The arms run in this one process, one after the other, each in a fresh workdir on the same 8 (fake) devices:
 
 * sync  -- `rl.max_staleness=0`: each step's rollouts, then its update;
 * async -- `rl.max_staleness=N` (default 2): the next steps' rollouts (and their user waits) run while the current
-  step's update does (train/rl/async_rollouts.py). `rollout.devices` (a disjoint rollout pool) does not exist yet:
-  the two arms share every device, and the async arm overlaps only what is not a device program (user waits,
-  environment steps, packing) with the update.
+  step's update does (train/rl/async_rollouts.py), on the same devices: the update and the sampler take turns on
+  them, so what overlaps the update is what is not a device program (user waits, environment steps, packing);
+* pool  -- `rl.max_staleness=N rollout.devices=D` (default 4; `--rollout-devices 0` leaves the arm out): the
+  rollouts sample on the last D devices and the update trains on the others, at the same time (no turns).
 
 Per arm it prints each step's `step_s` (the loop's wall seconds per step, in every RL record), their median over the
 steps after the first (the first compiles), `rollout_s` and `train_s` medians (async: also `rollout_wait_s`, the
-loop's wait for the producer), the user requests served and the most in flight at once, and then the ratio async / sync of the median step_s (the
-issue's goal: <= 0.6x) next to what to expect today: the producer runs one step's rollouts at a time, so a steady
-asynchronous step takes about its rollouts (the sync arm's median rollout_s / step_s; both arms are noisy). The server stops (shutdown, then close)
+loop's wait for the producer), the user requests served and the most in flight at once, and then the ratio of each
+asynchronous arm to sync of the median step_s (the issue's goal: <= 0.6x) next to what to expect today: the
+producer runs one step's rollouts at a time, so a steady asynchronous step takes about its rollouts (the sync arm's
+median rollout_s / step_s; every arm is noisy). With several steps in flight (the pool arm) the loop's steps come
+in bursts: one long wait, then steps whose rollouts are done already; the mean step_s over the same steps (wall
+seconds per step: the throughput) is printed beside the median. The server stops (shutdown, then close)
 whatever happens; each run stops its producer thread itself.
 """
 
@@ -117,27 +122,29 @@ class DelayUser:
         self.close()
 
 
-def arm_overrides(url: str, steps: int, max_staleness: int) -> list[str]:
+def arm_overrides(url: str, steps: int, max_staleness: int, rollout_devices: int = 0) -> list[str]:
     """The `--set` overrides of one arm: the tiny GRPO run against the endpoint at `url`, no checkpoints mid-run."""
     return [f"users.simulator={url}", f"users.simulator_model={USER_MODEL}", "users.key_env=",
             "users.judge=", "users.coach=", f"train.steps={steps}", "train.progress_bar=false",
             "train.tensorboard=false", f"checkpoint.every={steps + 1}", "checkpoint.async_save=false",
-            f"rl.max_staleness={max_staleness}"]
+            f"rl.max_staleness={max_staleness}", f"rollout.devices={rollout_devices}"]
 
 
-def run_arm(name: str, url: str, steps: int, max_staleness: int, workdir: str) -> dict:
+def run_arm(name: str, url: str, steps: int, max_staleness: int, workdir: str, rollout_devices: int = 0) -> dict:
     from mimesis_jax.train.rl import agent
 
     cfg = agent.load(os.path.join(ROOT, "configs", "tiny_agentrl.py") + ":grpo",
-                     arm_overrides(url, steps, max_staleness))
+                     arm_overrides(url, steps, max_staleness, rollout_devices))
     t0 = time.perf_counter()
     res = agent.run(cfg, workdir, handle_signals=False, log=lambda *a: None)
     wall = time.perf_counter() - t0
     recs = [res.metrics[s] for s in sorted(res.metrics)]
     warm = recs[1:] or recs
     med = lambda key: statistics.median(r[key] for r in warm)  # noqa: E731
-    return {"arm": name, "max_staleness": max_staleness, "steps": len(recs), "wall_s": wall,
+    return {"arm": name, "max_staleness": max_staleness, "rollout_devices": rollout_devices, "steps": len(recs),
+            "wall_s": wall,
             "step_s": [r["step_s"] for r in recs], "median_step_s": med("step_s"),
+            "mean_step_s": statistics.mean(r["step_s"] for r in warm),
             "median_rollout_s": med("rollout_s"), "median_train_s": med("train_s"),
             "median_rollout_wait_s": med("rollout_wait_s") if max_staleness else None,
             "reward": [r.get("reward_mean") for r in recs]}
@@ -147,37 +154,48 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=6, help="RL steps per arm (the median skips the first)")
     ap.add_argument("--delay", type=float, default=1.0, help="seconds the user endpoint waits before each answer")
-    ap.add_argument("--max-staleness", type=int, default=2, help="rl.max_staleness of the async arm")
+    ap.add_argument("--max-staleness", type=int, default=2, help="rl.max_staleness of the asynchronous arms")
+    ap.add_argument("--rollout-devices", type=int, default=4, help="rollout.devices of the pool arm (0: no pool arm)")
     ap.add_argument("--json", default="", help="also write the figures here")
     a = ap.parse_args(argv)
-    if a.steps < 2 or a.delay < 0 or a.max_staleness < 1:
-        ap.error("--steps must be >= 2, --delay >= 0 and --max-staleness >= 1")
+    if a.steps < 2 or a.delay < 0 or a.max_staleness < 1 or a.rollout_devices < 0:
+        ap.error("--steps must be >= 2, --delay >= 0, --max-staleness >= 1 and --rollout-devices >= 0")
     import jax
 
     print(f"devices: {jax.device_count()} x {jax.devices()[0].platform}; user delay {a.delay:g} s; {a.steps} steps "
-          f"per arm; rollout.devices does not exist yet (issue #44 item 1): both arms share every device")
+          "per arm")
+    plan = [("sync", 0, 0), ("async", a.max_staleness, 0)]
+    if a.rollout_devices:
+        plan.append(("pool", a.max_staleness, a.rollout_devices))
     arms = []
     with DelayUser(a.delay) as user, tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
-        for name, n in (("sync", 0), ("async", a.max_staleness)):
+        for name, n, d in plan:
             before = user.requests
             user.reset_peak()
-            r = run_arm(name, user.url, a.steps, n, os.path.join(tmp, name))
+            r = run_arm(name, user.url, a.steps, n, os.path.join(tmp, name), d)
             r["user_requests"], r["user_peak_in_flight"] = user.requests - before, user.peak_in_flight
             arms.append(r)
-            print(f"{name:5s} rl.max_staleness={n}: step_s " + " ".join(f"{s:.2f}" for s in r["step_s"])
-                  + f" | median (steps 2-{r['steps']}) step_s {r['median_step_s']:.2f}, rollout_s "
+            print(f"{name:5s} rl.max_staleness={n} rollout.devices={d}: step_s "
+                  + " ".join(f"{s:.2f}" for s in r["step_s"])
+                  + f" | median (steps 2-{r['steps']}) step_s {r['median_step_s']:.2f} (mean "
+                  f"{r['mean_step_s']:.2f}), rollout_s "
                   f"{r['median_rollout_s']:.2f}, train_s {r['median_train_s']:.2f} | {r['user_requests']} user "
                   f"requests, at most {r['user_peak_in_flight']} at once | arm wall {r['wall_s']:.1f} s", flush=True)
-    sync, asyn = arms
-    ratio = asyn["median_step_s"] / sync["median_step_s"]
+    sync = arms[0]
     # the producer runs one step's rollouts at a time: a steady asynchronous step takes about its rollouts
     bound = sync["median_rollout_s"] / sync["median_step_s"]
-    print(f"async arm: the loop waited {asyn['median_rollout_wait_s']:.2f} s (median) per step for its rollouts")
-    print(f"async / sync median step_s: {ratio:.2f}x (goal <= 0.6x); expected with one step's rollouts at a time "
-          f"(sync median rollout_s / step_s): {bound:.2f}x")
+    ratios = {}
+    for r in arms[1:]:
+        ratios[r["arm"]] = r["median_step_s"] / sync["median_step_s"]
+        mean_ratio = r["mean_step_s"] / sync["mean_step_s"]
+        print(f"{r['arm']} arm: the loop waited {r['median_rollout_wait_s']:.2f} s (median) per step for its "
+              f"rollouts; {r['arm']} / sync median step_s: {ratios[r['arm']]:.2f}x (goal <= 0.6x), mean step_s "
+              f"(throughput): {mean_ratio:.2f}x")
+    print(f"expected with one step's rollouts at a time (sync median rollout_s / step_s): {bound:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"delay_s": a.delay, "arms": arms, "ratio": ratio, "rollout_bound": bound}, f, indent=1)
+            json.dump({"delay_s": a.delay, "arms": arms, "ratio": ratios["async"], "ratios": ratios,
+                       "rollout_bound": bound}, f, indent=1)
     return 0
 
 

@@ -5,32 +5,46 @@ config and resume refusals, and the tiny Stage II GRPO loop with rl.max_stalenes
 staleness exactly 1 from its second step on; in flight every token's version lies in [s - 1, s]; with
 max_staleness=0 every token is sampled by the version that trains it, and the first step (version 0 on every
 schedule) logs the same record on both schedules, update metrics included. That the synchronous path is the loop of
-before is the existing loop tests' (tests/test_agent_rl_loop.py, test_rl_schedule_metrics.py) and resume tests'."""
+before is the existing loop tests' (tests/test_agent_rl_loop.py, test_rl_schedule_metrics.py) and resume tests'.
+With a rollout pool (rollout.devices=4 of the 8 fake devices) the fixed-lag run updates on devices 0-3 without the
+device lock and samples on devices 4-7, sampling the same tokens and logging the same records (fp32 tolerance) as on
+shared devices; the weights reach the pool with their values and the pool's layout; bad values are one-line
+ConfigErrors naming the key."""
 
+import json
 import os
 import signal
 import threading
 
+import jax
 import numpy as np
 import pytest
 
 from helpers import run_tiny_grpo, tiny_grpo_config
+from mimesis_jax import models, sharding
+from mimesis_jax.config import tiny_qwen3
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.errors import ConfigError
+from mimesis_jax.inference import sampler as sampler_lib
+from mimesis_jax.inference.protocol import Generator, Sample, Sampling
 from mimesis_jax.train.rl import agent as A
-from mimesis_jax.train.rl.async_rollouts import Produced, RolloutProducer, staleness_record
+from mimesis_jax.train.rl import distributed
+from mimesis_jax.train.rl import learner as L
+from mimesis_jax.train.rl.async_rollouts import Drawn, Guarded, Produced, RolloutProducer, staleness_record
 from mimesis_jax.train.rl.learner import COMPILATION_KEYS
+from mimesis_jax.train.state import make_mesh
 
 STEPS = 3
 
 
 # ------------------------------------------------------------------------------------------ the producer alone
-def _schedule(n, fixed_lag, steps=6):
+def _schedule(n, fixed_lag, steps=6, concurrent=False):
     """Runs the producer against a loop that trains each step and publishes the next version; returns for every
-    step the published version at its admission and the versions published while its rollouts ran."""
+    step the published version at its admission and the versions published while its rollouts ran. concurrent:
+    every admitted step's rollouts at once (the producer's `draw`)."""
     published = {"v": 0}
     during: dict[int, set] = {}
     lock = threading.Lock()
@@ -44,7 +58,11 @@ def _schedule(n, fixed_lag, steps=6):
             threading.Event().wait(0.001)
         return Produced(step, [step], rid + 1)
 
-    p = RolloutProducer(produce, start=0, stop=steps, first_rid=0, max_staleness=n, fixed_lag=fixed_lag)
+    if concurrent:
+        p = RolloutProducer(lambda d: produce(d.step, d.first_rid), start=0, stop=steps, first_rid=0,
+                            max_staleness=n, fixed_lag=fixed_lag, draw=lambda s, rid: Drawn(s, [s], rid, rid + 1))
+    else:
+        p = RolloutProducer(produce, start=0, stop=steps, first_rid=0, max_staleness=n, fixed_lag=fixed_lag)
     try:
         for s in range(steps):
             assert p.take(s).outs == [s]
@@ -73,6 +91,57 @@ def test_in_flight_admission_keeps_the_bound(n):
         assert admitted[s] >= s - n and min(during[s]) >= s - n and max(during[s]) <= s, (s, admitted, during)
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_every_admitted_step_at_once_keeps_both_schedules(n):
+    admitted, during = _schedule(n, fixed_lag=True, concurrent=True)
+    for s in range(6):
+        assert admitted[s] == max(0, s - n) and during[s] == {max(0, s - n)}, (s, admitted, during)
+    admitted, during = _schedule(n, fixed_lag=False, concurrent=True)
+    for s in range(6):
+        assert admitted[s] >= s - n and min(during[s]) >= s - n and max(during[s]) <= s, (s, admitted, during)
+
+
+def test_the_producer_runs_every_admitted_step_at_once():
+    """N = 2, version 0: steps 0, 1 and 2 roll at the same time (a barrier only three steps in flight at once
+    pass), drawn in step order with consecutive rollout ids; step 3 waits for version 1."""
+    started, passed, release = threading.Barrier(3, timeout=10), threading.Semaphore(0), threading.Event()
+    draws = []
+
+    def draw(step, rid):
+        draws.append((step, rid))
+        return Drawn(step, [step], rid, rid + 10)
+
+    def produce(d):
+        if d.step < 3:
+            started.wait()
+            passed.release()
+            release.wait(10)
+        return Produced(d.step, [d.step], d.next_rid)
+
+    p = RolloutProducer(produce, start=0, stop=4, first_rid=5, max_staleness=2, fixed_lag=False, draw=draw)
+    try:
+        assert all(passed.acquire(timeout=10) for _ in range(3))
+        assert sorted(p.admitted_at) == [0, 1, 2] and draws == [(0, 5), (1, 15), (2, 25)]
+        release.set()
+        assert [p.take(s).outs for s in range(3)] == [[0], [1], [2]] and 3 not in p.admitted_at
+        p.publish(1, lambda: None)
+        assert p.take(3).next_rid == 45 and p.admitted_at[3] == 1 and draws[-1] == (3, 35)
+    finally:
+        release.set()
+        p.close()
+
+
+def test_an_error_in_a_step_of_its_own_reaches_the_loop():
+    def produce(d):
+        raise RuntimeError(f"rollout {d.step} failed")
+
+    p = RolloutProducer(produce, start=0, stop=2, first_rid=0, max_staleness=1, fixed_lag=False,
+                        draw=lambda s, rid: Drawn(s, [], rid, rid))
+    with pytest.raises(RuntimeError, match=r"rollout [01] failed"):
+        p.take(0)
+    p.close()
+
+
 def test_a_producer_error_reaches_the_loop():
     def produce(step, rid):
         raise RuntimeError(f"rollout {step} failed")
@@ -81,6 +150,46 @@ def test_a_producer_error_reaches_the_loop():
     with pytest.raises(RuntimeError, match="rollout 0 failed"):
         p.take(0)
     p.close()
+
+
+class _Gate(Generator):
+    """A generator whose weights are an int and whose `generate` returns them (the weights it read at its start,
+    stamped with its version at its end) once `go` is set; `entered` is set while a call is in flight."""
+
+    def __init__(self):
+        self.params, self.version = 0, 0
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def generate(self, prompts, sampling, *, keys=None, cancel=None):
+        read = self.params
+        self.entered.set()
+        assert self.go.wait(10)
+        return [Sample([read], None, "stop", version=self.version)]
+
+    def set_params(self, params, version):
+        self.params, self.version = params, version
+
+
+def test_a_pool_generator_takes_new_weights_at_its_next_call_without_holding_the_trainer():
+    """Guarded on a pool (no device lock): set_params while a call is in flight returns before the call ends; the
+    call keeps the weights it started with and their version; the next call samples the new ones."""
+    inner = _Gate()
+    g = Guarded(inner, device_lock=None)
+    out = []
+    call = threading.Thread(target=lambda: out.extend(g.generate([[1]], Sampling())))
+    call.start()
+    assert inner.entered.wait(10)
+    setter = threading.Thread(target=g.set_params, args=(7, 1))
+    setter.start()
+    setter.join(10)
+    assert not setter.is_alive() and call.is_alive()  # handed over without waiting for the call in flight
+    assert (g.version, g.params) == (1, 7) and (inner.version, inner.params) == (0, 0)
+    inner.go.set()
+    call.join(10)
+    assert [(s.tokens, s.version) for s in out] == [([0], 0)]
+    assert [(s.tokens, s.version) for s in g.generate([[1]], Sampling())] == [([7], 1)]
+    g.set_params(9, 2)  # no call in flight: at once
+    assert (inner.version, inner.params) == (2, 9)
 
 
 # ------------------------------------------------------------------------------------------ the metrics
@@ -201,3 +310,130 @@ def test_in_flight_tokens_stay_within_the_bound(tmp_path):
                 for v in [s.version] * len(s.tokens)]
         assert res.metrics[step]["staleness_max"] == max(lags) <= 1
         assert res.metrics[step]["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ a rollout pool
+POOL = 4  # rollout.devices: the last 4 of the 8 fake devices sample, the first 4 train
+
+
+def _device_ids(tree) -> set:
+    return {d.id for leaf in jax.tree.leaves(tree) for d in leaf.devices()}
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    """The fixed-lag run of `fixed_lag` with a rollout pool of the last 4 devices; spies record the devices of the
+    parameters each update reads and writes, and of the parameters and mesh each sampler call uses."""
+    seen_dev = {"update": [], "sample": []}
+    real_updates, real_generate = L.ppo_updates, sampler_lib.generate
+
+    def updates(run, chunks, **kw):
+        before = _device_ids(run.state["params"])  # read before the update donates them
+        state, ms = real_updates(run, chunks, **kw)
+        seen_dev["update"].append((before, _device_ids(state["params"]), kw["lock"]))
+        return state, ms
+
+    def generate(config, params, prompts, **kw):
+        seen_dev["sample"].append((_device_ids(params), {d.id for d in kw["mesh"].devices.flat}))
+        return real_generate(config, params, prompts, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(L, "ppo_updates", updates)
+        mp.setattr(sampler_lib, "generate", generate)
+        res, seen = _run(tmp_path_factory.mktemp("pool"), "rl.max_staleness=1", "rl.async_deterministic=true",
+                         f"rollout.devices={POOL}")
+    return res, seen, seen_dev
+
+
+def test_a_rollout_pool_trains_on_the_first_devices_and_samples_on_the_last(pooled):
+    res, seen, dev = pooled
+    train, pool = set(range(8 - POOL)), set(range(8 - POOL, 8))
+    assert len(dev["update"]) == STEPS and len(dev["sample"]) >= STEPS  # a step's updates; its sampler calls
+    assert all(before == after == train and lock is None for before, after, lock in dev["update"])  # no turns
+    assert all(params == mesh == pool for params, mesh in dev["sample"])
+    for step in (1, 2, 3):  # the fixed lag's versions and staleness, as without the pool
+        assert set(_versions(seen[step])) == {max(0, step - 2)}
+        assert res.metrics[step]["staleness_max"] == min(1, step - 1) == res.metrics[step]["staleness_mean"]
+
+
+def test_a_rollout_pool_changes_where_programs_run_not_what_they_compute(pooled, fixed_lag):
+    """The pool run against the same run on shared devices (`fixed_lag`): the same tokens sampled, the same
+    records at fp32-summation tolerance (the update's batch is split 4 ways instead of 8), but the padding (rows
+    are padded to a multiple of the training mesh's batch shards: 4 instead of 8)."""
+    res, seen, _ = pooled
+    _, lag, lag_seen = fixed_lag
+    toks = lambda trajs: [[s.tokens for s in t.segments] for t in trajs]  # noqa: E731
+    for step in (1, 2, 3):
+        assert toks(seen[step]) == toks(lag_seen[step])
+        a, b = res.metrics[step], lag.metrics[step]
+        assert set(a) == set(b)
+        for k in a:
+            if k not in TIMING and not k.startswith("pad/"):
+                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (step, k)
+        assert a["pad/row_fraction"] < b["pad/row_fraction"]
+
+
+def test_a_rollout_pool_in_flight_keeps_the_bound(tmp_path):
+    """max_staleness=2 on a pool: every step is admitted under version 0 (all three in flight at once), new weights
+    land in flight; every token of the step trained by version s has a version in [s - 2, s] and the logged
+    staleness is the tokens' own. On the timeline each step's rollouts are on its slot's track."""
+    res, seen = _run(tmp_path, "rl.max_staleness=2", f"rollout.devices={POOL}", "train.timeline=true")
+    with open(os.path.join(tmp_path, "timeline.json")) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    on = {e["args"]["step"]: tracks[e["tid"]] for e in events if e["ph"] == "X" and e["name"] == "rollouts"}
+    assert on == {1: "rollouts", 2: "rollouts 2", 3: "rollouts 3"}
+    for step in (1, 2, 3):
+        assert res.metrics[step]["invalid"] == 0 == res.metrics[step]["skipped_groups"]
+        lags = [(step - 1) - s.version for t in seen[step] if t.status == "ok" for s in t.segments
+                if s.kind == "agent" for _ in s.tokens]
+        assert lags and 0 <= min(lags) and max(lags) <= min(2, step - 1), (step, lags)
+        assert res.metrics[step]["staleness_max"] == max(lags)
+        assert res.metrics[step]["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
+
+
+def test_weights_reach_the_pool_device_to_device_in_its_layout():
+    """The training parameters (fsdp=2 x tensor=2 on devices 0-3) copied into a pool of devices 4-7 laid out as
+    2 replicas x the training tensor split: the same values, each leaf on the pool in the pool's sharding."""
+    mc = tiny_qwen3()
+    r = tiny_grpo_config(STEPS, "rl.max_staleness=1", "rollout.devices=4").rollout
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "tensor": 2}, distributed.training_devices(r))
+    params = models.init_params(mc, jax.random.key(0), mesh)
+    on = distributed.rollout_mesh(mesh, r)
+    assert dict(on.shape) == {"data": 2, "fsdp": 1, "tensor": 2} and {d.id for d in on.devices.flat} == {4, 5, 6, 7}
+    copy = distributed.rollout_params(mc, params, mesh, r)
+    want = models.param_shardings(mc, on)
+    for x, y, s in zip(jax.tree.leaves(params), jax.tree.leaves(copy), jax.tree.leaves(want)):
+        assert y.sharding == s and np.array_equal(np.asarray(x), np.asarray(y))
+    assert _device_ids(params) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("sets, msg", [
+    (["rollout.devices=-1", "rl.max_staleness=1"], r"must be an int >= 0 .* \(got -1\)"),
+    (["rollout.devices=4"], r"> 0 needs rl.max_staleness >= 1: .* \(got 4\)"),
+    (["rollout.devices=4", "rl.max_staleness=1", "rollout.mesh=replica=2,tensor=1"],
+     r"must equal the devices rollout.mesh='replica=2,tensor=1' lays out \(replica x tensor\) \(got 4\)"),
+    (["rollout.devices=4", "rl.max_staleness=1", "rollout.mesh=tensor=3"],
+     r"must be divisible by each axis of rollout.mesh='tensor=3' \(got 4\)")])
+def test_config_errors_name_rollout_devices(sets, msg):
+    with pytest.raises(ConfigError, match=rf"^config key 'rollout.devices': {msg}$"):
+        _cfg(*sets)
+
+
+def test_a_pool_must_fit_the_devices():
+    def rollout(*sets):
+        return _cfg("rl.max_staleness=1", *sets).rollout
+
+    with pytest.raises(ConfigError, match=r"^config key 'rollout.devices': 8 leaves no device to train on a process "
+                                          r"of 8 devices; use 1 to 7, or 0 \(.*\)$"):
+        distributed.training_devices(rollout("rollout.devices=8"))
+    r = rollout("rollout.devices=3", "rollout.mesh=tensor=3")
+    train = sharding.make_mesh({"fsdp": -1}, distributed.training_devices(r))
+    with pytest.raises(ConfigError, match=r"^config key 'rollout.devices': a pool of 3 devices beside 5 training "
+                                          r"devices per process cannot both split tensor=3 ways .*$"):
+        distributed.rollout_mesh(train, r)
+    cfg = _cfg("rl.max_staleness=1", "rollout.devices=4", "mesh.fsdp=8")
+    with pytest.raises(ConfigError, match=r"^config section 'mesh': .* \(the 4 devices rollout.devices leaves to "
+                                          r"train on\)$"):
+        make_mesh(cfg, distributed.training_devices(cfg.rollout))

@@ -148,6 +148,13 @@ class RolloutSection:
     vllm_python: str = ""  # the vLLM child's Python; "" = ~/.cache/mimesis_vllm/bin/python (scripts/vllm_env.sh)
     vllm_kv_cache_gib: float = 1.0  # the KV cache vLLM reserves, GiB
     vllm_sync_bucket_mib: int = 256  # the most MiB one weight-sync bucket holds (one tmpfs file at a time)
+    # A disjoint rollout pool (train/rl/async_rollouts.py, docs/stage2.md "Split device pools"): 0 = the rollouts
+    # sample on the training devices (taking turns with the updates); N > 0 = the LAST N devices of each process
+    # sample (the policy and the in-process frozen models), laid out as `rollout.mesh` says, else as replicas x
+    # the training mesh's tensor split (config/layout.py engine_layout), and the training mesh is built on the
+    # rest; the new weights are copied device to device into the pool after every update. Needs
+    # rl.max_staleness > 0: only then do the two pools work at the same time
+    devices: int = 0
 
     # the stage's per-turn token budget (a field of the subclass) and its key, for the context-budget check
     turn_tokens_key = ""
@@ -200,6 +207,16 @@ class RolloutSection:
              "(asynchronous rollouts through vLLM are not built yet)")
         need(not (n and self.engine), "rl.max_staleness", "must be 0 with rollout.engine=true (asynchronous "
              "rollouts run on the static sampler only, for now)")
+        d = self.devices
+        need(_is_int(d) and d >= 0, "rollout.devices", "must be an int >= 0 (0 = the rollouts share the training "
+             "devices; N = a rollout pool of each process's last N devices)")
+        need(not (d and not n), "rollout.devices", "> 0 needs rl.max_staleness >= 1: with synchronous rollouts "
+             "the pool would idle through every update and the training devices through every rollout")
+        layout = rollout_layout(self.mesh)
+        need(not (d and layout and -1 not in layout.values() and layout["replica"] * layout["tensor"] != d),
+             "rollout.devices", f"must equal the devices rollout.mesh={self.mesh!r} lays out (replica x tensor)")
+        need(not (d and layout and any(v > 0 and d % v for v in layout.values())), "rollout.devices",
+             f"must be divisible by each axis of rollout.mesh={self.mesh!r}")
 
     def check_generator(self, need) -> None:
         """The `rollout.generator` and `rollout.vllm_*` keys."""

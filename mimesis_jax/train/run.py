@@ -71,11 +71,15 @@ class Run:
 
     def prepare(self, tokenizer=None) -> None:
         """The runtime model config (vocabulary from `tokenizer` when configured), the run config as checkpointed
-        (its model in storage form: fp32, no remat) and the device mesh of `cfg.mesh`."""
+        (its model in storage form: fp32, no remat) and the device mesh of `cfg.mesh` (over `training_devices`)."""
         self.model_config = model_config_for(self.cfg, tokenizer)
         self.cfg = self.cfg.replace(model=dataclasses.replace(self.model_config, dtype="float32", remat="none"))
         self.run_dict = self.cfg.to_dict()
-        self.mesh = make_mesh(self.cfg)
+        self.mesh = make_mesh(self.cfg, self.training_devices())
+
+    def training_devices(self):
+        """The devices the mesh is built on: None (all of them); the RL run leaves out its rollout pool."""
+        return None
 
     def restore_or_init(self, abs_state, shardings, init) -> None:
         """Opens the checkpointer and restores the newest intact checkpoint of the workdir; without one, the state

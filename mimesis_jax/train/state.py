@@ -67,12 +67,14 @@ def model_config_for(cfg, tok=None) -> ModelConfig:
     return mc
 
 
-def make_mesh(cfg):
-    """The device mesh of `cfg.mesh`; a bad layout is a ConfigError naming the section."""
+def make_mesh(cfg, devices=None):
+    """The device mesh of `cfg.mesh` over `devices` (None: all); a bad layout is a ConfigError naming the section
+    (and how many devices a rollout pool, `rollout.devices`, left it)."""
     try:
-        return sharding.make_mesh(cfg.mesh.axes())
+        return sharding.make_mesh(cfg.mesh.axes(), devices)
     except ValueError as e:
-        raise ConfigError(f"config section 'mesh': {e}") from None
+        left = "" if devices is None else f" (the {len(devices)} devices rollout.devices leaves to train on)"
+        raise ConfigError(f"config section 'mesh': {e}{left}") from None
 
 
 def state_shardings(model_config: ModelConfig, tx, mesh) -> tuple[dict, dict]:

@@ -246,7 +246,7 @@ class AgentCluster(Cluster):
     def open(self, in_flight):
         cfg, r = self.cfg, self.cfg.rollout
         sim_engine = None
-        on = distributed.rollout_mesh(self.run_state.mesh)
+        on = distributed.sides_mesh(self.run_state.mesh, r)  # the rollout pool with one (rollout.devices)
         if r.engine:  # an in-process simulator samples through its own engine too, sized for its longer view,
             # per replica of the mesh it runs on: the engine's layout (distributed.layout_of), where its frozen
             # weights are placed once, replicated over the replicas

@@ -10,7 +10,9 @@ The bound. The rollouts of step j are admitted (their first dialogue starts) onl
 version >= j - N; versions only grow, so every token of step j has staleness <= N. The bound is kept by holding
 back admissions, never by dropping a finished rollout. N = 0 is the synchronous loop (`StepRollouts`: draw and
 rollouts inline, exactly the code path of before); N > 0 runs them in a producer thread (`RolloutProducer`), one
-step at a time in step order, so the draws, rollout ids and seeds of every step are those of the synchronous run.
+step at a time in step order on shared devices; on a rollout pool (below) every admitted step's rollouts at once,
+up to N + 1 steps, each in a thread of its own, their draws still taken in step order at admission. Either way the
+draws, rollout ids and seeds of every step are those of the synchronous run.
 
 Two schedules. By default (`rl.async_deterministic=false`) new weights reach the generator as soon as an update
 ends (in-flight: a dialogue's later turns sample with newer weights than its first). With
@@ -18,16 +20,29 @@ ends (in-flight: a dialogue's later turns sample with newer weights than its fir
 has finished its rollouts, so step j samples all its tokens with version max(start, j - N) -- staleness exactly
 min(N, j - start), whatever the timing.
 
-Devices. The update's programs, the weight publication and the sampler's programs take turns on the mesh
-(`sampler._MESH_LOCK`, the lock the sampler's threads already share): two multi-device programs enqueued from two
-threads in different orders could wait on each other's collectives. What overlaps is everything else: environment
-steps, user and judge replies of remote or rule-based sides, coach notes, packing. The policy's generator is wrapped
-(`Guarded`) so that new weights never land between a call reading the weights and stamping their version, and it
-holds its own copy of the weights (`own_copy`: the update donates the training arrays).
+Devices. On shared devices (`rollout.devices=0`, the default) the update's programs, the weight publication and
+the sampler's programs take turns on the mesh (`sampler._MESH_LOCK`, the lock the sampler's threads already share):
+two multi-device programs enqueued from two threads in different orders could wait on each other's collectives.
+What overlaps is everything else: environment steps, user and judge replies of remote or rule-based sides, coach
+notes, packing. The policy's generator is wrapped (`Guarded`) so that new weights never land between a call
+reading the weights and stamping their version, and it holds its own copy of the weights (`own_copy`: the update
+donates the training arrays).
+
+Split device pools (`rollout.devices` = D > 0, train/rl/distributed.py "the rollout pool"): the training mesh is
+built on each process's devices but its last D, and the policy's sampler and the in-process frozen models sample
+on those D (replicas x the training tensor split, or `rollout.mesh`). The two sides' programs never share a
+device, so the update holds no lock (the producer's `lock` is None) and runs while the sampler does; the sampler's
+programs still take turns among themselves (the frozen models and the policy share the pool). After each update
+the weights are copied into the pool device to device (`distributed.rollout_params`: laid out on the training
+devices as the pool lays them out, then each shard copied to the pool devices that hold it); the copy is the
+generator's own, so no `own_copy`, and the trainer does not wait for the agent turn in flight: the generator
+(`Guarded`) takes the new weights at its next call. With the pool the producer keeps every admitted step in flight
+(above): the user waits of several steps overlap one another as well as the update.
 
 Not yet (issue #44): several processes and the rollout engine with N > 0 (ConfigErrors), a resume of an
-asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), split device
-pools, partial rollouts. The stale tokens' off-policy correction is `rl.behavior_is_cap` (train/rl/step.py).
+asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), partial
+rollouts, more than one step in flight on shared devices. The stale tokens' off-policy correction is
+`rl.behavior_is_cap` (train/rl/step.py).
 """
 
 from __future__ import annotations
@@ -61,6 +76,18 @@ class Produced:
     ended: float = 0.0
 
 
+@dataclasses.dataclass
+class Drawn:
+    """One step's draw, ahead of its rollouts: the drawn items, its first rollout id and the next one after it, and
+    the data sampler's state right after the draw."""
+
+    step: int
+    items: list
+    first_rid: int
+    next_rid: int
+    sampler_state: Any = None
+
+
 def snapshot(state):
     """A copy of a data sampler's state that later draws cannot change."""
     return copy.deepcopy(state)
@@ -71,6 +98,7 @@ class StepRollouts:
     the synchronous loop."""
 
     lock = None  # nothing runs beside the update
+    beside = False
 
     def __init__(self, produce: Callable[[int, int], Produced], first_rid: int):
         self.produce, self.next_rid = produce, first_rid
@@ -92,22 +120,33 @@ class StepRollouts:
 
 
 class RolloutProducer:
-    """N > 0: a thread producing the rollouts of steps [start, stop) in order, step j admitted once the published
-    version is >= j - N (module docstring). The loop `take`s each step's rollouts and `publish`es each new version;
-    an error in the thread is raised by the next `take` / `publish`; `close` stops admitting and waits for the
-    step in flight."""
+    """N > 0: a thread producing the rollouts of steps [start, stop) in step order, step j admitted once the
+    published version is >= j - N (module docstring). The loop `take`s each step's rollouts and `publish`es each
+    new version; an error in a producing thread is raised by the next `take` / `publish`; `close` stops admitting
+    and waits for the steps in flight. lock: what the update holds around its programs (DEVICE_LOCK: the rollouts
+    sample on the same devices; None: on a rollout pool of their own, `rollout.devices`).
 
-    def __init__(self, produce: Callable[[int, int], Produced], *, start: int, stop: int, first_rid: int,
-                 max_staleness: int, fixed_lag: bool):
+    Two ways to produce. `produce(step, rid) -> Produced` alone: one step's rollouts at a time, in the producer's
+    thread. With `draw` as well: every admitted step's rollouts at once, up to N + 1 of them (the bound admits no
+    more): at admission, in the producer's thread and so in step order, `draw(step, rid)` takes the step's draw
+    (anything with the `next_rid` after it); then `produce(drawn) -> Produced` runs the rollouts in a thread of
+    the step's own."""
+
+    beside = True  # the rollouts run beside the updates
+
+    def __init__(self, produce: Callable, *, start: int, stop: int, first_rid: int, max_staleness: int,
+                 fixed_lag: bool, lock=DEVICE_LOCK, draw: Callable | None = None):
         self.produce, self.start, self.stop, self.first_rid = produce, start, stop, first_rid
         self.max_staleness, self.fixed_lag = max_staleness, fixed_lag
-        self.lock = DEVICE_LOCK
+        self.lock, self.draw = lock, draw
         self._cv = threading.Condition()
         self._published = start  # the generator's version
         self._done: dict[int, Produced] = {}
-        self._finished = start - 1  # the last step whose rollouts are done
+        self._complete: set[int] = set()  # steps whose rollouts are done, taken or not
+        self._finished = start - 1  # the last step whose rollouts, and every earlier step's, are done
         self._error: BaseException | None = None
         self._closing = False
+        self._workers: list[threading.Thread] = []
         self.admitted_at: dict[int, int] = {}  # step -> the published version when it was admitted
         self._thread = threading.Thread(target=self._loop, name="rollout-producer", daemon=True)
         self._thread.start()
@@ -121,16 +160,38 @@ class RolloutProducer:
                     if self._closing:
                         return
                     self.admitted_at[j] = self._published
-                got = self.produce(j, rid)
-                rid = got.next_rid
-                with self._cv:
-                    self._done[j] = got
-                    self._finished = j
-                    self._cv.notify_all()
+                if self.draw is None:
+                    got = self.produce(j, rid)
+                    rid = got.next_rid
+                    self._finish(j, got)
+                    continue
+                drawn = self.draw(j, rid)
+                rid = drawn.next_rid
+                worker = threading.Thread(target=self._run, args=(j, drawn), name=f"rollouts-{j + 1}", daemon=True)
+                self._workers.append(worker)
+                worker.start()
         except BaseException as e:  # raised again in the loop's thread by take / publish
-            with self._cv:
+            self._fail(e)
+
+    def _run(self, step: int, drawn) -> None:
+        try:
+            self._finish(step, self.produce(drawn))
+        except BaseException as e:
+            self._fail(e)
+
+    def _finish(self, step: int, got: Produced) -> None:
+        with self._cv:
+            self._done[step] = got
+            self._complete.add(step)
+            while self._finished + 1 in self._complete:
+                self._finished += 1
+            self._cv.notify_all()
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cv:
+            if self._error is None:
                 self._error = e
-                self._cv.notify_all()
+            self._cv.notify_all()
 
     def started_after(self, step: int) -> int:
         """Steps after `step` whose rollouts have started (admitted), finished or not."""
@@ -165,32 +226,62 @@ class RolloutProducer:
             self._closing = True
             self._cv.notify_all()
         self._thread.join()
+        for w in self._workers:
+            w.join()
 
 
 class Guarded(Generator):
-    """A generator whose `set_params` waits for the `generate` in flight: a sample's version is that of the weights
-    it was sampled with (the generator reads its weights when a call starts and stamps the version when it ends)."""
+    """A generator whose weights never change during a `generate`: a sample's version is that of the weights it
+    was sampled with (the generator reads its weights when a call starts and stamps the version when it ends).
 
-    def __init__(self, inner: Generator):
-        self.inner = inner
-        self._lock = threading.Lock()
+    On shared devices (device_lock = DEVICE_LOCK, held while the generator takes the weights: it may lay them out
+    on its mesh) `set_params` waits for the call in flight. On a rollout pool (device_lock None: the weights arrive
+    placed) it does not wait: the weights are handed over at once when no call is in flight, else kept and taken by
+    the next call before it samples, so the trainer goes on with its next update while the turn in flight ends with
+    the weights it started with; `version` and `params` are then those the next call samples with."""
+
+    def __init__(self, inner: Generator, device_lock=DEVICE_LOCK):
+        self.inner, self.device_lock = inner, device_lock
+        self._lock = threading.Lock()  # held by the call in flight
+        self._pending_lock = threading.Lock()
+        self._pending: tuple | None = None  # (params, version) handed over at the next call (a pool's)
 
     @property
     def version(self) -> int:
-        return self.inner.version
+        with self._pending_lock:
+            return self.inner.version if self._pending is None else self._pending[1]
 
     @property
     def params(self):
-        return self.inner.params
+        with self._pending_lock:
+            return self.inner.params if self._pending is None else self._pending[0]
+
+    def _take_pending(self) -> None:
+        """The kept weights into the inner generator; call with `_lock` held."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self.inner.set_params(*pending)
+            jax.block_until_ready(self.inner.params)
 
     def generate(self, prompts, sampling, *, keys=None, cancel=None):
         with self._lock:
+            self._take_pending()
             return self.inner.generate(prompts, sampling, keys=keys, cancel=cancel)
 
     def set_params(self, params, version: int) -> None:
-        with self._lock, DEVICE_LOCK:  # the generator may lay the weights out on its mesh: device programs
-            self.inner.set_params(params, version)
-            jax.block_until_ready(self.inner.params)
+        if self.device_lock is not None:
+            with self._lock, self.device_lock:
+                self.inner.set_params(params, version)
+                jax.block_until_ready(self.inner.params)
+            return
+        with self._pending_lock:
+            self._pending = (params, version)
+        if self._lock.acquire(blocking=False):  # no call in flight: hand them over now
+            try:
+                self._take_pending()
+            finally:
+                self._lock.release()
 
     def release(self, keys) -> None:
         with self._lock:

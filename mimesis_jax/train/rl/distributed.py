@@ -21,9 +21,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from mimesis_jax import models
 from mimesis_jax.checkpoints import gather_json
+from mimesis_jax.errors import ConfigError
 from mimesis_jax.inference.weight_sync import WeightSync
 from mimesis_jax.config.layout import decode_layout, rollout_layout
+from mimesis_jax.config.rl import RolloutSection
 from mimesis_jax.sharding import layout_mesh, local_rollout_mesh
 
 
@@ -78,13 +81,73 @@ def global_groups(local_ids: Sequence[int]) -> list[int]:
 
 def layout_of(rollout, mesh=None) -> dict | None:
     """The layout decode runs in for `rollout`: a rollout section (config/rl.py RolloutSection: `rollout.mesh`, and
-    with `rollout.engine` and no `rollout.mesh` the engine's replica layout over `mesh`'s tensor axis,
-    config/layout.py decode_layout), or the key's text itself, or None; None (the training layout) where it is
-    unset or "" and the engine is off."""
+    with `rollout.engine` or a rollout pool (`rollout.devices`) and no `rollout.mesh` the engine's replica layout
+    over `mesh`'s tensor axis, config/layout.py decode_layout), or the key's text itself, or None; None (the
+    training layout) where it is unset or "", the engine is off and there is no pool."""
     if rollout is None or isinstance(rollout, str):
         return rollout_layout(rollout or "")
     tensor = 1 if mesh is None else dict(mesh.shape).get("tensor", 1)
-    return decode_layout(rollout.mesh, rollout.engine, tensor)
+    return decode_layout(rollout.mesh, rollout.engine or pool_size(rollout) > 0, tensor)
+
+
+# ------------------------------------------------------------------------------------------ the rollout pool
+# `rollout.devices` = N > 0 (config/rl.py): each process's last N devices sample (the policy and the in-process
+# frozen models), the training mesh holds the rest; the two run their programs at the same time (async_rollouts.py).
+def pool_size(rollout) -> int:
+    """`rollout.devices` of a rollout section (config/rl.py RolloutSection): the devices per process of the rollout
+    pool (0: none, also for a `rollout.mesh` text, no section or another object with the layout fields)."""
+    return int(rollout.devices) if isinstance(rollout, RolloutSection) else 0
+
+
+def _process_devices(process: int) -> list:
+    return [d for d in jax.devices() if d.process_index == process]
+
+
+def pool_devices(n: int, process: int | None = None) -> list:
+    """This process's (or `process`'s) rollout pool: its last `n` devices in jax.devices() order. ConfigError
+    naming rollout.devices unless at least one device is left to train on."""
+    mine = _process_devices(jax.process_index() if process is None else process)
+    if not 0 < n < len(mine):
+        raise ConfigError(f"config key 'rollout.devices': {n} leaves no device to train on a process of "
+                          f"{len(mine)} devices; use 1 to {len(mine) - 1}, or 0 (the rollouts share the training "
+                          "devices)")
+    return mine[-n:]
+
+
+def training_devices(rollout) -> list | None:
+    """The devices the training mesh is built on: every process's devices but its rollout pool (`pool_devices`),
+    in jax.devices() order; None (all of them) without a pool."""
+    n = pool_size(rollout)
+    if not n:
+        return None
+    pools = {d.id for p in range(jax.process_count()) for d in pool_devices(n, p)}
+    return [d for d in jax.devices() if d.id not in pools]
+
+
+def pool_mesh(rollout, mesh: Mesh) -> Mesh:
+    """The mesh the rollout pool samples on: its devices laid out as `layout_of` says (rollout.mesh, else
+    data-parallel replicas x the training mesh's tensor split), fsdp 1. ConfigError naming rollout.devices where
+    that layout does not split the pool, or its tensor split does not split the training devices (the weights are
+    laid out that way on them first: `rollout_params`)."""
+    n, layout = pool_size(rollout), layout_of(rollout, mesh)
+    t = layout["tensor"] if layout["tensor"] > 0 else n // layout["replica"]
+    train = len(jax.devices()) // jax.process_count() - n
+    if n % t or train % t:
+        raise ConfigError(f"config key 'rollout.devices': a pool of {n} devices beside {train} training devices "
+                          f"per process cannot both split tensor={t} ways (the rollout layout's tensor axis); "
+                          "choose a multiple of it, or set rollout.mesh")
+    block = Mesh(np.asarray(pool_devices(n), dtype=object).reshape(1, n, 1), ("data", "fsdp", "tensor"))
+    return layout_mesh(block, layout)
+
+
+def _to_pool(config, params, mesh: Mesh, rollout, dtype=None):
+    """The training parameters copied into the rollout pool, device to device: first laid out on the training
+    devices as the pool lays them out (a weight sync to replicas x the pool's tensor split, inference/
+    weight_sync.py), so every shard the pool needs exists whole on some training device; then each shard copied
+    to the pool devices that hold it (jax.device_put between two shardings of the same shards: no host copy)."""
+    pool = pool_mesh(rollout, mesh)
+    staged = _weight_sync(config, mesh, (("replica", -1), ("tensor", dict(pool.shape)["tensor"])), dtype)(params)
+    return models.shard_params(config, staged, pool)
 
 
 def rollout_mesh(mesh: Mesh | None, rollout=None) -> Mesh | None:
@@ -97,11 +160,20 @@ def rollout_mesh(mesh: Mesh | None, rollout=None) -> Mesh | None:
     (its default layout, config/layout.py engine_layout: the tensor split kept, the other devices replicas), those
     devices laid out as `layout_of` says instead (sharding.layout_mesh: data = the replicas, tensor = the
     tensor-parallel split, fsdp 1); a layout whose axes do not multiply to the process's device count is a
-    ConfigError naming rollout.mesh."""
+    ConfigError naming rollout.mesh. With a rollout pool (`rollout.devices`): the pool's own mesh (`pool_mesh`),
+    devices the training mesh does not hold."""
     if mesh is None:
         return None
+    if pool_size(rollout):
+        return pool_mesh(rollout, mesh)
     block = mesh if jax.process_count() == 1 else local_rollout_mesh(mesh)
     return layout_mesh(block, layout_of(rollout, mesh))
+
+
+def sides_mesh(mesh: Mesh | None, rollout) -> Mesh | None:
+    """The mesh the in-process frozen models (user simulator, judge, coach, Stage I.3's sides) sample on: the rollout
+    pool with one (`rollout.devices`), else `rollout_mesh(mesh)` (the training layout)."""
+    return rollout_mesh(mesh, rollout) if pool_size(rollout) else rollout_mesh(mesh)
 
 
 def host_params(params):
@@ -124,10 +196,12 @@ def rollout_params(config, params, mesh: Mesh | None, rollout=None, dtype=None):
     (inference/weight_sync.py: every process calls it; no host copy, no device holds more than its shards) --
     every device of every host samples, and no device holds a full fp32 copy (docs/decisions.md, "Rollouts on
     the mesh", "Rollout layout"). Without a mesh (several processes): the host-gathered copy on this process's
-    first device.
+    first device. With a rollout pool (`rollout.devices`): copied device to device into the pool (`_to_pool`).
 
     dtype: with a weight sync, the copy's matrices in that dtype (WeightSync(exact=True): the parameters the
     forward casts to it anyway, so the samples are unchanged); None keeps the training dtype."""
+    if mesh is not None and pool_size(rollout):
+        return _to_pool(config, params, mesh, rollout, dtype)
     layout = layout_of(rollout, mesh)
     if mesh is not None and layout is not None:
         return _weight_sync(config, mesh, tuple(layout.items()), dtype)(params)

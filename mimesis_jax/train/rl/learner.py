@@ -84,8 +84,8 @@ from mimesis_jax.errors import ConfigError
 from mimesis_jax.episodes.progress import TurnReporter
 from mimesis_jax.train.optim import make_optimizer, make_schedule
 from mimesis_jax.train.rl import async_rollouts, distributed
-from mimesis_jax.train.rl.async_rollouts import (DEVICE_LOCK, Guarded, Produced, RolloutProducer, StepRollouts,
-                                                  own_copy)
+from mimesis_jax.train.rl.async_rollouts import (DEVICE_LOCK, Drawn, Guarded, Produced, RolloutProducer,
+                                                  StepRollouts, own_copy)
 from mimesis_jax.train.rl.chat_models import EngineMeter, engine_of, policy_model, policy_params, vllm_sync_record
 from mimesis_jax.train.rl.ladder import ladder_for_config
 from mimesis_jax.train.rl.seams import GRPO, Algorithm, Cluster, World
@@ -142,6 +142,11 @@ class RLRun(Run):
     schedule: Any = None
     step_fn: Any = None
     ref_params: Any = None
+
+    def training_devices(self):
+        """The training mesh's devices: all but each process's rollout pool (`rollout.devices`,
+        distributed.training_devices)."""
+        return distributed.training_devices(self.cfg.rollout)
 
 
 def setup(cfg, workdir: str, tok, log=print) -> RLRun:
@@ -235,8 +240,9 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     agent turns)]. Old log-probs are fixed for the whole step BEFORE the first update (the sampler's, or
     recomputed with the pre-update parameters), so ratios move from the second mini-batch on (Eq 5-6).
     ladder: pack every mini-batch to one of its programs (rl_batch.ShapeLadder; row_len is then the ladder's).
-    lock: held around each program until its outputs are ready, when rollouts sample beside the updates
-    (async_rollouts.DEVICE_LOCK); None: the synchronous loop, nothing held.
+    lock: held around each program until its outputs are ready, when rollouts sample beside the updates on the same
+    devices (async_rollouts.DEVICE_LOCK); None: the synchronous loop, or rollouts on a pool of their own
+    (`rollout.devices`), nothing held.
     Returns (the new state, each update's metrics as device arrays: `fetch_metrics` brings them to the host)."""
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     batches, pads = [], []
@@ -443,12 +449,41 @@ class RLLearner:
                                  label=f"{self.stage} step {step + 1} rollout")
         return Produced(step, outs, first_rid + len(drawn) * r.group_size, kept, started, time.perf_counter())
 
+    def draw_step(self, step: int, first_rid: int) -> Drawn:
+        """Step `step`'s draw alone, with the data sampler's state right after it: what the producer takes in step
+        order before the step's rollouts run beside other steps' (`roll`)."""
+        r = self.cfg.rollout
+        drawn = self.draw(r.prompts_per_step)
+        kept = async_rollouts.snapshot(self.data_state()["sampler"])
+        return Drawn(step, drawn, first_rid, first_rid + len(drawn) * r.group_size, kept)
+
+    def roll(self, policy, d: Drawn, slots: int) -> Produced:
+        """The rollouts of a drawn step (`draw_step`), on the timeline's track of its slot: up to `slots` steps
+        roll at once, step j in slot j % slots ("rollouts", "rollouts 2", ...)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        slot = d.step % slots
+        started = time.perf_counter()
+        with timeline.track("rollouts" if slot == 0 else f"rollouts {slot + 1}"), \
+                timeline.span("rollouts", step=d.step + 1):
+            outs = self.rollouts(policy, d.items, group_size=r.group_size, temperature=r.temperature,
+                                 seed=distributed.step_seed(cfg.train.seed, d.step),
+                                 first_group=d.step * r.prompts_per_step, first_rid=d.first_rid,
+                                 label=f"{self.stage} step {d.step + 1} rollout")
+        return Produced(d.step, outs, d.next_rid, d.sampler_state, started, time.perf_counter())
+
     def rollout_source(self, policy, start: int, next_rid: int):
         """Where the loop takes each step's rollouts from (train/rl/async_rollouts.py): inline (rl.max_staleness
-        = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`)."""
+        = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`): one
+        step's rollouts at a time on shared devices, every admitted step's at once on a rollout pool."""
         rl = self.cfg.rl
         if rl.max_staleness == 0:
             return StepRollouts(lambda s, rid: self.produce(policy, s, rid), next_rid)
+        if distributed.pool_size(self.cfg.rollout):  # the rollouts on devices of their own: no turns, the pool's
+            # weights its own copy; every admitted step's rollouts at once (up to N + 1), the draws in step order
+            policy.generator = Guarded(policy.generator, device_lock=None)
+            return RolloutProducer(lambda d: self.roll(policy, d, rl.max_staleness + 1), start=start,
+                                   stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
+                                   fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step)
         policy.generator = Guarded(policy.generator)
         with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
             placed = own_copy(policy.params)
@@ -503,11 +538,16 @@ class RLLearner:
 
         def set_params():
             with timeline.span("weight sync", version=version):
-                if lock is None:
+                if not self.source.beside:
                     policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), version)
                     return
-                with lock:  # the copies are multi-device programs
-                    placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
+                if lock is None:  # a rollout pool: the weights copied into it (new buffers there), on their way
+                    # before the next update donates the training arrays
+                    placed = jax.block_until_ready(policy_params(run_.model_config, r, run_.state["params"],
+                                                                 run_.mesh))
+                else:
+                    with lock:  # the copies are multi-device programs
+                        placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
                 policy.set_params(placed, version)
 
         self.source.publish(version, set_params)
@@ -590,14 +630,14 @@ class RLLearner:
                 outs, kept, counts, times, ms = self.learn(got, ladder)
                 times["start"], next_rid = started, got.next_rid
                 wait_s = times["rollouts"] - started  # what the loop waited for the step's rollouts
-                if self.source.lock is not None:  # they ran beside the updates: rollout_s is the producer's time
+                if self.source.beside:  # they ran beside the updates: rollout_s is the producer's time
                     times["start"] = times["rollouts"] - (got.ended - got.started)
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
-                if self.source.lock is None:  # the next rollouts sample the updated policy (in train_s, as ever)
+                if not self.source.beside:  # the next rollouts sample the updated policy (in train_s, as ever)
                     self.publish(policy, step)
                 times["trained"] = time.perf_counter()
-                if self.source.lock is not None:  # the turns in flight or the steps held back: the new weights
+                if self.source.beside:  # the turns in flight or the steps held back: the new weights
                     self.publish(policy, step)
                 rec = self.record(outs, kept, counts, times)
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
@@ -610,7 +650,7 @@ class RLLearner:
                         rec.update(self.validate(policy, f"{self.stage} step {step} validation"))
                 now = time.perf_counter()
                 rec["step_s"] = now - ended  # wall clock of the loop: since the previous step's record
-                if self.source.lock is not None:
+                if self.source.beside:
                     rec["rollout_wait_s"] = wait_s
                 rec["groups_in_flight"] = self.groups_in_flight
                 ended = now

@@ -209,7 +209,8 @@ class SimCluster(Cluster):
 
     def open(self, in_flight):
         if self.sides is None:
-            self.sides, self.closers = build_sides(self.cfg.sides, mesh=distributed.rollout_mesh(self.run_state.mesh))
+            self.sides, self.closers = build_sides(self.cfg.sides, mesh=distributed.sides_mesh(self.run_state.mesh,
+                                                                                         self.cfg.rollout))
 
     def policy_max_tokens(self):
         return self.cfg.rollout.max_tokens
