@@ -48,6 +48,10 @@ class Dialogue:
     tokens: list[int] = dataclasses.field(default_factory=list)  # consumed by the model (in the cache)
     pages: list[int] = dataclasses.field(default_factory=list)
     state: int = 0  # Qwen3.5 state slot (0 = none)
+    snap: int = 0  # Qwen3.5 snapshot slot: the state as it stood after `snap_tokens` (0 = none; module docstring)
+    snap_tokens: list[int] = dataclasses.field(default_factory=list)
+    restore: bool = False  # `tokens` were set back to `snap_tokens`: the state slot is loaded from the snapshot
+    rolled_back: bool = False  # the last `open` resumed from an earlier point (counted when admitted)
     busy: bool = False
     last_used: int = 0
     replica: int = 0  # the data-parallel replica whose pages and slot it holds (PagePool.replica_of)
@@ -66,6 +70,8 @@ class PagePool:
         self.replicas = replica_count(mesh, config)
         self.shardings = None
         self.has_state = config.model_type == "qwen3_5_text"
+        self.rollback = ec.checkpoint != "off"  # resume a diverged prompt from its common prefix / a snapshot
+        self.copies: list[tuple[int, int, int]] = []  # state-slot copies to run: (replica, from slot, to slot)
         self._clock = 0
         self.cache = None
         self.home: dict = {}  # dialogue key -> its replica, from its first request until release
@@ -99,6 +105,7 @@ class PagePool:
         self.states_by_replica = [list(range(self.ec.states - 1, 0, -1)) for _ in range(self.replicas)]
         self.dialogues: OrderedDict = OrderedDict()  # key -> Dialogue, least recently used first
         self.home = {}
+        self.copies = []
 
     @property
     def free_pages(self) -> list[int]:
@@ -129,9 +136,28 @@ class PagePool:
     def free(self, d: Dialogue) -> None:
         self.free_by_replica[d.replica].extend(reversed(d.pages))
         d.pages, d.tokens = [], []
+        self.drop_snapshot(d)
         if d.state:
             self.states_by_replica[d.replica].append(d.state)
             d.state = 0
+
+    def drop_snapshot(self, d: Dialogue) -> None:
+        """Returns d's snapshot slot to its replica; a dialogue waiting to be restored from it starts over."""
+        if d.snap:
+            self.states_by_replica[d.replica].append(d.snap)
+            d.snap = 0
+        if d.restore:
+            d.tokens, d.restore, d.rolled_back = [], False, False
+        d.snap_tokens = []
+
+    def _drop_a_snapshot(self, replica: int) -> bool:
+        """Frees the snapshot slot of the least recently used idle dialogue of `replica` (not an eviction: the
+        dialogue keeps its pages and state)."""
+        for d in self.dialogues.values():
+            if not d.busy and d.replica == replica and d.snap:
+                self.drop_snapshot(d)
+                return True
+        return False
 
     def release(self, key) -> None:
         """Forgets dialogue `key`: its pages and slot are freed and its replica assignment ends (an evicted one's
@@ -166,11 +192,30 @@ class PagePool:
         elif d.busy:
             raise ValueError(f"request {index}: dialogue {key!r} already has a request in flight")
         n = len(d.tokens)
-        if not (n and n < len(prompt) and prompt[:n] == d.tokens):  # reused: counted when admitted (engine)
+        if n and n < len(prompt) and prompt[:n] == d.tokens:  # reused: counted when admitted (engine)
+            return d
+        keep = self._resume_point(d, prompt)
+        if keep:
+            d.rolled_back = True
+            d.tokens = list(d.snap_tokens) if self.has_state else d.tokens[:keep]
+            d.restore = self.has_state
+        else:
             if n:
                 self.stats["recomputed"] += 1
-            d.tokens = []
+            d.tokens, d.snap_tokens = [], []
         return d
+
+    def _resume_point(self, d: Dialogue, prompt: list[int]) -> int:
+        """How many of `prompt`'s tokens d can resume from when the prompt does not extend its cached tokens
+        (module docstring: rollback); 0 = recompute from position 0."""
+        if not self.rollback:
+            return 0
+        if not self.has_state:  # pages alone: the longest common prefix, at least one token left to prefill
+            n = min(len(d.tokens), len(prompt) - 1)
+            diff = np.flatnonzero(np.asarray(d.tokens[:n]) != np.asarray(prompt[:n]))
+            return int(diff[0]) if diff.size else n
+        c = len(d.snap_tokens)
+        return c if d.snap and 0 < c < len(prompt) and prompt[:c] == d.snap_tokens else 0
 
     def reserve(self, d: Dialogue, tokens: int, index: int, running_here: bool) -> bool:
         """Gives d the pages (and state slot) for `tokens` positions from its replica; False = wait for the
@@ -180,6 +225,8 @@ class PagePool:
         need = math.ceil(tokens / ps) - len(d.pages)
         free, states = self.free_by_replica[d.replica], self.states_by_replica[d.replica]
         while len(free) < need or (self.has_state and not d.state and not states):
+            if len(free) >= need and self._drop_a_snapshot(d.replica):
+                continue
             if running_here:
                 return False
             if self.evict_one(d):
@@ -198,6 +245,39 @@ class PagePool:
             d.state = states.pop()
         self.stats["pages_peak"] = max(self.stats.get("pages_peak", 0), self.pages_in_use())
         return True
+
+    def take_snapshot_slot(self, d: Dialogue) -> bool:
+        """Gives d a snapshot slot if its replica has a free one (a snapshot never waits or evicts)."""
+        states = self.states_by_replica[d.replica]
+        if not d.snap and states:
+            d.snap = states.pop()
+        return bool(d.snap)
+
+    def snapshot(self, d: Dialogue, tokens: list[int]) -> None:
+        """Queues the copy of d's state slot (as it stands after `tokens`) into its snapshot slot."""
+        self.copies.append((d.replica, d.state, d.snap))
+        d.snap_tokens = list(tokens)
+
+    def restore_if_due(self, d: Dialogue) -> None:
+        """Queues the copy of d's snapshot into its state slot when `open` set d back to the snapshot."""
+        if d.restore:
+            self.copies.append((d.replica, d.snap, d.state))
+            d.restore = False
+
+    def copy_rows(self, rows_per_replica: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The queued copies as (from, to) slot arrays of `replicas * rows_per_replica` rows, replica-major,
+        idle rows copying trash slot 0 onto itself; several calls' worth if a replica queued more."""
+        per = [[(a, b) for k, a, b in self.copies if k == r] for r in range(self.replicas)]
+        self.copies = []
+        calls = []
+        for i in range(0, max(len(p) for p in per), rows_per_replica):
+            src = np.zeros((self.replicas, rows_per_replica), np.int32)
+            dst = np.zeros_like(src)
+            for r, p in enumerate(per):
+                for j, (a, b) in enumerate(p[i:i + rows_per_replica]):
+                    src[r, j], dst[r, j] = a, b
+            calls.append((src.reshape(-1), dst.reshape(-1)))
+        return calls
 
     def drop_if_empty(self, key) -> None:
         d = self.dialogues.get(key)
