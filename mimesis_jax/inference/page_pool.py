@@ -150,13 +150,14 @@ class PagePool:
             d.tokens, d.restore, d.rolled_back = [], False, False
         d.snap_tokens = []
 
-    def _drop_a_snapshot(self, replica: int) -> bool:
-        """Frees the snapshot slot of the least recently used idle dialogue of `replica` (not an eviction: the
-        dialogue keeps its pages and state)."""
-        for d in self.dialogues.values():
-            if not d.busy and d.replica == replica and d.snap:
-                self.drop_snapshot(d)
-                return True
+    def _drop_a_snapshot(self, protect: Dialogue) -> bool:
+        """Frees a snapshot slot of `protect`'s replica for its state: the least recently used idle dialogue's,
+        else a running one's (not an eviction: the dialogue keeps its pages and state; a running request whose
+        snapshot is gone takes none). So snapshots never cost a dialogue its place in the pool."""
+        mine = [d for d in self.dialogues.values() if d.replica == protect.replica and d.snap and d is not protect]
+        for d in [d for d in mine if not d.busy] + [d for d in mine if d.busy]:
+            self.drop_snapshot(d)
+            return True
         return False
 
     def release(self, key) -> None:
@@ -225,7 +226,7 @@ class PagePool:
         need = math.ceil(tokens / ps) - len(d.pages)
         free, states = self.free_by_replica[d.replica], self.states_by_replica[d.replica]
         while len(free) < need or (self.has_state and not d.state and not states):
-            if len(free) >= need and self._drop_a_snapshot(d.replica):
+            if len(free) >= need and self._drop_a_snapshot(d):
                 continue
             if running_here:
                 return False
@@ -254,9 +255,11 @@ class PagePool:
         return bool(d.snap)
 
     def snapshot(self, d: Dialogue, tokens: list[int]) -> None:
-        """Queues the copy of d's state slot (as it stands after `tokens`) into its snapshot slot."""
-        self.copies.append((d.replica, d.state, d.snap))
-        d.snap_tokens = list(tokens)
+        """Queues the copy of d's state slot (as it stands after `tokens`) into its snapshot slot, if it still
+        has one."""
+        if d.snap:
+            self.copies.append((d.replica, d.state, d.snap))
+            d.snap_tokens = list(tokens)
 
     def restore_if_due(self, d: Dialogue) -> None:
         """Queues the copy of d's snapshot into its state slot when `open` set d back to the snapshot."""
