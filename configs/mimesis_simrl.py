@@ -32,9 +32,10 @@ Chosen here (the paper is silent):
   tensor=2: one data-parallel replica per tensor pair, each owning its 64 rollouts' pages and state slots, heads
   split over tensor=2, with its own copy of the weights synced after every update), its pool capped at
   `rollout.engine_memory_gib` = 16 GiB per device (uncapped: 512 rollouts x 16,384 tokens + their state slots,
-  281 GiB for 9B); `plan`: rollout peak 48.3 GiB for 9B (its weight copy 9.3 GiB; the same on 2 processes x 8).
-  Each replica holds 81 state slots (one per rollout) and 921k tokens, 14,394 per rollout in flight (a step
-  whose rollouts outgrow that evicts, counted in engine/evictions);
+  306 GiB for 9B); `plan`: rollout peak 48.3 GiB for 9B (its weight copy 9.3 GiB; the same on 2 processes x 8).
+  Each replica holds 145 state slots (a state and a snapshot per rollout: a MirrorBench turn resumes from the
+  snapshot, inference/page_pool.py) and 821k tokens, 12,822 per rollout in flight (a step whose rollouts
+  outgrow that evicts, counted in engine/evictions);
   the engine samples 2.7-3.2x the static sampler's tokens per device-second (1.7-2.2x a plain jitted decode
   loop's) on 16-turn dialogues in groups of 8 (benchmarks/bench_rollout.py, docs/benchmarks.md);
 * fixed sides: any OpenAI-compatible endpoint for the judge; the ABCD support agent and the SOUL interlocutors

@@ -209,8 +209,8 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
 
 def test_paper_simrl_mesh_sizes_each_replica_per_device():
     """MIMESIS-9B's 512 rollouts on its mesh (data 2 x fsdp 4 x tensor 2: 8 replicas, heads split in 2) under
-    16 GiB per device: each replica holds 64 dialogues, each with a state and a snapshot slot, and its pages take the rest of
-    the device's budget -- by hand from the per-device page and slot bytes."""
+    16 GiB per device: each replica holds 64 dialogues, each with a state and a snapshot slot, and its pages take
+    the rest of the device's budget -- by hand from the per-device page and slot bytes."""
     config = qwen3_5_model("9b").replace(dtype="bfloat16")
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
     s = engine_sizing(config, dialogues=512, max_context=16384, page_size=16, slots=16, memory_gib=16, mesh=mesh)

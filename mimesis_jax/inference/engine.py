@@ -17,10 +17,12 @@ has consumed, the cache pages holding their keys/values (every full-attention la
 state slot holding each linear layer's conv window and DeltaNet state. When a new prompt for that key starts
 with those tokens, only the suffix (tool result, user turn, assistant header, and the last sampled token,
 which was never fed back) is prefilled. If the history diverged (e.g. a chat template dropped a thought), the
-dialogue is recomputed from position 0. The engine is token-exact: a sample's log-probs are those of the
-model's full forward over the final sequence (`algorithms.logprobs.token_logprobs`) up to fp32 rounding,
-and sampling uses the sampler's rule and keys (`sampler.choose_tokens`; row key fold_in(key(seed), salt),
-step key fold_in(row key, step)), so the same seeds draw the same tokens as `sampler.generate`.
+dialogue resumes from its longest common prefix (Qwen3) or from the state snapshot it took at its last prompt's
+last whole turn (Qwen3.5), else it is recomputed from position 0 (inference/page_pool.py, rollback). The engine is
+token-exact: a sample's log-probs are those of the model's full forward over the final sequence
+(`algorithms.logprobs.token_logprobs`) up to fp32 rounding, and sampling uses the sampler's rule and keys
+(`sampler.choose_tokens`; row key fold_in(key(seed), salt), step key fold_in(row key, step)), so the same seeds draw
+the same tokens as `sampler.generate`.
 
 **Paged cache** (models/paged_cache.py). Keys/values live in pages of `page_size` tokens from one pool of
 `num_pages` pages (page 0 is a trash page for padding writes); each dialogue has a page table. A request
@@ -56,7 +58,8 @@ lives in the requests, so a request draws the same tokens whatever shares its ba
 program is the candidate count its rows need, exact for every row).
 
 Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / offered (decode-slot utilisation),
-evictions, recomputed dialogues, reused (not re-prefilled) tokens, the most pages in use at once (`pages_peak`).
+evictions, recomputed dialogues, rolled-back dialogues (resumed from a common prefix or a snapshot), reused (not
+re-prefilled) tokens, the most pages in use at once (`pages_peak`).
 The RL stages log them per step (`engine/*`, train/rl/chat_models.EngineMeter); the pools' sizes come from the
 `rollout.engine*` keys (inference/engine_sizing.py).
 """

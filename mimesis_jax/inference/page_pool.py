@@ -8,6 +8,23 @@ dialogue's consumed tokens are returned. When a request cannot get its pages (or
 the least-recently-used idle dialogue; if nothing is left to evict and nothing is running, `EngineError` names
 the EngineConfig key to raise.
 
+**Rollback.** A prompt that extends the dialogue's consumed tokens prefills only its suffix. One that does not
+(a chat template re-rendered the turn's end: Qwen3 drops the empty think block, or the thought, that closed the
+previous prompt once the reply is in the history) resumes from an earlier point instead of position 0
+(`EngineConfig.checkpoint`; "off": position 0). Pages alone (Qwen3) resume from the longest common prefix: the
+keys/values before it are the same, those after it are rewritten. A recurrent state cannot be rolled back, so a
+Qwen3.5 dialogue keeps a *snapshot*: a second state slot of its replica (`Dialogue.snap`), copied from its state
+slot when a request's prefill reaches its checkpoint (the end of the prompt's last stop token -- its last whole
+turn -- or the prompt's end), together with the tokens it holds (`snap_tokens`; the pages up to there stay
+valid, later writes land beyond them). A prompt that extends the snapshot's tokens restores it (the copy back into
+the state slot runs before the request's prefill) and prefills the rest; the reused tokens count in
+`stats["reused_tokens"]` as any, the resumed dialogue in `stats["rolled_back"]`, one resumed from position 0 in
+`stats["recomputed"]`. The copies are queued here (`copies`) and run by the engine in batches of one compiled
+shape (engine_programs.copy_state_program). A snapshot slot is taken only when one is free and is given up
+(uncounted; the least recently used idle dialogue's first) before a dialogue's state would wait or be evicted
+for want of a slot, so snapshots never cost a dialogue its place; the RL sizing counts two slots per dialogue
+(inference/engine_sizing.py), so a step that fits keeps them all.
+
 **Replicas.** On a mesh with batch axes (inference/engine_programs.py `replica_axes`) the pool is `replicas`
 blocks, one per data-parallel replica, each of `ec.num_pages` pages and `ec.states` state slots (page ids and slot
 ids are local to the block; its page 0 and slot 0 are its trash), the blocks split over the batch axes and each
