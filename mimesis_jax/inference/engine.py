@@ -242,8 +242,8 @@ class RolloutEngine:
 
     def _copy_states(self) -> None:
         """Runs the state-slot copies the pool queued (snapshots, restores): engine_programs.copy_state_program,
-        ec.slots rows per replica."""
-        for src, dst in self.pool.copy_rows(self.ec.slots):
+        prefill_rows rows per replica (a prefill round's snapshots in one call; its gather holds that many slots)."""
+        for src, dst in self.pool.copy_rows(self.ec.prefill_rows):
             with self._on_mesh():
                 self.pool.cache = engine_programs.copy_state_program(self.config, self.pool.cache, src, dst)
 
@@ -614,7 +614,7 @@ class RolloutEngine:
                     np.zeros((R, w), np.int32), np.zeros((R,), np.int32), self._samp([None] * R))
             pool.cache, *_ = engine_programs.decode_program(*self.decode_args(w, filtering))
         if pool.has_state:
-            zs = np.zeros((self.replicas * ec.slots,), np.int32)
+            zs = np.zeros((self.replicas * ec.prefill_rows,), np.int32)
             pool.cache = engine_programs.copy_state_program(self.config, pool.cache, zs, zs)
 
 
