@@ -202,7 +202,8 @@ class PagePool:
 
     def open(self, key, prompt: list[int], index: int) -> Dialogue:
         """The dialogue of `key` for a request whose prompt is `prompt`: its cached tokens are kept when the prompt
-        extends them, else dropped (the dialogue is recomputed from position 0)."""
+        extends them, else set back to where it can resume (`_resume_point`: module docstring, rollback) or
+        dropped (the dialogue is recomputed from position 0)."""
         d = self.dialogues.get(key)
         if d is None:
             d = Dialogue(key, replica=self.replica_of(key))
