@@ -30,10 +30,11 @@ Chosen here (the paper is silent):
   data-parallel replica per tensor pair, each owning its 64 rollouts' pages and state slots, heads split over
   tensor=2, with its own copy of the weights synced after every update), its pool capped at
   `rollout.engine_memory_gib` = 16 GiB per device (uncapped: 512 rollouts x 16,384 tokens + their state slots,
-  281 GiB for 9B); `plan`: rollout peak 48.3 GiB for 9B (its weight copy 9.3 GiB) and 33.7 for 4B (4.5 GiB; the
+  306 GiB for 9B); `plan`: rollout peak 48.3 GiB for 9B (its weight copy 9.3 GiB) and 33.7 for 4B (4.5 GiB; the
   same per device on 2 processes x 8), so the update's peak above decides: 9B is TIGHT, 4B FITS. Each replica
-  holds 81 state slots (one per rollout) and 921k tokens, 14,394 per rollout in flight (a step whose rollouts
-  outgrow that evicts, counted in engine/evictions);
+  holds 145 state slots (a state and a snapshot per rollout: a MirrorBench turn resumes from the snapshot,
+  inference/page_pool.py) and 821k tokens, 12,822 per rollout in flight (a step whose rollouts outgrow that
+  evicts, counted in engine/evictions);
 * the static sampler instead: `--set rollout.engine=false rollout.max_batch=256`, at most 256 rollouts per
   sampler call (512 per step as 2 calls, the same samples): the rollout phase's peak is 75.8 GiB for 9B and 64.1
   for 4B (136 / 120 GiB with all 512 at once). On 2 processes x 8 each holds its own parameter copy too: 9B then

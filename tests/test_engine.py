@@ -138,8 +138,9 @@ def test_qwen3_5_multi_turn_matches_full_forward():
 
 
 def test_stop_ids_diverged_history_and_stateless_calls():
-    """A stop id ends a request; a prompt that does not extend the cached history is recomputed (still exact);
-    calls without keys leave nothing behind."""
+    """A stop id ends a request; a prompt that does not extend the cached history resumes from their longest common
+    prefix (Qwen3: pages alone; EngineConfig.checkpoint) or, sharing none, is recomputed (both exact); calls
+    without keys leave nothing behind."""
     config = ModelConfig(**QWEN3)
     params = models.init_params(config, jax.random.key(1))
     eng = RolloutEngine(config, params, EC)
@@ -152,11 +153,16 @@ def test_stop_ids_diverged_history_and_stateless_calls():
     ref = sampler.generate(config, params, [p[0] + first.tokens + [4]], max_new_tokens=8, temperature=0.0,
                            stop_ids=[stop], buckets=BK)[0]
     assert again.tokens == ref.tokens and again.finish_reason == ref.finish_reason
-    diverged = [p[0][:3] + [9, 9, 9, 9]]  # shares a prefix but not the whole history
-    d = eng.generate_tokens(diverged, keys=["x"], max_tokens=5, temperature=0.0)[0]
-    assert eng.stats["recomputed"] == 1
-    assert d.tokens == sampler.generate(config, params, diverged, max_new_tokens=5, temperature=0.0,
-                                        buckets=BK)[0].tokens
+    assert p[0][3] != 9
+    reused, prefilled = eng.stats["reused_tokens"], eng.stats["prefill_tokens"]
+    for diverged, common in (([p[0][:3] + [9, 9, 9, 9]], 3), ([[(p[0][0] + 1) % 97, 9, 9]], 0)):
+        d = eng.generate_tokens(diverged, keys=["x"], max_tokens=5, temperature=0.0)[0]
+        assert d.tokens == sampler.generate(config, params, diverged, max_new_tokens=5, temperature=0.0,
+                                            buckets=BK)[0].tokens
+        assert eng.stats["reused_tokens"] - reused == common
+        assert eng.stats["prefill_tokens"] - prefilled == len(diverged[0]) - common
+        reused, prefilled = eng.stats["reused_tokens"], eng.stats["prefill_tokens"]
+    assert eng.stats["rolled_back"] == 1 and eng.stats["recomputed"] == 1
     eng.release("x")
     eng.release("never-seen")  # no-op
     assert eng.pages_in_use() == 0

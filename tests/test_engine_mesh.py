@@ -6,6 +6,7 @@ prefix), each dialogue on its own replica with that replica's (local) pages; eve
 replica's block of the pool and state slots, half of its heads (so as many bytes as half the one-device pool),
 and half of each attention weight; the compiled decode burst's donated pool is aliased to its output."""
 
+import dataclasses
 import functools
 
 import jax
@@ -158,3 +159,48 @@ def test_decode_burst_memory_per_device_follows_the_shards():
     total0 = m0.argument_size_in_bytes + m0.temp_size_in_bytes + m0.output_size_in_bytes - m0.alias_size_in_bytes
     total1 = m1.argument_size_in_bytes + m1.temp_size_in_bytes + m1.output_size_in_bytes - m1.alias_size_in_bytes
     assert abs(total1 / total0 - 1 / TENSOR) < 0.03
+
+
+STOP = 96  # a stop id the tiny models' prompts below hold only where a test puts it
+
+
+def _rollback_turns(eng, vocab):
+    """Two turns of two dialogues (a: greedy, b: seeded temperature 1) whose second prompt extends the first
+    PROMPT but not prompt + reply (as a chat template that re-renders the generation header does). a's first
+    prompt holds no stop id (its snapshot is at the prompt's end, 8 tokens); b's holds one at index 7 (EngineConfig
+    checkpoint "turn": its snapshot is after it, 8 tokens, and the 4 header tokens after it are re-rendered)."""
+    rng = np.random.RandomState(3)
+    a1 = list(rng.randint(0, STOP, size=8))
+    b1 = list(rng.randint(0, STOP, size=7)) + [STOP] + list(rng.randint(0, STOP, size=4))
+    kw = dict(keys="ab", temperature=[0.0, 1.0], stop_ids=[STOP])
+    first = eng.generate_tokens([a1, b1], max_tokens=[5, 6], seed=[5, 6], **kw)
+    a2 = a1 + list(rng.randint(0, STOP, size=11))
+    b2 = b1[:8] + list(rng.randint(0, STOP, size=6))
+    return first, eng.generate_tokens([a2, b2], max_tokens=[6, 4], seed=[7, 8], **kw), (a2, b2)
+
+
+def test_a_qwen3_5_dialogue_resumes_from_its_snapshot_with_the_fresh_prefills_tokens():
+    """Issue #43 item 4 (inference/page_pool.py, rollback): on 4 replicas x tensor 2, each dialogue's second turn
+    restores the state snapshot taken in its first prompt and prefills only the rest -- exactly 8 tokens reused
+    per dialogue -- and draws the same tokens with the same log-probs (==) as the engine that recomputes the
+    prompt from position 0 (checkpoint "off"; the prefill chunks end at the same positions, so the same programs
+    see the same numbers). The snapshot copy program compiles once, in the engine's first call."""
+    config, params = _model("qwen3_5")
+    got, ref = (RolloutEngine(config, params, dataclasses.replace(EC, checkpoint=c, precompile=True),
+                              mesh=_mesh()) for c in ("turn", "off"))
+    g1, g2, (a2, b2) = _rollback_turns(got, config.vocab_size)
+    compiled = engine_programs.copy_state_program._cache_size()  # noqa: SLF001
+    r1, r2, _ = _rollback_turns(ref, config.vocab_size)
+    for a, b in zip(g1 + g2, r1 + r2):
+        assert a.tokens == b.tokens and a.logprobs == b.logprobs and a.finish_reason == b.finish_reason
+    assert got.stats["reused_tokens"] == 16 and got.stats["rolled_back"] == 2 and got.stats["recomputed"] == 0
+    assert ref.stats["reused_tokens"] == 0 and ref.stats["recomputed"] == 2 and ref.stats["rolled_back"] == 0
+    assert got.stats["prefill_tokens"] == ref.stats["prefill_tokens"] - 16
+    assert got.stats["evictions"] == ref.stats["evictions"] == 0
+    # a's second prompt holds no stop id: a new snapshot at its end; b's last stop is where it resumed: the
+    # snapshot stays
+    pool = got.pool
+    a, b = pool.dialogues["a"], pool.dialogues["b"]
+    assert a.snap_tokens == a2 and b.snap_tokens == b2[:8] and b2[7] == STOP
+    assert a.snap and b.snap and {a.snap, b.snap}.isdisjoint({a.state, b.state})
+    assert engine_programs.copy_state_program._cache_size() == compiled  # noqa: SLF001

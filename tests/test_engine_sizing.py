@@ -85,11 +85,11 @@ def test_budget_splits_state_slots_and_pages():
     pb, sb = page_bytes(config, 16), state_bytes(config)
     budget = 16 * GiB
     s = engine_sizing(config, dialogues=512, max_context=16384, page_size=16, slots=16, memory_gib=16)
-    states = budget // 2 // sb  # the 529 slots of 512 dialogues need more than half the budget
+    states = budget // 2 // sb  # the 1,041 slots of 512 dialogues (a state and a snapshot each) need more than half
     assert (s.num_states, s.num_pages) == (states, (budget - states * sb) // pb) and s.pool_bytes <= budget
     fits = engine_sizing(config, dialogues=4, max_context=16384, page_size=16, slots=16, memory_gib=16)
     # under the budget: the uncapped rule
-    assert (fits.num_states, fits.num_pages) == (4 + 16 + 1, 4 * (16384 // 16) + 1)
+    assert (fits.num_states, fits.num_pages) == (2 * 4 + 16 + 1, 4 * (16384 // 16) + 1)
 
 
 def test_keys_are_checked():
@@ -144,7 +144,8 @@ def _params():
 
 def test_turn_loop_with_derived_state_slots_reuses_every_prefix():
     ec, recs, reuse = _turn_loop()
-    assert (ec.states, ec.num_pages) == (D + SLOTS + 1, D * (64 // 16) + 1)  # 64-token dialogues, 16-token pages
+    # a state and a snapshot slot per dialogue; 64-token dialogues, 16-token pages
+    assert (ec.states, ec.num_pages) == (2 * D + SLOTS + 1, D * (64 // 16) + 1)
     assert [r["engine/evictions"] for r in recs] == [0, 0, 0]
     assert [r["engine/recomputed"] for r in recs] == [0, 0, 0]
     assert [r["engine/reused_tokens"] for r in recs] == [0, reuse[0], reuse[1]]
@@ -210,8 +211,8 @@ def test_plan_counts_the_engine_when_the_config_turns_it_on():
 
 def test_paper_simrl_mesh_sizes_each_replica_per_device():
     """MIMESIS-9B's 512 rollouts on its mesh (data 2 x fsdp 4 x tensor 2: 8 replicas, heads split in 2) under
-    16 GiB per device: each replica holds 64 dialogues, each with a state slot, and its pages take the rest of
-    the device's budget -- by hand from the per-device page and slot bytes."""
+    16 GiB per device: each replica holds 64 dialogues, each with a state and a snapshot slot, and its pages take
+    the rest of the device's budget -- by hand from the per-device page and slot bytes."""
     config = qwen3_5_model("9b").replace(dtype="bfloat16")
     mesh = {"data": 2, "fsdp": 4, "tensor": 2}
     s = engine_sizing(config, dialogues=512, max_context=16384, page_size=16, slots=16, memory_gib=16, mesh=mesh)
@@ -219,7 +220,7 @@ def test_paper_simrl_mesh_sizes_each_replica_per_device():
     assert (s.replicas, s.dialogues, s.device_page_bytes, s.device_state_bytes) == (8, 64, pbd, sbd)
     assert (s.page_bytes, s.state_bytes) == (page_bytes(config, 16), state_bytes(config))  # a whole replica's
     budget = 16 * GiB
-    assert s.num_states == 64 + 16 + 1  # under half the budget: one per dialogue + the slots' + trash
+    assert s.num_states == 2 * 64 + 16 + 1  # under half the budget: two per dialogue + the slots' + trash
     assert s.num_pages == (budget - s.num_states * sbd) // pbd
     assert s.device_pool_bytes == s.num_pages * pbd + s.num_states * sbd <= budget
     # without the mesh the same budget holds fewer state slots than dialogues (so that engine evicts)

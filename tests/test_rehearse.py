@@ -385,14 +385,15 @@ def test_rehearse_simrl_9b(tmp_path):
             assert step["generated_tokens"] > rep["prompts_per_step"] * rep["group_size"] * paper.max_tokens // 16, step
         _check_learns(rep)
     first, second = check_engine_steps(on, stdout, {"data": 2, "fsdp": 4, "tensor": 2})
-    # no reuse yet, though MirrorBench's turns 2+ return to their dialogue: the simulator runner renders each
-    # turn's prompt afresh from the dialogue (episodes/simulator.py), and the chat template drops the empty think
-    # block that ended the previous prompt (data/chat.py: Qwen3 shows it only after the last user query), so the
-    # new prompt does not extend the cached prompt + reply and the engine prefills it again
-    assert first["engine/reused_tokens"] == second["engine/reused_tokens"] == 0
-    # ... and counts each such return as a recomputed dialogue (the step records the run logged)
+    # MirrorBench's turns 2+ return to their dialogue: the simulator runner renders each turn's prompt afresh from
+    # the dialogue (episodes/simulator.py), and the chat template drops the empty think block that ended the
+    # previous prompt (data/chat.py: Qwen3 shows it only after the last user query), so the new prompt extends the
+    # cached prompt only through its last <|im_end|>; the engine resumes the dialogue from the Qwen3.5 state
+    # snapshot it took there (EngineConfig.checkpoint "turn", inference/page_pool.py) and prefills only the rest
+    assert first["engine/reused_tokens"] > 0 and second["engine/reused_tokens"] > 0
+    # ... and recomputes none (the step records the run logged)
     logged = [r for r in read_metrics(str(tmp_path / "run" / "engine_on")) if "engine/recomputed" in r]
-    assert len(logged) == 2 and all(r["engine/recomputed"] > 0 for r in logged), logged
+    assert len(logged) == 2 and all(r["engine/recomputed"] == 0 for r in logged), logged
     # the engine draws the static sampler's tokens from the same per-request keys: the same dialogues, rewards,
     # tokens and update (float32)
     for s_off, s_on in zip(off["steps"], on["steps"]):

@@ -124,8 +124,9 @@ class RolloutSection:
     engine_slots: int = 16  # decode slots (EngineConfig.slots): requests decoded together
     engine_page_size: int = 16  # tokens per KV page (EngineConfig.page_size)
     engine_pages: int = 0  # KV pool pages (EngineConfig.num_pages); 0 = derived (inference/engine_sizing.py)
-    # Qwen3.5 state slots (EngineConfig.num_states); 0 = derived: one per dialogue in flight + one per decode slot
-    # + the trash slot, so no dialogue is evicted for want of a slot
+    # Qwen3.5 state slots (EngineConfig.num_states); 0 = derived: two per dialogue in flight (its state and its
+    # snapshot, inference/page_pool.py) + one per decode slot + the trash slot, so no dialogue is evicted for want
+    # of a slot
     engine_states: int = 0
     # per-engine cap on the pool's bytes (KV pages + state slots), GiB; 0 = no cap (every dialogue in flight at
     # the longest length). With a cap the pool holds as many longest dialogues as fit; the engine evicts (and

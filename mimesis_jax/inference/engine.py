@@ -17,10 +17,12 @@ has consumed, the cache pages holding their keys/values (every full-attention la
 state slot holding each linear layer's conv window and DeltaNet state. When a new prompt for that key starts
 with those tokens, only the suffix (tool result, user turn, assistant header, and the last sampled token,
 which was never fed back) is prefilled. If the history diverged (e.g. a chat template dropped a thought), the
-dialogue is recomputed from position 0. The engine is token-exact: a sample's log-probs are those of the
-model's full forward over the final sequence (`algorithms.logprobs.token_logprobs`) up to fp32 rounding,
-and sampling uses the sampler's rule and keys (`sampler.choose_tokens`; row key fold_in(key(seed), salt),
-step key fold_in(row key, step)), so the same seeds draw the same tokens as `sampler.generate`.
+dialogue resumes from its longest common prefix (Qwen3) or from the state snapshot it took at its last prompt's
+last whole turn (Qwen3.5), else it is recomputed from position 0 (inference/page_pool.py, rollback). The engine is
+token-exact: a sample's log-probs are those of the model's full forward over the final sequence
+(`algorithms.logprobs.token_logprobs`) up to fp32 rounding, and sampling uses the sampler's rule and keys
+(`sampler.choose_tokens`; row key fold_in(key(seed), salt), step key fold_in(row key, step)), so the same seeds draw
+the same tokens as `sampler.generate`.
 
 **Paged cache** (models/paged_cache.py). Keys/values live in pages of `page_size` tokens from one pool of
 `num_pages` pages (page 0 is a trash page for padding writes); each dialogue has a page table. A request
@@ -56,7 +58,8 @@ lives in the requests, so a request draws the same tokens whatever shares its ba
 program is the candidate count its rows need, exact for every row).
 
 Statistics (`engine.stats`): prefill tokens, decode steps, slot-steps used / offered (decode-slot utilisation),
-evictions, recomputed dialogues, reused (not re-prefilled) tokens, the most pages in use at once (`pages_peak`).
+evictions, recomputed dialogues, rolled-back dialogues (resumed from a common prefix or a snapshot), reused (not
+re-prefilled) tokens, the most pages in use at once (`pages_peak`).
 The RL stages log them per step (`engine/*`, train/rl/chat_models.EngineMeter); the pools' sizes come from the
 `rollout.engine*` keys (inference/engine_sizing.py).
 """
@@ -101,8 +104,8 @@ class RolloutEngine:
         self.decode_fn = decode_attention
         self.broken: str | None = None  # why the engine cannot serve (its pool was lost and not rebuilt)
         self.stats = dict(prefill_tokens=0, prefill_calls=0, decode_calls=0, decode_steps=0, slot_steps_used=0,
-                          slot_steps_offered=0, evictions=0, recomputed=0, reused_tokens=0, rebuilds=0,
-                          pages_peak=0)
+                          slot_steps_offered=0, evictions=0, recomputed=0, rolled_back=0, reused_tokens=0,
+                          rebuilds=0, pages_peak=0)
         self.pool = PagePool(config, self.ec, self.stats, mesh)
         self.replicas = self.pool.replicas  # data-parallel replicas, each with ec.slots slots and its own pool
         self._calls = 0
@@ -204,6 +207,7 @@ class RolloutEngine:
         False = wait for a request running on that replica to free pages (page_pool: admission control)."""
         key = self._key(r)
         d = r.dialogue = self.pool.open(key, r.prompt, r.index)
+        cp = self._checkpoint(r)
         try:
             ok = self.pool.reserve(d, len(r.prompt) + r.max_new - 1, r.index, running_here)
         except EngineError:
@@ -216,10 +220,32 @@ class RolloutEngine:
             return False
         self.pool.touch(key)
         self.stats["reused_tokens"] += len(d.tokens)  # once per admitted request (a waiting one retries open)
+        self.stats["rolled_back"] += d.rolled_back
+        d.rolled_back = False
+        self.pool.restore_if_due(d)
+        r.checkpoint = cp if cp > len(d.tokens) and self.pool.take_snapshot_slot(d) else -1
         r.pos = len(d.tokens)
         r.pending = r.prompt[r.pos:]
         r.slot = slot
         return True
+
+    def _checkpoint(self, r: EngineRequest) -> int:
+        """Where r's dialogue snapshots its state (EngineConfig.checkpoint; -1 = none): Qwen3.5 requests with a
+        dialogue key only (an anonymous dialogue is released when its request ends)."""
+        if not self.pool.has_state or self.ec.checkpoint == "off" or r.key is None:
+            return -1
+        if self.ec.checkpoint == "turn":
+            ends = [i + 1 for i, t in enumerate(r.prompt) if t in r.stops]
+            if ends:
+                return ends[-1]
+        return len(r.prompt)
+
+    def _copy_states(self) -> None:
+        """Runs the state-slot copies the pool queued (snapshots, restores): engine_programs.copy_state_program,
+        prefill_rows rows per replica (a prefill round's snapshots in one call; its gather holds that many slots)."""
+        for src, dst in self.pool.copy_rows(self.ec.prefill_rows):
+            with self._on_mesh():
+                self.pool.cache = engine_programs.copy_state_program(self.config, self.pool.cache, src, dst)
 
     def _finish(self, r: EngineRequest, reason: str) -> None:
         r.finish = reason
@@ -337,6 +363,7 @@ class RolloutEngine:
             pass
 
     def _fail_all(self, e: BaseException) -> None:
+        self.pool.copies = []
         self._end_all("error", f"{type(e).__name__}: {e}")
         self._slots = [None] * self.num_slots
         self._recover()
@@ -415,6 +442,7 @@ class RolloutEngine:
         burst (see the module docstring)."""
         self._take_new_and_cancelled()
         self._admit_waiting()
+        self._copy_states()  # restores of the dialogues just admitted, before their prefill
         self._prefill_round()
         self._decode_round()
 
@@ -484,7 +512,7 @@ class RolloutEngine:
         for i, r in enumerate(rows):
             if r is None:
                 continue
-            chunk = r.pending[:C]
+            chunk = r.pending[:C if r.checkpoint <= r.pos else min(C, r.checkpoint - r.pos)]
             tokens[i, :len(chunk)] = chunk
             starts[i], nval[i], sslots[i] = r.pos, len(chunk), r.dialogue.state
         pool = self.pool
@@ -500,6 +528,12 @@ class RolloutEngine:
                 continue
             r.pos += int(nval[i])
             r.pending = r.pending[int(nval[i]):]
+            if r.pos == r.checkpoint:
+                pool.snapshot(r.dialogue, r.prompt[:r.pos])
+        self._copy_states()  # the snapshots of this chunk, before a decode burst moves the states on
+        for i, r in enumerate(rows):
+            if r is None:
+                continue
             if not r.pending:
                 self._record(r, tok[i], lp[i])
                 if r.finish:
@@ -579,6 +613,9 @@ class RolloutEngine:
                     np.zeros((R, ec.prefill_chunk), np.int32), np.zeros((R,), np.int32), np.zeros((R,), np.int32),
                     np.zeros((R, w), np.int32), np.zeros((R,), np.int32), self._samp([None] * R))
             pool.cache, *_ = engine_programs.decode_program(*self.decode_args(w, filtering))
+        if pool.has_state:
+            zs = np.zeros((self.replicas * ec.prefill_rows,), np.int32)
+            pool.cache = engine_programs.copy_state_program(self.config, pool.cache, zs, zs)
 
 
 class EngineLoop:

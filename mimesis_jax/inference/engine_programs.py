@@ -120,6 +120,21 @@ def prefill_program(config: ModelConfig, filtering, decode_fn, params, cache, to
     return _pin(config, cache), tok, lp
 
 
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def copy_state_program(config: ModelConfig, cache, src, dst):
+    """Copies state slot src[i] onto dst[i] (every linear layer's conv window and DeltaNet state): the rollout
+    engine's snapshots and their restores (inference/page_pool.py, rollback). src, dst: [R * n] slot ids, one
+    block of n rows per replica (local ids; idle rows copy trash slot 0 onto itself); one shape, compiled once."""
+    def body(cfg, params, cache, src, dst):
+        cache = _pin(cfg, cache)
+        out = dict(cache)
+        for name in ("conv", "state"):
+            out[name] = cache[name].at[:, dst].set(cache[name][:, src])
+        return (_pin(cfg, out),)
+    (cache,) = _per_replica(config, body, (), cache, (src, dst), (), 0)
+    return _pin(config, cache)
+
+
 def _burst_copy(cache, page_tables):
     """The rows' pages of every full-attention layer, copied into row-major blocks of W + 1 pages per row
     ([L, KVH, S * (W + 1), page, Dh]; row b's extra last page is a scratch page), and the page tables that

@@ -15,6 +15,9 @@ from mimesis_jax.inference.page_pool import Dialogue, EngineError
 from mimesis_jax.inference.sampler import Sample
 
 
+CHECKPOINTS = ("turn", "prompt", "off")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     slots: int = 16  # decode slots: requests decoded together
@@ -25,6 +28,13 @@ class EngineConfig:
     prefill_rows: int = 4  # requests prefilled together per round
     decode_steps: int = 16  # one-token steps per compiled decode call (it returns early when a slot frees)
     num_states: int = 0  # Qwen3.5: per-dialogue state slots (0 = 4 * slots); slot 0 is reserved
+    # where a dialogue's prompt that does not extend its cached tokens resumes (inference/page_pool.py, rollback):
+    # "turn" -- Qwen3.5 snapshots its state at the end of the prompt's last stop token (its last whole turn; a
+    # chat template may render the generation header after it differently once the reply is in the history),
+    # or at the prompt's end when it holds none; "prompt" -- at the prompt's end (no extra prefill round for the
+    # header; enough when the next prompt extends the whole prompt, as Qwen3's thinking template does); pages
+    # alone (Qwen3) resume from the longest common prefix under either. "off": recomputed from position 0.
+    checkpoint: str = "turn"
     # compile every program (each page-table width and prefill row count) for a sampling filter the first time a
     # generate_tokens call needs it, so that later calls compile nothing (the RL loops: step 2 compiles nothing new)
     precompile: bool = False
@@ -36,6 +46,8 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_pages < 2:
             raise ValueError(f"EngineConfig.num_pages must be >= 2 (page 0 is the trash page), got {self.num_pages}")
+        if self.checkpoint not in CHECKPOINTS:
+            raise ValueError(f"EngineConfig.checkpoint must be one of {CHECKPOINTS}, got {self.checkpoint!r}")
         if self.num_states < 0 or self.num_states == 1:
             raise ValueError(f"EngineConfig.num_states must be 0 (auto) or >= 2 (slot 0 is reserved), "
                              f"got {self.num_states}")
@@ -70,6 +82,7 @@ class EngineRequest:
     slot: int = -1
     pending: list[int] = dataclasses.field(default_factory=list)  # prompt tokens still to prefill
     pos: int = 0  # position of the next token fed to the model
+    checkpoint: int = -1  # prompt position after which the dialogue's state is snapshotted (-1 = none)
     out: list[int] = dataclasses.field(default_factory=list)
     lps: list[float] = dataclasses.field(default_factory=list)
     finish: str | None = None

@@ -11,13 +11,14 @@ every gated-DeltaNet layer's conv window (compute dtype) and recurrent state (fp
 `init_paged_cache` allocates (models/qwen3_paged.py, models/qwen3_5_paged.py).
 
 Without a budget (`rollout.engine_memory_gib` = 0) the pool holds every dialogue in flight at the longest length
-(`max_context`) and a state slot per dialogue, one per decode slot (a stateless request, e.g. a gym's own call to
-the simulator, holds one while it runs) and the trash slot: nothing is ever evicted. A budget smaller than that
-caps it: the state slots (as many as without a budget) take at most half of it, the KV pages the rest. Dialogues
-take pages for the tokens they really hold, not for the longest length, so the engine evicts only when the
-dialogues in flight fill the pages (or outnumber the slots half the budget holds) -- and counts it
+(`max_context`) and two state slots per dialogue (its state and its snapshot: inference/page_pool.py, rollback),
+one per decode slot (a stateless request, e.g. a gym's own call to the simulator, holds one while it runs) and the
+trash slot: nothing is ever evicted. A budget smaller than that caps it: the state slots (as many as without a
+budget) take at most half of it, the KV pages the rest. Dialogues take pages for the tokens they really hold, not
+for the longest length, so the engine evicts only when the dialogues in flight fill the pages (or outnumber the
+slots half the budget holds; a snapshot gives its slot up first, uncounted) -- and counts it
 (`engine.stats["evictions"]`, logged per step as engine/evictions). `held_dialogues`: how many dialogues of the
-longest length the pools hold at once.
+longest length the pools hold at once (snapshots given up).
 
 On a mesh (`mesh`: the engine's axis sizes) the engine is one replica per device block of the batch axes
 (inference/page_pool.py): every figure above is per replica -- its share of the dialogues (ceil(dialogues /
@@ -145,7 +146,8 @@ def engine_sizing(config: ModelConfig, *, dialogues: int, max_context: int, page
     pb, sb = device_bytes(config, page_size, mesh)  # what the per-device budget counts
     budget = int(float(memory_gib) * GiB)
     n_pages = pages or D * per_seq + 1  # + the trash page
-    n_states = states or D + slots + 1  # + a stateless request per decode slot + the trash slot
+    # a state and a snapshot per dialogue + a stateless request per decode slot + the trash slot
+    n_states = states or 2 * D + slots + 1
     if budget and n_pages * pb + n_states * sb > budget:
         least = (per_seq + 1) * pb + (slots + 2) * sb  # one longest dialogue + the slots' and the trash state
         if budget < least:

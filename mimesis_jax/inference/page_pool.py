@@ -8,6 +8,23 @@ dialogue's consumed tokens are returned. When a request cannot get its pages (or
 the least-recently-used idle dialogue; if nothing is left to evict and nothing is running, `EngineError` names
 the EngineConfig key to raise.
 
+**Rollback.** A prompt that extends the dialogue's consumed tokens prefills only its suffix. One that does not
+(a chat template re-rendered the turn's end: Qwen3 drops the empty think block, or the thought, that closed the
+previous prompt once the reply is in the history) resumes from an earlier point instead of position 0
+(`EngineConfig.checkpoint`; "off": position 0). Pages alone (Qwen3) resume from the longest common prefix: the
+keys/values before it are the same, those after it are rewritten. A recurrent state cannot be rolled back, so a
+Qwen3.5 dialogue keeps a *snapshot*: a second state slot of its replica (`Dialogue.snap`), copied from its state
+slot when a request's prefill reaches its checkpoint (the end of the prompt's last stop token -- its last whole
+turn -- or the prompt's end), together with the tokens it holds (`snap_tokens`; the pages up to there stay
+valid, later writes land beyond them). A prompt that extends the snapshot's tokens restores it (the copy back into
+the state slot runs before the request's prefill) and prefills the rest; the reused tokens count in
+`stats["reused_tokens"]` as any, the resumed dialogue in `stats["rolled_back"]`, one resumed from position 0 in
+`stats["recomputed"]`. The copies are queued here (`copies`) and run by the engine in batches of one compiled
+shape (engine_programs.copy_state_program). A snapshot slot is taken only when one is free and is given up
+(uncounted; the least recently used idle dialogue's first) before a dialogue's state would wait or be evicted
+for want of a slot, so snapshots never cost a dialogue its place; the RL sizing counts two slots per dialogue
+(inference/engine_sizing.py), so a step that fits keeps them all.
+
 **Replicas.** On a mesh with batch axes (inference/engine_programs.py `replica_axes`) the pool is `replicas`
 blocks, one per data-parallel replica, each of `ec.num_pages` pages and `ec.states` state slots (page ids and slot
 ids are local to the block; its page 0 and slot 0 are its trash), the blocks split over the batch axes and each
@@ -48,6 +65,10 @@ class Dialogue:
     tokens: list[int] = dataclasses.field(default_factory=list)  # consumed by the model (in the cache)
     pages: list[int] = dataclasses.field(default_factory=list)
     state: int = 0  # Qwen3.5 state slot (0 = none)
+    snap: int = 0  # Qwen3.5 snapshot slot: the state as it stood after `snap_tokens` (0 = none; module docstring)
+    snap_tokens: list[int] = dataclasses.field(default_factory=list)
+    restore: bool = False  # `tokens` were set back to `snap_tokens`: the state slot is loaded from the snapshot
+    rolled_back: bool = False  # the last `open` resumed from an earlier point (counted when admitted)
     busy: bool = False
     last_used: int = 0
     replica: int = 0  # the data-parallel replica whose pages and slot it holds (PagePool.replica_of)
@@ -66,6 +87,8 @@ class PagePool:
         self.replicas = replica_count(mesh, config)
         self.shardings = None
         self.has_state = config.model_type == "qwen3_5_text"
+        self.rollback = ec.checkpoint != "off"  # resume a diverged prompt from its common prefix / a snapshot
+        self.copies: list[tuple[int, int, int]] = []  # state-slot copies to run: (replica, from slot, to slot)
         self._clock = 0
         self.cache = None
         self.home: dict = {}  # dialogue key -> its replica, from its first request until release
@@ -99,6 +122,7 @@ class PagePool:
         self.states_by_replica = [list(range(self.ec.states - 1, 0, -1)) for _ in range(self.replicas)]
         self.dialogues: OrderedDict = OrderedDict()  # key -> Dialogue, least recently used first
         self.home = {}
+        self.copies = []
 
     @property
     def free_pages(self) -> list[int]:
@@ -129,9 +153,29 @@ class PagePool:
     def free(self, d: Dialogue) -> None:
         self.free_by_replica[d.replica].extend(reversed(d.pages))
         d.pages, d.tokens = [], []
+        self.drop_snapshot(d)
         if d.state:
             self.states_by_replica[d.replica].append(d.state)
             d.state = 0
+
+    def drop_snapshot(self, d: Dialogue) -> None:
+        """Returns d's snapshot slot to its replica; a dialogue waiting to be restored from it starts over."""
+        if d.snap:
+            self.states_by_replica[d.replica].append(d.snap)
+            d.snap = 0
+        if d.restore:
+            d.tokens, d.restore, d.rolled_back = [], False, False
+        d.snap_tokens = []
+
+    def _drop_a_snapshot(self, protect: Dialogue) -> bool:
+        """Frees a snapshot slot of `protect`'s replica for its state: the least recently used idle dialogue's,
+        else a running one's (not an eviction: the dialogue keeps its pages and state; a running request whose
+        snapshot is gone takes none). So snapshots never cost a dialogue its place in the pool."""
+        mine = [d for d in self.dialogues.values() if d.replica == protect.replica and d.snap and d is not protect]
+        for d in [d for d in mine if not d.busy] + [d for d in mine if d.busy]:
+            self.drop_snapshot(d)
+            return True
+        return False
 
     def release(self, key) -> None:
         """Forgets dialogue `key`: its pages and slot are freed and its replica assignment ends (an evicted one's
@@ -158,7 +202,8 @@ class PagePool:
 
     def open(self, key, prompt: list[int], index: int) -> Dialogue:
         """The dialogue of `key` for a request whose prompt is `prompt`: its cached tokens are kept when the prompt
-        extends them, else dropped (the dialogue is recomputed from position 0)."""
+        extends them, else set back to where it can resume (`_resume_point`: module docstring, rollback) or
+        dropped (the dialogue is recomputed from position 0)."""
         d = self.dialogues.get(key)
         if d is None:
             d = Dialogue(key, replica=self.replica_of(key))
@@ -166,11 +211,30 @@ class PagePool:
         elif d.busy:
             raise ValueError(f"request {index}: dialogue {key!r} already has a request in flight")
         n = len(d.tokens)
-        if not (n and n < len(prompt) and prompt[:n] == d.tokens):  # reused: counted when admitted (engine)
+        if n and n < len(prompt) and prompt[:n] == d.tokens:  # reused: counted when admitted (engine)
+            return d
+        keep = self._resume_point(d, prompt)
+        if keep:
+            d.rolled_back = True
+            d.tokens = list(d.snap_tokens) if self.has_state else d.tokens[:keep]
+            d.restore = self.has_state
+        else:
             if n:
                 self.stats["recomputed"] += 1
-            d.tokens = []
+            d.tokens, d.snap_tokens = [], []
         return d
+
+    def _resume_point(self, d: Dialogue, prompt: list[int]) -> int:
+        """How many of `prompt`'s tokens d can resume from when the prompt does not extend its cached tokens
+        (module docstring: rollback); 0 = recompute from position 0."""
+        if not self.rollback:
+            return 0
+        if not self.has_state:  # pages alone: the longest common prefix, at least one token left to prefill
+            n = min(len(d.tokens), len(prompt) - 1)
+            diff = np.flatnonzero(np.asarray(d.tokens[:n]) != np.asarray(prompt[:n]))
+            return int(diff[0]) if diff.size else n
+        c = len(d.snap_tokens)
+        return c if d.snap and 0 < c < len(prompt) and prompt[:c] == d.snap_tokens else 0
 
     def reserve(self, d: Dialogue, tokens: int, index: int, running_here: bool) -> bool:
         """Gives d the pages (and state slot) for `tokens` positions from its replica; False = wait for the
@@ -180,6 +244,8 @@ class PagePool:
         need = math.ceil(tokens / ps) - len(d.pages)
         free, states = self.free_by_replica[d.replica], self.states_by_replica[d.replica]
         while len(free) < need or (self.has_state and not d.state and not states):
+            if len(free) >= need and self._drop_a_snapshot(d):
+                continue
             if running_here:
                 return False
             if self.evict_one(d):
@@ -198,6 +264,41 @@ class PagePool:
             d.state = states.pop()
         self.stats["pages_peak"] = max(self.stats.get("pages_peak", 0), self.pages_in_use())
         return True
+
+    def take_snapshot_slot(self, d: Dialogue) -> bool:
+        """Gives d a snapshot slot if its replica has a free one (a snapshot never waits or evicts)."""
+        states = self.states_by_replica[d.replica]
+        if not d.snap and states:
+            d.snap = states.pop()
+        return bool(d.snap)
+
+    def snapshot(self, d: Dialogue, tokens: list[int]) -> None:
+        """Queues the copy of d's state slot (as it stands after `tokens`) into its snapshot slot, if it still
+        has one."""
+        if d.snap:
+            self.copies.append((d.replica, d.state, d.snap))
+            d.snap_tokens = list(tokens)
+
+    def restore_if_due(self, d: Dialogue) -> None:
+        """Queues the copy of d's snapshot into its state slot when `open` set d back to the snapshot."""
+        if d.restore:
+            self.copies.append((d.replica, d.snap, d.state))
+            d.restore = False
+
+    def copy_rows(self, rows_per_replica: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The queued copies as (from, to) slot arrays of `replicas * rows_per_replica` rows, replica-major,
+        idle rows copying trash slot 0 onto itself; several calls' worth if a replica queued more."""
+        per = [[(a, b) for k, a, b in self.copies if k == r] for r in range(self.replicas)]
+        self.copies = []
+        calls = []
+        for i in range(0, max(len(p) for p in per), rows_per_replica):
+            src = np.zeros((self.replicas, rows_per_replica), np.int32)
+            dst = np.zeros_like(src)
+            for r, p in enumerate(per):
+                for j, (a, b) in enumerate(p[i:i + rows_per_replica]):
+                    src[r, j], dst[r, j] = a, b
+            calls.append((src.reshape(-1), dst.reshape(-1)))
+        return calls
 
     def drop_if_empty(self, key) -> None:
         d = self.dialogues.get(key)

@@ -115,7 +115,7 @@ def mean_or_zero(xs) -> float:
 
 SCORE_PROGRAM = "_score_fn"  # RLStep's old-log-prob scoring (rl.old_logprobs = "recompute")
 SAMPLER_PROGRAM = "generate_bucket"  # inference/sampler.py
-ENGINE_PROGRAMS = ("prefill_program", "decode_program")  # inference/engine_programs.py
+ENGINE_PROGRAMS = ("prefill_program", "decode_program", "copy_state_program")  # inference/engine_programs.py
 
 
 def compilation_record(step_fn, compiled) -> dict:
