@@ -160,6 +160,50 @@ def test_agentrl_samples_through_vllm_and_syncs_every_step(tmp_path):
     assert m[1]["vllm/sync_buckets"] >= 1
 
 
+def _has_torchvision() -> bool:
+    return subprocess.run([PYTHON, "-c", "import torchvision"], capture_output=True).returncode == 0
+
+
+# vLLM's CPU kernels for the tiny simulator: gated-DeltaNet in bf16 only, its head dims 64 or 128 (32 is refused),
+# attention head_dim >= 32; the training step then runs in bf16 too (train.dtype sets the compute dtype)
+SIMRL_VLLM = ["train.dtype=bfloat16", "model.head_dim=32", "model.linear_key_head_dim=64",
+              "model.linear_value_head_dim=64", "rollout.vllm_kv_cache_gib=0.0625"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # two tiny Qwen3.5 RL steps at 1,536-token rows plus vLLM's start
+def test_simrl_samples_through_vllm_and_syncs_every_step(tmp_path):
+    """Two steps of the tiny Stage I.3 run (configs/tiny_simrl.py, cut as tests/test_simulator_rl.py cuts it) with
+    rollout.generator=vllm: each step's simulator turns are sampled by the weights of the step before (versions 0,
+    1), with their log-probs, and each step syncs the whole model in bf16."""
+    if not _has_vllm() or not _has_torchvision():
+        pytest.skip(f"no vLLM environment with torchvision at {PYTHON} (vLLM's Qwen3.5 module imports it; "
+                    "scripts/vllm_env.sh builds it; or set MIMESIS_VLLM_PYTHON)")
+    from mimesis_jax.train.rl import simulator as S
+    from mimesis_jax.train.rl.async_rollouts import agent_segments
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    small = ["train.progress_bar=false", "train.tensorboard=false", "train.steps=2", "rollout.prompts_per_step=2",
+             "rollout.group_size=2", "rollout.mini_batch_prompts=1", "rollout.max_tokens=8",
+             "domains.max_user_turns=2", "checkpoint.async_save=false", "checkpoint.every=100", "mesh.fsdp=1",
+             "rollout.row_len=1536", "rollout.max_context_tokens=1536", "rollout.row_rungs=(2.0,)",
+             "rollout.generator=vllm", f"rollout.vllm_python={PYTHON}"]
+    cfg = S.load(os.path.join(root, "configs", "tiny_simrl.py"), small + SIMRL_VLLM)
+    seen = {}
+    res = S.run(cfg, str(tmp_path), handle_signals=False, on_rollouts=lambda step, outs: seen.__setitem__(step, outs),
+                log=lambda *a: None)
+    assert res.final_step == 2 and sorted(seen) == [1, 2]
+    for step, outs in seen.items():
+        segs = agent_segments(outs)
+        assert len(outs) == 4 and segs
+        assert {s.version for s in segs} == {step - 1}
+        assert all(len(s.logprobs) == len(s.tokens) and max(s.logprobs) <= 0 for s in segs)
+    mc = cfg.runtime_model()
+    whole = sum(math.prod(e.hf_shape) * 2 for e in models.family(mc, "hf").hf_tensors(mc))
+    m = res.metrics
+    assert m[1]["vllm/sync_bytes"] == m[2]["vllm/sync_bytes"] == whole  # the whole model in bf16, every step
+
+
 def test_buckets_cover_every_tensor_once_within_the_cap():
     cfg = dataclasses.replace(_config(), dtype="bfloat16")
     names = [e.name for e in models.family(cfg, "hf").hf_tensors(cfg)]

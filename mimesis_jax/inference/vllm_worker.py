@@ -36,15 +36,31 @@ def _reply(out, obj) -> None:
     out.flush()
 
 
+def _cpu_args(model_dir: str, max_model_len: int) -> dict:
+    """vLLM's CPU backend cannot rewind a seeded request's torch generator (`set_offset`: "CPU Generator does not
+    use offset"), which vLLM does after every step that prefills only part of a prompt. So on a CPU no prompt is
+    split: chunked prefill is off (a step holds whole prompts, at least one of max_model_len tokens), and for a
+    hybrid model (linear-attention layers, e.g. Qwen3.5) prefix caching is off too, since its state cache's 'align'
+    mode needs chunked prefill. On GPUs: vLLM's defaults."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {"enable_prefix_caching": True}
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hybrid = "linear_attention" in json.load(f).get("layer_types", ())
+    return {"enable_prefix_caching": not hybrid, "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(max_model_len, 4096)}
+
+
 def _engine(settings: dict):
     from vllm import LLM
 
-    return LLM(model=settings["model"], dtype=settings["dtype"], seed=int(settings.get("seed", 0)),
-               skip_tokenizer_init=True, max_model_len=int(settings["max_model_len"]),
-               enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-               max_num_seqs=int(settings.get("max_num_seqs", 16)), enforce_eager=True,
-               kv_cache_memory_bytes=int(settings["kv_cache_bytes"]),
-               **settings.get("engine_args", {}))
+    args = dict(model=settings["model"], dtype=settings["dtype"], seed=int(settings.get("seed", 0)),
+                skip_tokenizer_init=True, max_model_len=int(settings["max_model_len"]),
+                logprobs_mode="processed_logprobs", max_num_seqs=int(settings.get("max_num_seqs", 16)),
+                enforce_eager=True, kv_cache_memory_bytes=int(settings["kv_cache_bytes"]),
+                **_cpu_args(settings["model"], int(settings["max_model_len"])))
+    return LLM(**{**args, **settings.get("engine_args", {})})  # engine_args override these
 
 
 def _generate(llm, msg: dict) -> dict:
