@@ -9,7 +9,9 @@ before is the existing loop tests' (tests/test_agent_rl_loop.py, test_rl_schedul
 With a rollout pool (rollout.devices=4 of the 8 fake devices) the fixed-lag run updates on devices 0-3 without the
 device lock and samples on devices 4-7, sampling the same tokens and logging the same records (fp32 tolerance) as on
 shared devices; the weights reach the pool with their values and the pool's layout; bad values are one-line
-ConfigErrors naming the key."""
+ConfigErrors naming the key. Through the rollout engine (rollout.engine=true): its programs hold the device lock,
+new weights mid-dialogue re-prefill the dialogue whole (against the static sampler with the new weights), and the
+fixed-lag engine run on a pool samples the static sampler's tokens with its arrays on the pool and no eviction."""
 
 import json
 import os
@@ -216,10 +218,15 @@ def test_staleness_record_against_a_numpy_count():
 
 @pytest.mark.parametrize("sets, msg", [
     (["rl.max_staleness=-1"], "must be an int >= 0"),
-    (["rl.max_staleness=1", "rollout.engine=true"], "must be 0 with rollout.engine")])
+    (["rl.max_staleness=1", "rollout.generator=vllm"], "must be 0 with rollout.generator=vllm")])
 def test_config_errors_name_rl_max_staleness(sets, msg):
     with pytest.raises(ConfigError, match=rf"^config key 'rl.max_staleness': {msg}"):
         _cfg(*sets)
+
+
+def test_the_rollout_engine_may_run_asynchronously():
+    r = _cfg("rl.max_staleness=1", "rollout.engine=true").rollout  # refused before the engine ran under the producer
+    assert r.engine and _cfg("rl.max_staleness=1", "rollout.engine=true").rl.max_staleness == 1
 
 
 # ------------------------------------------------------------------------------------------ the Stage II loop
@@ -437,3 +444,125 @@ def test_a_pool_must_fit_the_devices():
     with pytest.raises(ConfigError, match=r"^config section 'mesh': .* \(the 4 devices rollout.devices leaves to "
                                           r"train on\)$"):
         make_mesh(cfg, distributed.training_devices(cfg.rollout))
+
+
+# ------------------------------------------------------------------------------------------ the rollout engine
+# rollout.engine=true under the producer: its programs take turns with the update's, new weights drop its cached
+# dialogues (the next turn prefills the whole dialogue again with the weights that sample it), and its pool lives
+# on the rollout pool's devices, sized for every step in flight there.
+ENGINE = ("rollout.engine=true", "rollout.engine_slots=4", "rollout.max_context_tokens=128")  # one table width
+ENGINE_EC = dict(slots=2, page_size=4, num_pages=64, max_pages_per_seq=16, prefill_chunk=8, prefill_rows=2,
+                 decode_steps=4, num_states=8)
+
+
+def _tiny_engine_model():
+    from mimesis_jax.models.config import ModelConfig
+    from test_sampler import QWEN3  # the sampler tests' tiny model
+
+    config = ModelConfig(**QWEN3)
+    return config, models.init_params(config, jax.random.key(1)), models.init_params(config, jax.random.key(2))
+
+
+def test_the_engines_programs_hold_the_device_lock_on_a_mesh(monkeypatch):
+    """Every prefill and decode program of an engine on a mesh is dispatched and fetched with the device lock held
+    (the lock the update takes beside the producer on shared devices), and the lock is free between calls."""
+    from mimesis_jax.inference import engine_programs
+    from mimesis_jax.inference.engine import EngineConfig
+    from mimesis_jax.inference.generators import EngineGenerator
+
+    config, p1, _ = _tiny_engine_model()
+    mesh = sharding.make_mesh({"data": 2, "tensor": 1}, jax.devices()[:2])
+    held = []
+    for name in ("prefill_program", "decode_program"):
+        real = getattr(engine_programs, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            held.append((_name, sampler_lib._MESH_LOCK.locked()))
+            return _real(*a, **kw)
+        monkeypatch.setattr(engine_programs, name, spy)
+    gen = EngineGenerator(config, models.shard_params(config, p1, mesh), EngineConfig(**ENGINE_EC),
+                          stop_ids=(1, 2), mesh=mesh)
+    gen.generate([[5, 6, 7], [8, 9]], Sampling(max_tokens=6, temperature=1.0), keys=["a", "b"])
+    assert {n for n, _ in held} == {"prefill_program", "decode_program"}
+    assert all(h for _, h in held), held
+    assert not sampler_lib._MESH_LOCK.locked()
+
+
+def test_new_weights_mid_dialogue_prefill_the_whole_dialogue_again():
+    """A dialogue's second turn after new weights (a pool's Guarded generator, as in flight): the engine dropped
+    the cached pages of the old weights, prefills the whole prompt and samples exactly what the static sampler
+    samples from it with the new weights and the same seed (no token of the old weights' cache is reused); the
+    turn carries the new version."""
+    from mimesis_jax.inference.engine import EngineConfig
+    from mimesis_jax.inference.generators import EngineGenerator
+
+    config, p1, p2 = _tiny_engine_model()
+    gen = Guarded(EngineGenerator(config, p1, EngineConfig(**ENGINE_EC), stop_ids=(1, 2), version=0),
+                  device_lock=None)
+    eng = gen.inner.engine
+    prompts = [[5, 6, 7, 9, 11], [8, 9, 4]]
+    first = gen.generate(prompts, Sampling(max_tokens=5, temperature=1.0, seed=3), keys=["a", "b"])
+    longer = [p + s.tokens + [12, 13] for p, s in zip(prompts, first)]
+    gen.set_params(p2, 1)
+    before = dict(eng.stats)
+    second = gen.generate(longer, Sampling(max_tokens=5, temperature=1.0, seed=4), keys=["a", "b"])
+    want = sampler_lib.generate(config, p2, longer, stop_ids=(1, 2), seed=[4, 4], max_new_tokens=5,
+                                temperature=1.0)
+    assert [s.tokens for s in second] == [w.tokens for w in want]
+    np.testing.assert_allclose(np.concatenate([s.logprobs for s in second]),
+                               np.concatenate([w.logprobs for w in want]), atol=1e-5)
+    assert [s.version for s in first] == [0, 0] and [s.version for s in second] == [1, 1]
+    assert eng.stats["reused_tokens"] == before["reused_tokens"]  # nothing of the old weights' cache
+    assert eng.stats["prefill_tokens"] - before["prefill_tokens"] == sum(len(p) for p in longer)
+
+
+@pytest.fixture(scope="module")
+def engine_pool(tmp_path_factory):
+    """The fixed-lag run of `fixed_lag` sampling through the rollout engine on a pool of the last 4 devices; a spy
+    keeps the policy's engine."""
+    made = []
+    real = L.policy_model
+
+    def policy_model(*a, **kw):
+        m = real(*a, **kw)
+        made.append(m)
+        return m
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(L, "policy_model", policy_model)
+        res, seen = _run(tmp_path_factory.mktemp("engine_pool"), "rl.max_staleness=1", "rl.async_deterministic=true",
+                         f"rollout.devices={POOL}", *ENGINE)
+    return res, seen, made
+
+
+def test_the_engine_on_a_pool_samples_the_static_samplers_tokens_on_the_pool(engine_pool, fixed_lag):
+    """Engine + rollout pool + max_staleness=1 (fixed lag) against the static sampler's fixed-lag run on shared
+    devices: the same tokens every step (the engine draws the sampler's tokens from the same per-request keys),
+    the fixed lag's staleness, no eviction (the pool holds both steps in flight); the engine's weights and KV
+    pool are on the pool's devices."""
+    res, seen, made = engine_pool
+    _, _, lag_seen = fixed_lag
+    toks = lambda trajs: [[s.tokens for s in t.segments] for t in trajs]  # noqa: E731
+    for step in (1, 2, 3):
+        assert toks(seen[step]) == toks(lag_seen[step])
+        assert set(_versions(seen[step])) == {max(0, step - 2)}
+        assert res.metrics[step]["staleness_max"] == min(1, step - 1) == res.metrics[step]["staleness_mean"]
+        assert res.metrics[step]["engine/evictions"] == 0
+    (policy,) = made
+    eng = policy.generator.inner.engine  # Guarded(EngineGenerator)
+    pool = set(range(8 - POOL, 8))
+    assert _device_ids(eng.params) == pool and _device_ids(eng.pool.cache) == pool
+    assert not eng.pool.dialogues  # every dialogue released at its end
+
+
+def test_the_engine_in_flight_on_shared_devices_keeps_the_bound(tmp_path):
+    """The in-flight schedule through the engine on shared devices: its programs take turns with the update's
+    (the device lock), new weights land in flight (each drops the cached dialogues), every dialogue is trained,
+    nothing is evicted and every token's staleness is within the bound."""
+    res, seen = _run(tmp_path, "rl.max_staleness=1", *ENGINE)
+    for step in (1, 2, 3):
+        assert res.metrics[step]["invalid"] == 0 == res.metrics[step]["skipped_groups"]
+        assert res.metrics[step]["engine/evictions"] == 0
+        lags = [(step - 1) - s.version for t in seen[step] if t.status == "ok" for s in t.segments
+                if s.kind == "agent" for _ in s.tokens]
+        assert lags and 0 <= min(lags) and max(lags) <= min(1, step - 1), (step, lags)
+        assert res.metrics[step]["staleness_max"] == max(lags)

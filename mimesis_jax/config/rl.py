@@ -206,8 +206,6 @@ class RolloutSection:
         need(isinstance(rl.async_deterministic, bool), "rl.async_deterministic", "must be true or false")
         need(not (n and self.generator == "vllm"), "rl.max_staleness", "must be 0 with rollout.generator=vllm "
              "(asynchronous rollouts through vLLM are not built yet)")
-        need(not (n and self.engine), "rl.max_staleness", "must be 0 with rollout.engine=true (asynchronous "
-             "rollouts run on the static sampler only, for now)")
         d = self.devices
         need(_is_int(d) and d >= 0, "rollout.devices", "must be an int >= 0 (0 = the rollouts share the training "
              "devices; N = a rollout pool of each process's last N devices)")

@@ -135,10 +135,19 @@ class RolloutEngine:
         vocab on the tensor axis, embed on fsdp)."""
         self._params = params if self.mesh is None else models.shard_params(self.config, params, self.mesh)
 
+    @contextlib.contextmanager
     def _on_mesh(self):
-        """The context the programs run in: the engine's mesh made current (XLA partitions them by the params'
-        and pool's shardings and the activation rules), or nothing without one."""
-        return contextlib.nullcontext() if self.mesh is None else sharding.use_mesh(self.mesh)
+        """The context the programs run in, from dispatch to their fetched outputs: the engine's mesh made current
+        (XLA partitions them by the params' and pool's shardings and the activation rules) and the one-program-
+        on-a-mesh-at-a-time lock the static sampler takes (`sampler._MESH_LOCK`: two multi-device programs
+        enqueued from two threads in different orders could wait on each other's collectives -- another engine,
+        a sampler, or an RL update beside asynchronous rollouts, train/rl/async_rollouts.py); nothing without a
+        mesh."""
+        if self.mesh is None:
+            yield
+            return
+        with sampler._MESH_LOCK, sharding.use_mesh(self.mesh):
+            yield
 
     def _new_pools(self) -> None:
         """A fresh KV pool (and Qwen3.5 state slots), every page and slot free, no dialogue cached."""
@@ -520,7 +529,7 @@ class RolloutEngine:
             pool.cache, tok, lp = engine_programs.prefill_program(
                 self.config, self._filtering(rows), self.decode_fn, self.params, pool.cache, tokens, starts, nval,
                 self._table(rows), sslots, self._samp(rows))
-        tok, lp = jax.device_get((tok, lp))
+            tok, lp = jax.device_get((tok, lp))
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += int(nval.sum())
         for i, r in enumerate(rows):
@@ -569,7 +578,7 @@ class RolloutEngine:
             pool.cache, out_tok, out_lp, count, _, n_run = engine_programs.decode_program(
                 self.config, self._filtering(dec), self.decode_fn, self.ec.decode_steps, self.params, pool.cache,
                 *self._decode_inputs(dec), np.bool_(stop_early))
-        out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
+            out_tok, out_lp, count, n_run = jax.device_get((out_tok, out_lp, count, n_run))
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += int(np.max(n_run))
         self.stats["slot_steps_offered"] += int(np.sum(n_run)) * S
@@ -592,7 +601,7 @@ class RolloutEngine:
         filtering = int(filtering)
         with self._on_mesh():
             self._warmup(filtering)
-        jax.block_until_ready(self.pool.cache)
+            jax.block_until_ready(self.pool.cache)
 
     def decode_args(self, width: int, filtering: int = 0) -> tuple:
         """The arguments of an all-idle decode burst over page tables `width` wide (warmup; what a test lowers

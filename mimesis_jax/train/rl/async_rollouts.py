@@ -39,7 +39,13 @@ generator's own, so no `own_copy`, and the trainer does not wait for the agent t
 (`Guarded`) takes the new weights at its next call. With the pool the producer keeps every admitted step in flight
 (above): the user waits of several steps overlap one another as well as the update.
 
-Not yet (issue #44): several processes and the rollout engine with N > 0 (ConfigErrors), a resume of an
+The rollout engine (`rollout.engine=true`) runs under the producer too. Its programs take the same device lock
+(`RolloutEngine._on_mesh`), so on shared devices they take turns with the update's. Its `set_params` drops
+every cached dialogue: a dialogue that spans versions is prefilled again whole at its first turn after new weights,
+so each turn is sampled by one version on its whole prefix and its recorded behaviour log-probs are that
+version's. On a pool its KV pool is sized for every step in flight there (`learner.steps_at_once`).
+
+Not yet (issue #44): several processes with N > 0 (a ConfigError), a resume of an
 asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), partial
 rollouts, more than one step in flight on shared devices. The stale tokens' off-policy correction is
 `rl.behavior_is_cap` (train/rl/step.py).

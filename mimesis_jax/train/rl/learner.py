@@ -276,6 +276,12 @@ PAD_KEYS = ("pad_rows_real", "pad_rows_slots", "pad_head_real", "pad_head_slots"
             "pad_branch_head_slots")
 
 
+def steps_at_once(cfg) -> int:
+    """How many steps' rollouts run at once: rl.max_staleness + 1 on a rollout pool (every admitted step's,
+    train/rl/async_rollouts.py), else one (one step at a time, also under the producer on shared devices)."""
+    return cfg.rl.max_staleness + 1 if distributed.pool_size(cfg.rollout) else 1
+
+
 def pad_counts(arrays: dict) -> dict:
     """The padding of one update's packed host arrays (any leading axes: [B, ...] or [M, B/M, ...]): real trunk
     tokens (segment id > 0) and trunk slots (rows x row_len), real LM-head positions (agent tokens) and head slots
@@ -574,6 +580,7 @@ class RLLearner:
         P = jax.process_count()
         # dialogues in flight at once on this process: a step's share of the groups, or the validation rollouts
         in_flight = max(-(-r.prompts_per_step // P) * r.group_size, -(-self.num_validation() // P))
+        at_once = in_flight * steps_at_once(cfg)  # the engines' pools hold every step in flight at once
         step = start
         history: dict[int, dict] = {}
         pending: list[tuple[int, dict, list]] = []  # (step, host record, the step's device update metrics)
@@ -609,13 +616,13 @@ class RLLearner:
                 else None, process=f"{self.stage} {os.path.basename(self.workdir)}"))
             cleanup.enter_context(timeline.track("trainer"))  # the loop's thread: updates, syncs, the rest
             compiled = cleanup.enter_context(profiling.count_compilations())  # the run's compile events
-            self.open_models(in_flight)
+            self.open_models(at_once)
             self.log(self.banner(start))
             run_.open_logs(stage=self.stage, handle_signals=self.handle_signals, stdout_keys=self.stdout_keys)
             cleanup.callback(flush_after_error)
             # one policy generator for the run (inference/protocol.py); its weights follow the updates
             policy = policy_model(run_.model_config, self.tok, r, run_.state["params"], name=self.policy_name,
-                                  max_tokens=self.policy_max_tokens(), in_flight=in_flight, mesh=run_.mesh,
+                                  max_tokens=self.policy_max_tokens(), in_flight=at_once, mesh=run_.mesh,
                                   buckets=self.policy_buckets(in_flight), version=step)
             cleanup.callback(policy.close)
             meter = EngineMeter({"engine": engine_of(policy), **self.engines()})
