@@ -21,7 +21,7 @@ never sees a weight. The outputs' local shards are then viewed as arrays on the 
 shards (replicated over a data axis that runs across processes) is viewed so without a program.
 
 Per-device peak of the sync beyond the training state: the rollout copy built so far + one program's working set
-(plan/budget.py `weight_sync`). Every process calls the sync at the same step (the programs span every device).
+(plan/memory.py `weight_sync_bytes`). Every process calls the sync at the same step (the programs span every device).
 """
 
 from __future__ import annotations
