@@ -164,7 +164,24 @@ sync = WeightSync(m2, sharding.make_mesh(axes2), processes=1, layout=rollout_lay
 progs = {path: compiled_total(c) for path, c in sync.compiled(models.abstract_params(m2), QUICK)}
 rows.append(["stage2 weight sync", weight_sync_bytes(m2, axes2, dict(rm.shape)).peak, max(progs.values())])
 table = ["stage2 embed", progs["['embed']"], m2.vocab_size * m2.hidden_size * 4]
-print("RESULT " + json.dumps({"table": table,
+# the engine's sync (Stage II CSD, the config as it is: bf16 compute, the engine's replica layout), built as the
+# loop builds it (weight_sync.rollout_sync, engine=True: the matrices cast to bf16 inside the programs), 1 and 2
+# processes: its largest program and the largest cast one (a stacked MLP weight) per device
+from mimesis_jax.inference.weight_sync import rollout_sync
+from mimesis_jax.plan.memory import weight_sync_leaves
+c3 = workload.load_run_config("configs/qwen3_8b_agentrl.py:csd", [])
+m3, axes3 = workload.runtime_model(c3), dict(c3.mesh.axes())
+mesh3 = sharding.make_mesh(axes3)
+engine_sync = []
+for P in (1, 2):
+    s3 = rollout_sync(m3, mesh3, distributed.layout_of(c3.rollout, mesh3), engine=True, processes=P)
+    comp3 = {path: compiled_total(c) for path, c in s3.compiled(models.abstract_params(m3), QUICK)}
+    local3 = workload.rollout_axes(c3, axes3, P)
+    plans = dict(zip(comp3, weight_sync_leaves(m3, axes3, local3, engine=True)))
+    up = "['layers']['mlp']['up']"
+    engine_sync.append([P, np.dtype(s3.dtype).name, s3.exact, weight_sync_bytes(m3, axes3, local3, engine=True).peak,
+                        max(comp3.values()), plans[up].peak, comp3[up]])
+print("RESULT " + json.dumps({"table": table, "engine_sync": engine_sync,
     "mesh": dict(rm.shape), "leaves": leaves, "tokens": [s.tokens for s in got], "ref": [s.tokens for s in ref],
     "logprobs": [list(map(float, s.logprobs)) for s in got],
     "ref_logprobs": [list(map(float, s.logprobs)) for s in ref],
@@ -220,6 +237,44 @@ def test_the_layout_programs_at_paper_width_are_within_the_plan(paper):
     assert [s[0] for s in syncs] == ["weight sync", "stage2 weight sync"]  # and Stage II's mesh into the layout
     for sync, s_planned, s_compiled in syncs:
         assert abs(s_planned / s_compiled - 1) <= TOLERANCE, (sync, s_planned / GiB, s_compiled / GiB)
+
+
+def test_the_engine_sync_compiled_as_the_loop_builds_it_is_within_the_plan(paper):
+    """The weight sync into the rollout engine (Stage II CSD at the paper's widths, bf16 compute, the engine's
+    replica layout, 1 and 2 processes), built by weight_sync.rollout_sync as the loop builds it: bf16 copies of the
+    cast matrices (exact); its largest program, and its largest cast one (a stacked MLP weight: each layer cast on
+    its training shard and gathered in bf16), within 10% of `weight_sync_bytes(..., engine=True)`."""
+    for P, dtype, exact, planned, compiled, up_planned, up_compiled in paper["engine_sync"]:
+        assert (dtype, exact) == ("bfloat16", True), P
+        assert abs(planned / compiled - 1) <= TOLERANCE, (P, planned / GiB, compiled / GiB)
+        assert abs(up_planned / up_compiled - 1) <= TOLERANCE, (P, up_planned / GiB, up_compiled / GiB)
+
+
+def test_the_engine_sync_moves_and_leaves_the_cast_copy():
+    """`weight_sync_bytes(..., engine=True)` of Stage II CSD (fsdp 8 x tensor 2 into the engine's data 8 x tensor 2),
+    counted here by hand from the parameter specs: the copy holds the matrices and the embedding (an `embed` axis,
+    not the LM head) in bf16, the rest in fp32, split 2 ways where a tensor axis is; each device receives its copy
+    less what its training shard (split 8 ways more on `embed`) already holds, in the copy's dtype. The copy is
+    `engine_param_bytes`'; the fp32 sync moves the wide bytes."""
+    from mimesis_jax.plan.memory import engine_param_bytes, weight_sync_bytes
+
+    cfg = workload.load_run_config("configs/qwen3_8b_agentrl.py:csd")
+    m, mesh = workload.runtime_model(cfg), dict(cfg.mesh.axes())
+    local = workload.rollout_axes(cfg, mesh, 1)
+    assert mesh == {"data": 1, "fsdp": 8, "tensor": 2} and local == {"data": 8, "fsdp": 1, "tensor": 2}
+    copy = moved = moved32 = 0
+    flat = jax.tree_util.tree_flatten_with_path(models.param_specs(m), is_leaf=is_spec)[0]
+    for path, s in flat:
+        n, t = math.prod(s.shape), 2 if TENSOR_AXES & set(s.axes) else 1
+        src = n // (t * (8 if "embed" in s.axes else 1))
+        item = 2 if "embed" in s.axes and jax.tree_util.keystr(path) != "['lm_head']" else 4
+        copy += n // t * item
+        moved += (n // t - src) * item
+        moved32 += (n // t - src) * 4
+    b = weight_sync_bytes(m, mesh, local, engine=True)
+    assert (b.copy, b.moved) == (copy, moved)
+    assert b.copy == engine_param_bytes(m, local)
+    assert weight_sync_bytes(m, mesh, local).moved == moved32 > moved
 
 
 def test_a_table_changing_device_groups_moves_in_row_pieces(paper):

@@ -141,8 +141,10 @@ def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error:
 def format_weight_sync(p: Plan, pp: Plan, layout: str = "") -> str:
     """The weight sync into each process's rollout devices (inference/weight_sync.py), or into the rollout layout
     `layout` (`rollout.mesh`), per device: the bytes it receives, the sync's largest program, and the bound with the
-    training state and the copy it leaves."""
-    sync = weight_sync_bytes(p.workload.model, p.workload.mesh, pp.workload.mesh)
+    training state and the copy it leaves. With the rollout engine (pp's workload has one) the copy is the engine's,
+    its matrices cast to the compute dtype inside the sync (weight_sync.rollout_sync(engine=True))."""
+    engine = pp.workload.engine is not None
+    sync = weight_sync_bytes(p.workload.model, p.workload.mesh, pp.workload.mesh, engine)
     state = p.item("parameters") + p.item("optimizer state")
     into = f"the rollout layout rollout.mesh={layout}" if layout else "each process's devices"
     return (f"weight sync into {into} (device to device, one array at a time): "
@@ -218,10 +220,12 @@ def _load(args):
 
 def _rollout_programs(cfg_p, mesh: dict, local: dict, p: Plan, processes: int, layout) -> list[ProgramMemory]:
     """The compiled programs of one process's rollout on `local` (its sub-mesh or the rollout layout) and the
-    weight sync into it, next to their plan."""
+    weight sync into it (into the engine's copy with rollout.engine: built as the loop builds it), next to their
+    plan."""
     rows = program_memory(cfg_p, local, p.device, updates=False)
-    rows.append(ProgramMemory("weight sync (largest program)", weight_sync_bytes(p.workload.model, mesh, local).peak,
-                              weight_sync_memory(p.workload.model, mesh, processes, layout=layout)))
+    model, engine = p.workload.model, bool(cfg_p.rollout.engine)
+    rows.append(ProgramMemory("weight sync (largest program)", weight_sync_bytes(model, mesh, local, engine).peak,
+                              weight_sync_memory(model, mesh, processes, layout=layout, engine=engine)))
     return rows
 
 

@@ -166,7 +166,8 @@ def _programs(run_state, cfg, sampler_shapes, options=None, updates: bool = True
 
 def _layout_programs(run_state, cfg, local: dict, options=None) -> list[dict]:
     """With rollout.mesh set, the weight sync into that layout (inference/weight_sync.py): its largest program's
-    compiled bytes per device next to the plan's (plan/memory.py weight_sync_bytes), the row naming the layout."""
+    compiled bytes per device next to the plan's (plan/memory.py weight_sync_bytes), the row naming the layout; with
+    rollout.engine the sync into the engine's copy (its matrices cast to the compute dtype), as the loop runs it."""
     from mimesis_jax.plan.compiled import FAST, weight_sync_memory, within
     from mimesis_jax.plan.memory import weight_sync_bytes
     from mimesis_jax.train.rl.distributed import layout_of
@@ -175,8 +176,9 @@ def _layout_programs(run_state, cfg, local: dict, options=None) -> list[dict]:
     if layout is None:
         return []
     model, axes = run_state.model_config, {k: int(v) for k, v in run_state.mesh.shape.items()}
-    planned = weight_sync_bytes(model, axes, local).peak
-    compiled = weight_sync_memory(model, axes, jax.process_count(), options or FAST, layout)
+    engine = bool(cfg.rollout.engine)
+    planned = weight_sync_bytes(model, axes, local, engine).peak
+    compiled = weight_sync_memory(model, axes, jax.process_count(), options or FAST, layout, engine)
     return [{"program": "weight_sync", "shape": {"layout": layout_text(layout)}, "mesh": local,
              "compiled_bytes": compiled, "plan_bytes": planned, "ok": within(planned, compiled)}]
 

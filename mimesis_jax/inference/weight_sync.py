@@ -21,7 +21,7 @@ never sees a weight. The outputs' local shards are then viewed as arrays on the 
 shards (replicated over a data axis that runs across processes) is viewed so without a program.
 
 Per-device peak of the sync beyond the training state: the rollout copy built so far + one program's working set
-(plan/budget.py `weight_sync`). Every process calls the sync at the same step (the programs span every device).
+(plan/memory.py `weight_sync_bytes`). Every process calls the sync at the same step (the programs span every device).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mimesis_jax import models
-from mimesis_jax.models.config import ModelConfig
+from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.sharding import layout_mesh, local_rollout_mesh
 
 REPLICA = "replica"
@@ -115,14 +115,33 @@ def _widen(sharding: NamedSharding, ndim: int) -> NamedSharding:
 
 def _in_pieces(x, dim: int, src: NamedSharding, out: NamedSharding, cast):
     """x moved from `src` to `out` one index of dimension `dim` at a time into the output buffer (each piece pinned
-    to the training layout first, so the partitioner does not carry the rollout layout back to the whole array)."""
+    to the training layout first, so the partitioner does not carry the rollout layout back to the whole array, and
+    cast there, on the devices holding its shard, so the collective moves the cast piece)."""
     def body(i, y):
         piece = jax.lax.dynamic_index_in_dim(x, i, dim)
-        piece = jax.lax.with_sharding_constraint(piece, src)
-        piece = jax.lax.with_sharding_constraint(cast(piece), out)
+        piece = jax.lax.with_sharding_constraint(cast(piece), src)
+        piece = jax.lax.with_sharding_constraint(piece, out)
         return jax.lax.dynamic_update_index_in_dim(y, piece, i, dim)
     y = jax.lax.with_sharding_constraint(jnp.zeros(x.shape, cast(jnp.zeros((), x.dtype)).dtype), out)
     return jax.lax.fori_loop(0, x.shape[dim], body, y)
+
+
+def engine_dtype(config: ModelConfig):
+    """The dtype of the rollout engine's copy of the matrices: the compute dtype where it is narrower than the
+    parameters' (the forward casts them to it anyway: models.compute_cast_mask), else None (the training dtype)."""
+    compute, stored = config.compute_dtype, DTYPES[config.param_dtype]
+    return compute if compute.dtype.itemsize < stored.dtype.itemsize else None
+
+
+def rollout_sync(config: ModelConfig, mesh: Mesh, layout: dict | None = None, engine: bool = False,
+                 processes: int | None = None) -> "WeightSync":
+    """The weight sync as the RL loops build it (train/rl/distributed.py rollout_params) and as `plan --compiled`
+    compiles it (plan/compiled.py weight_sync_memory), one constructor so the two cannot drift: into `layout`
+    (None: each process's block as it is); `engine`: the rollout engine's copy (`engine_dtype`, cast exactly:
+    only the leaves models.compute_cast_mask marks, on the devices, inside the sync's programs), else the training
+    dtype. processes: emulate that many (planning)."""
+    dtype = engine_dtype(config) if engine else None
+    return WeightSync(config, mesh, dtype=dtype, processes=processes, layout=layout or None, exact=dtype is not None)
 
 
 @dataclasses.dataclass

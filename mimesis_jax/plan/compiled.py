@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BEHAV_KEY, BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.inference.weight_sync import WeightSync
+from mimesis_jax.inference.weight_sync import rollout_sync
 from mimesis_jax.models.config import DTYPES, ModelConfig
 from mimesis_jax.plan.budget import engine_decode_peak, engine_mesh, engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
@@ -303,12 +303,13 @@ def engine_prefill_memory(w: Workload, options: dict = FAST) -> int:
 
 # ----------------------------------------------------------------------------------------- per config
 def weight_sync_memory(model: ModelConfig, axes: dict, processes: int, options: dict = FAST,
-                       layout: dict | None = None) -> int:
+                       layout: dict | None = None, engine: bool = False) -> int:
     """Compiled per-device bytes of the largest program of the weight sync (inference/weight_sync.py) from the
     training mesh `axes` to each of `processes` processes' blocks (laid out as `layout` says: `rollout.mesh` parsed,
-    config/layout.py rollout_layout; None: the blocks as they are), the processes emulated on this one's devices: what
-    plan/memory.py `weight_sync_bytes(...).peak` plans."""
-    sync = WeightSync(model, _mesh(axes), processes=processes, layout=layout)
+    config/layout.py rollout_layout; None: the blocks as they are), the processes emulated on this one's devices,
+    built as the loop builds it (weight_sync.rollout_sync; `engine`: the rollout engine's copy, its matrices cast to
+    the compute dtype inside the programs): what plan/memory.py `weight_sync_bytes(..., engine=engine).peak` plans."""
+    sync = rollout_sync(model, _mesh(axes), layout, engine, processes=processes)
     return max(compiled_total(c) for _, c in sync.compiled(models.abstract_params(model), options))
 
 

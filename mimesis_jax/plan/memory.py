@@ -73,33 +73,51 @@ class SyncBytes:
     moved: int
 
 
-def weight_sync_bytes(model: ModelConfig, mesh: dict, local: dict, itemsize: int | None = None) -> SyncBytes:
+def weight_sync_bytes(model: ModelConfig, mesh: dict, local: dict, engine: bool = False) -> SyncBytes:
     """Per-device bytes of the weight sync from the training `mesh` (axis sizes) to one process's `local` block
-    (workload.process_mesh), the rollout copy in `itemsize` bytes per element (default the parameters')."""
+    (workload.process_mesh), the rollout copy in the parameters' dtype, or with `engine` as the rollout engine's
+    copy (weight_sync.rollout_sync(engine=True)): the leaves models.compute_cast_mask marks in `engine_dtype_bytes`,
+    the rest in the parameters' dtype, as `engine_param_bytes` counts the copy. The sync's programs cast on the
+    devices holding the training shard, before the collective (inference/weight_sync.py: a whole array's shard, or
+    each piece's), so the bytes moved and what a collective gathers are the narrow ones; the training shard stays
+    in the parameters' dtype. Summed over `weight_sync_leaves`."""
+    leaves = weight_sync_leaves(model, mesh, local, engine)
+    return SyncBytes(max(x.peak for x in leaves), max(x.work for x in leaves), sum(x.copy for x in leaves),
+                     sum(x.moved for x in leaves))
+
+
+def weight_sync_leaves(model: ModelConfig, mesh: dict, local: dict, engine: bool = False) -> list[SyncBytes]:
+    """`weight_sync_bytes` of each parameter array (its one sync program), in the parameters' leaf order."""
     item = DTYPES[model.param_dtype].dtype.itemsize
-    out_item = itemsize or item
-    peak = most = copy = moved = 0
-    for s in jax.tree.leaves(param_specs(model), is_leaf=is_spec):
-        n = math.prod(s.shape)
-        src, dst = n // divisor(s.axes, s.shape, mesh, model), n // divisor(s.axes, s.shape, local, model)
-        src_b, dst_b = src * item, dst * out_item
-        work = 0
-        if dst != src:  # a reshard: a copy of the training shard laid out for the collective, and what it gathers
-            # (a stacked weight one layer at a time: its layer's slice and gathered slice; a table whose rows
-            # change device groups one row piece at a time, weight_sync.row_pieces)
-            L = s.shape[0] if s.axes[0] == "layers" and s.shape[0] > 1 else 1
-            if L == 1 and len(s.shape) > 1:
-                L = row_pieces(s.shape[0], divisor(s.axes[:1], s.shape[:1], mesh, model),
-                               divisor(s.axes[:1], s.shape[:1], local, model))[1]
-            gather = len(s.shape) > 1 and L == 1 and divisor(s.axes, s.shape, local, model) == divisor(
-                s.axes[:1], s.shape[:1], local, model) == divisor(s.axes[:1], s.shape[:1], mesh, model)
-            # a table whose rows stay where they are and whose other dims are gathered whole: one all-gather into
-            # the output, no copy of the training shard beside it
+    narrow = engine_dtype_bytes(model) if engine else item
+    specs = jax.tree.leaves(param_specs(model), is_leaf=is_spec)
+    return [_sync_leaf(model, s, mesh, local, item, narrow if cast else item)
+            for s, cast in zip(specs, jax.tree.leaves(models.compute_cast_mask(model)))]
+
+
+def _sync_leaf(model: ModelConfig, s, mesh: dict, local: dict, item: int, out_item: int) -> SyncBytes:
+    n = math.prod(s.shape)
+    src, dst = n // divisor(s.axes, s.shape, mesh, model), n // divisor(s.axes, s.shape, local, model)
+    src_b, dst_b = src * item, dst * out_item
+    work = 0
+    if dst != src:  # a reshard: a copy of the training shard laid out for the collective, and what it gathers
+        # (a stacked weight one layer at a time: its layer's slice and gathered slice; a table whose rows
+        # change device groups one row piece at a time, weight_sync.row_pieces)
+        L = s.shape[0] if s.axes[0] == "layers" and s.shape[0] > 1 else 1
+        if L == 1 and len(s.shape) > 1:
+            L = row_pieces(s.shape[0], divisor(s.axes[:1], s.shape[:1], mesh, model),
+                           divisor(s.axes[:1], s.shape[:1], local, model))[1]
+        gather = len(s.shape) > 1 and L == 1 and divisor(s.axes, s.shape, local, model) == divisor(
+            s.axes[:1], s.shape[:1], local, model) == divisor(s.axes[:1], s.shape[:1], mesh, model)
+        # a table whose rows stay where they are and whose other dims are gathered whole: one all-gather into
+        # the output, no copy of the training shard beside it
+        if out_item < item:  # cast first: the cast shard (or piece) is what the collective reads, and a piece
+            # program keeps no whole copy of the training shard beside it
+            cs = src * out_item
+            work = cs if gather else (src_b + cs + dst_b) // L if L > 1 else cs + dst_b
+        else:
             work = dst_b if gather else src_b + (src_b + dst_b) // L if L > 1 else src_b + dst_b
-        peak, most = max(peak, src_b + dst_b + work), max(most, work)
-        copy += dst_b
-        moved += (dst - src) * out_item
-    return SyncBytes(peak, most, copy, moved)
+    return SyncBytes(src_b + dst_b + work, work, dst_b, (dst - src) * out_item)
 
 
 def optimizer_bytes(model: ModelConfig, mesh: dict, opt_cfg, total_updates: int) -> int:

@@ -29,11 +29,12 @@ from mimesis_jax.config.rl import AgentRLConfig, SidesConfig, UserSideConfig, co
 from mimesis_jax.envs.domains import SideModels
 from mimesis_jax.envs.toy import ToyBehaviourJudge, ToyCoach, ToySupportAgent, ToyUser
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.models.config import DTYPES, ModelConfig
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.inference import sampler
 from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
 from mimesis_jax.inference.engine_sizing import rollout_sizing
 from mimesis_jax.inference.vllm_generator import VLLMGenerator
+from mimesis_jax.inference.weight_sync import engine_dtype  # noqa: F401  (the engine copy's dtype, named here as before)
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.chat.local import LocalChatModel, stop_ids
 from mimesis_jax.chat.batching import BatchedChatModel
@@ -58,14 +59,7 @@ def engine_params(params, config=None, mesh=None, rollout=None):
     are unchanged); the engine places them on its mesh as models.shard_params says."""
     if mesh is None:
         return jax.device_put(distributed.host_params(params), jax.local_devices()[0])
-    return distributed.rollout_params(config, params, mesh, rollout, dtype=engine_dtype(config))
-
-
-def engine_dtype(config: ModelConfig):
-    """The dtype of the engine's copy of the matrices: the compute dtype where it is narrower than the parameters'
-    (the forward casts them to it anyway: models.compute_cast_mask), else None (the training dtype)."""
-    compute, stored = config.compute_dtype, DTYPES[config.param_dtype]
-    return compute if compute.dtype.itemsize < stored.dtype.itemsize else None
+    return distributed.rollout_params(config, params, mesh, rollout, engine=True)
 
 
 def policy_params(model_config: ModelConfig, r, params, mesh=None):

@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from mimesis_jax import models
 from mimesis_jax.checkpoints import gather_json
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.inference.weight_sync import WeightSync
+from mimesis_jax.inference.weight_sync import WeightSync, rollout_sync
 from mimesis_jax.config.layout import decode_layout, rollout_layout
 from mimesis_jax.config.rl import RolloutSection
 from mimesis_jax.sharding import layout_mesh, local_rollout_mesh
@@ -140,13 +140,13 @@ def pool_mesh(rollout, mesh: Mesh) -> Mesh:
     return layout_mesh(block, layout)
 
 
-def _to_pool(config, params, mesh: Mesh, rollout, dtype=None):
+def _to_pool(config, params, mesh: Mesh, rollout, engine: bool = False):
     """The training parameters copied into the rollout pool, device to device: first laid out on the training
     devices as the pool lays them out (a weight sync to replicas x the pool's tensor split, inference/
     weight_sync.py), so every shard the pool needs exists whole on some training device; then each shard copied
     to the pool devices that hold it (jax.device_put between two shardings of the same shards: no host copy)."""
     pool = pool_mesh(rollout, mesh)
-    staged = _weight_sync(config, mesh, (("replica", -1), ("tensor", dict(pool.shape)["tensor"])), dtype)(params)
+    staged = _weight_sync(config, mesh, (("replica", -1), ("tensor", dict(pool.shape)["tensor"])), engine)(params)
     return models.shard_params(config, staged, pool)
 
 
@@ -185,7 +185,7 @@ def host_params(params):
     return multihost_utils.process_allgather(params, tiled=True)
 
 
-def rollout_params(config, params, mesh: Mesh | None, rollout=None, dtype=None):
+def rollout_params(config, params, mesh: Mesh | None, rollout=None, engine: bool = False):
     """The parameters the sampler uses, placed on `rollout_mesh(mesh, rollout)` as `models.shard_params` lays them
     out.
 
@@ -198,23 +198,24 @@ def rollout_params(config, params, mesh: Mesh | None, rollout=None, dtype=None):
     the mesh", "Rollout layout"). Without a mesh (several processes): the host-gathered copy on this process's
     first device. With a rollout pool (`rollout.devices`): copied device to device into the pool (`_to_pool`).
 
-    dtype: with a weight sync, the copy's matrices in that dtype (WeightSync(exact=True): the parameters the
-    forward casts to it anyway, so the samples are unchanged); None keeps the training dtype."""
+    engine: the rollout engine's copy (weight_sync.rollout_sync: with a weight sync, the matrices in the compute
+    dtype where it is narrower, weight_sync.engine_dtype, cast exactly -- the parameters the forward casts to it
+    anyway, so the samples are unchanged); else the training dtype."""
     if mesh is not None and pool_size(rollout):
-        return _to_pool(config, params, mesh, rollout, dtype)
+        return _to_pool(config, params, mesh, rollout, engine)
     layout = layout_of(rollout, mesh)
     if mesh is not None and layout is not None:
-        return _weight_sync(config, mesh, tuple(layout.items()), dtype)(params)
+        return _weight_sync(config, mesh, tuple(layout.items()), engine)(params)
     if jax.process_count() == 1:
         return params
     if mesh is None:
         return jax.device_put(host_params(params), jax.local_devices()[0])
-    return _weight_sync(config, mesh, (), dtype)(params)
+    return _weight_sync(config, mesh, (), engine)(params)
 
 
 @functools.lru_cache(maxsize=4)
-def _weight_sync(config, mesh: Mesh, layout: tuple = (), dtype=None) -> WeightSync:
-    return WeightSync(config, mesh, layout=dict(layout) or None, dtype=dtype, exact=dtype is not None)
+def _weight_sync(config, mesh: Mesh, layout: tuple = (), engine: bool = False) -> WeightSync:
+    return rollout_sync(config, mesh, dict(layout), engine)
 
 
 def step_array(step: int, mesh):
