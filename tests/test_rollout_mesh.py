@@ -44,7 +44,7 @@ def _tiny():
 
 
 def _policy(mc, tok, params, mesh, max_tokens):
-    r = types.SimpleNamespace(engine=False, max_batch=0, mesh="")  # the RolloutConfig fields policy_model reads
+    r = types.SimpleNamespace(engine=False, max_batch=0, mesh="", generator="jax", devices=0)  # the RolloutConfig fields policy_model reads
     return policy_model(mc, tok, r, params, name="agent", max_tokens=max_tokens, in_flight=1, mesh=mesh)
 
 
@@ -247,7 +247,7 @@ def no_gather(*a, **k):
 
 
 multihost_utils.process_allgather = no_gather  # the sync must move them device to device
-model = policy_model(mc, tok, types.SimpleNamespace(engine=False, max_batch=0, mesh=""), params, name="agent",
+model = policy_model(mc, tok, types.SimpleNamespace(engine=False, max_batch=0, mesh="", generator="jax", devices=0), params, name="agent",
                      max_tokens=8, in_flight=1, mesh=mesh)
 # the sync's programs (inference/weight_sync.py) against their plan: the largest per-device bytes of one
 from mimesis_jax.plan.memory import weight_sync_bytes
