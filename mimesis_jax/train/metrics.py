@@ -1,5 +1,6 @@
 """Training metrics: WORKDIR/metrics.jsonl (every step), stdout lines and TensorBoard (every `log_every`
-steps), and a tqdm progress bar with the token rates a stage measures (`BAR_RATES`).
+steps), and a tqdm progress bar with the token rates a stage measures (`BAR_RATES`). TensorBoard gets each number
+as a scalar and each `*_hist` list (counts per integer value, e.g. `staleness_hist`) as a histogram.
 
 Only process 0 writes. On resume, records of steps after the restored checkpoint (written by the interrupted
 run before it died) are dropped from metrics.jsonl, so the file always describes one consistent run.
@@ -72,6 +73,17 @@ def _fmt(v) -> str:
 # second of rollout time and tokens trained per second of update time (RL stages)
 BAR_RATES = (("tokens_per_s", "tok_s"), ("rollout_tokens_per_s", "rollout_tok_s"),
              ("train_tokens_per_s", "train_tok_s"))
+
+
+def histogram_raw(counts) -> dict:
+    """TensorBoard's raw histogram of integer values given as `counts` (counts[k]: how many values equal k), one
+    bucket per value: bucket k holds the values in (k - 1/2, k + 1/2]."""
+    counts = [int(c) for c in counts]
+    ks = [k for k, c in enumerate(counts) if c]
+    return {"min": float(min(ks)), "max": float(max(ks)), "num": sum(counts),
+            "sum": float(sum(k * c for k, c in enumerate(counts))),
+            "sum_squares": float(sum(k * k * c for k, c in enumerate(counts))),
+            "bucket_limits": [k + 0.5 for k in range(len(counts))], "bucket_counts": counts}
 
 
 class MetricsLogger:
@@ -148,6 +160,8 @@ class MetricsLogger:
                 for k, v in record.items():
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         self.tb.add_scalar(f"train/{k}", v, step)
+                    elif k.endswith("_hist") and sum(v):  # counts per integer value (staleness_hist)
+                        self.tb.add_histogram_raw(f"train/{k}", global_step=step, **histogram_raw(v))
                 self.tb.flush()
 
     def close(self) -> None:

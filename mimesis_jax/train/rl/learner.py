@@ -113,6 +113,17 @@ def mean_or_zero(xs) -> float:
     xs = [float(x) for x in xs]
     return float(np.mean(xs)) if xs else 0.0
 
+# the spans whose share of each step's wall time is logged (docs/stage2.md "Busy fractions"): the training
+# devices' optimizer updates, the rollout side's generations
+BUSY_SPANS = {"update": "pool_busy/train", "agent turn": "pool_busy/rollout"}
+BUSY_KEYS = tuple(BUSY_SPANS.values())
+
+
+def busy_record(fractions: dict) -> dict:
+    """The step record's busy fractions from `timeline.Busy.fractions` over the step's wall-clock window."""
+    return {key: float(fractions[kind]) for kind, key in BUSY_SPANS.items()}
+
+
 SCORE_PROGRAM = "_score_fn"  # RLStep's old-log-prob scoring (rl.old_logprobs = "recompute")
 SAMPLER_PROGRAM = "generate_bucket"  # inference/sampler.py
 ENGINE_PROGRAMS = ("prefill_program", "decode_program")  # inference/engine_programs.py
@@ -608,6 +619,7 @@ class RLLearner:
                 os.path.join(self.workdir, "timeline.json") if cfg.train.timeline and jax.process_index() == 0
                 else None, process=f"{self.stage} {os.path.basename(self.workdir)}"))
             cleanup.enter_context(timeline.track("trainer"))  # the loop's thread: updates, syncs, the rest
+            busy = cleanup.enter_context(timeline.measuring(BUSY_SPANS))  # the pools' busy fractions, per step
             compiled = cleanup.enter_context(profiling.count_compilations())  # the run's compile events
             self.open_models(in_flight)
             self.log(self.banner(start))
@@ -650,6 +662,7 @@ class RLLearner:
                         rec.update(self.validate(policy, f"{self.stage} step {step} validation"))
                 now = time.perf_counter()
                 rec["step_s"] = now - ended  # wall clock of the loop: since the previous step's record
+                rec.update(busy_record(busy.fractions(ended, now)))
                 if self.source.beside:
                     rec["rollout_wait_s"] = wait_s
                 rec["groups_in_flight"] = self.groups_in_flight
