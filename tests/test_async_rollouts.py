@@ -1,6 +1,7 @@
 """Bounded-staleness rollouts (train/rl/async_rollouts.py, issue #44 items 1-2): the producer's admission rule
 against a scripted loop (no JAX), the staleness metrics against a NumPy count written from their definition, the
-config and resume refusals, and the tiny Stage II GRPO loop with rl.max_staleness=1. Under the fixed lag
+config refusals, and the tiny Stage II GRPO loop with rl.max_staleness=1 (its resume: tests/test_async_resume.py).
+Under the fixed lag
 (rl.async_deterministic) the step trained by version s sampled all its tokens with version max(0, s - 1) and logs
 staleness exactly 1 from its second step on; in flight every token's version lies in [s - 1, s]; with
 max_staleness=0 every token is sampled by the version that trains it, and the first step (version 0 on every
@@ -279,12 +280,6 @@ def test_synchronous_run_has_no_staleness_and_the_first_step_of_both(fixed_lag, 
     strip = lambda rec: {k: v for k, v in rec.items() if k not in TIMING}  # noqa: E731
     assert strip(sync.metrics[1]) == strip(lag.metrics[1])
     assert strip(sync.metrics[2]) != strip(lag.metrics[2])  # step 2 sampled other weights
-
-
-def test_resuming_an_asynchronous_run_is_refused(fixed_lag):
-    wd, _, _ = fixed_lag
-    with pytest.raises(ConfigError, match=r"^config key 'rl.max_staleness': .* resume with --set rl.max_staleness=0"):
-        _run(wd, "rl.max_staleness=1", f"train.steps={STEPS + 1}")
 
 
 def test_a_checkpoint_keeps_the_data_state_of_its_own_step(fixed_lag, tmp_path):
