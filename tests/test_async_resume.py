@@ -3,8 +3,8 @@ rl.async_deterministic=true and rl.max_staleness N = 1, 2 dies during step 3 (an
 steps 3 .. 2 + N sampled or sampling beside it) after the checkpoint of step 2; the rerun restores the versions
 the in-flight steps sampled with, regenerates them from their draws and seeds and finishes the run. Its steps 3-4
 log what the uninterrupted 4-step run logged (every non-timing metric, at fp32 tolerance) and its final weights
-are that run's; every rollout id once. A checkpoint without the versions (written with N = 0) resumes on a new
-schedule from its own version."""
+are that run's, and the resumed steps draw the same tasks and rollout ids. A checkpoint without the versions
+(written with N = 0) resumes on a new schedule from its own version, and says so."""
 
 import jax
 import numpy as np
@@ -66,3 +66,24 @@ def test_a_deterministic_asynchronous_run_resumes_exactly(n, tmp_path):
     _, got, _, _ = load_trained(resumed.workdir)
     for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpoint_without_the_versions_resumes_on_a_new_schedule(tmp_path):
+    """Killed with N = 0 (its checkpoint holds no earlier version), resumed with N = 1 under the fixed lag: the
+    generator starts at version 2, so step 3 samples with the version that trains it and step 4 one behind."""
+    sets = ("rl.async_deterministic=true", "checkpoint.every=2")
+
+    def die_at_3(step, trajs):
+        if step == 3:
+            raise Killed
+
+    user = ToyUser()
+    side = A.UserSide(user, SimulatorAsResponder(user), user, ToyCoach())
+    with pytest.raises(Killed):
+        A.run(tiny_grpo_config(STEPS, "rl.max_staleness=0", *sets), str(tmp_path), user_side=side,
+              on_rollouts=die_at_3, handle_signals=False, log=lambda *a: None)
+    said = []
+    res = A.run(tiny_grpo_config(STEPS, "rl.max_staleness=1", *sets), str(tmp_path), user_side=side,
+                handle_signals=False, log=said.append)
+    assert res.start_step == 2 and [res.metrics[s]["staleness_max"] for s in (3, 4)] == [0, 1]
+    assert any("holds no policy versions [1]" in line for line in said), said
