@@ -207,14 +207,16 @@ def test_staleness_record_against_a_numpy_count():
     rec = staleness_record(trajs, 7)
     assert rec["staleness_max"] == max(lags)
     assert rec["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
-    assert rec["staleness_hist"] == [lags.count(k) for k in range(max(lags) + 1)]  # tokens per staleness
+    tokens_at = [lags.count(k) for k in range(max(lags) + 1)]  # tokens per staleness, up to the largest
+    assert [rec[f"staleness_hist/{k}"] for k in range(len(tokens_at))] == tokens_at
+    assert f"staleness_hist/{len(tokens_at)}" not in rec
     assert staleness_record([Trajectory([Segment("agent", [1, 2])])], 3) == {}  # no version: nothing logged
     # Stage I.3: a rollout holds one Trajectory per policy turn
     sim = SimRollout(segments=[Trajectory([Segment("public", [1]), Segment("agent", [2, 3, 4], version=5)]),
                      Trajectory([Segment("public", [1]), Segment("agent", [5], version=6)])],
                      domain="d", group_id=0, rollout_id=0)
     assert staleness_record([sim], 7) == {"staleness_max": 2, "staleness_mean": (3 * 2 + 1 * 1) / 4,
-                                          "staleness_hist": [0, 1, 3]}
+                                          "staleness_hist/0": 0, "staleness_hist/1": 1, "staleness_hist/2": 3}
 
 
 @pytest.mark.parametrize("sets, msg", [
@@ -254,7 +256,8 @@ def test_fixed_lag_trains_each_token_one_version_late(fixed_lag):
         assert rec["staleness_max"] == (step - 1) - max(0, step - 2) == rec["staleness_mean"]
         # the TensorBoard histogram's counts: every trained agent token at that one staleness
         tokens = sum(len(s.tokens) for t in seen[step] if t.status == "ok" for s in t.segments if s.kind == "agent")
-        assert rec["skipped_groups"] == 0 and rec["staleness_hist"] == [0] * rec["staleness_max"] + [tokens]
+        hist = [rec[f"staleness_hist/{k}"] for k in range(rec["staleness_max"] + 1)]
+        assert rec["skipped_groups"] == 0 and hist == [0] * rec["staleness_max"] + [tokens]
         assert rec["step_s"] > 0
     ids = [t.rollout_id for s in seen.values() for t in s]
     assert sorted(ids) == list(range(len(ids)))  # every rollout id once, in the synchronous run's order

@@ -1,6 +1,7 @@
 """Training metrics: WORKDIR/metrics.jsonl (every step), stdout lines and TensorBoard (every `log_every`
 steps), and a tqdm progress bar with the token rates a stage measures (`BAR_RATES`). TensorBoard gets each number
-as a scalar and each `*_hist` list (counts per integer value, e.g. `staleness_hist`) as a histogram.
+as a scalar, but the counts `<name>_hist/<k>` (how many values equal k, e.g. `staleness_hist/0`, `/1`, ...) of a
+step, which it gets as one histogram `<name>_hist` (`histogram_raw`).
 
 Only process 0 writes. On resume, records of steps after the restored checkpoint (written by the interrupted
 run before it died) are dropped from metrics.jsonl, so the file always describes one consistent run.
@@ -157,11 +158,17 @@ class MetricsLogger:
                 f"{k} {_fmt(record[k])}" for k in self.stdout_keys if k in record]
             self.write(" | ".join(parts))
             if self.tb is not None:
+                hists: dict[str, dict[int, int]] = {}
                 for k, v in record.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    name, _, value = k.rpartition("/")
+                    if name.endswith("_hist") and value.isdigit():  # one bucket of a histogram
+                        hists.setdefault(name, {})[int(value)] = int(v)
+                    elif isinstance(v, (int, float)) and not isinstance(v, bool):
                         self.tb.add_scalar(f"train/{k}", v, step)
-                    elif k.endswith("_hist") and sum(v):  # counts per integer value (staleness_hist)
-                        self.tb.add_histogram_raw(f"train/{k}", global_step=step, **histogram_raw(v))
+                for name, counts in hists.items():
+                    if sum(counts.values()):
+                        self.tb.add_histogram_raw(f"train/{name}", global_step=step, **histogram_raw(
+                            [counts.get(i, 0) for i in range(max(counts) + 1)]))
                 self.tb.flush()
 
     def close(self) -> None:

@@ -331,8 +331,8 @@ def agent_segments(rollouts) -> list[Segment]:
 
 def staleness_record(trained: list, step: int) -> dict:
     """`staleness_max` and `staleness_mean` (per token) of the agent tokens of the `trained` rollouts, trained
-    by version `step`, and `staleness_hist`, the number of those tokens at each staleness 0, 1, ..., max (the
-    metrics logger writes it to TensorBoard as a histogram); {} when none carries a version (a scripted stage's
+    by version `step`, and `staleness_hist/<k>`, the number of those tokens at staleness k, for k = 0 .. max (the
+    metrics logger writes them to TensorBoard as one histogram); {} when none carries a version (a scripted stage's
     hand-made segments)."""
     lags, weights = [], []
     for s in agent_segments(trained):
@@ -344,4 +344,4 @@ def staleness_record(trained: list, step: int) -> dict:
     lags_a = np.asarray(lags, dtype=np.int64)
     return {"staleness_max": int(lags_a.max()),
             "staleness_mean": float(np.dot(lags_a, weights) / float(sum(weights))),
-            "staleness_hist": [int(c) for c in np.bincount(lags_a, weights=weights)]}
+            **{f"staleness_hist/{k}": int(c) for k, c in enumerate(np.bincount(lags_a, weights=weights))}}
