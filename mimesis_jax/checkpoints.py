@@ -8,6 +8,10 @@ Each step directory holds five items:
     data_iter    {"process_count": P, "states": [...]}  (JsonSave: every process's data-iterator state)
     run_config   the RunConfig as a dict                (JsonSave)
 
+and an asynchronous RL run's (`rl.max_staleness` = N > 0) a sixth, `lagged_params` {"v<k>": fp32 weights of
+policy version k} (StandardSave): the earlier versions the steps in flight past the checkpoint sample with, so a
+resume regenerates them exactly (train/rl/async_rollouts.py "Resume").
+
 Orbax writes into a temporary directory and renames it when complete (atomic: a crash mid-save never leaves a
 step that looks finished), keeps the `keep` most recent steps, and with `async_save` copies arrays to host
 memory and writes them in a background thread while training continues. Restoring takes the target
@@ -192,9 +196,11 @@ class Checkpointer:
         return step
 
     # ------------------------------------------------------------------------------------------- save
-    def save(self, step: int, state: dict, data_state: Any, run_config: dict) -> None:
-        """Saves (asynchronously if configured) one step. `data_state` is this process's iterator state."""
-        items = dict(
+    def save(self, step: int, state: dict, data_state: Any, run_config: dict, lagged: dict | None = None) -> None:
+        """Saves (asynchronously if configured) one step. `data_state` is this process's iterator state; `lagged`
+        ({version: params}, optional): earlier policy versions, the `lagged_params` item (`restore_lagged`)."""
+        extra = {"lagged_params": ocp.args.StandardSave({f"v{v}": p for v, p in lagged.items()})} if lagged else {}
+        items = dict(**extra,
             params=ocp.args.StandardSave(state["params"]),
             opt_state=ocp.args.StandardSave(state["opt_state"]),
             train_state=ocp.args.StandardSave({k: state[k] for k in STATE_KEYS}),
@@ -323,6 +329,15 @@ class Checkpointer:
         r = self._restore(step, ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
                           "params for this model")
         return r.params, step
+
+    def restore_lagged(self, step: int, abstract_params, versions) -> dict:
+        """The policy versions `versions` saved with `step` (`save`'s `lagged`), each placed as `abstract_params`."""
+        step = self.resolve_step(step)
+        if not versions:
+            return {}
+        r = self._restore(step, ocp.args.Composite(lagged_params=ocp.args.StandardRestore(
+            {f"v{v}": abstract_params for v in versions})), f"the policy versions {list(versions)}")
+        return {v: r.lagged_params[f"v{v}"] for v in versions}
 
     def _restore(self, step: int, args, what: str):
         """`manager.restore(step, args)`; a layout mismatch or a damaged step becomes one CheckpointError."""

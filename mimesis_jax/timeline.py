@@ -16,6 +16,12 @@ Cost. Off (no `recording` block open), `span` and `track` return one shared do-n
 check of a module global. On, a span is two clock reads (time.perf_counter, monotonic) and one append under a lock,
 so the hooks may run in any thread. `flush` writes the file whole (a temporary file, then os.replace), so a killed
 run leaves the timeline of its last flush, readable; the learner flushes with every metrics flush and at the end.
+
+Busy fractions. A `measuring(kinds)` block (the RL learner opens one for every run, timeline on or off) keeps the
+intervals of the spans named in `kinds` -- the same marks the timeline records -- and `Busy.fractions(start, end)`
+gives, per kind, the fraction of [start, end] covered by at least one of its spans (`busy_fraction`: the union,
+so spans of several threads at once count once); a span still open counts up to `end`. Its cost: one dict look-up
+per span, and for a measured span two clock reads and two appends under a lock.
 """
 
 from __future__ import annotations
@@ -72,29 +78,97 @@ class Timeline:
         os.replace(tmp, self.path)
 
 
-class _Span:
-    __slots__ = ("timeline", "name", "args", "track", "start")
+def busy_fraction(intervals, start: float, end: float) -> float:
+    """The fraction of [start, end] covered by the union of `intervals` ((a, b) pairs, any order, overlapping or
+    not); 0.0 for an empty window."""
+    if end <= start:
+        return 0.0
+    covered, reach = 0.0, start
+    for a, b in sorted((max(a, start), min(b, end)) for a, b in intervals):
+        if b <= max(a, reach):  # outside the window, or inside what is counted already
+            continue
+        covered += b - max(a, reach)
+        reach = b
+    return covered / (end - start)
 
-    def __init__(self, timeline: Timeline, name: str, args: dict):
-        self.timeline, self.name, self.args = timeline, name, args
+
+class Busy:
+    """The intervals of the spans named in `kinds` (module docstring, Busy fractions); thread-safe."""
+
+    def __init__(self, kinds):
+        self.kinds = frozenset(kinds)
+        self._lock = threading.Lock()
+        self._done: dict[str, list[tuple[float, float]]] = {k: [] for k in self.kinds}
+        self._open: dict[int, tuple[str, float]] = {}  # id of an open span -> (kind, start)
+
+    def begin(self, kind: str, start: float, token: int) -> None:
+        with self._lock:
+            self._open[token] = (kind, start)
+
+    def end(self, token: int, end: float) -> None:
+        with self._lock:
+            kind, start = self._open.pop(token)
+            self._done[kind].append((start, end))
+
+    def fractions(self, start: float, end: float) -> dict[str, float]:
+        """Per kind, the fraction of [start, end] its spans covered (the open ones up to `end`); forgets the spans
+        that ended by `start` (the loop asks for consecutive windows)."""
+        with self._lock:
+            for kind in self.kinds:
+                self._done[kind] = [iv for iv in self._done[kind] if iv[1] > start]
+            spans = {k: list(v) for k, v in self._done.items()}
+            for kind, a in self._open.values():
+                spans[kind].append((a, end))
+        return {k: busy_fraction(v, start, end) for k, v in spans.items()}
+
+
+class _Span:
+    __slots__ = ("timeline", "busy", "name", "args", "track", "start")
+
+    def __init__(self, timeline: Timeline | None, busy: Busy | None, name: str, args: dict):
+        self.timeline, self.busy, self.name, self.args = timeline, busy, name, args
 
     def __enter__(self):
         self.track = _THREAD.track or threading.current_thread().name
         self.start = time.perf_counter()
+        if self.busy is not None:
+            self.busy.begin(self.name, self.start, id(self))
 
     def __exit__(self, *exc) -> None:
-        self.timeline.add(self.name, self.start, time.perf_counter(), self.track, self.args)
+        end = time.perf_counter()
+        if self.busy is not None:
+            self.busy.end(id(self), end)
+        if self.timeline is not None:
+            self.timeline.add(self.name, self.start, end, self.track, self.args)
 
 
 _ACTIVE: Timeline | None = None  # the timeline being recorded; None: every hook is a no-op
+_BUSY: Busy | None = None  # the spans being measured (`measuring`); None: none
 
 
 def span(name: str, **args):
-    """A block recorded as one span `name` (with `args`, JSON values) on this thread's track; nothing when off."""
-    tl = _ACTIVE
-    if tl is None:
+    """A block recorded as one span `name` (with `args`, JSON values) on this thread's track, and measured when
+    `name` is a kind of the open `measuring` block; nothing when neither."""
+    tl, busy = _ACTIVE, _BUSY
+    if busy is not None and name not in busy.kinds:
+        busy = None
+    if tl is None and busy is None:
         return _NULL
-    return _Span(tl, name, args)
+    return _Span(tl, busy, name, args)
+
+
+@contextlib.contextmanager
+def measuring(kinds):
+    """Keeps the intervals of the spans named in `kinds` for the block; yields the `Busy` that holds them. One at a
+    time per process."""
+    global _BUSY
+    if _BUSY is not None:
+        raise RuntimeError("busy fractions are already being measured; one run per process measures")
+    busy = _BUSY = Busy(kinds)
+    try:
+        yield busy
+    finally:
+        _BUSY = None
 
 
 @contextlib.contextmanager

@@ -14,13 +14,13 @@ from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.inference import sampler
 from mimesis_jax.chat.base import ChatResponse, SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L
-from mimesis_jax.train.rl.learner import COMPILATION_KEYS
+from mimesis_jax.train.rl.learner import BUSY_KEYS, COMPILATION_KEYS
 
 pytestmark = pytest.mark.optimized  # its cost is running RL steps, which unoptimized code makes dearer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s",
-          "train_tokens_per_s", "step_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
+          "train_tokens_per_s", "step_s") + COMPILATION_KEYS + BUSY_KEYS  # process-local: a resumed process compiles again
 
 
 def _cfg(name="tiny_agentrl.py:csd", *sets):

@@ -1,6 +1,7 @@
 """Bounded-staleness rollouts (train/rl/async_rollouts.py, issue #44 items 1-2): the producer's admission rule
 against a scripted loop (no JAX), the staleness metrics against a NumPy count written from their definition, the
-config and resume refusals, and the tiny Stage II GRPO loop with rl.max_staleness=1. Under the fixed lag
+config refusals, and the tiny Stage II GRPO loop with rl.max_staleness=1 (its resume: tests/test_async_resume.py).
+Under the fixed lag
 (rl.async_deterministic) the step trained by version s sampled all its tokens with version max(0, s - 1) and logs
 staleness exactly 1 from its second step on; in flight every token's version lies in [s - 1, s]; with
 max_staleness=0 every token is sampled by the version that trains it, and the first step (version 0 on every
@@ -36,7 +37,7 @@ from mimesis_jax.train.rl import agent as A
 from mimesis_jax.train.rl import distributed
 from mimesis_jax.train.rl import learner as L
 from mimesis_jax.train.rl.async_rollouts import Drawn, Guarded, Produced, RolloutProducer, staleness_record
-from mimesis_jax.train.rl.learner import COMPILATION_KEYS
+from mimesis_jax.train.rl.learner import BUSY_KEYS, COMPILATION_KEYS
 from mimesis_jax.train.state import make_mesh
 
 STEPS = 3
@@ -208,12 +209,16 @@ def test_staleness_record_against_a_numpy_count():
     rec = staleness_record(trajs, 7)
     assert rec["staleness_max"] == max(lags)
     assert rec["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
+    tokens_at = [lags.count(k) for k in range(max(lags) + 1)]  # tokens per staleness, up to the largest
+    assert [rec[f"staleness_hist/{k}"] for k in range(len(tokens_at))] == tokens_at
+    assert f"staleness_hist/{len(tokens_at)}" not in rec
     assert staleness_record([Trajectory([Segment("agent", [1, 2])])], 3) == {}  # no version: nothing logged
     # Stage I.3: a rollout holds one Trajectory per policy turn
     sim = SimRollout(segments=[Trajectory([Segment("public", [1]), Segment("agent", [2, 3, 4], version=5)]),
                      Trajectory([Segment("public", [1]), Segment("agent", [5], version=6)])],
                      domain="d", group_id=0, rollout_id=0)
-    assert staleness_record([sim], 7) == {"staleness_max": 2, "staleness_mean": (3 * 2 + 1 * 1) / 4}
+    assert staleness_record([sim], 7) == {"staleness_max": 2, "staleness_mean": (3 * 2 + 1 * 1) / 4,
+                                          "staleness_hist/0": 0, "staleness_hist/1": 1, "staleness_hist/2": 3}
 
 
 @pytest.mark.parametrize("sets, msg", [
@@ -256,13 +261,17 @@ def test_fixed_lag_trains_each_token_one_version_late(fixed_lag):
         assert vs and set(vs) == {max(0, step - 2)}, (step, vs)
         rec = res.metrics[step]
         assert rec["staleness_max"] == (step - 1) - max(0, step - 2) == rec["staleness_mean"]
+        # the TensorBoard histogram's counts: every trained agent token at that one staleness
+        tokens = sum(len(s.tokens) for t in seen[step] if t.status == "ok" for s in t.segments if s.kind == "agent")
+        hist = [rec[f"staleness_hist/{k}"] for k in range(rec["staleness_max"] + 1)]
+        assert rec["skipped_groups"] == 0 and hist == [0] * rec["staleness_max"] + [tokens]
         assert rec["step_s"] > 0
     ids = [t.rollout_id for s in seen.values() for t in s]
     assert sorted(ids) == list(range(len(ids)))  # every rollout id once, in the synchronous run's order
 
 
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s", "step_s",
-          "rollout_wait_s", "groups_in_flight") + COMPILATION_KEYS  # groups_in_flight: when the producer woke
+          "rollout_wait_s", "groups_in_flight") + COMPILATION_KEYS + BUSY_KEYS  # groups_in_flight: when the producer woke
 
 
 def test_synchronous_run_has_no_staleness_and_the_first_step_of_both(fixed_lag, tmp_path):
@@ -276,15 +285,11 @@ def test_synchronous_run_has_no_staleness_and_the_first_step_of_both(fixed_lag, 
         # the loop's wall clock per step in both schedules; the wait for the producer only where there is one
         assert "rollout_wait_s" not in sync.metrics[step] and "rollout_wait_s" in lag.metrics[step]
         assert sync.metrics[step]["step_s"] >= sync.metrics[step]["train_s"] and lag.metrics[step]["step_s"] > 0
+        # synchronous: updates and generations take turns, so the two pools' busy fractions share one wall clock
+        assert sync.metrics[step]["pool_busy/train"] + sync.metrics[step]["pool_busy/rollout"] <= 1
     strip = lambda rec: {k: v for k, v in rec.items() if k not in TIMING}  # noqa: E731
     assert strip(sync.metrics[1]) == strip(lag.metrics[1])
     assert strip(sync.metrics[2]) != strip(lag.metrics[2])  # step 2 sampled other weights
-
-
-def test_resuming_an_asynchronous_run_is_refused(fixed_lag):
-    wd, _, _ = fixed_lag
-    with pytest.raises(ConfigError, match=r"^config key 'rl.max_staleness': .* resume with --set rl.max_staleness=0"):
-        _run(wd, "rl.max_staleness=1", f"train.steps={STEPS + 1}")
 
 
 def test_a_checkpoint_keeps_the_data_state_of_its_own_step(fixed_lag, tmp_path):

@@ -28,12 +28,12 @@ from mimesis_jax.train.rl import agent as L
 from mimesis_jax.train.rl import chat_models as C
 from mimesis_jax.train.rl import simulator as S
 from mimesis_jax.checkpoints import load_trained
-from mimesis_jax.train.rl.learner import COMPILATION_KEYS
+from mimesis_jax.train.rl.learner import BUSY_KEYS, COMPILATION_KEYS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # compilation counts differ by construction: the engine run compiles engine programs, the other sampler ones
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s", "train_tokens_per_s",
-          "step_s") + COMPILATION_KEYS
+          "step_s") + COMPILATION_KEYS + BUSY_KEYS
 
 
 class _Recording(EngineGenerator):

@@ -4,6 +4,8 @@ import glob
 import os
 import struct
 
+import numpy as np
+
 from mimesis_jax.train.metrics import MetricsLogger, read_metrics
 
 
@@ -62,3 +64,29 @@ def test_progress_bar_shows_no_token_rate_a_stage_does_not_measure(tmp_path, cap
     log.log(2, {"loss": 0.5, "tokens_per_s": 1234.0})
     assert "tok_s=1234" in str(log.bar)
     log.close()
+
+
+def test_a_hist_list_reaches_tensorboard_as_a_histogram_of_its_counts(tmp_path):
+    """`staleness_hist/<k>` = tokens at staleness k = 0, 1, 2: TensorBoard gets one histogram with one bucket per
+    value, with the count, sum and sum of squares of the values the counts stand for (a NumPy count of the
+    expanded values), and no scalar of them."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    counts = [3, 0, 5]
+    log = MetricsLogger(str(tmp_path), total_steps=1, start_step=0, tensorboard=True, progress_bar=False)
+    log.log(1, {"loss": 0.5, **{f"staleness_hist/{k}": c for k, c in enumerate(counts)}})
+    log.close()
+    assert [read_metrics(str(tmp_path))[0][f"staleness_hist/{k}"] for k in range(3)] == counts
+    values = np.repeat(np.arange(len(counts)), counts)
+    (path,) = glob.glob(os.path.join(tmp_path, "tensorboard", "events.out.tfevents.*"))
+    hists = [(Event.FromString(raw).step, v.histo) for raw in _records(path)
+             for v in Event.FromString(raw).summary.value if v.tag == "train/staleness_hist"]
+    assert len(hists) == 1 and hists[0][0] == 1
+    tags = {v.tag for raw in _records(path) for v in Event.FromString(raw).summary.value}
+    assert tags == {"train/loss", "train/staleness_hist"}
+    h = hists[0][1]
+    assert (h.min, h.max, h.num, h.sum, h.sum_squares) == (values.min(), values.max(), len(values), values.sum(),
+                                                           (values ** 2).sum())
+    assert list(h.bucket) == counts
+    # bucket k holds the values in (k - 1/2, k + 1/2]
+    assert [int(((values > lim - 1) & (values <= lim)).sum()) for lim in h.bucket_limit] == counts

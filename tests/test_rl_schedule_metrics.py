@@ -20,7 +20,7 @@ from mimesis_jax.train.rl.step import schedule_count
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEPT = [2, 0, 1, 2, 0, 1]  # groups kept per step (of 2): updates made per step, one per kept group
 PEAK, WARM, MIN_RATIO = 1e-3, 3, 0.1
-TIMING = ("train_s", "train_tokens_per_s", "step_s") + L.COMPILATION_KEYS  # compilations: per process
+TIMING = ("train_s", "train_tokens_per_s", "step_s") + L.COMPILATION_KEYS + L.BUSY_KEYS  # compilations: per process
 
 
 def _cfg(*sets):

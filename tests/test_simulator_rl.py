@@ -23,7 +23,7 @@ from mimesis_jax.chat.base import ChatResponse
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl import simulator as S
-from mimesis_jax.train.rl.learner import COMPILATION_KEYS
+from mimesis_jax.train.rl.learner import BUSY_KEYS, COMPILATION_KEYS
 
 # its cost is running 2,048-token RL steps, which unoptimized code makes dearer
 pytestmark = pytest.mark.optimized
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.optimized
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
 TIMING = ("rollout_s", "train_s", "rollout_tokens_per_s",
-          "train_tokens_per_s", "step_s") + COMPILATION_KEYS  # process-local: a resumed process compiles again
+          "train_tokens_per_s", "step_s") + COMPILATION_KEYS + BUSY_KEYS  # process-local: a resumed process compiles again
 SMALL = ["train.progress_bar=false", "train.tensorboard=false", "rollout.prompts_per_step=2", "rollout.group_size=2",
          "rollout.mini_batch_prompts=1", "rollout.max_tokens=8", "domains.max_user_turns=2",
          "checkpoint.async_save=false", "validation.every=2", "validation.max_records=1",

@@ -9,7 +9,9 @@ key off (the default) no file."""
 import json
 import os
 import threading
+import time
 
+import numpy as np
 import pytest
 
 from helpers import run_tiny_grpo, tiny_grpo_config
@@ -81,6 +83,63 @@ def test_off_records_nothing_and_one_recording_at_a_time(tmp_path):
     assert os.listdir(tmp_path) == ["a.json"]
 
 
+# ------------------------------------------------------------------------------------------ busy fractions
+def _covered_cells(intervals, start, end):
+    """Naive reference on integer marks: the unit cells [c, c + 1] of [start, end] that some interval covers."""
+    return sum(any(a <= c and c + 1 <= b for a, b in intervals) for c in range(start, end))
+
+
+def test_busy_fraction_is_the_union_against_a_cell_count():
+    rng = np.random.RandomState(1)
+    for _ in range(200):
+        ivs = []
+        for _ in range(int(rng.randint(0, 6))):
+            a = int(rng.randint(-5, 30))
+            ivs.append((a, a + int(rng.randint(0, 12))))
+        start, end = sorted(int(x) for x in rng.randint(0, 25, size=2))
+        want = _covered_cells(ivs, start, end) / (end - start) if end > start else 0.0
+        assert timeline.busy_fraction(ivs, start, end) == pytest.approx(want, abs=1e-12), (ivs, start, end)
+    # overlapping spans of two threads count once; a span across the window's edges counts its inside only
+    assert timeline.busy_fraction([(0, 4), (2, 6), (8, 20)], 1, 11) == (5 + 3) / 10
+
+
+def test_busy_keeps_its_kinds_counts_open_spans_and_forgets_past_windows():
+    busy = timeline.Busy(["update", "agent turn"])
+    busy.begin("update", 1.0, 1)
+    busy.end(1, 3.0)
+    busy.begin("agent turn", 2.0, 2)
+    busy.end(2, 5.0)
+    busy.begin("agent turn", 4.0, 3)  # still open at the window's end: counts up to it
+    busy.begin("update", 9.0, 4)
+    busy.end(4, 12.0)
+    assert busy.fractions(0.0, 10.0) == {"update": (2 + 1) / 10, "agent turn": 8 / 10}
+    busy.end(3, 11.0)
+    assert busy.fractions(10.0, 14.0) == {"update": 2 / 4, "agent turn": 1 / 4}
+    assert busy.fractions(14.0, 16.0) == {"update": 0.0, "agent turn": 0.0}
+    assert [len(v) for v in busy._done.values()] == [0, 0]  # spans that ended by the window's start: forgotten
+
+
+def test_measuring_takes_the_named_spans_only_timeline_on_or_off(tmp_path):
+    with timeline.measuring(["update"]) as busy:
+        assert timeline.span("pack") is timeline.track("x")  # not a measured kind, no timeline: the no-op
+        t0 = time.perf_counter()
+        with timeline.span("update"):
+            time.sleep(0.01)
+        with timeline.span("pack"):
+            time.sleep(0.01)
+        t1 = time.perf_counter()
+        (a, b), = busy._done["update"]
+        assert t0 <= a < b <= t1 and busy.fractions(t0, t1)["update"] == (b - a) / (t1 - t0)
+        with timeline.recording(str(tmp_path / "t.json")):
+            with timeline.span("update"):
+                pass
+        assert len(busy._done["update"]) == 2
+        with pytest.raises(RuntimeError, match="already being measured"):
+            with timeline.measuring(["update"]):
+                pass
+    assert [e["name"] for e in _spans(_load(tmp_path, "t.json"))] == ["update"]
+
+
 # ------------------------------------------------------------------------------------------ the Stage II loop
 def _cfg(*sets):
     return tiny_grpo_config(STEPS, *sets)
@@ -90,8 +149,8 @@ def _run(workdir, *sets):
     return run_tiny_grpo(workdir, STEPS, *sets)
 
 
-def _load(workdir):
-    with open(os.path.join(workdir, "timeline.json")) as f:
+def _load(workdir, name="timeline.json"):
+    with open(os.path.join(workdir, name)) as f:
         return json.load(f)
 
 

@@ -1,5 +1,7 @@
 """Training metrics: WORKDIR/metrics.jsonl (every step), stdout lines and TensorBoard (every `log_every`
-steps), and a tqdm progress bar with the token rates a stage measures (`BAR_RATES`).
+steps), and a tqdm progress bar with the token rates a stage measures (`BAR_RATES`). TensorBoard gets each number
+as a scalar, but the counts `<name>_hist/<k>` (how many values equal k, e.g. `staleness_hist/0`, `/1`, ...) of a
+step, which it gets as one histogram `<name>_hist` (`histogram_raw`).
 
 Only process 0 writes. On resume, records of steps after the restored checkpoint (written by the interrupted
 run before it died) are dropped from metrics.jsonl, so the file always describes one consistent run.
@@ -74,6 +76,17 @@ BAR_RATES = (("tokens_per_s", "tok_s"), ("rollout_tokens_per_s", "rollout_tok_s"
              ("train_tokens_per_s", "train_tok_s"))
 
 
+def histogram_raw(counts) -> dict:
+    """TensorBoard's raw histogram of integer values given as `counts` (counts[k]: how many values equal k), one
+    bucket per value: bucket k holds the values in (k - 1/2, k + 1/2]."""
+    counts = [int(c) for c in counts]
+    ks = [k for k, c in enumerate(counts) if c]
+    return {"min": float(min(ks)), "max": float(max(ks)), "num": sum(counts),
+            "sum": float(sum(k * c for k, c in enumerate(counts))),
+            "sum_squares": float(sum(k * k * c for k, c in enumerate(counts))),
+            "bucket_limits": [k + 0.5 for k in range(len(counts))], "bucket_counts": counts}
+
+
 class MetricsLogger:
     STDOUT_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")
 
@@ -145,9 +158,17 @@ class MetricsLogger:
                 f"{k} {_fmt(record[k])}" for k in self.stdout_keys if k in record]
             self.write(" | ".join(parts))
             if self.tb is not None:
+                hists: dict[str, dict[int, int]] = {}
                 for k, v in record.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    name, _, value = k.rpartition("/")
+                    if name.endswith("_hist") and value.isdigit():  # one bucket of a histogram
+                        hists.setdefault(name, {})[int(value)] = int(v)
+                    elif isinstance(v, (int, float)) and not isinstance(v, bool):
                         self.tb.add_scalar(f"train/{k}", v, step)
+                for name, counts in hists.items():
+                    if sum(counts.values()):
+                        self.tb.add_histogram_raw(f"train/{name}", global_step=step, **histogram_raw(
+                            [counts.get(i, 0) for i in range(max(counts) + 1)]))
                 self.tb.flush()
 
     def close(self) -> None:

@@ -163,9 +163,10 @@ class Run:
         due = step % self.cfg.checkpoint.every == 0 or step == self.cfg.train.steps
         return self.preempted or (scheduled and due)
 
-    def save(self, step: int, state: dict, data_state) -> None:
-        """Checkpoints `step` (asynchronously if checkpoint.async_save) with this process's data state."""
-        self.ckpt.save(step, state, data_state, self.run_dict)
+    def save(self, step: int, state: dict, data_state, lagged: dict | None = None) -> None:
+        """Checkpoints `step` (asynchronously if checkpoint.async_save) with this process's data state (and the
+        earlier policy versions `lagged` of an asynchronous RL run: Checkpointer.save)."""
+        self.ckpt.save(step, state, data_state, self.run_dict, lagged=lagged)
         self.saved = step
 
     def say_stopped(self, step: int) -> None:

@@ -45,9 +45,22 @@ every cached dialogue: a dialogue that spans versions is prefilled again whole a
 so each turn is sampled by one version on its whole prefix and its recorded behaviour log-probs are that
 version's. On a pool its KV pool is sized for every step in flight there (`learner.steps_at_once`).
 
-Not yet (issue #44): several processes with N > 0 (a ConfigError), a resume of an
-asynchronous run (refused: the steps past the checkpoint were sampled by weights it does not hold), partial
-rollouts, more than one step in flight on shared devices. The stale tokens' off-policy correction is
+Resume. The steps past a checkpoint (after step s, versions up to s) were sampled by earlier versions: under the
+fixed lag step j samples with version max(0, j - N), so steps s .. s + N - 1 (0-based) need versions
+max(0, s - N) .. s - 1. The learner keeps a copy of each of the last N + 1 versions (the update donates the
+training arrays) and the checkpoint saves the N before its own (`Checkpointer.save(lagged=...)`, the item
+`lagged_params`, in the same atomic step directory). A resume restores them, starts the generator at version
+max(0, s - N) (`RolloutProducer(published=...)`) and, before its first step, publishes the versions after it up to
+s through the same `publish` the loop uses, so each waits, under the fixed lag, for the steps admitted under the
+version before it: the in-flight steps are regenerated from their draws and seeds with the weights they had, and
+the run goes on as the uninterrupted one (`rl.async_deterministic=true`: the same metrics and weights). In flight
+(`false`) the replayed versions reach the generator as soon as they are published, as in the run, but which
+version each turn samples with depends on timing in both runs: no group is lost or trained twice, the staleness
+bound holds, exactness is not promised. A checkpoint without the versions (written with N = 0, or a larger N now)
+resumes with the generator at version s, a new schedule from there (said in the log).
+
+Not yet (issue #44): several processes with N > 0 (a ConfigError), partial rollouts, more than one step in
+flight on shared devices. The stale tokens' off-policy correction is
 `rl.behavior_is_cap` (train/rl/step.py).
 """
 
@@ -141,12 +154,13 @@ class RolloutProducer:
     beside = True  # the rollouts run beside the updates
 
     def __init__(self, produce: Callable, *, start: int, stop: int, first_rid: int, max_staleness: int,
-                 fixed_lag: bool, lock=DEVICE_LOCK, draw: Callable | None = None):
+                 fixed_lag: bool, lock=DEVICE_LOCK, draw: Callable | None = None, published: int | None = None):
         self.produce, self.start, self.stop, self.first_rid = produce, start, stop, first_rid
         self.max_staleness, self.fixed_lag = max_staleness, fixed_lag
         self.lock, self.draw = lock, draw
         self._cv = threading.Condition()
-        self._published = start  # the generator's version
+        # the generator's version: `start`, or an earlier one on a resume that replays the versions up to it
+        self._published = start if published is None else published
         self._done: dict[int, Produced] = {}
         self._complete: set[int] = set()  # steps whose rollouts are done, taken or not
         self._finished = start - 1  # the last step whose rollouts, and every earlier step's, are done
@@ -323,7 +337,9 @@ def agent_segments(rollouts) -> list[Segment]:
 
 def staleness_record(trained: list, step: int) -> dict:
     """`staleness_max` and `staleness_mean` (per token) of the agent tokens of the `trained` rollouts, trained
-    by version `step`; {} when none carries a version (a scripted stage's hand-made segments)."""
+    by version `step`, and `staleness_hist/<k>`, the number of those tokens at staleness k, for k = 0 .. max (the
+    metrics logger writes them to TensorBoard as one histogram); {} when none carries a version (a scripted stage's
+    hand-made segments)."""
     lags, weights = [], []
     for s in agent_segments(trained):
         if s.version is not None and s.tokens:
@@ -333,4 +349,5 @@ def staleness_record(trained: list, step: int) -> dict:
         return {}
     lags_a = np.asarray(lags, dtype=np.int64)
     return {"staleness_max": int(lags_a.max()),
-            "staleness_mean": float(np.dot(lags_a, weights) / float(sum(weights)))}
+            "staleness_mean": float(np.dot(lags_a, weights) / float(sum(weights))),
+            **{f"staleness_hist/{k}": int(c) for k, c in enumerate(np.bincount(lags_a, weights=weights))}}

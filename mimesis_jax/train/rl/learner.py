@@ -50,7 +50,8 @@ so `train_s` is the host's time of the update phase (packing, dispatch) and `tra
 
 Checkpoints (checkpoints.py) hold params, optimizer state, step, RNG and the data state (the stage's sampler, the
 next rollout id and the stage's own counters), so a resumed run reproduces the uninterrupted run's per-step
-metrics. SIGTERM (or a first Ctrl-C, or the checkpoint manager's preemption notice) finishes the current step,
+metrics; with rl.max_staleness > 0 also the earlier policy versions the steps in flight past them sampled with
+(`keep_version`, `checkpoint_step`; the replay on resume: async_rollouts.py "Resume"). SIGTERM (or a first Ctrl-C, or the checkpoint manager's preemption notice) finishes the current step,
 saves and returns with preempted=True. The run skeleton (validation, mesh, checkpointer, restore or init, metrics
 logger, stop flag, saves, cleanup) is train/run.py `Run`, shared with the LM loop; `setup` returns an RLRun, a Run
 with the update. Its non-finite-loss guard runs on each step's mean update loss and grad norm when the metrics are
@@ -112,6 +113,17 @@ def mean_or_zero(xs) -> float:
     """The mean of `xs` as a float, 0.0 for none (a step's metric over possibly no episodes)."""
     xs = [float(x) for x in xs]
     return float(np.mean(xs)) if xs else 0.0
+
+# the spans whose share of each step's wall time is logged (docs/stage2.md "Busy fractions"): the training
+# devices' optimizer updates, the rollout side's generations
+BUSY_SPANS = {"update": "pool_busy/train", "agent turn": "pool_busy/rollout"}
+BUSY_KEYS = tuple(BUSY_SPANS.values())
+
+
+def busy_record(fractions: dict) -> dict:
+    """The step record's busy fractions from `timeline.Busy.fractions` over the step's wall-clock window."""
+    return {key: float(fractions[kind]) for kind, key in BUSY_SPANS.items()}
+
 
 SCORE_PROGRAM = "_score_fn"  # RLStep's old-log-prob scoring (rl.old_logprobs = "recompute")
 SAMPLER_PROGRAM = "generate_bucket"  # inference/sampler.py
@@ -371,6 +383,7 @@ class RLLearner:
         self.tok = tokenizer if tokenizer is not None else load_tokenizer(cfg.tokenizer.name)
         self.run_state: RLRun | None = None
         self.source = None  # where the steps' rollouts come from (`rollout_source`), while `run` runs
+        self.lagged: dict[int, Any] = {}  # rl.max_staleness > 0: version -> a copy of its weights (`keep_version`)
         self.groups_in_flight = 0  # at the last update's start: groups started and not trained, beyond its own
         self.world = (world or World()).bind(self)
         self.cluster = (cluster or Cluster()).bind(self)
@@ -477,37 +490,74 @@ class RLLearner:
                                  label=f"{self.stage} step {d.step + 1} rollout")
         return Produced(d.step, outs, d.next_rid, d.sampler_state, started, time.perf_counter())
 
-    def rollout_source(self, policy, start: int, next_rid: int):
+    def rollout_source(self, policy, start: int, next_rid: int, first_version: int | None = None):
         """Where the loop takes each step's rollouts from (train/rl/async_rollouts.py): inline (rl.max_staleness
         = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`): one
-        step's rollouts at a time on shared devices, every admitted step's at once on a rollout pool."""
-        rl = self.cfg.rl
+        step's rollouts at a time on shared devices, every admitted step's at once on a rollout pool. A resume
+        that replays the in-flight steps (`first_version`, async_rollouts.py "Resume") starts the generator at
+        that earlier version, from the kept copies (`keep_version`)."""
+        rl, r, run_ = self.cfg.rl, self.cfg.rollout, self.run_state
         if rl.max_staleness == 0:
             return StepRollouts(lambda s, rid: self.produce(policy, s, rid), next_rid)
+        first = start if first_version is None else first_version
         if distributed.pool_size(self.cfg.rollout):  # the rollouts on devices of their own: no turns, the pool's
             # weights its own copy; every admitted step's rollouts at once (up to N + 1), the draws in step order
             policy.generator = Guarded(policy.generator, device_lock=None)
+            if first != start:
+                policy.set_params(jax.block_until_ready(policy_params(run_.model_config, r, self.lagged[first],
+                                                                      run_.mesh)), first)
             return RolloutProducer(lambda d: self.roll(policy, d, rl.max_staleness + 1), start=start,
                                    stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
-                                   fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step)
+                                   fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step,
+                                   published=first)
         policy.generator = Guarded(policy.generator)
         with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
-            placed = own_copy(policy.params)
-        policy.set_params(placed, start)
+            placed = own_copy(policy.params if first == start else
+                              policy_params(run_.model_config, r, self.lagged[first], run_.mesh))
+        policy.set_params(placed, first)
         return RolloutProducer(lambda s, rid: self.produce(policy, s, rid, keep_sampler=True), start=start,
                                stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
-                               fixed_lag=rl.async_deterministic)
+                               fixed_lag=rl.async_deterministic, published=first)
 
-    def check_async(self, resuming: bool) -> None:
-        """What rl.max_staleness > 0 does not support yet (async_rollouts.py): several processes, a resume."""
+    def keep_version(self, version: int) -> None:
+        """rl.max_staleness = N > 0: a copy of the weights of `version` (the next update donates them); the last
+        N + 1 versions are kept, what a checkpoint after a later step saves for the steps in flight past it."""
+        n = self.cfg.rl.max_staleness
+        if not n:
+            return
+        lock = None if distributed.pool_size(self.cfg.rollout) else DEVICE_LOCK  # copies are multi-device programs
+        with contextlib.nullcontext() if lock is None else lock:
+            self.lagged[version] = own_copy(self.run_state.state["params"])
+        for v in [v for v in self.lagged if v < version - n]:
+            del self.lagged[v]
+
+    def lagged_to_save(self, step: int) -> dict:
+        """The kept versions a checkpoint after `step` saves: those before it the steps in flight may sample with
+        (max(0, step - N) .. step - 1, as far as kept)."""
+        n = self.cfg.rl.max_staleness
+        return {v: p for v, p in sorted(self.lagged.items()) if step - n <= v < step}
+
+    def restore_lagged(self, step: int) -> int | None:
+        """On a resume with N > 0: the versions the checkpoint of `step` saved into the kept copies; returns the
+        version to start the generator at (max(0, step - N)), or None when the checkpoint lacks any of them (a new
+        schedule from `step`)."""
+        run_, n = self.run_state, self.cfg.rl.max_staleness
+        need = list(range(max(0, step - n), step))
+        if not set(need) <= set(run_.data_state.get("lagged_versions", [])):
+            self.log(f"resume: the checkpoint of step {step} holds no policy versions {need} (written with a smaller "
+                     f"rl.max_staleness); the steps after it sample from version {step} on")
+            return None
+        params = run_.state["params"]
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+        self.lagged.update(run_.ckpt.restore_lagged(step, abstract, need))
+        return need[0] if need else None
+
+    def check_async(self) -> None:
+        """What rl.max_staleness > 0 does not support yet (async_rollouts.py): several processes."""
         n = self.cfg.rl.max_staleness
         if n and jax.process_count() > 1:
             raise ConfigError(f"config key 'rl.max_staleness': {n} needs one process (asynchronous rollouts on "
                               "several processes are not supported yet); use 0")
-        if n and resuming:
-            raise ConfigError(f"config key 'rl.max_staleness': {self.workdir} holds a checkpoint, and resuming "
-                              f"with max_staleness={n} is not supported yet (the steps after it were sampled by "
-                              "weights it does not hold); resume with --set rl.max_staleness=0")
 
     def learn(self, got: Produced, ladder) -> tuple[list, list[list], dict, dict, list]:
         """One step's rollouts -> its updates: groups filtered and prepared (on_rollouts sees them), advantages per
@@ -536,27 +586,53 @@ class RLLearner:
             run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder, lock=lock)
         return got.outs, kept, counts, times, ms
 
-    def publish(self, policy, version: int) -> None:
+    def publish(self, policy, version: int, params=None) -> None:
         """The updated weights to the policy's generator as `version` (after every step, also one without an
-        update: its rollouts are then stamped with the version that trains them)."""
+        update: its rollouts are then stamped with the version that trains them); `params`: the weights of an
+        earlier version a resume replays (default: the training state's)."""
         run_, r = self.run_state, self.cfg.rollout
         lock = self.source.lock
+        weights = run_.state["params"] if params is None else params
 
         def set_params():
             with timeline.span("weight sync", version=version):
                 if not self.source.beside:
-                    policy.set_params(policy_params(run_.model_config, r, run_.state["params"], run_.mesh), version)
+                    policy.set_params(policy_params(run_.model_config, r, weights, run_.mesh), version)
                     return
                 if lock is None:  # a rollout pool: the weights copied into it (new buffers there), on their way
                     # before the next update donates the training arrays
-                    placed = jax.block_until_ready(policy_params(run_.model_config, r, run_.state["params"],
-                                                                 run_.mesh))
+                    placed = jax.block_until_ready(policy_params(run_.model_config, r, weights, run_.mesh))
                 else:
                     with lock:  # the copies are multi-device programs
-                        placed = own_copy(policy_params(run_.model_config, r, run_.state["params"], run_.mesh))
+                        placed = own_copy(policy_params(run_.model_config, r, weights, run_.mesh))
                 policy.set_params(placed, version)
 
         self.source.publish(version, set_params)
+
+    def open_source(self, policy, start: int, next_rid: int, cleanup) -> None:
+        """`self.source` (`rollout_source`), closed by `cleanup` (before the policy: the rollout in flight ends
+        first); a resume of an asynchronous run first restores the versions its in-flight steps sampled with and
+        replays them (async_rollouts.py "Resume")."""
+        first = self.restore_lagged(start) if self.run_state.latest is not None and self.cfg.rl.max_staleness \
+            else None
+        self.keep_version(start)
+        self.source = self.rollout_source(policy, start, next_rid, first)
+        cleanup.callback(self.source.close)
+        for v in range(start + 1 if first is None else first + 1, start + 1):
+            self.publish(policy, v, self.lagged[v])
+
+    def checkpoint_step(self, step: int, got: Produced, next_rid: int) -> None:
+        """The checkpoint after `step`: the train state, the data state as of the step's own draw (`got`'s when
+        the draws ran ahead), and with rl.max_staleness > 0 the versions the steps in flight sampled with."""
+        data = self.data_state()
+        sampler_state = data.pop("sampler")
+        if got.sampler_state is not None:  # the draws ran ahead: the state after this step's draw
+            sampler_state = got.sampler_state
+        lagged = self.lagged_to_save(step)
+        if self.cfg.rl.max_staleness:
+            data["lagged_versions"] = sorted(lagged)
+        self.run_state.save(step, self.run_state.state,
+                            {"sampler": sampler_state, "next_rollout_id": next_rid, **data}, lagged=lagged)
 
     def run(self) -> RLResult:
         self.read_inputs()
@@ -571,7 +647,7 @@ class RLLearner:
         if run_.nothing_to_do():
             return RLResult(self.workdir, start, start, {}, False, run_.latest)
         try:
-            self.check_async(resuming=run_.latest is not None)
+            self.check_async()
         except ConfigError:
             run_.ckpt.close()
             raise
@@ -615,6 +691,7 @@ class RLLearner:
                 os.path.join(self.workdir, "timeline.json") if cfg.train.timeline and jax.process_index() == 0
                 else None, process=f"{self.stage} {os.path.basename(self.workdir)}"))
             cleanup.enter_context(timeline.track("trainer"))  # the loop's thread: updates, syncs, the rest
+            busy = cleanup.enter_context(timeline.measuring(BUSY_SPANS))  # the pools' busy fractions, per step
             compiled = cleanup.enter_context(profiling.count_compilations())  # the run's compile events
             self.open_models(at_once)
             self.log(self.banner(start))
@@ -626,8 +703,7 @@ class RLLearner:
                                   buckets=self.policy_buckets(in_flight), version=step)
             cleanup.callback(policy.close)
             meter = EngineMeter({"engine": engine_of(policy), **self.engines()})
-            self.source = self.rollout_source(policy, start, next_rid)
-            cleanup.callback(self.source.close)  # before policy.close: the rollout in flight ends first
+            self.open_source(policy, start, next_rid, cleanup)
             ended = time.perf_counter()
             while step < cfg.train.steps:
                 started = time.perf_counter()
@@ -641,6 +717,7 @@ class RLLearner:
                     times["start"] = times["rollouts"] - (got.ended - got.started)
                 step += 1
                 run_.state["step"] = distributed.step_array(step, run_.mesh)
+                self.keep_version(step)  # before the next update donates them (rl.max_staleness > 0)
                 if not self.source.beside:  # the next rollouts sample the updated policy (in train_s, as ever)
                     self.publish(policy, step)
                 times["trained"] = time.perf_counter()
@@ -657,6 +734,7 @@ class RLLearner:
                         rec.update(self.validate(policy, f"{self.stage} step {step} validation"))
                 now = time.perf_counter()
                 rec["step_s"] = now - ended  # wall clock of the loop: since the previous step's record
+                rec.update(busy_record(busy.fractions(ended, now)))
                 if self.source.beside:
                     rec["rollout_wait_s"] = wait_s
                 rec["groups_in_flight"] = self.groups_in_flight
@@ -666,11 +744,7 @@ class RLLearner:
                 if len(pending) >= sync_every or validating or saving:
                     flush()
                 if saving:
-                    data = self.data_state()
-                    sampler_state = data.pop("sampler")
-                    if got.sampler_state is not None:  # the draws ran ahead: the state after this step's draw
-                        sampler_state = got.sampler_state
-                    run_.save(step, run_.state, {"sampler": sampler_state, "next_rollout_id": next_rid, **data})
+                    self.checkpoint_step(step, got, next_rid)
                     abort_if_requested(step, run_.ckpt)
                 if run_.preempted:
                     run_.say_stopped(step)
