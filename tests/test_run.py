@@ -34,8 +34,8 @@ def saves(monkeypatch):
     """(the Run subclass, step) of every Run.save, in order."""
     seen = []
     real = run_lib.Run.save
-    monkeypatch.setattr(run_lib.Run, "save", lambda self, step, *a: seen.append((type(self).__name__, step))
-                        or real(self, step, *a))
+    monkeypatch.setattr(run_lib.Run, "save", lambda self, step, *a, **kw: seen.append((type(self).__name__, step))
+                        or real(self, step, *a, **kw))
     return seen
 
 
