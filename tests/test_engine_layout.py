@@ -15,6 +15,7 @@ import pytest
 from mimesis_jax import models, sharding
 from mimesis_jax.config import tiny_qwen3, tiny_qwen3_5
 from mimesis_jax.config.layout import decode_layout, layout_text
+from mimesis_jax.inference import weight_sync
 from mimesis_jax.inference.engine import EngineConfig, RolloutEngine
 from mimesis_jax.train.rl import chat_models, distributed
 
@@ -76,7 +77,7 @@ def test_the_synced_bf16_copy_samples_bit_for_bit_as_the_training_arrays(name):
     config = CONFIGS[name]()
     train = sharding.make_mesh(TRAIN)
     params = models.init_params(config, jax.random.key(1), train)
-    assert chat_models.engine_dtype(config) == jnp.bfloat16
+    assert weight_sync.engine_dtype(config) == jnp.bfloat16
     copy = chat_models.engine_params(params, config, train, _rollout())
     on = distributed.rollout_mesh(train, _rollout())
     mask = jax.tree.leaves(models.compute_cast_mask(config))

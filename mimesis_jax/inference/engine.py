@@ -243,10 +243,10 @@ class RolloutEngine:
         dialogue key only (an anonymous dialogue is released when its request ends)."""
         if not self.pool.has_state or self.ec.checkpoint == "off" or r.key is None:
             return -1
-        if self.ec.checkpoint == "turn":
-            ends = [i + 1 for i, t in enumerate(r.prompt) if t in r.stops]
-            if ends:
-                return ends[-1]
+        if self.ec.checkpoint == "turn":  # after the prompt's last stop id, found from its end
+            for i in range(len(r.prompt) - 1, -1, -1):
+                if r.prompt[i] in r.stops:
+                    return i + 1
         return len(r.prompt)
 
     def _copy_states(self) -> None:

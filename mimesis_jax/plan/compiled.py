@@ -49,11 +49,10 @@ import jax.numpy as jnp
 from mimesis_jax import models, sharding
 from mimesis_jax.algorithms.rl_batch import BEHAV_KEY, BRANCH_KEYS, TOKEN_KEYS, TRUNK_KEYS
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.inference.weight_sync import rollout_sync
-from mimesis_jax.models.config import DTYPES, ModelConfig
+from mimesis_jax.inference.weight_sync import engine_dtype, rollout_sync
+from mimesis_jax.models.config import ModelConfig
 from mimesis_jax.plan.budget import engine_decode_peak, engine_mesh, engine_prefill_peak, plan, scoring_peak
 from mimesis_jax.plan.devices import Device, device_for
-from mimesis_jax.plan.memory import engine_dtype_bytes
 from mimesis_jax.plan.normalization import (  # noqa: F401  (plan.compiled's names for them, as before)
     Normalization, normalization_split, split_compile, splits, without_persistent_cache)
 from mimesis_jax.plan.workload import Workload, runtime_model, workload_from_config
@@ -276,7 +275,7 @@ def _engine_inputs(w: Workload):
     shapes = jax.eval_shape(lambda: init(m, R * ec.num_pages, ec.page_size, R * ec.states))
     cache = abstract(shapes, sharding.tree_shardings(mesh, paged_cache.pool_axes(shapes, replicas=True), shapes, m))
     params = abstract(models.abstract_params(m), models.param_shardings(m, mesh))
-    narrow = DTYPES[m.dtype] if engine_dtype_bytes(m) < DTYPES[m.param_dtype].dtype.itemsize else None
+    narrow = engine_dtype(m)
     params = jax.tree.map(lambda x, cast: jax.ShapeDtypeStruct(x.shape, narrow, sharding=x.sharding)
                           if cast and narrow else x, params, models.compute_cast_mask(m))
     return ec, mesh, params, cache, R

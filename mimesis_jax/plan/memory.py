@@ -13,7 +13,7 @@ import optax
 
 from mimesis_jax import models
 from mimesis_jax.algorithms.logprobs import vocab_layout
-from mimesis_jax.inference.weight_sync import row_pieces
+from mimesis_jax.inference.weight_sync import engine_dtype, row_pieces
 from mimesis_jax.models import abstract_params, param_specs
 from mimesis_jax.models.blockwise_attention import block_layout
 from mimesis_jax.models.config import DTYPES, ModelConfig
@@ -40,9 +40,9 @@ def param_bytes(model: ModelConfig, mesh: dict) -> int:
 
 
 def engine_dtype_bytes(model: ModelConfig) -> int:
-    """The itemsize the engine's copy holds its matrices in (train/rl/chat_models.py engine_dtype): the compute
+    """The itemsize the engine's copy holds its matrices in (inference/weight_sync.py engine_dtype): the compute
     dtype's where narrower than the parameters', else the parameters'."""
-    return min(DTYPES[model.dtype].dtype.itemsize, DTYPES[model.param_dtype].dtype.itemsize)
+    return (engine_dtype(model) or DTYPES[model.param_dtype]).dtype.itemsize
 
 
 def engine_param_bytes(model: ModelConfig, mesh: dict, cast_only: bool = False) -> int:

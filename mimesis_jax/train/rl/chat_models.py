@@ -34,7 +34,6 @@ from mimesis_jax.inference import sampler
 from mimesis_jax.inference.generators import EngineGenerator, StaticGenerator
 from mimesis_jax.inference.engine_sizing import rollout_sizing
 from mimesis_jax.inference.vllm_generator import VLLMGenerator
-from mimesis_jax.inference.weight_sync import engine_dtype  # noqa: F401  (the engine copy's dtype, named here as before)
 from mimesis_jax.chat.base import SimulatorAsResponder
 from mimesis_jax.chat.local import LocalChatModel, stop_ids
 from mimesis_jax.chat.batching import BatchedChatModel
@@ -55,7 +54,7 @@ def engine_params(params, config=None, mesh=None, rollout=None):
     """The rollout engine's copy of the parameters. Without a mesh: on one device (the engine runs there),
     gathered from the training shards (several processes: the host copy of distributed.host_params). With the
     training mesh: `distributed.rollout_params` -- resharded into the engine's layout (`rollout.mesh`, else its
-    default replica layout: distributed.layout_of), the matrices in the compute dtype (`engine_dtype`; the samples
+    default replica layout: distributed.layout_of), the matrices in the compute dtype (`weight_sync.engine_dtype`; the samples
     are unchanged); the engine places them on its mesh as models.shard_params says."""
     if mesh is None:
         return jax.device_put(distributed.host_params(params), jax.local_devices()[0])
