@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the benchmarks are scripts, not a package), registered in sys.modules
+    under `name` so that its dataclasses can look their module up."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def subprocess_env(devices: int | None = None, collective_timeout_s: int = 60, **extra: str) -> dict:

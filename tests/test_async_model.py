@@ -7,19 +7,18 @@ config. Pure Python: no JAX program runs."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import math
-import os
 
 import numpy as np
 import pytest
+
+from helpers import load_benchmark
 
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.plan.async_model import (DialoguePlan, Programs, Schedule, TurnPlan, Workload, draw_plans,
                                           simulate)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # one group of two dialogues per step, one mini-batch per step; A: replies of 10 then 20 tokens, B: 30 then 10,
 # no prompt, no user tokens, user replies at once, a coach note of 0.5 s after the first turn of each
@@ -168,11 +167,7 @@ def test_a_schedule_the_model_cannot_run_is_a_one_line_error(schedule, needle):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("async_projection",
-                                                  os.path.join(ROOT, "benchmarks", "async_projection.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark('async_projection')
 
 
 def test_projection_script_prints_assumptions_and_ratios():

@@ -4,27 +4,23 @@ the episode runner accepts from a thinking simulator (a closed thought, then the
 and an arm's overrides point the configured user side at the endpoint with no key. The speedup itself is a
 figure in docs/benchmarks.md, never asserted (timed asserts fail on a busy machine)."""
 
-import importlib.util
 import os
 import time
 
 import pytest
+
+from helpers import ROOT, load_benchmark
 
 from mimesis_jax.chat.remote import EndpointError, OpenAIChatModel
 from mimesis_jax.chat.thoughts import split_thought
 from mimesis_jax.train.rl import agent
 from mimesis_jax.train.rl.chat_models import build_user_side
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELAY = 0.3
 
 
 def _bench():
-    path = os.path.join(ROOT, "benchmarks", "bench_async_latency.py")
-    spec = importlib.util.spec_from_file_location("bench_async_latency", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark('bench_async_latency')
 
 
 B = _bench()

@@ -3,21 +3,16 @@ names the missing interpreter and the key, the static row makes exactly batch x 
 check names the flag. The figures themselves are in docs/vllm.md, never asserted (timed asserts fail on a busy
 machine)."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import load_benchmark
+
 
 
 def _bench():
-    path = os.path.join(ROOT, "benchmarks", "bench_generators.py")
-    spec = importlib.util.spec_from_file_location("bench_generators", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark('bench_generators')
 
 
 B = _bench()

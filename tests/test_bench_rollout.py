@@ -5,25 +5,19 @@ prints equals a count made here from the dialogue lengths alone (the workload's 
 with each path's own padding rule written out: the static sampler's power-of-two buckets, the plain loop's pad to
 the call's longest prompt, the engine's prefix reuse within a dialogue. No figure is timed."""
 
-import importlib.util
 import json
-import os
 import re
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import load_benchmark
+
 DIALOGUES, TURNS, GROUP, DATA_SHARDS = 8, 2, 8, 4
 HEADER_LEN, END_LEN = 3, 1
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_rollout", os.path.join(ROOT, "benchmarks", "bench_rollout.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark('bench_rollout')
 
 
 def prompt_lengths(plan, turns):

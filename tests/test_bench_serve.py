@@ -8,26 +8,22 @@ stream cancels its generation is checked by counting, not timing: tests/test_ser
 `test_engine_streams_as_sampled_batches_across_calls_and_cancels`) and tests/test_engine.py. After the load the
 server holds no choice and no KV page, its RSS stays within a bound, and an oversized prompt gets 400."""
 
-import importlib.util
 import json
-import os
 
 import pytest
+
+from helpers import load_benchmark
 
 # a serving load: its cost is running programs, and its latency ratios assume optimized code
 pytestmark = pytest.mark.optimized
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # allocator noise on a ~0.5 GB server: a leak of a request's worth per request (60 requests) would exceed it
 RSS_GROWTH, RSS_SLACK_MB = 1.2, 64.0
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_serve", os.path.join(ROOT, "benchmarks", "bench_serve.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark('bench_serve')
 
 
 def test_percentile_interpolates_between_order_statistics():
