@@ -3,6 +3,7 @@ on the 8 fake CPU devices, the paper configs on A100-80GB, suggestions and CLI e
 
 import argparse
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -409,3 +410,43 @@ def test_parse_mesh_and_device_errors():
     with pytest.raises(ConfigError, match="--device 'h300'"):
         devices.device_for("h300", 8)
     assert devices.DEVICES["a100-80g"].bytes == 80 * GiB and devices.DEVICES["h100-80g"].peak_bf16_flops == 989e12
+
+
+# ------------------------------------------------------------------------------------------- a rollout pool
+def _gib_after(out: str, label: str) -> float:
+    m = re.search(re.escape(label) + r" ([\d.]+) GiB", out)
+    assert m, (label, out[-3000:])
+    return float(m.group(1))
+
+
+def test_a_rollout_pool_is_planned_on_its_own_devices(capsys):
+    # Stage II CSD with rollout.devices=8 of 16: the training mesh fsdp=4 x tensor=2 on the other 8, the engine on
+    # the pool's 8 in its replica layout (4 replicas x tensor 2) -- the per-device layout the 8-device run without a
+    # pool samples in. The two plans agree where the devices do the same work: the same train step; the same rollout
+    # program per device (the engine's pool is its memory budget, whatever the dialogues in flight) -- but a pool
+    # device keeps no training state, and the pool's engine holds every step in flight (max_staleness + 1 steps)
+    csd = ["--config", "configs/qwen3_8b_agentrl.py:csd"]
+    assert plan_cli.run(parse(csd + ["--set", "rollout.devices=8", "mesh.fsdp=4", "rl.max_staleness=2"])) == 0
+    pool = capsys.readouterr().out
+    assert plan_cli.run(parse(csd + ["--mesh", "data=1,fsdp=4,tensor=2"])) == 0
+    shared = capsys.readouterr().out
+    assert "rollout peak: none on these devices (rollout.devices=8" in pool
+    assert "laid out data=4,fsdp=1,tensor=2; the training mesh data=1,fsdp=4,tensor=2" in pool
+    assert "(data=4,fsdp=1,tensor=2 per process)" in shared
+    train = _gib_after(shared, "train step peak (layer backward):")
+    assert _gib_after(pool, "train step peak (layer backward):") == train
+    program = _gib_after(shared, "its rollout program")
+    state = _gib_after(shared, "the training state kept on every device")
+    assert state > 1 and _gib_after(shared, "= rollout peak") == pytest.approx(program + state, abs=0.011)
+    assert _gib_after(pool, "a pool device: its rollout program") == program
+    assert _gib_after(pool, "no training state = pool peak") == program
+    dialogues = [int(m) for m in re.findall(r"an engine for (\d+) dialogues in flight", shared + pool)]
+    assert dialogues[1] == 3 * dialogues[0]
+    last = pool.strip().splitlines()[-1]
+    assert last.startswith(f"total {max(train, program):.2f} GiB") and last.endswith("with a rollout pool of 8 devices "
+                                                                                     "per process"), last
+    # a pool its layout does not split: one line naming the key
+    assert plan_cli.run(parse(csd + ["--set", "rollout.devices=3", "mesh.fsdp=4", "rl.max_staleness=2"])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: config key 'rollout.devices': a pool of 3 devices is not split by the rollout layout "
+                   "tensor=2 (replicas x tensor)")

@@ -5,21 +5,23 @@ when it does not."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Sequence
 
 import jax
 
 from mimesis_jax.errors import ConfigError
-from mimesis_jax.plan.budget import Plan, error_bytes, plan_config, process_rollout_peak, rollout_copy, verdict
+from mimesis_jax.plan.budget import (Plan, error_bytes, plan_config, pool_rollout_peak, process_rollout_peak,
+                                     rollout_copy, verdict)
 from mimesis_jax.plan.compiled import (SPLIT_CHECKED, TOLERANCE, ProgramMemory, format_programs, need_devices,
                                        program_memory, weight_sync_memory)
 from mimesis_jax.plan.devices import DEVICES, GiB, HEADROOM, config_mesh, mesh_text, parse_mesh
 from mimesis_jax.plan import mix
 from mimesis_jax.plan.memory import weight_sync_bytes
 from mimesis_jax.plan.suggestions import suggest
-from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, process_config, programs_text,
-                                      rollout_axes, rollout_mesh_text)
+from mimesis_jax.plan.workload import (batch_multiple, batch_shards, load_run_config, pool_size, process_config,
+                                      programs_text, rollout_axes, rollout_mesh_text)
 from mimesis_jax.config.layout import rollout_layout
 
 
@@ -95,7 +97,9 @@ def format_plan(p: Plan, path: str = "", error: tuple[float, str] | None = None)
     for it in p.items:
         lines.append(f"  {it.phase:8s}  {it.name:28s} {_gib(it.bytes)}  {it.formula}")
     lines.append(f"train step peak ({p.train_phase}): {p.train_peak / GiB:.2f} GiB")
-    if w.rollout is not None:
+    if w.pool:
+        lines.append(f"rollout peak: none on these devices (rollout.devices={w.pool}: on the rollout pool, below)")
+    elif w.rollout is not None:
         lines.append(f"rollout peak: {p.rollout_peak / GiB:.2f} GiB")
     lines.append(f"total {p.total / GiB:.2f} GiB of {d.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable after "
                  f"{HEADROOM:.0%} headroom): {_verdict(p.total, p.usable, error[0])}")
@@ -136,6 +140,42 @@ def format_process_rollout(p: Plan, pp: Plan, processes: int, tasks: int, error:
         f"total {total / GiB:.2f} GiB of {p.device.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable): "
         f"{_verdict(total, p.usable, error)} on {processes} process{'es' if processes > 1 else ''}"
         + (f" in the rollout layout rollout.mesh={layout}" if layout else "")])
+
+
+def pool_sync_axes(cfg, mesh: dict) -> dict:
+    """The axes of the weight sync's target on a rollout pool: the training devices laid out as the pool lays its
+    devices out (replicas x the pool's tensor split, train/rl/distributed.py `_to_pool`); each shard then copied to
+    the pool device that holds it."""
+    tensor = rollout_axes(cfg, mesh, 1)["tensor"]
+    return {"data": math.prod(mesh.values()) // tensor, "fsdp": 1, "tensor": tensor}
+
+
+def format_pool_rollout(cfg, p: Plan, pp: Plan, processes: int, error: float = TOLERANCE) -> list[str]:
+    """The rollout phase on each process's rollout pool (`rollout.devices`; pp: the plan of one process's share on
+    the pool's devices), the weight sync staged on the training devices, and the verdict over both sides."""
+    n, w = pool_size(cfg), pp.workload
+    peak = pool_rollout_peak(pp)
+    total = max(p.train_peak, peak)
+    if w.engine is not None:
+        what = f"an engine for {w.engine.dialogues} dialogues in flight ({w.engine.pool_bytes / GiB:.2f} GiB pool)"
+    else:
+        what = f"sampler calls of {w.rollout.batch} x ({w.rollout.prompt_len} + {w.rollout.new_tokens}) tokens"
+    tasks = cfg.rollout.prompts_per_step
+    staged = pool_sync_axes(cfg, p.workload.mesh)
+    sync = weight_sync_bytes(p.workload.model, p.workload.mesh, staged, w.engine is not None)
+    state = p.item("parameters") + p.item("optimizer state")
+    return [
+        f"rollout on the rollout pool: rollout.devices={n} of each process's devices ({processes} process"
+        f"{'es' if processes > 1 else ''}), laid out {mesh_text(w.mesh)}; the training mesh {mesh_text(p.workload.mesh)} "
+        f"on the others; {what} ({-(-tasks // processes)} of {tasks} tasks per step)",
+        f"  a pool device: its rollout program {peak / GiB:.2f} GiB (of which its own parameter copy "
+        f"{rollout_copy(pp) / GiB:.2f} GiB), no training state = pool peak {peak / GiB:.2f} GiB",
+        f"  a training device: train peak {p.train_peak / GiB:.2f} GiB; the weight sync staged on it in the pool's "
+        f"layout ({mesh_text(staged)}) then copied shard by shard into the pool: {sync.moved / GiB:.2f} GiB "
+        f"received per device, its largest program {sync.peak / GiB:.2f} GiB, at most "
+        f"{(state + sync.copy + sync.work) / GiB:.2f} GiB with the training state and the staged copy",
+        f"total {total / GiB:.2f} GiB of {p.device.bytes / GiB:.2f} GiB ({p.usable / GiB:.2f} GiB usable): "
+        f"{_verdict(total, p.usable, error)} with a rollout pool of {n} devices per process"]
 
 
 def format_weight_sync(p: Plan, pp: Plan, layout: str = "") -> str:
@@ -208,7 +248,9 @@ def _load(args):
     if args.device not in DEVICES:
         raise ConfigError(f"--device {args.device!r}: unknown device; expected one of {sorted(DEVICES)}")
     cfg = load_run_config(args.config, args.overrides)
-    mesh = parse_mesh(args.mesh) if args.mesh is not None else config_mesh(cfg.mesh, jax.device_count())
+    # with a rollout pool (rollout.devices per process) the training mesh takes the other devices
+    train_devices = max(1, jax.device_count() - pool_size(cfg) * args.processes)
+    mesh = parse_mesh(args.mesh) if args.mesh is not None else config_mesh(cfg.mesh, train_devices)
     if args.rows is not None and args.rows < 1:
         raise ConfigError(f"--rows {args.rows}: must be >= 1")
     if args.compiled:
@@ -222,8 +264,15 @@ def _rollout_programs(cfg_p, mesh: dict, local: dict, p: Plan, processes: int, l
     """The compiled programs of one process's rollout on `local` (its sub-mesh or the rollout layout) and the
     weight sync into it (into the engine's copy with rollout.engine: built as the loop builds it), next to their
     plan."""
-    rows = program_memory(cfg_p, local, p.device, updates=False)
+    pool = pool_size(cfg_p)
+    rows = program_memory(cfg_p, local, p.device, updates=False, on_pool=pool > 0)
     model, engine = p.workload.model, bool(cfg_p.rollout.engine)
+    if pool:  # staged on the training devices in the pool's layout, then copied shard by shard (no program)
+        staged = pool_sync_axes(cfg_p, mesh)
+        rows.append(ProgramMemory("weight sync (largest program)", weight_sync_bytes(model, mesh, staged, engine).peak,
+                                  weight_sync_memory(model, mesh, 1, layout={"replica": -1, "tensor": staged["tensor"]},
+                                                     engine=engine)))
+        return rows
     rows.append(ProgramMemory("weight sync (largest program)", weight_sync_bytes(model, mesh, local, engine).peak,
                               weight_sync_memory(model, mesh, processes, layout=layout, engine=engine)))
     return rows
@@ -257,10 +306,11 @@ def run(args) -> int:
         if processes > 1 and p.workload.kind == "lm":
             raise ConfigError(f"--processes {processes}: only the RL stages roll out per process; an LM stage's "
                               "plan is the same on any number of processes")
+        pool = pool_size(cfg)
         apart = processes > 1 or layout is not None
         if apart:
             cfg_p = process_config(cfg, processes)
-            pp = plan_config(cfg_p, local, args.device, args.rows)
+            pp = plan_config(cfg_p, local, args.device, args.rows, on_pool=pool > 0)
         programs, process_programs = [], []
         if compiled:  # compiled first: their ratios can widen the verdicts' error
             # with a rollout layout the loop's sampler runs in it, not on the training mesh
@@ -269,7 +319,9 @@ def run(args) -> int:
                 process_programs = _rollout_programs(cfg_p, mesh, local, p, processes, layout)
         error = checked_error(programs + process_programs)
         print(format_plan(p, args.config, error))
-        if layout is not None and not cfg.rollout.mesh:
+        if pool:
+            pass  # the pool's layout is printed with its plan below
+        elif layout is not None and not cfg.rollout.mesh:
             print(f"  note: rollout.engine: the engine decodes in its replica layout rollout.mesh={text} (its "
                   "default, config/layout.py engine_layout), as the rollout phase above and below plan it")
         elif layout is not None:
@@ -278,7 +330,9 @@ def run(args) -> int:
         head = head_padding_text(cfg, p.workload.model, mesh) if p.workload.kind != "lm" else None
         if head:
             print(head)
-        if apart:
+        if pool:
+            print("\n".join(format_pool_rollout(cfg, p, pp, processes, error[0])))
+        elif apart:
             print(format_process_rollout(p, pp, processes, cfg.rollout.prompts_per_step, error[0], text))
             if verdict(max(p.train_peak, process_rollout_peak(p, pp)), p.usable, error[0]) != "FITS":
                 print(process_suggestion(args, cfg, mesh, p, processes, error[0]))

@@ -240,10 +240,10 @@ def plan(w: Workload, device: Device) -> Plan:
         "optimizer": G + opt_tmp,
     }
     train_peak = P + O + batch + max(phases.values())
-    rollout_peak = 0
-    if w.engine is not None:
+    rollout_peak = 0  # with a rollout pool (rollout.devices) the rollouts run apart, on it: `pool_rollout_peak`
+    if w.engine is not None and not w.pool:
         rollout_peak = P + O + _engine_rollout(w, add)
-    elif w.rollout is not None:
+    elif w.rollout is not None and not w.pool:
         rollout_peak = P + O + _sampler_rollout(w, add, W, c)
     return Plan(w, device, tuple(items), int(train_peak), int(rollout_peak), max(phases, key=phases.get))
 
@@ -429,9 +429,10 @@ def scoring_peak(w: Workload) -> int:
     return int(param_bytes(m, mesh) + io + b * T * W.D * c + tables + max(layer, head))
 
 
-def plan_config(cfg, mesh: dict, device: str, rows: int | None = None) -> Plan:
+def plan_config(cfg, mesh: dict, device: str, rows: int | None = None, *, on_pool: bool = False) -> Plan:
+    """The plan of `cfg` on `mesh`; on_pool: of its rollouts on a rollout pool's `mesh` (workload_from_config)."""
     model = runtime_model(cfg)
-    w = workload_from_config(cfg, mesh, model, rows)
+    w = workload_from_config(cfg, mesh, model, rows, on_pool=on_pool)
     return plan(w, device_for(device, w.num_devices))
 
 
@@ -440,10 +441,16 @@ def process_rollout_peak(global_plan: Plan, local_plan: Plan) -> int:
     the training state each device keeps (parameters and optimizer state, on the global mesh) + that process's
     rollout program on its own devices (`rollout_copy` + the sampler's caches or the engine's pool and programs).
     local_plan: the plan of workload.process_config on workload.rollout_axes."""
+    return global_plan.item("parameters") + global_plan.item("optimizer state") + pool_rollout_peak(local_plan)
+
+
+def pool_rollout_peak(local_plan: Plan) -> int:
+    """Per-device bytes of a process's rollout program on its own devices, `local_plan` the plan of its share
+    there: its own copy of the parameters (`rollout_copy`) + the sampler's caches or the engine's pool and
+    programs. On a rollout pool (`rollout.devices`) that is the pool device's peak: it keeps no training state."""
     local_rollout = local_plan.rollout_peak - local_plan.item("optimizer state") - local_plan.item("parameters")
     local_rollout -= local_plan.item("engine parameters")
-    return (global_plan.item("parameters") + global_plan.item("optimizer state") + rollout_copy(local_plan)
-            + local_rollout)
+    return rollout_copy(local_plan) + local_rollout
 
 
 def rollout_copy(local_plan: Plan) -> int:

@@ -328,16 +328,16 @@ def program_workloads(w: Workload) -> list[tuple[str, Workload]]:
 
 def program_memory(cfg, mesh: dict, device: str | Device = "cpu", largest_only: bool = False,
                    sampler: bool = True, options: dict = FAST, updates: bool = True,
-                   split: bool | None = None) -> list[ProgramMemory]:
+                   split: bool | None = None, on_pool: bool = False) -> list[ProgramMemory]:
     """Planned and compiled per-device bytes of every program `cfg`'s loop compiles on `mesh` (a dict of axis
     sizes; this process must see that many devices). largest_only: of the update ladder, its last (largest)
     program only, and of the sampler's prompt ladder its longest rung (else every rung); sampler=False leaves the
     sampler (or engine) out, updates=False the update and scoring programs (one process's rollout of several:
     cfg = workload.process_config, mesh = workload.process_mesh); options: XLA compile options (FAST or QUICK);
     split: each program's float-normalization copies split out (`normalization_split`, ProgramMemory.copies),
-    default `splits(model)`."""
+    default `splits(model)`; on_pool: `mesh` is a rollout pool's (workload.workload_from_config)."""
     need_devices(mesh)
-    w = workload_from_config(cfg, mesh, runtime_model(cfg))
+    w = workload_from_config(cfg, mesh, runtime_model(cfg), on_pool=on_pool)
     dev = device if isinstance(device, Device) else device_for(device, w.num_devices)
     out = []
     progs = program_workloads(w) if updates else []

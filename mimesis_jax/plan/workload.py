@@ -58,6 +58,9 @@ class Workload:
     # `rollout`, whose prompt is the longest): simrl one (chat_models.fixed_buckets), agentrl one per prompt rung
     # (chat_models.ladder_buckets); () = shapes on the sampler's default ladders (no context budget, or the engine)
     sampler_prompts: tuple[int, ...] = ()
+    # rollout.devices = N > 0: the rollouts run on each process's pool of N devices apart from the training mesh
+    # (train/rl/distributed.py "the rollout pool"), planned apart (commands/plan.py); this mesh only trains
+    pool: int = 0
 
     @property
     def fixed_sampler(self) -> bool:
@@ -118,14 +121,30 @@ def rollout_mesh_text(cfg, mesh: dict) -> str:
     no rollout."""
     if not isinstance(cfg, (AgentRLConfig, SimRLConfig)):
         return ""
-    return layout_text(decode_layout(cfg.rollout.mesh, cfg.rollout.engine, mesh.get("tensor", 1)))
+    return layout_text(decode_layout(cfg.rollout.mesh, cfg.rollout.engine or pool_size(cfg) > 0,
+                                     mesh.get("tensor", 1)))
+
+
+def pool_size(cfg) -> int:
+    """`rollout.devices` of an RL config: the devices of each process's rollout pool (0: none; an LM stage has
+    none)."""
+    return 0 if isinstance(cfg, RunConfig) else int(cfg.rollout.devices)
 
 
 def rollout_axes(cfg, mesh: dict, processes: int) -> dict:
     """The mesh (axis sizes) each of `processes` processes samples on: with `rollout.mesh` set, its layout over the
     process's devices (sharding.layout_axes: data = replicas, fsdp 1, tensor; a ConfigError naming rollout.mesh
     unless it uses exactly those devices), else the process's block of `mesh` (`process_mesh`; `mesh` itself on
-    one process)."""
+    one process). With a rollout pool (`rollout.devices` = N): the pool's N devices in that layout (the engine's
+    replicas x the training tensor split by default, as train/rl/distributed.py pool_mesh lays them out)."""
+    n = pool_size(cfg)
+    if n:
+        layout = rollout_layout(rollout_mesh_text(cfg, mesh))
+        try:
+            return layout_axes(layout, n)
+        except ConfigError:
+            raise ConfigError(f"config key 'rollout.devices': a pool of {n} devices is not split by the rollout "
+                              f"layout {rollout_mesh_text(cfg, mesh)} (replicas x tensor)") from None
     local = process_mesh(mesh, processes)
     layout = rollout_layout(rollout_mesh_text(cfg, mesh))
     return local if layout is None else layout_axes(layout, math.prod(local.values()))
@@ -140,8 +159,13 @@ def process_config(cfg, processes: int):
     return dataclasses.replace(cfg, rollout=dataclasses.replace(r, prompts_per_step=share, max_batch=cap))
 
 
-def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None = None) -> Workload:
+def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None = None, *,
+                         on_pool: bool = False) -> Workload:
     """The per-update workload of a RunConfig, AgentRLConfig or SimRLConfig on `mesh`.
+
+    With a rollout pool (`rollout.devices`) the workload on the training mesh rolls out nothing (`Workload.pool`);
+    on_pool: the workload of the rollouts on the pool's `mesh` instead, whose engine holds every step in flight
+    there (rl.max_staleness + 1 steps' dialogues, train/rl/learner.py steps_at_once).
 
     RL row counts are data-dependent; the default assumes the worst case the config allows for Stage II (every
     dialogue fills a row of rollout.row_len tokens) and one row per rollout for Stage I's joint RL (each rollout's
@@ -199,8 +223,9 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
     notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
     engine = None
     if r.engine:  # the policy samples through one rollout engine on the training mesh instead of the sampler
-        engine = rollout_sizing(r, model, rollout_batch, mesh=mesh)  # per replica, the budget per device
-        notes[-2] = f"rollout: {rollout_batch} dialogues in flight on the rollout engine (one process)"
+        at_once = rollout_batch * (rl.max_staleness + 1 if on_pool else 1)
+        engine = rollout_sizing(r, model, at_once, mesh=mesh)  # per replica, the budget per device
+        notes[-2] = f"rollout: {at_once} dialogues in flight on the rollout engine (one process)"
         notes.append(f"rollout engine pool: {engine.describe()}")
         if kind == "agentrl" and "://" not in cfg.users.simulator and cfg.users.simulator != "toy-user":
             notes.append("an in-process simulator's own engine (same rollout.engine* keys) is not counted")
@@ -210,9 +235,12 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
         top = ladder_top(programs)
         n = top[0] if rows is None else n
         T, head, branch, branch_head = top[1:]
+    if r.devices and not on_pool:
+        notes.append(f"rollout.devices={r.devices}: the rollouts run on each process's pool of {r.devices} devices, "
+                     "planned apart (below); this mesh only trains")
     return Workload(kind, name, model, mesh, cfg.optimizer, cfg.train.steps * cfg.updates_per_step(), n, M, T,
                     head, True, branch, branch_head, roll, tuple(notes), programs, engine,
-                    fixed.prompt_rungs if fixed is not None and engine is None else ())
+                    fixed.prompt_rungs if fixed is not None and engine is None else (), 0 if on_pool else r.devices)
 
 
 def ladder_top(programs) -> tuple[int, ...]:
