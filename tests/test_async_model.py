@@ -262,6 +262,8 @@ def test_projection_script_prints_assumptions_and_ratios():
     assert "| sync |" in text and "| async, rollout.devices=1, max_staleness=2 |" in text
     assert "| sync in rounds (the learner's loop) |" in text
     assert "best split: rollout.devices=1 of 2" in text
+    assert "| async on shared devices, rollout.devices=0, max_staleness=2 |" in text
+    assert "shared devices: all 2:" in text and "reprefill = 1" in text
 
 
 def test_projection_script_names_a_bad_split():
