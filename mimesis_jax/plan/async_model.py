@@ -10,8 +10,8 @@ What is simulated (every event at its own time, one seeded RNG for the dialogues
   its reply, then -- unless it was the last turn -- waits for the user's reply (the frozen simulator, an endpoint
   outside the device count) and starts turn k + 1. With CSD every turn that got a user reply gets a coach note
   (algorithms/coach.py `coach_requests`: no note after the last turn), another call to the same endpoint. A
-  dialogue's turn count, reply lengths and user-side latencies are drawn up front (`draw_plans`), so both
-  schedules run the same dialogues.
+  dialogue's turn count, reply lengths and user-side latencies are drawn up front (`draw_plans`), so every
+  schedule runs the same dialogues.
 * **rollout replicas** of `replica_devices` devices each, holding at most `replica_slots` dialogues in flight (the
   KV cache of a dialogue stays on its replica from admission to its last reply). A replica decodes all its
   sequences in the decode phase together, one token each per decode step of `decode_step_s + decode_ctx_s x (the
@@ -28,7 +28,7 @@ What is simulated (every event at its own time, one seeded RNG for the dialogues
 * **the user side**: every user reply and coach note holds one of `user_concurrency` workers (0: unbounded) for
   its latency; requests beyond that queue first-in first-out.
 
-The two schedules:
+The schedules:
 
 * **sync** (today's `train/rl/learner.py` loop): all devices roll out step k's groups with version k, every
   dialogue to its end; then the coach notes of the step (the learner's coach phase); then the step's updates on
@@ -44,8 +44,9 @@ The two schedules:
   ones. The trainer takes a mini-batch as soon as `mini_batch_prompts` whole groups of its current step are
   complete (rollout ended, every coach note back); coach notes are asked as soon as their user reply is in. After
   a step's last update the new weights go to the rollout replicas: for `sync_s` both pools wait (the trainer
-  sends, every replica pauses its decoding), then every turn that starts samples with them (in-flight updates: a
-  dialogue may span versions).
+  sends, every replica pauses its decoding and prefills), then every turn that starts samples with them (in-flight
+  updates: a dialogue may span versions; a turn samples wholly with the version at its start, also one that a sync
+  stopped).
 * **shared** (asynchronous on shared devices: rollout.devices=0, rl.max_staleness >= 1): all devices roll out and
   train, taking turns. Admission, the staleness bound, the coach notes and the mini-batches are async's: group i
   is admitted once the version is >= i // prompts_per_step - max_staleness, notes are asked as soon as their user
@@ -53,9 +54,9 @@ The two schedules:
   complete, on all devices (`devices`, as in sync). While an update runs, no replica decodes or prefills (its
   sequences keep their KV caches and their place, and go on from where they stopped); the user side goes on, so
   dialogues waiting on a user reply or a coach note keep waiting through it, and a reply that comes back queues
-  its turn. Between the updates of a step decoding resumes with the step's version (the weights a version
-  publishes: the step's last update); after the last one the new weights are published into the rollout
-  engine's layout for `sync_s` (every device waits, as in async), then every turn that starts samples with them.
+  its turn. Between the updates of a step decoding resumes with the version the step trains (a version is
+  published only after a step's last update); after the last one the new weights are published into the rollout
+  engine's copy for `sync_s` (every device waits, as in async), then every turn that starts samples with them.
   With max_staleness 0, zero user and coach latencies (nothing outside the devices takes time) and no re-prefill
   needed (no dialogue spans versions at staleness 0), pausing every replica at once shifts the rest of the step's
   rollouts by the update's length: step k ends exactly (k + 1) x sync_s after sync's (tested).
