@@ -2,7 +2,8 @@
 step times, busy fractions and staleness on schedules small enough to work out by hand (each test derives its
 numbers in comments), the staleness bound on random schedules, the synchronous schedule as the serial sum of its
 phases (computed here with NumPy from the drawn dialogues), the shared-devices schedule as sync plus its publishes
-where nothing outside the devices takes time, and the projection script end to end on the tiny config. Pure Python: no JAX program runs."""
+where nothing outside the devices takes time, and the projection script end to end on the tiny config. Pure
+Python: no JAX program runs."""
 
 from __future__ import annotations
 
