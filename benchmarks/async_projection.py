@@ -5,10 +5,11 @@ mimesis_jax/plan/async_model.py (issue #44 item 7, third bullet): the Stage II C
     python benchmarks/async_projection.py --max-staleness 1 --rollout-devices 4,6,8
     python benchmarks/async_projection.py --user-median-s 1 --train-mfu 0.2 --user-concurrency 64
 
-Both schedules run the same drawn dialogues (--seed) for --steps steps; throughput counts the steps after
---warmup-steps. The asynchronous schedule is run for every --rollout-devices split (the rest of the devices train)
-and the best is compared with the synchronous one (dialogues independent) and with the learner's rounds (every
-dialogue's turn k before any turn k + 1); every ratio comes from runs in this process.
+Every schedule runs the same drawn dialogues (--seed) for --steps steps; throughput counts the steps after
+--warmup-steps. The asynchronous schedule on split pools is run for every --rollout-devices split (the rest of the
+devices train), and on shared devices (rollout.devices=0: every device rolls out and trains, taking turns); each
+is compared with the synchronous schedule (dialogues independent) and with the learner's rounds (every dialogue's
+turn k before any turn k + 1); every ratio comes from runs in this process.
 
 The step's shape (prompts, group size, mini-batch, turn and token limits, CSD) is the config's. Everything else is
 an assumption, printed first: the dialogue distributions the paper does not give (reply and user-turn lengths,
@@ -48,7 +49,10 @@ WHY = {
                  "docs/benchmarks.md, On an accelerator)",
     "csd_factor": "fused CSD update / GRPO update (the H200 figure at 8 turns: docs/benchmarks.md, On an "
                   "accelerator)",
-    "sync_s": "one weight sync trainer -> rollout pool (16.4 GB of bf16 weights; both pools wait)",
+    "sync_s": "one weight sync trainer -> rollout pool (16.4 GB of bf16 weights; both pools wait); on shared "
+              "devices the publish into the engine's copy, every device waiting (sync: none counted)",
+    "reprefill": "1: a turn after new weights prefills its dialogue's whole context (the engine's set_params drops "
+                 "its cached dialogues); 0: only what the dialogue gained",
 }
 
 
@@ -142,17 +146,23 @@ def main(argv=None) -> int:
         lines.append(_row(f"async, rollout.devices={r}, max_staleness={args.max_staleness}", a, sync, n))
         if best is None or a.groups_per_hour > best[1].groups_per_hour:
             best = (r, a)
+    shared = am.simulate(w, p, am.Schedule("shared", 0, args.max_staleness), plans, warmup_steps=args.warmup_steps)
+    lines.append(_row(f"async on shared devices, rollout.devices=0, max_staleness={args.max_staleness}", shared,
+                      sync, n))
     print("\n".join(lines))
-    r, a = best
-    print(f"best split: rollout.devices={r} of {p.devices}: {a.groups_per_hour / sync.groups_per_hour:.2f}x the "
-          f"synchronous schedule's groups per hour" + (f", {a.groups_per_hour / rounds.groups_per_hour:.2f}x the "
-                                                       "rounds'" if rounds else "")
-          + f" (staleness histogram, tokens: {a.staleness_tokens})")
+    print(_versus(f"best split: rollout.devices={best[0]} of {p.devices}", best[1], sync, rounds))
+    print(_versus(f"shared devices: all {p.devices}", shared, sync, rounds))
     print(f"ceiling: {1 / sync.trainer_busy:.2f}x the synchronous schedule's"
           + (f", {1 / rounds.trainer_busy:.2f}x the rounds'" if rounds else "")
-          + f" = its step over its updates on all {p.devices} devices (at equal devices the asynchronous trainer "
-          "has fewer, so no split beats it)")
+          + f" = its step over its updates on all {p.devices} devices (at equal devices no schedule trains a step "
+          "faster: split pools train on fewer, shared devices also decode)")
     return 0
+
+
+def _versus(name: str, a: am.Projection, sync: am.Projection, rounds: am.Projection | None) -> str:
+    return (f"{name}: {a.groups_per_hour / sync.groups_per_hour:.2f}x the synchronous schedule's groups per hour"
+            + (f", {a.groups_per_hour / rounds.groups_per_hour:.2f}x the rounds'" if rounds else "")
+            + f" (staleness histogram, tokens: {a.staleness_tokens})")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,17 @@ What is simulated (every event at its own time, one seeded RNG for the dialogues
   its reply, then -- unless it was the last turn -- waits for the user's reply (the frozen simulator, an endpoint
   outside the device count) and starts turn k + 1. With CSD every turn that got a user reply gets a coach note
   (algorithms/coach.py `coach_requests`: no note after the last turn), another call to the same endpoint. A
-  dialogue's turn count, reply lengths and user-side latencies are drawn up front (`draw_plans`), so both
-  schedules run the same dialogues.
+  dialogue's turn count, reply lengths and user-side latencies are drawn up front (`draw_plans`), so every
+  schedule runs the same dialogues.
 * **rollout replicas** of `replica_devices` devices each, holding at most `replica_slots` dialogues in flight (the
   KV cache of a dialogue stays on its replica from admission to its last reply). A replica decodes all its
   sequences in the decode phase together, one token each per decode step of `decode_step_s + decode_ctx_s x (the
   sum of their contexts)` seconds (the weights read once per step, every sequence's cache read: memory-bound
   decoding). Its prefills run first-in first-out at `prefill_tok_s`, beside the decode (chunked prefill rides on
-  the decode steps: the compute-bound and memory-bound halves overlap; an assumption).
+  the decode steps: the compute-bound and memory-bound halves overlap; an assumption). A turn prefills what its
+  dialogue gained since its previous turn; with `reprefill` (the default) a turn that starts with newer weights
+  than its dialogue's previous turn prefills the whole context instead (the rollout engine's set_params drops its
+  cached dialogues), so re-prefills cost only where a dialogue spans versions (async and shared).
 * **the trainer**: a PPO mini-batch of `mini_batch_prompts` whole groups costs `train_token_s` device-seconds per
   row token (prompt, replies and user turns: the rows the update reads), times `csd_factor` with CSD, over the
   training devices. A step is `prompts_per_step` groups (`prompts_per_step / mini_batch_prompts` updates); policy
@@ -25,7 +28,7 @@ What is simulated (every event at its own time, one seeded RNG for the dialogues
 * **the user side**: every user reply and coach note holds one of `user_concurrency` workers (0: unbounded) for
   its latency; requests beyond that queue first-in first-out.
 
-The two schedules:
+The schedules:
 
 * **sync** (today's `train/rl/learner.py` loop): all devices roll out step k's groups with version k, every
   dialogue to its end; then the coach notes of the step (the learner's coach phase); then the step's updates on
@@ -41,8 +44,22 @@ The two schedules:
   ones. The trainer takes a mini-batch as soon as `mini_batch_prompts` whole groups of its current step are
   complete (rollout ended, every coach note back); coach notes are asked as soon as their user reply is in. After
   a step's last update the new weights go to the rollout replicas: for `sync_s` both pools wait (the trainer
-  sends, every replica pauses its decoding), then every turn that starts samples with them (in-flight updates: a
-  dialogue may span versions).
+  sends, every replica pauses its decoding and prefills), then every turn that starts samples with them (in-flight
+  updates: a dialogue may span versions; a turn samples wholly with the version at its start, also one that a sync
+  stopped).
+* **shared** (asynchronous on shared devices: rollout.devices=0, rl.max_staleness >= 1): all devices roll out and
+  train, taking turns. Admission, the staleness bound, the coach notes and the mini-batches are async's: group i
+  is admitted once the version is >= i // prompts_per_step - max_staleness, notes are asked as soon as their user
+  reply is in, and an update starts as soon as `mini_batch_prompts` whole groups of the trainer's step are
+  complete, on all devices (`devices`, as in sync). While an update runs, no replica decodes or prefills (its
+  sequences keep their KV caches and their place, and go on from where they stopped); the user side goes on, so
+  dialogues waiting on a user reply or a coach note keep waiting through it, and a reply that comes back queues
+  its turn. Between the updates of a step decoding resumes with the version the step trains (a version is
+  published only after a step's last update); after the last one the new weights are published into the rollout
+  engine's copy for `sync_s` (every device waits, as in async), then every turn that starts samples with them.
+  With max_staleness 0, zero user and coach latencies (nothing outside the devices takes time) and no re-prefill
+  needed (no dialogue spans versions at staleness 0), pausing every replica at once shifts the rest of the step's
+  rollouts by the update's length: step k ends exactly (k + 1) x sync_s after sync's (tested).
 
 Measured: the wall time at which each step's version becomes available, trained groups and agent tokens (the
 tokens the loss reads) per hour over the steps after `warmup_steps`, the pools' busy fractions over that window
@@ -58,6 +75,7 @@ each has a flag. `rehearse --json` on a device, or the serving benchmarks, give 
 from __future__ import annotations
 
 import dataclasses
+import collections
 import heapq
 import itertools
 import math
@@ -111,14 +129,15 @@ class Programs:
     prefill_tok_s: float = 19000.0  # one replica's prefill tokens/s
     train_token_s: float = 6.6e-4  # device-seconds per row token of a GRPO update (old log-probs recomputed)
     csd_factor: float = 1.19  # the fused CSD update over the GRPO one
-    sync_s: float = 2.0  # one weight sync from the trainer to the rollout replicas (async only)
+    sync_s: float = 2.0  # one weight sync to the rollout replicas (async and shared only)
     user_concurrency: int = 0  # user-side calls served at once; 0 = unbounded
+    reprefill: int = 1  # 1: a turn after new weights prefills its dialogue's whole context; 0: only what it gained
 
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    kind: str = "sync"  # "sync" | "rounds" | "async"
-    rollout_devices: int = 0  # async: devices that roll out (the rest train); sync: all devices do both
+    kind: str = "sync"  # "sync" | "rounds" | "async" | "shared"
+    rollout_devices: int = 0  # async: devices that roll out (the rest train); else 0: all devices do both
     max_staleness: int = 0
 
 
@@ -172,7 +191,7 @@ def _dense_params(model) -> int:
 def programs_for(model, *, device: str = "a100-80g", devices: int = 16, replica_devices: int = 2,
                  replica_slots: int = 128, decode_bw_eff: float = 0.7, prefill_mfu: float = 0.5,
                  train_mfu: float = 0.4, csd_factor: float = 1.19, sync_s: float = 2.0,
-                 user_concurrency: int = 0) -> Programs:
+                 user_concurrency: int = 0, reprefill: int = 1) -> Programs:
     """Program times of `model` (a dense Qwen3 ModelConfig) on `device` from its datasheet peak and bandwidth:
     decode step = bf16 weights / (replica's bandwidth x decode_bw_eff) + per context token its bf16 K and V over
     every layer / the same; prefill = the replica's peak x prefill_mfu / 2N FLOPs per token; the update = 10N FLOPs
@@ -190,7 +209,7 @@ def programs_for(model, *, device: str = "a100-80g", devices: int = 16, replica_
                     decode_step_s=2 * n / rbw, decode_ctx_s=kv_bytes / rbw,
                     prefill_tok_s=replica_devices * peak * prefill_mfu / (2 * n),
                     train_token_s=10 * n / (peak * train_mfu), csd_factor=csd_factor, sync_s=sync_s,
-                    user_concurrency=user_concurrency)
+                    user_concurrency=user_concurrency, reprefill=reprefill)
 
 
 def workload_from_config(cfg, **assumptions) -> Workload:
@@ -243,8 +262,9 @@ class _Replica:
         self.active: dict[int, int] = {}  # decoding dialogue -> its context tokens
         self.finish: list[tuple[float, int]] = []  # (decode counter at which it finishes, dialogue)
         self.counter, self.t, self.stamp, self.ctx, self.paused = 0.0, 0.0, 0, 0, False
-        self.prefill_free = 0.0
-        self.decode_since = None
+        self.prefills: collections.deque = collections.deque()  # [dialogue, tokens left], first-in first-out
+        self.pt, self.pstamp = 0.0, 0
+        self.decode_since = self.prefill_since = None
         self.intervals: list[tuple[float, float]] = []  # decoding or prefilling
 
 
@@ -263,11 +283,12 @@ class _Sim:
 
     def __init__(self, w: Workload, p: Programs, s: Schedule, plans: list[list[DialoguePlan]]):
         self.w, self.p, self.s = w, p, s
-        self.asyn, self.rounds = s.kind == "async", s.kind == "rounds"
+        self.shared, self.rounds = s.kind == "shared", s.kind == "rounds"
+        self.asyn = s.kind == "async" or self.shared  # dialogues across steps, mini-batches as groups complete
         self.waiting: list[list[_Dialogue]] = [[] for _ in range(len(plans) // w.prompts_per_step)]
         self.live = [w.dialogues_per_step] * (len(plans) // w.prompts_per_step)  # rounds: dialogues not ended
-        rollout_devices = s.rollout_devices if self.asyn else p.devices
-        self.train_devices = p.devices - s.rollout_devices if self.asyn else p.devices
+        rollout_devices = s.rollout_devices if s.kind == "async" else p.devices
+        self.train_devices = p.devices - rollout_devices if s.kind == "async" else p.devices
         self.replicas = [_Replica(i, p.replica_slots) for i in range(rollout_devices // p.replica_devices)]
         self.steps = len(plans) // w.prompts_per_step
         self.groups = [[_Dialogue(g * w.group_size + j, g, pl) for j, pl in enumerate(gp)]
@@ -311,15 +332,55 @@ class _Sim:
             self.admitted += 1
 
     def turn_start(self, d):
+        """Queues the turn's prefill: what the dialogue gained since its last turn, or with `reprefill` its whole
+        context when new weights came since (the engine's set_params drops its cached dialogues)."""
+        if d.turn == 0:
+            new = d.plan.prompt_tokens
+        elif self.p.reprefill and d.version != self.version:
+            new = self.context(d)
+        else:
+            new = d.plan.turns[d.turn - 1].user_tokens
         d.version = self.version
-        new = d.plan.prompt_tokens if d.turn == 0 else d.plan.turns[d.turn - 1].user_tokens
         rep = d.replica
-        start = max(self.now, rep.prefill_free)
-        end = start + new / self.p.prefill_tok_s
-        rep.prefill_free = end
-        if end > start:
-            rep.intervals.append((start, end))
-        self.at(end, self.decode_join, d)
+        self.advance_prefill(rep)
+        rep.prefills.append([d, float(new)])
+        self.reschedule_prefill(rep)
+
+    def advance_prefill(self, rep):
+        elapsed = self.now - rep.pt
+        if rep.prefills and not rep.paused and elapsed > 0:  # only the queue's head progresses
+            rep.prefills[0][1] = max(0.0, rep.prefills[0][1] - elapsed * self.p.prefill_tok_s)
+        rep.pt = self.now
+
+    def reschedule_prefill(self, rep):
+        rep.pstamp += 1
+        running = bool(rep.prefills) and not rep.paused
+        if running and rep.prefill_since is None:
+            rep.prefill_since = self.now
+        elif not running and rep.prefill_since is not None:
+            rep.intervals.append((rep.prefill_since, self.now))
+            rep.prefill_since = None
+        if running:
+            self.at(self.now + rep.prefills[0][1] / self.p.prefill_tok_s, self.prefill_done, rep, rep.pstamp)
+
+    def prefill_done(self, rep, stamp):
+        if stamp != rep.pstamp:
+            return
+        self.advance_prefill(rep)
+        d, _ = rep.prefills.popleft()
+        self.reschedule_prefill(rep)
+        self.decode_join(d)
+
+    def pause(self, paused):
+        """Stops (paused=True) or restarts every replica's decoding and prefilling: a weight sync, or on shared
+        devices an update."""
+        for rep in self.replicas:
+            if rep.paused != paused:
+                self.advance(rep)
+                self.advance_prefill(rep)
+                rep.paused = paused
+                self.reschedule(rep)
+                self.reschedule_prefill(rep)
 
     def context(self, d):
         k = d.turn
@@ -468,6 +529,8 @@ class _Sim:
         cost = self.p.train_token_s * (self.p.csd_factor if self.w.csd else 1.0)
         end = self.now + rows * cost / self.train_devices
         self.trainer_busy = True
+        if self.shared:  # the devices train: no decoding or prefilling until the update ends
+            self.pause(True)
         self.update_intervals.append((self.now, end))
         self.at(end, self.update_done, k, batch)
 
@@ -480,23 +543,17 @@ class _Sim:
         self.trained[k] += len(batch)
         if self.trained[k] < self.w.prompts_per_step:
             self.trainer_busy = False
+            self.pause(False)  # shared: decoding resumes until the next mini-batch is ready
             self.try_train()
-        elif self.asyn:  # the new weights to the rollout replicas: both pools wait
+        elif self.asyn:  # the new weights to the rollout replicas: every replica waits
             self.sync_intervals.append((self.now, self.now + self.p.sync_s))
-            for rep in self.replicas:
-                self.advance(rep)
-                rep.paused = True
-                self.reschedule(rep)
+            self.pause(True)
             self.at(self.now + self.p.sync_s, self.new_version, k + 1)
         else:
             self.new_version(k + 1)
 
     def new_version(self, v):
-        for rep in self.replicas:
-            if rep.paused:
-                self.advance(rep)
-                rep.paused = False
-                self.reschedule(rep)
+        self.pause(False)
         self.version = self.train_step = v
         self.step_end.append(self.now)
         self.trainer_busy = False
@@ -517,8 +574,8 @@ def _covered(intervals, lo, hi) -> float:
 
 def check(w: Workload, p: Programs, s: Schedule) -> None:
     """One-line errors naming the setting for a schedule the model cannot run."""
-    if s.kind not in ("sync", "rounds", "async"):
-        raise ConfigError(f"--schedule {s.kind!r}: expected sync, rounds or async")
+    if s.kind not in ("sync", "rounds", "async", "shared"):
+        raise ConfigError(f"--schedule {s.kind!r}: expected sync, rounds, async or shared")
     if w.prompts_per_step % w.mini_batch_prompts:
         raise ConfigError(f"rollout.mini_batch_prompts {w.mini_batch_prompts} must divide rollout.prompts_per_step "
                           f"{w.prompts_per_step}")
@@ -527,8 +584,13 @@ def check(w: Workload, p: Programs, s: Schedule) -> None:
                           f"prompt of gyms.max_prompt_tokens {w.max_prompt_tokens}")
     if s.max_staleness < 0:
         raise ConfigError(f"--max-staleness {s.max_staleness}: must be >= 0")
-    if s.kind != "async" and s.max_staleness:
+    if s.kind in ("sync", "rounds") and s.max_staleness:
         raise ConfigError(f"--max-staleness {s.max_staleness}: the {s.kind} schedule is synchronous (0)")
+    if s.kind == "shared" and s.rollout_devices:
+        raise ConfigError(f"--rollout-devices {s.rollout_devices}: the shared schedule rolls out and trains on all "
+                          f"{p.devices} devices (rollout.devices=0)")
+    if p.reprefill not in (0, 1):
+        raise ConfigError(f"--reprefill {p.reprefill}: expected 0 or 1")
     roll = s.rollout_devices if s.kind == "async" else p.devices
     if s.kind == "async" and not 0 < s.rollout_devices < p.devices:
         raise ConfigError(f"--rollout-devices {s.rollout_devices}: the async schedule needs 1 to {p.devices - 1} "
@@ -567,7 +629,7 @@ def simulate(w: Workload, p: Programs, s: Schedule, plans: list[list[DialoguePla
         for st, n in sim.stale[k].items():
             hist[st] = hist.get(st, 0) + n
     total = sum(hist.values())
-    rollout_busy = (sum(_covered(r.intervals, lo, hi) for r in sim.replicas) / (len(sim.replicas) * window))
+    rollout_busy = sum(_covered(r.intervals, lo, hi) for r in sim.replicas) / (len(sim.replicas) * window)
     return Projection(schedule=s, step_end_s=sim.step_end, window_s=window,
                       groups_per_hour=len(counted) * 3600.0 / window, tokens_per_hour=tokens * 3600.0 / window,
                       rollout_tok_dev_s=tokens / (window * len(sim.replicas) * p.replica_devices),
