@@ -158,6 +158,7 @@ def test_agentrl_samples_through_vllm_and_syncs_every_step(tmp_path):
     whole = sum(math.prod(e.hf_shape) * 4 for e in models.family(cfg, "hf").hf_tensors(cfg))
     assert m[1]["vllm/sync_bytes"] == m[2]["vllm/sync_bytes"] == whole  # the whole model in fp32, every step
     assert m[1]["vllm/sync_buckets"] >= 1
+    assert [m[s]["vllm/sync_version"] for s in (1, 2)] == [1, 2]  # each step puts its own version in vLLM
 
 
 ASYNC_STEPS = 3

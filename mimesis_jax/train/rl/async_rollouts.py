@@ -45,6 +45,12 @@ every cached dialogue: a dialogue that spans versions is prefilled again whole a
 so each turn is sampled by one version on its whole prefix and its recorded behaviour log-probs are that
 version's. On a pool its KV pool is sized for every step in flight there (`learner.steps_at_once`).
 
+vLLM (`rollout.generator=vllm`, docs/vllm.md "Asynchronous rollouts") runs under the producer on shared devices
+only: its child is a rollout pool of its own, so `rollout.devices` stays 0. Its decode takes no JAX device (no
+device lock); its own lock keeps one exchange at a time with the child, and `Guarded` makes a sync wait for the call in flight;
+the generator holds no arrays (its `set_params` streams the weights into the child before it returns), so it needs
+no `own_copy`.
+
 Resume. The steps past a checkpoint (after step s, versions up to s) were sampled by earlier versions: under the
 fixed lag step j samples with version max(0, j - N), so steps s .. s + N - 1 (0-based) need versions
 max(0, s - N) .. s - 1. The learner keeps a copy of each of the last N + 1 versions (the update donates the
