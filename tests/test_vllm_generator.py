@@ -1,17 +1,19 @@
-"""The vLLM generator (inference/vllm_generator.py, issue #45 items 1-3): vLLM in a child process behind the
+"""The vLLM generator (inference/vllm_generator.py, issue #45 items 1-4): vLLM in a child process behind the
 generation protocol, checked against this project's own scoring of the same tokens under the same weights.
 
 The tests marked `vllm` need the vLLM environment (scripts/vllm_env.sh; MIMESIS_VLLM_PYTHON names another
-interpreter) and are skipped, saying so, without it. One vLLM child serves the module: a tiny Qwen3 with head_dim
-32 (vLLM's CPU attention takes 32-512; the tiny configs' 16 is below it), fp32, its embedding scaled so that the
-next-token distributions are neither uniform nor one-hot (entropies of a few nats). The config checks at the end
-need no vLLM.
+interpreter) and are skipped, saying so, without it. One vLLM child serves the generator's own tests: a tiny Qwen3
+with head_dim 32 (vLLM's CPU attention takes 32-512; the tiny configs' 16 is below it), fp32, its embedding scaled
+so that the next-token distributions are neither uniform nor one-hot (entropies of a few nats). Each RL run (agentrl
+synchronous and asynchronous, simrl) starts and stops its own, as a run does. The config checks and the pipe's
+two-thread check (a stand-in child) at the end need no vLLM.
 """
 
 import dataclasses
 import math
 import os
 import subprocess
+import threading
 
 import jax
 import numpy as np
@@ -326,6 +328,73 @@ def test_a_child_that_cannot_start_vllm_raises_its_one_line_error(tmp_path, monk
         VLLMGenerator(_config(), _params(0), stop_ids=[STOP], python=sys.executable)
     assert "\n" not in str(e.value)
     assert not scratch.exists()
+
+
+# A stand-in for inference/vllm_worker.py that speaks its protocol without vLLM, slowly enough that two threads'
+# exchanges would interleave on the pipe without the generator's lock: a sync that reads a generate request where
+# it expects a bucket's path fails, and so does a generate that reads a "want".
+FAKE_WORKER = """
+import json, os, sys, time
+out = os.fdopen(int(sys.argv[2]), "w")
+def reply(obj):
+    out.write(json.dumps(obj) + "\\n")
+    out.flush()
+reply({"ok": True, "ready": True})
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["op"] == "close":
+        reply({"ok": True})
+        os._exit(0)
+    if msg["op"] == "generate":
+        time.sleep(0.02)
+        reply({"ok": True, "samples": [{"tokens": [5], "logprobs": [-0.5], "finish_reason": "length"}
+                                       for _ in msg["prompts"]]})
+        continue
+    for i in range(msg["buckets"]):
+        reply({"ok": True, "want": i})
+        time.sleep(0.005)
+        assert os.path.exists(json.loads(sys.stdin.readline())["path"])
+    reply({"ok": True, "loaded": 1, "seconds": 0.0})
+"""
+
+
+def test_the_producer_and_the_trainer_share_the_pipe_one_exchange_at_a_time(tmp_path, monkeypatch):
+    """The asynchronous loop calls `generate` from its producer thread and `set_params` from its trainer thread:
+    each exchange with the child holds the generator's lock, so both threads' calls all succeed and every sample
+    carries a version that had been synced when its call ran, never falling back (a stand-in child, no vLLM)."""
+    import sys
+
+    from mimesis_jax.inference import vllm_generator
+
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text(FAKE_WORKER)
+    monkeypatch.setattr(vllm_generator, "WORKER", str(worker))
+    params = _params(0)
+    gen = VLLMGenerator(_config(), params, stop_ids=[STOP], python=sys.executable, bucket_bytes=64 << 10)
+    assert len(hf_buckets(_config(), 64 << 10)) > 1  # several lines per sync: room to interleave
+    seen, errors = [], []
+
+    def sample():
+        try:
+            for _ in range(12):
+                seen.append([s.version for s in gen.generate([[1, 2], [3]], Sampling(max_tokens=1, seed=0))])
+        except Exception as e:  # the test reports it below, in its own thread
+            errors.append(e)
+
+    producer = threading.Thread(target=sample)
+    try:
+        producer.start()
+        for v in range(1, 7):
+            gen.set_params(params, version=v)
+            assert gen.last_sync["version"] == v
+        producer.join()
+    finally:
+        gen.close()
+    assert not errors, errors
+    versions = [vs[0] for vs in seen]
+    assert all(len(set(vs)) == 1 for vs in seen) and len(seen) == 12
+    assert versions == sorted(versions) and set(versions) <= set(range(7))
+    assert gen.exit_code == 0
 
 
 def test_a_missing_vllm_python_is_a_config_error_naming_the_key(tmp_path):
