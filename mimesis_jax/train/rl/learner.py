@@ -510,11 +510,13 @@ class RLLearner:
                                    stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
                                    fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step,
                                    published=first)
-        policy.generator = Guarded(policy.generator)
-        if r.generator == "vllm":  # no arrays held: each sync streams the weights into vLLM's child before it returns
+        if r.generator == "vllm":  # its decode takes no JAX device: a sync waits for the call in flight, not for the
+            # device lock; no arrays held (each sync streams the weights into vLLM's child before it returns)
+            policy.generator = Guarded(policy.generator, device_lock=contextlib.nullcontext())
             if first != start:
                 policy.set_params(self.lagged[first], first)
         else:
+            policy.generator = Guarded(policy.generator)
             with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
                 placed = own_copy(policy.params if first == start else
                                   policy_params(run_.model_config, r, self.lagged[first], run_.mesh))
