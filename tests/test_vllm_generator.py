@@ -1,17 +1,19 @@
-"""The vLLM generator (inference/vllm_generator.py, issue #45 items 1-3): vLLM in a child process behind the
+"""The vLLM generator (inference/vllm_generator.py, issue #45 items 1-4): vLLM in a child process behind the
 generation protocol, checked against this project's own scoring of the same tokens under the same weights.
 
 The tests marked `vllm` need the vLLM environment (scripts/vllm_env.sh; MIMESIS_VLLM_PYTHON names another
-interpreter) and are skipped, saying so, without it. One vLLM child serves the module: a tiny Qwen3 with head_dim
-32 (vLLM's CPU attention takes 32-512; the tiny configs' 16 is below it), fp32, its embedding scaled so that the
-next-token distributions are neither uniform nor one-hot (entropies of a few nats). The config checks at the end
-need no vLLM.
+interpreter) and are skipped, saying so, without it. One vLLM child serves the generator's own tests: a tiny Qwen3
+with head_dim 32 (vLLM's CPU attention takes 32-512; the tiny configs' 16 is below it), fp32, its embedding scaled
+so that the next-token distributions are neither uniform nor one-hot (entropies of a few nats). Each RL run (agentrl
+synchronous and asynchronous, simrl) starts and stops its own, as a run does. The config checks and the pipe's
+two-thread check (a stand-in child) at the end need no vLLM.
 """
 
 import dataclasses
 import math
 import os
 import subprocess
+import threading
 
 import jax
 import numpy as np
@@ -158,6 +160,91 @@ def test_agentrl_samples_through_vllm_and_syncs_every_step(tmp_path):
     whole = sum(math.prod(e.hf_shape) * 4 for e in models.family(cfg, "hf").hf_tensors(cfg))
     assert m[1]["vllm/sync_bytes"] == m[2]["vllm/sync_bytes"] == whole  # the whole model in fp32, every step
     assert m[1]["vllm/sync_buckets"] >= 1
+    assert [m[s]["vllm/sync_version"] for s in (1, 2)] == [1, 2]  # each step puts its own version in vLLM
+
+
+ASYNC_STEPS = 3
+ROW_LEN = 128  # tiny_grpo_config's rollout.row_len: every dialogue fits one scored row
+
+
+def _versions_at(workdir, step: int):
+    """(the run's model config, {version: weights}) from the checkpoint of `step` of an rl.max_staleness=1 run:
+    its params (version `step`) and the version before it, which that checkpoint keeps for the step in flight."""
+    from mimesis_jax import config as config_lib
+    from mimesis_jax.checkpoints import Checkpointer
+
+    ck = Checkpointer(str(workdir), read_only=True)
+    try:
+        mc = config_lib.model_from_dict(ck.run_config()["model"])
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
+                              models.abstract_params(mc))
+        params, got = ck.restore_params(step, target)
+        lagged = ck.restore_lagged(step, target, [step - 1])
+    finally:
+        ck.close()
+    assert got == step
+    return mc, {step: params, step - 1: lagged[step - 1]}
+
+
+def _dialogue_gap(mc, params, trajs) -> float:
+    """The largest |vLLM's log-prob - this project's| over the agent tokens of `trajs` (status ok): each dialogue's
+    non-coach segments in order are one row (what the update scores), scored by the model's forward."""
+    rows, spans = [], []
+    for t in trajs:
+        if t.status != "ok":
+            continue
+        row, at = [], []
+        for seg in t.segments:
+            if seg.kind == "coach":
+                continue
+            if seg.kind == "agent":
+                at.append((len(row), seg))
+            row += seg.tokens
+        assert len(row) <= ROW_LEN and at
+        rows.append(row + [0] * (ROW_LEN - len(row)))
+        spans.append(at)
+    lp = np.asarray(token_logprobs(mc, params, np.array(rows, np.int32), temperature=1.0))
+    return max(float(np.abs(np.asarray(seg.logprobs) - lp[i, o - 1:o - 1 + len(seg.tokens)]).max())
+               for i, at in enumerate(spans) for o, seg in at)
+
+
+@pytest.mark.vllm
+def test_agentrl_through_vllm_beside_the_updates_one_version_late(tmp_path):
+    """Three steps of the tiny Stage II GRPO run with rollout.generator=vllm under the asynchronous loop
+    (rl.max_staleness=1, the fixed lag): the producer thread samples through vLLM while the trainer updates and
+    syncs each new version into it. Step s (1-based) trains with version s - 1 on tokens vLLM sampled with version
+    max(0, s - 2), so the logged staleness is 0, 1, 1; every step syncs version s; vLLM's behaviour log-probs are
+    this project's scoring of the same tokens under the weights of the version they carry (restored from the
+    checkpoint of step 1, which keeps version 0 for the step in flight), and they feed the decoupled objective
+    (rl.behavior_is_cap): its behaviour-vs-proximal gap is that agreement at staleness 0 and an update's change at
+    staleness 1."""
+    if not _has_vllm():
+        pytest.skip(f"no vLLM environment at {PYTHON} (scripts/vllm_env.sh builds it; or set MIMESIS_VLLM_PYTHON)")
+    from helpers import run_tiny_grpo
+
+    res, seen = run_tiny_grpo(tmp_path, ASYNC_STEPS, "rollout.generator=vllm", f"rollout.vllm_python={PYTHON}",
+                              "model.head_dim=32", "rollout.vllm_kv_cache_gib=0.0625", "rl.max_staleness=1",
+                              "rl.async_deterministic=true", "rl.old_logprobs=recompute", "rl.behavior_is_cap=2.0",
+                              "checkpoint.every=1", f"checkpoint.keep={ASYNC_STEPS}")
+    assert res.final_step == ASYNC_STEPS and sorted(seen) == list(range(1, ASYNC_STEPS + 1))
+    mc, weights = _versions_at(tmp_path, 1)  # versions 0 and 1
+    m = res.metrics
+    whole = sum(math.prod(e.hf_shape) * 4 for e in models.family(mc, "hf").hf_tensors(mc))
+    for step, trajs in seen.items():
+        sampled = max(0, step - 2)
+        segs = [s for t in trajs if t.status == "ok" for s in t.segments if s.kind == "agent"]
+        assert segs and {s.version for s in segs} == {sampled}, step
+        rec = m[step]
+        assert rec["staleness_max"] == rec["staleness_mean"] == (step - 1) - sampled
+        tokens = sum(len(s.tokens) for s in segs)
+        assert rec[f"staleness_hist/{step - 1 - sampled}"] == tokens
+        assert rec["vllm/sync_version"] == step and rec["vllm/sync_bytes"] == whole  # the whole model, fp32
+        assert _dialogue_gap(mc, weights[sampled], trajs) < TOL
+    # the check has teeth: version 1's tokens scored by version 0 are far off (an update moved the weights)
+    assert _dialogue_gap(mc, weights[0], seen[3]) > 100 * TOL
+    # the decoupled objective read vLLM's log-probs as the behaviour ones: equal to the proximal at staleness 0
+    assert m[1]["behav_logp_gap"] < TOL < 100 * TOL < m[2]["behav_logp_gap"]
 
 
 def _has_torchvision() -> bool:
@@ -243,6 +330,73 @@ def test_a_child_that_cannot_start_vllm_raises_its_one_line_error(tmp_path, monk
     assert not scratch.exists()
 
 
+# A stand-in for inference/vllm_worker.py that speaks its protocol without vLLM, slowly enough that two threads'
+# exchanges would interleave on the pipe without the generator's lock: a sync that reads a generate request where
+# it expects a bucket's path fails, and so does a generate that reads a "want".
+FAKE_WORKER = """
+import json, os, sys, time
+out = os.fdopen(int(sys.argv[2]), "w")
+def reply(obj):
+    out.write(json.dumps(obj) + "\\n")
+    out.flush()
+reply({"ok": True, "ready": True})
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["op"] == "close":
+        reply({"ok": True})
+        os._exit(0)
+    if msg["op"] == "generate":
+        time.sleep(0.02)
+        reply({"ok": True, "samples": [{"tokens": [5], "logprobs": [-0.5], "finish_reason": "length"}
+                                       for _ in msg["prompts"]]})
+        continue
+    for i in range(msg["buckets"]):
+        reply({"ok": True, "want": i})
+        time.sleep(0.005)
+        assert os.path.exists(json.loads(sys.stdin.readline())["path"])
+    reply({"ok": True, "loaded": 1, "seconds": 0.0})
+"""
+
+
+def test_the_producer_and_the_trainer_share_the_pipe_one_exchange_at_a_time(tmp_path, monkeypatch):
+    """The asynchronous loop calls `generate` from its producer thread and `set_params` from its trainer thread:
+    each exchange with the child holds the generator's lock, so both threads' calls all succeed and every sample
+    carries a version that had been synced when its call ran, never falling back (a stand-in child, no vLLM)."""
+    import sys
+
+    from mimesis_jax.inference import vllm_generator
+
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text(FAKE_WORKER)
+    monkeypatch.setattr(vllm_generator, "WORKER", str(worker))
+    params = _params(0)
+    gen = VLLMGenerator(_config(), params, stop_ids=[STOP], python=sys.executable, bucket_bytes=64 << 10)
+    assert len(hf_buckets(_config(), 64 << 10)) > 1  # several lines per sync: room to interleave
+    seen, errors = [], []
+
+    def sample():
+        try:
+            for _ in range(12):
+                seen.append([s.version for s in gen.generate([[1, 2], [3]], Sampling(max_tokens=1, seed=0))])
+        except Exception as e:  # the test reports it below, in its own thread
+            errors.append(e)
+
+    producer = threading.Thread(target=sample)
+    try:
+        producer.start()
+        for v in range(1, 7):
+            gen.set_params(params, version=v)
+            assert gen.last_sync["version"] == v
+        producer.join()
+    finally:
+        gen.close()
+    assert not errors, errors
+    versions = [vs[0] for vs in seen]
+    assert all(len(set(vs)) == 1 for vs in seen) and len(seen) == 12
+    assert versions == sorted(versions) and set(versions) <= set(range(7))
+    assert gen.exit_code == 0
+
+
 def test_a_missing_vllm_python_is_a_config_error_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout\.vllm_python.*scripts/vllm_env\.sh"):
         VLLMGenerator(_config(), None, stop_ids=[STOP], python=str(tmp_path / "nope" / "python"))
@@ -252,7 +406,8 @@ def test_a_missing_vllm_python_is_a_config_error_naming_the_key(tmp_path):
     (["rollout.generator=sglang"], "rollout.generator"),
     (["rollout.generator=vllm", "rollout.engine=true"], "rollout.generator"),
     (["rollout.generator=vllm", "rollout.mesh=tensor=1"], "rollout.generator"),
-    (["rollout.generator=vllm", "rl.max_staleness=1"], "rl.max_staleness"),
+    # vLLM's child is the rollout pool: a JAX pool beside it would hold nothing
+    (["rollout.generator=vllm", "rl.max_staleness=1", "rollout.devices=4"], "rollout.devices"),
     (["rollout.vllm_sync_bucket_mib=0"], "rollout.vllm_sync_bucket_mib"),
     (["rollout.vllm_kv_cache_gib=0"], "rollout.vllm_kv_cache_gib"),
 ])
@@ -262,3 +417,14 @@ def test_rollout_generator_keys_are_checked(sets, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
         tiny_grpo_config(1, *sets)
     assert "\n" not in str(e.value)
+
+
+def test_vllm_may_sample_beside_the_updates():
+    """rl.max_staleness > 0 with rollout.generator=vllm loads (it was refused before the asynchronous loop took
+    vLLM); only a JAX rollout pool beside it is refused (above)."""
+    from helpers import tiny_grpo_config
+
+    cfg = tiny_grpo_config(1, "rollout.generator=vllm", "rl.max_staleness=1")
+    assert (cfg.rollout.generator, cfg.rl.max_staleness, cfg.rollout.devices) == ("vllm", 1, 0)
+    with pytest.raises(ConfigError, match=r"^config key 'rollout\.devices': must be 0 with rollout\.generator=vllm"):
+        tiny_grpo_config(1, "rollout.generator=vllm", "rl.max_staleness=1", "rollout.devices=4")

@@ -144,7 +144,8 @@ class RolloutSection:
     mesh: str = ""
     # Who samples the policy's rollouts: "jax" (this project's static sampler, or its rollout engine with
     # rollout.engine) or "vllm" (vLLM in a child process with its own Python, weights synced after every update:
-    # inference/vllm_generator.py; its environment: scripts/vllm_env.sh). One process only, for now.
+    # inference/vllm_generator.py; its environment: scripts/vllm_env.sh). One process only, for now; with
+    # rl.max_staleness > 0 it samples beside the updates (rollout.devices stays 0: vLLM's child is the pool)
     generator: str = "jax"
     vllm_python: str = ""  # the vLLM child's Python; "" = ~/.cache/mimesis_vllm/bin/python (scripts/vllm_env.sh)
     vllm_kv_cache_gib: float = 1.0  # the KV cache vLLM reserves, GiB
@@ -204,11 +205,12 @@ class RolloutSection:
         n = rl.max_staleness
         need(_is_int(n) and n >= 0, "rl.max_staleness", "must be an int >= 0 (0 = synchronous rollouts)")
         need(isinstance(rl.async_deterministic, bool), "rl.async_deterministic", "must be true or false")
-        need(not (n and self.generator == "vllm"), "rl.max_staleness", "must be 0 with rollout.generator=vllm "
-             "(asynchronous rollouts through vLLM are not built yet)")
         d = self.devices
         need(_is_int(d) and d >= 0, "rollout.devices", "must be an int >= 0 (0 = the rollouts share the training "
              "devices; N = a rollout pool of each process's last N devices)")
+        need(not (d and self.generator == "vllm"), "rollout.devices", "must be 0 with rollout.generator=vllm: vLLM "
+             "samples in its own process on its own devices (it is the rollout pool); rl.max_staleness alone runs "
+             "it beside the updates")
         need(not (d and not n), "rollout.devices", "> 0 needs rl.max_staleness >= 1: with synchronous rollouts "
              "the pool would idle through every update and the training devices through every rollout")
         layout = rollout_layout(self.mesh)

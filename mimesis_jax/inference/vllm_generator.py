@@ -4,7 +4,7 @@ starts, talks to and stops (issue #45).
     gen = VLLMGenerator(config, params, stop_ids=(tok.im_end_id, tok.eos_id), python="~/.cache/mimesis_vllm/bin/python")
     out = gen.generate(prompts, Sampling(max_tokens=64, temperature=1.0, seed=7))   # token ids in and out
     gen.set_params(new_params, version=3)          # streamed into vLLM in place, prefix cache reset
-    gen.last_sync                                  # {"seconds", "bytes", "buckets", "tensors"} of that sync
+    gen.last_sync                                  # {"seconds", "bytes", "buckets", "tensors", "version"}
     gen.close()
 
 * **The child.** `python` (`rollout.vllm_python`; default `DEFAULT_PYTHON`, the environment scripts/vllm_env.sh
@@ -29,6 +29,12 @@ starts, talks to and stops (issue #45).
   greedy), unfiltered when top_p = 1 and top_k = 0 -- what the project's sampler returns and the RL update scores.
   With top-p / top-k on, vLLM's log-probs are of the filtered distribution. `keys` and `cancel` are ignored (vLLM's
   prefix cache reuses a dialogue's earlier turns by itself).
+* **Threads.** One exchange with the child at a time: `generate`, `set_params` and `close` each hold the
+  generator's lock for their whole exchange, so the asynchronous RL loop's producer thread (sampling) and its
+  trainer thread (syncing each new version) never interleave their lines on the pipe; a sync waits for the call in
+  flight and the next call samples with the new version. The weights live in the child: `params` is None, and
+  `set_params` has read every tensor it was given by the time it returns, so its caller may then donate or drop
+  them (the learner hands over the training arrays themselves, no copy).
 * **Exit.** `close()` asks the child to stop and waits; vLLM may abort at interpreter exit after its work is done
   (rc 134, SIGABRT): that is known and not an error. A child that does not stop in `close_timeout_s` is killed.
 """
@@ -115,6 +121,8 @@ class VLLMGenerator(Generator):
     KV cache vLLM reserves; max_num_seqs: requests decoded together; bucket_bytes: the most bytes one sync bucket
     holds; engine_args: more keyword arguments for vLLM's `LLM(...)`; start_timeout_s: how long vLLM may take to
     start."""
+
+    params = None  # the weights live in the child (the module docstring, "Threads")
 
     def __init__(self, config: ModelConfig, params, *, stop_ids: Sequence[int], seed: int = 0,
                  python: str | None = None, max_model_len: int = 0, kv_cache_bytes: int = 1 << 30,
@@ -206,8 +214,9 @@ class VLLMGenerator(Generator):
 
     def set_params(self, params, version: int) -> None:
         buckets = hf_buckets(self.config, self.bucket_bytes)
-        t0, nbytes, path = time.perf_counter(), 0, None
-        with self._lock:
+        nbytes, path = 0, None
+        with self._lock:  # the sync's seconds start once the call in flight (another thread's) has ended
+            t0 = time.perf_counter()
             self._send({"op": "load", "buckets": len(buckets)})
             for i, bucket in enumerate(buckets):
                 want = self._read().get("want")
@@ -225,8 +234,8 @@ class VLLMGenerator(Generator):
             if path is not None:
                 os.remove(path)
             self.version = version
-        self.last_sync = dict(seconds=time.perf_counter() - t0, bytes=nbytes, buckets=len(buckets),
-                              tensors=done["loaded"], reload_seconds=done["seconds"])
+            self.last_sync = dict(seconds=time.perf_counter() - t0, bytes=nbytes, buckets=len(buckets),
+                                  tensors=done["loaded"], reload_seconds=done["seconds"], version=version)
 
     def close(self) -> None:
         """Stops the child (rc 134 at its exit is vLLM's known abort, not an error) and removes the scratch

@@ -45,6 +45,12 @@ every cached dialogue: a dialogue that spans versions is prefilled again whole a
 so each turn is sampled by one version on its whole prefix and its recorded behaviour log-probs are that
 version's. On a pool its KV pool is sized for every step in flight there (`learner.steps_at_once`).
 
+vLLM (`rollout.generator=vllm`, docs/vllm.md "Asynchronous rollouts") runs under the producer on shared devices
+only: its child is a rollout pool of its own, so `rollout.devices` stays 0. Its decode takes no JAX device (no
+device lock, `Guarded` with a null context for it); its own lock keeps one exchange at a time with the child, and
+`Guarded` makes a sync wait for the call in flight. The generator holds no arrays (its `set_params` streams the
+weights into the child before it returns), so it needs no `own_copy`.
+
 Resume. The steps past a checkpoint (after step s, versions up to s) were sampled by earlier versions: under the
 fixed lag step j samples with version max(0, j - N), so steps s .. s + N - 1 (0-based) need versions
 max(0, s - N) .. s - 1. The learner keeps a copy of each of the last N + 1 versions (the update donates the
@@ -258,7 +264,9 @@ class Guarded(Generator):
     on its mesh) `set_params` waits for the call in flight. On a rollout pool (device_lock None: the weights arrive
     placed) it does not wait: the weights are handed over at once when no call is in flight, else kept and taken by
     the next call before it samples, so the trainer goes on with its next update while the turn in flight ends with
-    the weights it started with; `version` and `params` are then those the next call samples with."""
+    the weights it started with; `version` and `params` are then those the next call samples with. vLLM's
+    generator, whose decode takes no JAX device, is guarded with a null context as its device_lock: a sync waits
+    for the call in flight and holds nothing else."""
 
     def __init__(self, inner: Generator, device_lock=DEVICE_LOCK):
         self.inner, self.device_lock = inner, device_lock

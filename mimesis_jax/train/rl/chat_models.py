@@ -121,16 +121,16 @@ def vllm_policy(model_config: ModelConfig, tok, r, params, in_flight: int, versi
                          bucket_bytes=int(r.vllm_sync_bucket_mib) << 20, version=version)
 
 
-def vllm_sync_record(model) -> dict:
-    """The last weight sync of a chat model sampling through vLLM (`VLLMGenerator.last_sync`) as step metrics:
-    vllm/sync_s (seconds), vllm/sync_bytes (bytes sent, in the rollout dtype), vllm/sync_buckets; {} for any other
-    model or before the first sync."""
-    if not (isinstance(model, LocalChatModel) and isinstance(model.generator, VLLMGenerator)):
+def vllm_sync_record(generator) -> dict:
+    """The last weight sync of the policy's generator when it is vLLM's (`VLLMGenerator.last_sync`) as step
+    metrics: vllm/sync_s (seconds), vllm/sync_bytes (bytes sent, in the rollout dtype), vllm/sync_buckets and
+    vllm/sync_version (the policy version it put in vLLM); {} for any other generator or before the first sync.
+    The learner passes the generator it built, not the asynchronous loop's wrapper (async_rollouts.Guarded)."""
+    if not isinstance(generator, VLLMGenerator) or generator.last_sync is None:
         return {}
-    last = model.generator.last_sync
-    if last is None:
-        return {}
-    return {"vllm/sync_s": last["seconds"], "vllm/sync_bytes": last["bytes"], "vllm/sync_buckets": last["buckets"]}
+    last = generator.last_sync
+    return {"vllm/sync_s": last["seconds"], "vllm/sync_bytes": last["bytes"], "vllm/sync_buckets": last["buckets"],
+            "vllm/sync_version": last["version"]}
 
 
 PROMPT_RUNGS = (1 / 4, 1 / 2, 3 / 4, 1)  # `ladder_buckets`: fractions of the longest prompt a run may sample from

@@ -510,11 +510,17 @@ class RLLearner:
                                    stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
                                    fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step,
                                    published=first)
-        policy.generator = Guarded(policy.generator)
-        with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
-            placed = own_copy(policy.params if first == start else
-                              policy_params(run_.model_config, r, self.lagged[first], run_.mesh))
-        policy.set_params(placed, first)
+        if r.generator == "vllm":  # its decode takes no JAX device: a sync waits for the call in flight, not for the
+            # device lock; no arrays held (each sync streams the weights into vLLM's child before it returns)
+            policy.generator = Guarded(policy.generator, device_lock=contextlib.nullcontext())
+            if first != start:
+                policy.set_params(self.lagged[first], first)
+        else:
+            policy.generator = Guarded(policy.generator)
+            with DEVICE_LOCK:  # the generator's weights must outlive the updates (own_copy)
+                placed = own_copy(policy.params if first == start else
+                                  policy_params(run_.model_config, r, self.lagged[first], run_.mesh))
+            policy.set_params(placed, first)
         return RolloutProducer(lambda s, rid: self.produce(policy, s, rid, keep_sampler=True), start=start,
                                stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
                                fixed_lag=rl.async_deterministic, published=first)
@@ -599,7 +605,9 @@ class RLLearner:
                 if not self.source.beside:
                     policy.set_params(policy_params(run_.model_config, r, weights, run_.mesh), version)
                     return
-                if lock is None:  # a rollout pool: the weights copied into it (new buffers there), on their way
+                if r.generator == "vllm":  # streamed into vLLM's child before set_params returns: no copy
+                    placed = weights
+                elif lock is None:  # a rollout pool: the weights copied into it (new buffers there), on their way
                     # before the next update donates the training arrays
                     placed = jax.block_until_ready(policy_params(run_.model_config, r, weights, run_.mesh))
                 else:
@@ -703,6 +711,7 @@ class RLLearner:
                                   buckets=self.policy_buckets(in_flight), version=step)
             cleanup.callback(policy.close)
             meter = EngineMeter({"engine": engine_of(policy), **self.engines()})
+            built = policy.generator  # what open_source may wrap (async_rollouts.Guarded); vllm_sync_record reads it
             self.open_source(policy, start, next_rid, cleanup)
             ended = time.perf_counter()
             while step < cfg.train.steps:
@@ -726,7 +735,7 @@ class RLLearner:
                 rec = self.record(outs, kept, counts, times)
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
-                rec.update(vllm_sync_record(policy))  # rollout.generator=vllm: the step's weight sync
+                rec.update(vllm_sync_record(built))  # rollout.generator=vllm: the step's weight sync
                 rec.update(async_rollouts.staleness_record([t for g in kept for t in g], step - 1))
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
