@@ -49,13 +49,13 @@ def _kill_in_flight(workdir, env) -> str:
     proc = subprocess.Popen(_cmd(workdir), cwd=ROOT, env=dict(env, **{HANG_ENV: str(HANG_AT)}),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     marks = (workdir / f"hanging-in-rollouts-{HANG_AT}", workdir / "checkpoint_checksums" / f"{EVERY}.json")
-    deadline = time.monotonic() + 300
+    deadline, reached = time.monotonic() + 300, False
     try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if all(m.exists() for m in marks) and 3 in _steps(workdir):
-                break
+        while proc.poll() is None and time.monotonic() < deadline and not reached:
+            reached = all(m.exists() for m in marks) and 3 in _steps(workdir)
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert reached, f"no kill point within 300 s: {[str(m) for m in marks]}, rows {_steps(workdir)}"
         proc.send_signal(signal.SIGKILL)
         out = proc.communicate(timeout=60)[0]
     finally:
