@@ -201,6 +201,21 @@ def abort_if_requested(step: int, ckpt: Checkpointer) -> None:
         os._exit(75)
 
 
+HANG_ENV = "MIMESIS_HANG_IN_ROLLOUTS"
+
+
+def hang_if_requested(step: int, workdir: str) -> None:
+    """Crash-test hook (tests/test_async_kill.py): with $MIMESIS_HANG_IN_ROLLOUTS=k the rollouts of step k (numbered
+    as logged, from 1), once drawn, write WORKDIR/hanging-in-rollouts-k and wait to be killed (after an hour the
+    process exits abruptly, os._exit(75)): a kill point with that step in flight, whatever the timing."""
+    k = os.environ.get(HANG_ENV, "")
+    if k and step == int(k):
+        with open(os.path.join(workdir, f"hanging-in-rollouts-{step}"), "w"):
+            pass
+        time.sleep(3600)
+        os._exit(75)
+
+
 def fetch_metrics(tree):
     """Device metrics -> host values: the loop's only transfer of update metrics (one per flush)."""
     return jax.device_get(tree)
@@ -462,6 +477,7 @@ class RLLearner:
         with timeline.track("rollouts"), timeline.span("rollouts", step=step + 1):  # steps numbered as logged
             drawn = self.draw(r.prompts_per_step)
             kept = async_rollouts.snapshot(self.data_state()["sampler"]) if keep_sampler else None
+            hang_if_requested(step + 1, self.workdir)
             outs = self.rollouts(policy, drawn, group_size=r.group_size, temperature=r.temperature,
                                  seed=distributed.step_seed(cfg.train.seed, step),
                                  first_group=step * r.prompts_per_step, first_rid=first_rid,
@@ -484,6 +500,7 @@ class RLLearner:
         started = time.perf_counter()
         with timeline.track("rollouts" if slot == 0 else f"rollouts {slot + 1}"), \
                 timeline.span("rollouts", step=d.step + 1):
+            hang_if_requested(d.step + 1, self.workdir)
             outs = self.rollouts(policy, d.items, group_size=r.group_size, temperature=r.temperature,
                                  seed=distributed.step_seed(cfg.train.seed, d.step),
                                  first_group=d.step * r.prompts_per_step, first_rid=d.first_rid,
