@@ -263,11 +263,6 @@ def test_config_errors_name_rl_max_staleness(sets, msg):
         _cfg(*sets)
 
 
-def test_config_error_names_rl_async_early_updates():
-    with pytest.raises(ConfigError, match=r"^config key 'rl.async_early_updates': must be true or false"):
-        _cfg("rl.max_staleness=1", "rl.async_early_updates='yes'")
-
-
 def test_the_rollout_engine_may_run_asynchronously():
     r = _cfg("rl.max_staleness=1", "rollout.engine=true").rollout  # refused before the engine ran under the producer
     assert r.engine and _cfg("rl.max_staleness=1", "rollout.engine=true").rl.max_staleness == 1
@@ -372,7 +367,7 @@ RECOMPUTE = ("rl.max_staleness=1", "rl.async_deterministic=true", "rl.old_logpro
 def early(tmp_path_factory):
     """The fixed-lag run with the old log-probs recomputed, its updates taken mini-batch by mini-batch (the
     default), with a timeline; step 2's last group is held (up to 60 s) after its rollouts until step 2's first
-    update has started: `held` records whether that start came."""
+    update has ended: `held` records whether that end came."""
     wd, held = tmp_path_factory.mktemp("early"), []
     first_update = threading.Event()
     real_rollouts, real_updates = A.AgentWorld.rollouts, L.ppo_updates
@@ -384,9 +379,10 @@ def early(tmp_path_factory):
         return outs
 
     def updates(run, chunks, **kw):
+        out = real_updates(run, chunks, **kw)
         if kw.get("step") == 2 and kw.get("first") == 0:
             first_update.set()
-        return real_updates(run, chunks, **kw)
+        return out
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(A.AgentWorld, "rollouts", rollouts)
@@ -396,8 +392,9 @@ def early(tmp_path_factory):
 
 
 def test_a_mini_batch_trains_before_its_steps_last_group_is_in(early):
-    """Step 2's first update started while its last group was still held in the producer (a long dialogue):
-    on the timeline the update (step 2, mini-batch 0) starts before that group's part ends."""
+    """Step 2's first update ran while its last group was still held in the producer (a long dialogue): on the
+    timeline the update (step 2, mini-batch 0) ends before that group's part does; the whole-step loop would have
+    waited for that part first (and `held` would be [False])."""
     wd, res, _, held = early
     assert held == [True]
     with open(os.path.join(wd, "timeline.json")) as f:
@@ -405,7 +402,7 @@ def test_a_mini_batch_trains_before_its_steps_last_group_is_in(early):
     update = [e for e in spans if e["name"] == "update" and e["args"].get("step") == 2]
     parts = [e for e in spans if e["name"] == "groups" and e["args"]["step"] == 2]
     assert [e["args"]["minibatch"] for e in update] == [0, 1] == [e["args"]["part"] for e in parts]
-    assert update[0]["ts"] < parts[1]["ts"] + parts[1]["dur"]
+    assert update[0]["ts"] + update[0]["dur"] < parts[1]["ts"] + parts[1]["dur"]
     assert res.metrics[2]["updates"] == PROMPTS
 
 
