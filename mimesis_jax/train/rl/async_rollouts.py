@@ -45,6 +45,14 @@ every cached dialogue: a dialogue that spans versions is prefilled again whole a
 so each turn is sampled by one version on its whole prefix and its recorded behaviour log-probs are that
 version's. On a pool its KV pool is sized for every step in flight there (`learner.steps_at_once`).
 
+Early updates (`rl.async_early_updates`, default on with N > 0; docs/stage2.md "Early updates"). The producer
+rolls each step in parts, one per PPO mini-batch (its rollout.mini_batch_prompts groups, whole), all at once, and
+`deliver`s each part in group order as soon as it is complete; the loop `take_part`s them and runs each
+mini-batch's update as soon as its groups are in (train/rl/learner.py `learn_parts`), its old log-probs those of
+the step's start weights. Under the fixed lag the loop defers each version's publication until the steps it waits
+for have all their parts (`learn_parts` goes on meanwhile): the same versions per step, so the same updates as
+the whole-step loop.
+
 Resume. The steps past a checkpoint (after step s, versions up to s) were sampled by earlier versions: under the
 fixed lag step j samples with version max(0, j - N), so steps s .. s + N - 1 (0-based) need versions
 max(0, s - N) .. s - 1. The learner keeps a copy of each of the last N + 1 versions (the update donates the
