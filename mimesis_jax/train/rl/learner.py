@@ -17,9 +17,10 @@ derives from (train.seed, step, rollout id)); the stage drops invalid rollouts a
 PPO mini-batches of `rollout.mini_batch_prompts` groups with the stage's advantages; `ppo_updates` fixes the old
 log-probs for the whole step BEFORE the first update, then makes one optimizer update per mini-batch (Eq 5-6,
 train/rl/step.py; with rl.max_staleness > 0 and rl.async_early_updates each mini-batch is updated as soon as its
-groups are in, its old log-probs those of the step's start weights: `learn_parts`); the step's record is logged (metrics.jsonl, `stdout_keys` on the console), validation runs every
-`validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM
-(a learner built with save_checkpoints=False, as `rehearse` builds it, writes one on SIGTERM only).
+groups are in, its old log-probs those of the step's start weights: `learn_parts`); the step's record is logged
+(metrics.jsonl, `stdout_keys` on the console), validation runs every `validation.every` steps, and a checkpoint is
+written every `checkpoint.every` steps, at the end and on SIGTERM (a learner built with save_checkpoints=False, as
+`rehearse` builds it, writes one on SIGTERM only).
 
 Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
 the run's shape ladder (`run_ladder`: train/rl/ladder.py ladder_for_config; at most 3 GRPO / 6 CSD programs per head rung
