@@ -12,12 +12,17 @@ device lock and samples on devices 4-7, sampling the same tokens and logging the
 shared devices; the weights reach the pool with their values and the pool's layout; bad values are one-line
 ConfigErrors naming the key. Through the rollout engine (rollout.engine=true): its programs hold the device lock,
 new weights mid-dialogue re-prefill the dialogue whole (against the static sampler with the new weights), and the
-fixed-lag engine run on a pool samples the static sampler's tokens with its arrays on the pool and no eviction."""
+fixed-lag engine run on a pool samples the static sampler's tokens with its arrays on the pool and no eviction.
+Early updates (rl.async_early_updates, the default with N > 0): the producer hands a step's parts over before the
+step ends; step 2's first update runs while its last group is still held in the producer; under the fixed lag
+they make the whole-step loop's updates (same tokens, metrics and final weights, old log-probs recomputed); a
+Stage I.3 step rolled in parts seeds its prompts as one batch does."""
 
 import json
 import os
 import signal
 import threading
+import types
 
 import jax
 import numpy as np
@@ -422,6 +427,31 @@ def test_early_updates_make_the_whole_steps_updates(early, tmp_path):
     _, want, _, _ = load_trained(str(tmp_path))
     assert all(np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip(jax.tree.leaves(got),
                                                                             jax.tree.leaves(want)))
+
+
+def test_a_stage_i3_step_in_parts_seeds_its_prompts_as_one_batch(monkeypatch):
+    """Stage I.3 (train/rl/simulator.py `SimWorld.rollouts`): a step rolled in parts (early updates: each part its
+    own first_group) gives every prompt the group id, rollout ids and env seed of the step rolled as one batch, the
+    env seed that of the prompt's place in its step, SeedSequence([seed, place])."""
+    from mimesis_jax.train.rl import simulator as S
+
+    monkeypatch.setattr(S, "make_domain_env", lambda d, record, sides, seed, **kw: types.SimpleNamespace(seed=seed))
+    monkeypatch.setattr(S, "run_sim_episodes",
+                        lambda model, tasks, ec, **kw: [(t.group_id, t.rollout_id, t.env.seed) for t in tasks])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = S.load(os.path.join(root, "configs", "tiny_simrl.py"), ["rollout.prompts_per_step=4"])
+    learner = types.SimpleNamespace(cfg=cfg, cluster=types.SimpleNamespace(sides=None), tok=None,
+                                    progress=lambda label: None)
+    world = S.SimWorld().bind(learner)
+    world.records = {S.BEHAVIOUR: [{}] * 4}
+    items = [(S.BEHAVIOUR, i) for i in range(4)]
+    kw = dict(group_size=2, temperature=1.0, seed=7, label="step 3")
+    whole = world.rollouts(None, items, first_group=8, first_rid=16, **kw)  # step 3 (0-based 2) of 4 prompts
+    parts = (world.rollouts(None, items[:2], first_group=8, first_rid=16, **kw)
+             + world.rollouts(None, items[2:], first_group=10, first_rid=20, **kw))
+    seeds = [int(np.random.SeedSequence([7, p]).generate_state(1)[0]) for p in range(4)]
+    assert whole == [(8 + p, 16 + 2 * p + k, seeds[p]) for p in range(4) for k in range(2)]
+    assert parts == whole
 
 
 # ------------------------------------------------------------------------------------------ a rollout pool
