@@ -12,12 +12,17 @@ device lock and samples on devices 4-7, sampling the same tokens and logging the
 shared devices; the weights reach the pool with their values and the pool's layout; bad values are one-line
 ConfigErrors naming the key. Through the rollout engine (rollout.engine=true): its programs hold the device lock,
 new weights mid-dialogue re-prefill the dialogue whole (against the static sampler with the new weights), and the
-fixed-lag engine run on a pool samples the static sampler's tokens with its arrays on the pool and no eviction."""
+fixed-lag engine run on a pool samples the static sampler's tokens with its arrays on the pool and no eviction.
+Early updates (rl.async_early_updates, the default with N > 0): the producer hands a step's parts over before the
+step ends; step 2's first update runs while its last group is still held in the producer; under the fixed lag
+they make the whole-step loop's updates (same tokens, metrics and final weights, old log-probs recomputed); a
+Stage I.3 step rolled in parts seeds its prompts as one batch does."""
 
 import json
 import os
 import signal
 import threading
+import types
 
 import jax
 import numpy as np
@@ -30,6 +35,7 @@ from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.episodes.simulator import SimRollout
 from mimesis_jax.chat.base import SimulatorAsResponder
+from mimesis_jax.checkpoints import load_trained
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.inference import sampler as sampler_lib
 from mimesis_jax.inference.protocol import Generator, Sample, Sampling
@@ -142,6 +148,39 @@ def test_an_error_in_a_step_of_its_own_reaches_the_loop():
                         draw=lambda s, rid: Drawn(s, [], rid, rid))
     with pytest.raises(RuntimeError, match=r"rollout [01] failed"):
         p.take(0)
+    p.close()
+
+
+def test_parts_reach_the_loop_before_their_step_ends():
+    """In parts (rl.async_early_updates): the loop takes step 0's first part while its second is still rolling
+    (held until the loop has the first), then the second, then the step's Produced with every outcome; an error
+    after a part reaches the loop's next take_part."""
+    release = threading.Event()
+
+    def produce(step, rid, deliver):
+        deliver(step, 0, ["g0"], False)
+        assert release.wait(10)
+        deliver(step, 1, ["g1"], True)
+        return Produced(step, ["g0", "g1"], rid + 2)
+
+    p = RolloutProducer(produce, start=0, stop=1, first_rid=0, max_staleness=1, fixed_lag=True, parts=True)
+    try:
+        assert p.take_part(0, 0) == (["g0"], False) and not release.is_set()
+        release.set()
+        assert p.take_part(0, 1) == (["g1"], True)
+        got = p.take(0)
+        assert got.outs == ["g0", "g1"] and got.next_rid == 2
+    finally:
+        release.set()
+        p.close()
+
+    def failing(step, rid, deliver):
+        deliver(step, 0, ["g0"], False)
+        raise RuntimeError("part 1 failed")
+
+    p = RolloutProducer(failing, start=0, stop=1, first_rid=0, max_staleness=1, fixed_lag=False, parts=True)
+    with pytest.raises(RuntimeError, match="part 1 failed"):
+        p.take_part(0, 1)
     p.close()
 
 
@@ -323,6 +362,97 @@ def test_in_flight_tokens_stay_within_the_bound(tmp_path):
         assert res.metrics[step]["staleness_mean"] == pytest.approx(np.mean(lags), rel=1e-12)
 
 
+# ------------------------------------------------------------------------------------------ early updates
+PROMPTS = 2  # rollout.prompts_per_step of the tiny config; rollout.mini_batch_prompts=1: a part per group
+RECOMPUTE = ("rl.max_staleness=1", "rl.async_deterministic=true", "rl.old_logprobs=recompute")
+
+
+@pytest.fixture(scope="module")
+def early(tmp_path_factory):
+    """The fixed-lag run with the old log-probs recomputed, its updates taken mini-batch by mini-batch (the
+    default), with a timeline; step 2's last group is held (up to 60 s) after its rollouts until step 2's first
+    update has ended: `held` records whether that end came."""
+    wd, held = tmp_path_factory.mktemp("early"), []
+    first_update = threading.Event()
+    real_rollouts, real_updates = A.AgentWorld.rollouts, L.ppo_updates
+
+    def rollouts(self, model, items, **kw):
+        outs = real_rollouts(self, model, items, **kw)
+        if kw["first_group"] == 2 * PROMPTS - 1:  # step 2's last group (group ids count from 0)
+            held.append(first_update.wait(60))
+        return outs
+
+    def updates(run, chunks, **kw):
+        out = real_updates(run, chunks, **kw)
+        if kw.get("step") == 2 and kw.get("first") == 0:
+            first_update.set()
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(A.AgentWorld, "rollouts", rollouts)
+        mp.setattr(L, "ppo_updates", updates)
+        res, seen = _run(wd, *RECOMPUTE, "train.timeline=true")
+    return wd, res, seen, held
+
+
+def test_a_mini_batch_trains_before_its_steps_last_group_is_in(early):
+    """Step 2's first update ran while its last group was still held in the producer (a long dialogue): on the
+    timeline the update (step 2, mini-batch 0) ends before that group's part does; the whole-step loop would have
+    waited for that part first (and `held` would be [False])."""
+    wd, res, _, held = early
+    assert held == [True]
+    with open(os.path.join(wd, "timeline.json")) as f:
+        spans = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    update = [e for e in spans if e["name"] == "update" and e["args"].get("step") == 2]
+    parts = [e for e in spans if e["name"] == "groups" and e["args"]["step"] == 2]
+    assert [e["args"]["minibatch"] for e in update] == [0, 1] == [e["args"]["part"] for e in parts]
+    assert update[0]["ts"] + update[0]["dur"] < parts[1]["ts"] + parts[1]["dur"]
+    assert res.metrics[2]["updates"] == PROMPTS
+
+
+def test_early_updates_make_the_whole_steps_updates(early, tmp_path):
+    """Under the fixed lag, updates taken as the groups come in make the updates of the same run whose updates
+    wait for the whole step: the same groups in the same mini-batches, sampled by the same versions, the old
+    log-probs recomputed with the step's start weights for every mini-batch. So the same tokens, every
+    non-timing metric the same and the same final weights."""
+    wd, res, seen, _ = early
+    whole, whole_seen = _run(tmp_path, *RECOMPUTE, "rl.async_early_updates=false")
+    toks = lambda trajs: [[s.tokens for s in t.segments] for t in trajs]  # noqa: E731
+    strip = lambda rec: {k: v for k, v in rec.items() if k not in TIMING}  # noqa: E731
+    for step in (1, 2, 3):
+        assert toks(seen[step]) == toks(whole_seen[step])
+        assert strip(res.metrics[step]) == strip(whole.metrics[step]), step
+    _, got, _, _ = load_trained(str(wd))
+    _, want, _, _ = load_trained(str(tmp_path))
+    assert all(np.array_equal(np.asarray(g), np.asarray(w)) for g, w in zip(jax.tree.leaves(got),
+                                                                            jax.tree.leaves(want)))
+
+
+def test_a_stage_i3_step_in_parts_seeds_its_prompts_as_one_batch(monkeypatch):
+    """Stage I.3 (train/rl/simulator.py `SimWorld.rollouts`): a step rolled in parts (early updates: each part its
+    own first_group) gives every prompt the group id, rollout ids and env seed of the step rolled as one batch, the
+    env seed that of the prompt's place in its step, SeedSequence([seed, place])."""
+    from mimesis_jax.train.rl import simulator as S
+
+    monkeypatch.setattr(S, "make_domain_env", lambda d, record, sides, seed, **kw: types.SimpleNamespace(seed=seed))
+    monkeypatch.setattr(S, "run_sim_episodes",
+                        lambda model, tasks, ec, **kw: [(t.group_id, t.rollout_id, t.env.seed) for t in tasks])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = S.load(os.path.join(root, "configs", "tiny_simrl.py"), ["rollout.prompts_per_step=4"])
+    learner = types.SimpleNamespace(cfg=cfg, cluster=types.SimpleNamespace(sides=None), tok=None,
+                                    progress=lambda label: None)
+    world = S.SimWorld().bind(learner)
+    world.records = {S.BEHAVIOUR: [{}] * 4}
+    items = [(S.BEHAVIOUR, i) for i in range(4)]
+    kw = dict(group_size=2, temperature=1.0, seed=7, label="step 3")
+    whole = world.rollouts(None, items, first_group=8, first_rid=16, **kw)  # step 3 (0-based 2) of 4 prompts
+    parts = (world.rollouts(None, items[:2], first_group=8, first_rid=16, **kw)
+             + world.rollouts(None, items[2:], first_group=10, first_rid=20, **kw))
+    seeds = [int(np.random.SeedSequence([7, p]).generate_state(1)[0]) for p in range(4)]
+    assert whole == [(8 + p, 16 + 2 * p + k, seeds[p]) for p in range(4) for k in range(2)]
+    assert parts == whole
+
+
 # ------------------------------------------------------------------------------------------ a rollout pool
 POOL = 4  # rollout.devices: the last 4 of the 8 fake devices sample, the first 4 train
 
@@ -359,7 +489,8 @@ def pooled(tmp_path_factory):
 def test_a_rollout_pool_trains_on_the_first_devices_and_samples_on_the_last(pooled):
     res, seen, dev = pooled
     train, pool = set(range(8 - POOL)), set(range(8 - POOL, 8))
-    assert len(dev["update"]) == STEPS and len(dev["sample"]) >= STEPS  # a step's updates; its sampler calls
+    # one ppo_updates call per mini-batch (rl.async_early_updates: each as its groups come in); the sampler calls
+    assert len(dev["update"]) == sum(res.metrics[s]["updates"] for s in (1, 2, 3)) and len(dev["sample"]) >= STEPS
     assert all(before == after == train and lock is None for before, after, lock in dev["update"])  # no turns
     assert all(params == mesh == pool for params, mesh in dev["sample"])
     for step in (1, 2, 3):  # the fixed lag's versions and staleness, as without the pool

@@ -58,6 +58,10 @@ class RLConfig:
     # with max_staleness > 0: a fixed version lag (new weights reach the rollouts only between steps) instead of
     # in-flight updates; every step then samples with one version, whatever the timing
     async_deterministic: bool = False
+    # with max_staleness > 0: the producer rolls each PPO mini-batch's groups as their own batch and the trainer
+    # runs a mini-batch's update as soon as its groups are in (train/rl/learner.py `learn_parts`); false: a step's
+    # updates wait for all its dialogues
+    async_early_updates: bool = True
 
     def __post_init__(self):
         def need(cond, key, msg):
@@ -205,6 +209,8 @@ class RolloutSection:
         n = rl.max_staleness
         need(_is_int(n) and n >= 0, "rl.max_staleness", "must be an int >= 0 (0 = synchronous rollouts)")
         need(isinstance(rl.async_deterministic, bool), "rl.async_deterministic", "must be true or false")
+        need(isinstance(rl.async_early_updates, bool), "rl.async_early_updates",
+             "must be true or false")
         d = self.devices
         need(_is_int(d) and d >= 0, "rollout.devices", "must be an int >= 0 (0 = the rollouts share the training "
              "devices; N = a rollout pool of each process's last N devices)")

@@ -292,8 +292,8 @@ class AgentAlgorithm(GRPO):
         if rl.credit != "infopo":
             return super().advantages(chunk, counts)
         run_ = self.run_state  # IG with the pre-update parameters, before any update of this step
-        scorer = infopo.rl_step_scorer(run_.step_fn, run_.state["params"], row_len=self.cfg.rollout.row_len or None,
-                                       max_per_call=len(chunk))
+        scorer = infopo.rl_step_scorer(run_.step_fn, self.learner.start_params(),
+                                       row_len=self.cfg.rollout.row_len or None, max_per_call=len(chunk))
         igs = infopo.information_gains(chunk, scorer, infopo.placeholder_tokens(self.tok))
         counts["gains"] += [g for ig in igs for g in ig[np.isfinite(ig)]]
         return chunk, infopo.infopo_advantages(chunk, igs, coef=rl.infopo_coef, gate_tau=rl.infopo_gate_tau,

@@ -51,6 +51,14 @@ device lock, `Guarded` with a null context for it); its own lock keeps one excha
 `Guarded` makes a sync wait for the call in flight. The generator holds no arrays (its `set_params` streams the
 weights into the child before it returns), so it needs no `own_copy`.
 
+Early updates (`rl.async_early_updates`, default on with N > 0; docs/stage2.md "Early updates"). The producer
+rolls each step in parts, one per PPO mini-batch (its rollout.mini_batch_prompts groups, whole), all at once, and
+`deliver`s each part in group order as soon as it is complete; the loop `take_part`s them and runs each
+mini-batch's update as soon as its groups are in (train/rl/learner.py `learn_parts`), its old log-probs those of
+the step's start weights. Under the fixed lag the loop defers each version's publication until the steps it waits
+for have all their parts (`learn_parts` goes on meanwhile): the same versions per step, so the same updates as
+the whole-step loop.
+
 Resume. The steps past a checkpoint (after step s, versions up to s) were sampled by earlier versions: under the
 fixed lag step j samples with version max(0, j - N), so steps s .. s + N - 1 (0-based) need versions
 max(0, s - N) .. s - 1. The learner keeps a copy of each of the last N + 1 versions (the update donates the
@@ -155,19 +163,26 @@ class RolloutProducer:
     thread. With `draw` as well: every admitted step's rollouts at once, up to N + 1 of them (the bound admits no
     more): at admission, in the producer's thread and so in step order, `draw(step, rid)` takes the step's draw
     (anything with the `next_rid` after it); then `produce(drawn) -> Produced` runs the rollouts in a thread of
-    the step's own."""
+    the step's own.
+
+    In parts (`parts=True`, rl.async_early_updates): `produce` gets `deliver` as its last argument and hands each
+    part of a step's rollouts (whole groups) over with it as soon as the part is complete, in part order; the loop
+    `take_part`s them, then `take`s the step's Produced (all its outcomes) as before."""
 
     beside = True  # the rollouts run beside the updates
 
     def __init__(self, produce: Callable, *, start: int, stop: int, first_rid: int, max_staleness: int,
-                 fixed_lag: bool, lock=DEVICE_LOCK, draw: Callable | None = None, published: int | None = None):
+                 fixed_lag: bool, lock=DEVICE_LOCK, draw: Callable | None = None, published: int | None = None,
+                 parts: bool = False):
         self.produce, self.start, self.stop, self.first_rid = produce, start, stop, first_rid
+        self._extra = (self.deliver,) if parts else ()  # produce's last argument in parts
         self.max_staleness, self.fixed_lag = max_staleness, fixed_lag
         self.lock, self.draw = lock, draw
         self._cv = threading.Condition()
         # the generator's version: `start`, or an earlier one on a resume that replays the versions up to it
         self._published = start if published is None else published
         self._done: dict[int, Produced] = {}
+        self._parts: dict[tuple[int, int], tuple[list, bool]] = {}  # (step, part) -> (outcomes, last), `deliver`
         self._complete: set[int] = set()  # steps whose rollouts are done, taken or not
         self._finished = start - 1  # the last step whose rollouts, and every earlier step's, are done
         self._error: BaseException | None = None
@@ -187,7 +202,7 @@ class RolloutProducer:
                         return
                     self.admitted_at[j] = self._published
                 if self.draw is None:
-                    got = self.produce(j, rid)
+                    got = self.produce(j, rid, *self._extra)
                     rid = got.next_rid
                     self._finish(j, got)
                     continue
@@ -201,9 +216,24 @@ class RolloutProducer:
 
     def _run(self, step: int, drawn) -> None:
         try:
-            self._finish(step, self.produce(drawn))
+            self._finish(step, self.produce(drawn, *self._extra))
         except BaseException as e:
             self._fail(e)
+
+    def deliver(self, step: int, part: int, outs: list, last: bool) -> None:
+        """Part `part` of step `step`'s rollouts (whole groups: rl.async_early_updates, one PPO mini-batch's),
+        handed over before the step's rollouts end; `last`: the step's last part. Called by `produce` in part
+        order."""
+        with self._cv:
+            self._parts[(step, part)] = (outs, last)
+            self._cv.notify_all()
+
+    def take_part(self, step: int, part: int) -> tuple[list, bool]:
+        """Waits for part `part` of step `step` (`deliver`): (its outcomes, whether it is the step's last)."""
+        with self._cv:
+            self._cv.wait_for(lambda: (step, part) in self._parts or self._error is not None)
+            self._raise()
+            return self._parts.pop((step, part))
 
     def _finish(self, step: int, got: Produced) -> None:
         with self._cv:

@@ -16,9 +16,11 @@ derives from (train.seed, step, rollout id)); the stage drops invalid rollouts a
 (counted, never trained); the kept groups, in the global group-id order (`global_minibatch_order`), are cut into
 PPO mini-batches of `rollout.mini_batch_prompts` groups with the stage's advantages; `ppo_updates` fixes the old
 log-probs for the whole step BEFORE the first update, then makes one optimizer update per mini-batch (Eq 5-6,
-train/rl/step.py); the step's record is logged (metrics.jsonl, `stdout_keys` on the console), validation runs every
-`validation.every` steps, and a checkpoint is written every `checkpoint.every` steps, at the end and on SIGTERM
-(a learner built with save_checkpoints=False, as `rehearse` builds it, writes one on SIGTERM only).
+train/rl/step.py; with rl.max_staleness > 0 and rl.async_early_updates each mini-batch is updated as soon as its
+groups are in, its old log-probs those of the step's start weights: `learn_parts`); the step's record is logged
+(metrics.jsonl, `stdout_keys` on the console), validation runs every `validation.every` steps, and a checkpoint is
+written every `checkpoint.every` steps, at the end and on SIGTERM (a learner built with save_checkpoints=False, as
+`rehearse` builds it, writes one on SIGTERM only).
 
 Step shapes. With rollout.row_len fixed (both stages' paper configs) every mini-batch is packed to one program of
 the run's shape ladder (`run_ladder`: train/rl/ladder.py ladder_for_config; at most 3 GRPO / 6 CSD programs per head rung
@@ -68,6 +70,7 @@ and its updates equal it up to fp32 summation order; resuming needs the same P.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -262,7 +265,8 @@ def pack_minibatch(run: RLRun, trajs: Sequence, adv: Sequence, *, row_len: int |
 
 
 def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_len: int | None = None,
-                ladder: rl_batch.ShapeLadder | None = None, lock=None) -> tuple[dict, list[dict]]:
+                ladder: rl_batch.ShapeLadder | None = None, lock=None, old_params=None, first: int = 0,
+                step: int | None = None) -> tuple[dict, list[dict]]:
     """One RL step's optimizer updates, one per mini-batch: chunks = [(trajectories, advantages per trajectory's
     agent turns)]. Old log-probs are fixed for the whole step BEFORE the first update (the sampler's, or
     recomputed with the pre-update parameters), so ratios move from the second mini-batch on (Eq 5-6).
@@ -270,6 +274,9 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     lock: held around each program until its outputs are ready, when rollouts sample beside the updates on the same
     devices (async_rollouts.DEVICE_LOCK); None: the synchronous loop, or rollouts on a pool of their own
     (`rollout.devices`), nothing held.
+    old_params: the weights the old log-probs are recomputed with (default: the state's, before these updates);
+    the step's later mini-batches of `RLLearner.learn_parts` pass a copy of the weights at the step's start.
+    first, step: the first update's mini-batch index in its step and the step (1-based), for the timeline.
     Returns (the new state, each update's metrics as device arrays: `fetch_metrics` brings them to the host)."""
     rl, step_fn, state = run.cfg.rl, run.step_fn, run.state
     batches, pads = [], []
@@ -281,14 +288,15 @@ def ppo_updates(run: RLRun, chunks: Sequence[tuple[Sequence, Sequence]], *, row_
     held = contextlib.nullcontext() if lock is None else lock
     if rl.old_logprobs == "recompute":  # pi_old = the parameters before this step's updates
         with held, timeline.span("old logprobs", minibatches=len(batches)):
-            batches = [step_fn.recompute_old_logprobs(state["params"], b) for b in batches]
+            batches = [step_fn.recompute_old_logprobs(state["params"] if old_params is None else old_params, b)
+                       for b in batches]
             if lock is not None:
                 jax.block_until_ready(batches)
     params, opt_state = state["params"], state["opt_state"]
     cpu = on_cpu(run)
     ms = []
     for i, (b, counts) in enumerate(zip(batches, pads)):
-        with held, timeline.span("update", minibatch=i):
+        with held, timeline.span("update", minibatch=first + i, **({} if step is None else {"step": step})):
             params, opt_state, m = step_fn(params, opt_state, b, ref_params=run.ref_params)
             if cpu or lock is not None:
                 jax.block_until_ready(m)  # waits (no transfer): never queue sharded CPU steps
@@ -400,6 +408,8 @@ class RLLearner:
         self.source = None  # where the steps' rollouts come from (`rollout_source`), while `run` runs
         self.lagged: dict[int, Any] = {}  # rl.max_staleness > 0: version -> a copy of its weights (`keep_version`)
         self.groups_in_flight = 0  # at the last update's start: groups started and not trained, beyond its own
+        self.step_start = None  # `learn_parts`: the kept copy of the weights at the step's start (`start_params`)
+        self.deferred: list[int] = []  # versions whose publication waits for the steps before them (`publish_due`)
         self.world = (world or World()).bind(self)
         self.cluster = (cluster or Cluster()).bind(self)
         self.algorithm = (algorithm or GRPO()).bind(self)
@@ -468,21 +478,52 @@ class RLLearner:
         return TurnReporter(label) if self.cfg.train.progress_bar and jax.process_index() == 0 else None
 
     # ---------------------------------------------------------------------------------- the loop
-    def produce(self, policy, step: int, first_rid: int, *, keep_sampler: bool = False) -> Produced:
+    def produce(self, policy, step: int, first_rid: int, deliver=None, *, keep_sampler: bool = False) -> Produced:
         """Step `step`'s draw and rollouts (rollout ids from `first_rid`; every process counts the rollouts of all
         processes). keep_sampler: with a copy of the data sampler's state right after the draw (what a checkpoint
-        after this step keeps when the draws run ahead of the updates)."""
-        cfg, r = self.cfg, self.cfg.rollout
+        after this step keeps when the draws run ahead of the updates). deliver: the rollouts in parts
+        (`step_rollouts`)."""
+        r = self.cfg.rollout
         started = time.perf_counter()
         with timeline.track("rollouts"), timeline.span("rollouts", step=step + 1):  # steps numbered as logged
             drawn = self.draw(r.prompts_per_step)
             kept = async_rollouts.snapshot(self.data_state()["sampler"]) if keep_sampler else None
-            hang_if_requested(step + 1, self.workdir)
-            outs = self.rollouts(policy, drawn, group_size=r.group_size, temperature=r.temperature,
-                                 seed=distributed.step_seed(cfg.train.seed, step),
-                                 first_group=step * r.prompts_per_step, first_rid=first_rid,
-                                 label=f"{self.stage} step {step + 1} rollout")
+            outs = self.step_rollouts(policy, step, drawn, first_rid, deliver, track="rollouts")
         return Produced(step, outs, first_rid + len(drawn) * r.group_size, kept, started, time.perf_counter())
+
+    def step_rollouts(self, policy, step: int, items: list, first_rid: int, deliver=None, *, track: str) -> list:
+        """The rollouts of step `step`'s drawn `items` (item i: group step x prompts_per_step + i, rollout ids from
+        `first_rid`). deliver (rl.async_early_updates, async_rollouts.RolloutProducer.deliver): in parts, one per
+        PPO mini-batch (rollout.mini_batch_prompts consecutive items), each rolled as a batch of its own, all at
+        once, each in a thread of its own (timeline track `<track> part <k>`); every part is handed over with
+        `deliver(step, part, outcomes, last)` in part order as soon as it and the parts before it are complete.
+        The groups, rollout ids and seeds are those of one batch (`rollouts`' contract)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        kw = dict(group_size=r.group_size, temperature=r.temperature, seed=distributed.step_seed(cfg.train.seed, step))
+        label, first_group = f"{self.stage} step {step + 1} rollout", step * r.prompts_per_step
+        hang_if_requested(step + 1, self.workdir)
+        if deliver is None:
+            return self.rollouts(policy, items, first_group=first_group, first_rid=first_rid, label=label, **kw)
+        m = r.mini_batch_prompts
+        starts = list(range(0, len(items), m))
+        if not starts:
+            deliver(step, 0, [], True)
+            return []
+
+        def part(k: int, i: int) -> list:
+            with timeline.track(f"{track} part {k + 1}"), \
+                    timeline.span("groups", step=step + 1, part=k, first_group=first_group + i):
+                return self.rollouts(policy, items[i:i + m], first_group=first_group + i,
+                                     first_rid=first_rid + i * r.group_size, label=f"{label} part {k + 1}", **kw)
+
+        outs: list = []
+        with concurrent.futures.ThreadPoolExecutor(len(starts), thread_name_prefix=f"rollouts-{step + 1}") as pool:
+            futures = [pool.submit(part, k, i) for k, i in enumerate(starts)]
+            for k, f in enumerate(futures):
+                got = f.result()
+                deliver(step, k, got, k == len(futures) - 1)
+                outs += got
+        return outs
 
     def draw_step(self, step: int, first_rid: int) -> Drawn:
         """Step `step`'s draw alone, with the data sampler's state right after it: what the producer takes in step
@@ -492,19 +533,15 @@ class RLLearner:
         kept = async_rollouts.snapshot(self.data_state()["sampler"])
         return Drawn(step, drawn, first_rid, first_rid + len(drawn) * r.group_size, kept)
 
-    def roll(self, policy, d: Drawn, slots: int) -> Produced:
+    def roll(self, policy, d: Drawn, slots: int, deliver=None) -> Produced:
         """The rollouts of a drawn step (`draw_step`), on the timeline's track of its slot: up to `slots` steps
-        roll at once, step j in slot j % slots ("rollouts", "rollouts 2", ...)."""
-        cfg, r = self.cfg, self.cfg.rollout
+        roll at once, step j in slot j % slots ("rollouts", "rollouts 2", ...). deliver: in parts
+        (`step_rollouts`)."""
         slot = d.step % slots
+        track = "rollouts" if slot == 0 else f"rollouts {slot + 1}"
         started = time.perf_counter()
-        with timeline.track("rollouts" if slot == 0 else f"rollouts {slot + 1}"), \
-                timeline.span("rollouts", step=d.step + 1):
-            hang_if_requested(d.step + 1, self.workdir)
-            outs = self.rollouts(policy, d.items, group_size=r.group_size, temperature=r.temperature,
-                                 seed=distributed.step_seed(cfg.train.seed, d.step),
-                                 first_group=d.step * r.prompts_per_step, first_rid=d.first_rid,
-                                 label=f"{self.stage} step {d.step + 1} rollout")
+        with timeline.track(track), timeline.span("rollouts", step=d.step + 1):
+            outs = self.step_rollouts(policy, d.step, d.items, d.first_rid, deliver, track=track)
         return Produced(d.step, outs, d.next_rid, d.sampler_state, started, time.perf_counter())
 
     def rollout_source(self, policy, start: int, next_rid: int, first_version: int | None = None):
@@ -523,10 +560,10 @@ class RLLearner:
             if first != start:
                 policy.set_params(jax.block_until_ready(policy_params(run_.model_config, r, self.lagged[first],
                                                                       run_.mesh)), first)
-            return RolloutProducer(lambda d: self.roll(policy, d, rl.max_staleness + 1), start=start,
-                                   stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
-                                   fixed_lag=rl.async_deterministic, lock=None, draw=self.draw_step,
-                                   published=first)
+            return RolloutProducer(lambda d, *deliver: self.roll(policy, d, rl.max_staleness + 1, *deliver),
+                                   start=start, stop=self.cfg.train.steps, first_rid=next_rid,
+                                   max_staleness=rl.max_staleness, fixed_lag=rl.async_deterministic, lock=None,
+                                   draw=self.draw_step, published=first, parts=self.early_updates())
         if r.generator == "vllm":  # its decode takes no JAX device: a sync waits for the call in flight, not for the
             # device lock; no arrays held (each sync streams the weights into vLLM's child before it returns)
             policy.generator = Guarded(policy.generator, device_lock=contextlib.nullcontext())
@@ -538,9 +575,10 @@ class RLLearner:
                 placed = own_copy(policy.params if first == start else
                                   policy_params(run_.model_config, r, self.lagged[first], run_.mesh))
             policy.set_params(placed, first)
-        return RolloutProducer(lambda s, rid: self.produce(policy, s, rid, keep_sampler=True), start=start,
-                               stop=self.cfg.train.steps, first_rid=next_rid, max_staleness=rl.max_staleness,
-                               fixed_lag=rl.async_deterministic, published=first)
+        return RolloutProducer(lambda s, rid, *deliver: self.produce(policy, s, rid, *deliver, keep_sampler=True),
+                               start=start, stop=self.cfg.train.steps, first_rid=next_rid,
+                               max_staleness=rl.max_staleness, fixed_lag=rl.async_deterministic, published=first,
+                               parts=self.early_updates())
 
     def keep_version(self, version: int) -> None:
         """rl.max_staleness = N > 0: a copy of the weights of `version` (the next update donates them); the last
@@ -608,6 +646,100 @@ class RLLearner:
         if chunks:
             run_.state, ms = ppo_updates(run_, chunks, row_len=r.row_len or None, ladder=ladder, lock=lock)
         return got.outs, kept, counts, times, ms
+
+    def early_updates(self) -> bool:
+        """Whether a step's updates start before all its dialogues end (rl.max_staleness > 0 and
+        rl.async_early_updates: `learn_parts`)."""
+        return bool(self.cfg.rl.max_staleness) and self.cfg.rl.async_early_updates
+
+    def take_step(self, step: int, ladder, policy) -> tuple[Produced, tuple, float]:
+        """Step `step`'s rollouts and updates (`learn`, or `learn_parts` in parts): (its Produced, what `learn`
+        returns, the seconds the loop waited for the rollouts)."""
+        if self.early_updates():
+            return self.learn_parts(step, ladder, policy)
+        t = time.perf_counter()
+        with timeline.span("wait for rollouts", step=step + 1):
+            got = self.source.take(step)
+        learned = self.learn(got, ladder)
+        return got, learned, learned[3]["rollouts"] - t
+
+    def learn_parts(self, step: int, ladder, policy) -> tuple[Produced, tuple, float]:
+        """rl.async_early_updates: step `step`'s groups as the producer hands them over (`step_rollouts`: one
+        mini-batch's groups per part, in group order), each part filtered and prepared as it comes, and each PPO
+        mini-batch updated as soon as its rollout.mini_batch_prompts kept groups are in: the same mini-batches
+        (consecutive kept groups in group order) and advantages as `learn`, the old log-probs recomputed with the
+        step's start weights (the kept copy `lagged[step]`), so under the fixed lag the same updates as `learn`'s.
+        Under the fixed lag the versions deferred by `publish_after` are published once the steps they wait for
+        have all their parts (`publish_due`). Returns what `take_step` does; the times' marks are those of
+        `learn` with the waits for later parts counted in neither coach_s nor train_s."""
+        run_, r, lock = self.run_state, self.cfg.rollout, self.source.lock
+        m, proximal = r.mini_batch_prompts, self.lagged[step]
+        self.step_start = proximal
+        outs, kept, queue, ms, counts = [], [], [], [], {}
+        waited = prepared = scored = first_wait = 0.0
+        part, last, first = 0, False, 0.0
+        while not last:
+            self.publish_due(policy, step - 1)  # the versions that admit this step's rollouts
+            t = time.perf_counter()
+            with timeline.span("wait for rollouts", step=step + 1, part=part):
+                got, last = self.source.take_part(step, part)
+            t2 = time.perf_counter()
+            if part == 0:
+                first, first_wait = t2, t2 - t
+            waited, part = waited + (t2 - t), part + 1
+            if last:
+                self.publish_due(policy, step)
+            groups, c = self.filter_groups(got)
+            for k, v in c.items():
+                counts[k] = counts[k] + v if k in counts else v
+            groups = global_minibatch_order(groups)
+            with timeline.span("coach notes" if self.cfg.rl.alpha > 0 else "prepare groups", step=step + 1):
+                self.prepare_groups(groups, counts)
+            outs, kept, queue = outs + got, kept + groups, queue + groups
+            prepared += time.perf_counter() - t2
+            if last and self.on_rollouts is not None:
+                self.on_rollouts(step + 1, outs)
+            while len(queue) >= m or (last and queue):
+                t = time.perf_counter()
+                with contextlib.nullcontext() if lock is None else lock, \
+                        timeline.span("advantages", step=step + 1):
+                    chunk = self.advantages([x for g in queue[:m] for x in g], counts)
+                    if lock is not None:
+                        jax.block_until_ready(chunk)
+                scored, queue = scored + time.perf_counter() - t, queue[m:]
+                if not ms:
+                    self.groups_in_flight = self.source.started_after(step) * r.prompts_per_step
+                run_.state, got_ms = ppo_updates(run_, [chunk], row_len=r.row_len or None, ladder=ladder, lock=lock,
+                                                 old_params=proximal, first=len(ms), step=step + 1)
+                ms += got_ms
+        self.step_start = None
+        times = {"rollouts": first, "prepared": first + prepared,  # coach_s: the parts' preparation only
+                 "advantages": first + prepared + scored + (waited - first_wait)}  # train_s: the updates only
+        return self.source.take(step), (outs, kept, counts, times, ms), waited
+
+    def start_params(self):
+        """The weights at the start of the current step's updates, for a credit that scores with them (InfoPO):
+        the training state's, or during `learn_parts` (whose updates start before the last advantages) the kept
+        copy."""
+        return self.run_state.state["params"] if self.step_start is None else self.step_start
+
+    def publish_after(self, policy, step: int) -> None:
+        """The weights after step `step` (version `step`) to the generator: now, or with rl.async_early_updates
+        under the fixed lag deferred (`publish_due`) so that the loop goes on with the next step's parts while the
+        steps the version waits for still roll."""
+        if self.early_updates() and self.cfg.rl.async_deterministic:
+            self.deferred.append(step)
+            return
+        self.publish(policy, step)
+
+    def publish_due(self, policy, upto: int | None = None) -> None:
+        """The deferred versions (`publish_after`) whose fixed-lag wait covers steps up to `upto` only (version v
+        waits for the steps up to v - 1 + rl.max_staleness, async_rollouts.RolloutProducer.publish), in version
+        order, each from its kept copy; None: all of them (before a validation, which samples the newest)."""
+        n, stop = self.cfg.rl.max_staleness, self.cfg.train.steps
+        while self.deferred and (upto is None or min(self.deferred[0] - 1 + n, stop - 1) <= upto):
+            v = self.deferred.pop(0)
+            self.publish(policy, v, self.lagged[v])
 
     def publish(self, policy, version: int, params=None) -> None:
         """The updated weights to the policy's generator as `version` (after every step, also one without an
@@ -734,11 +866,8 @@ class RLLearner:
             while step < cfg.train.steps:
                 started = time.perf_counter()
                 meter.start()
-                with timeline.span("wait for rollouts", step=step + 1):
-                    got = self.source.take(step)
-                outs, kept, counts, times, ms = self.learn(got, ladder)
-                times["start"], next_rid = started, got.next_rid
-                wait_s = times["rollouts"] - started  # what the loop waited for the step's rollouts
+                got, (outs, kept, counts, times, ms), wait_s = self.take_step(step, ladder, policy)  # wait_s: for
+                times["start"], next_rid = started, got.next_rid  # the step's rollouts
                 if self.source.beside:  # they ran beside the updates: rollout_s is the producer's time
                     times["start"] = times["rollouts"] - (got.ended - got.started)
                 step += 1
@@ -748,7 +877,7 @@ class RLLearner:
                     self.publish(policy, step)
                 times["trained"] = time.perf_counter()
                 if self.source.beside:  # the turns in flight or the steps held back: the new weights
-                    self.publish(policy, step)
+                    self.publish_after(policy, step)
                 rec = self.record(outs, kept, counts, times)
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
@@ -756,6 +885,7 @@ class RLLearner:
                 rec.update(async_rollouts.staleness_record([t for g in kept for t in g], step - 1))
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
+                    self.publish_due(policy)  # validation samples with the newest weights
                     with timeline.span("validation", step=step):
                         rec.update(self.validate(policy, f"{self.stage} step {step} validation"))
                 now = time.perf_counter()

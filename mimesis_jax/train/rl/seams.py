@@ -82,7 +82,8 @@ class World(Piece):
 
     def filter_groups(self, outs: list) -> tuple[list[list], dict]:
         """(this process's kept groups in group-id order, the counts for the record); default: the rollouts grouped
-        by their group_id, every group kept, no counts."""
+        by their group_id, every group kept, no counts. With early updates (rl.async_early_updates) it is called
+        once per part of a step (whole groups) and the parts' counts are added key by key (numbers, lists)."""
         groups: dict[int, list] = {}
         for o in outs:
             groups.setdefault(o.group_id, []).append(o)
@@ -148,7 +149,8 @@ class Algorithm(Piece):
 
     def prepare(self, kept: list[list], counts: dict) -> None:
         """Work on all the kept groups (every process's, in group-id order) before any advantage (CSD: the
-        coach's notes)."""
+        coach's notes); with early updates (rl.async_early_updates) on each part's kept groups as it comes in,
+        before that part's advantages."""
 
     def advantages(self, items: list, counts: dict) -> tuple[Sequence, Sequence]:
         """(trajectories or segments, their advantages) of one PPO mini-batch (`items`: its rollouts on this

@@ -153,15 +153,18 @@ class SimWorld(World):
 
     def rollouts(self, model, items, *, group_size, temperature, seed, first_group, first_rid, label, records=None):
         """The rollouts of this process's share of the (domain, record index) prompts `items`: prompt p is group
-        first_group + p with rollout ids first_rid + p * group_size + k and env seed f(seed, p); `records` (default
-        the training records) holds the records the indices point at."""
+        first_group + p with rollout ids first_rid + p * group_size + k and env seed f(seed, the prompt's place in
+        its step: first_group % rollout.prompts_per_step + p, so a step rolled in parts (rl.async_early_updates,
+        each part's first_group its own) seeds every prompt as one batch does; validation: first_group 0, so p);
+        `records` (default the training records) holds the records the indices point at."""
         cfg, r = self.cfg, self.cfg.rollout
         records = self.records if records is None else records
         sides = self.learner.cluster.sides
         tasks = []
+        place = first_group % r.prompts_per_step
         for p in distributed.process_share(len(items)):
             d, i = items[p]
-            env_seed = int(np.random.SeedSequence([seed, p]).generate_state(1)[0])
+            env_seed = int(np.random.SeedSequence([seed, place + p]).generate_state(1)[0])
             for k in range(group_size):
                 env = make_domain_env(d, records[d][i], sides, seed=env_seed, **_env_options(cfg, d))
                 env.thinking = r.thinking
