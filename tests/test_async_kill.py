@@ -78,9 +78,10 @@ def test_kill_9_with_a_step_in_flight_then_resume_equals_the_straight_run(tmp_pa
                                 stderr=subprocess.STDOUT, text=True)
     try:
         _kill_in_flight(cut_wd, env)
-        # what the kill left: step 2's checkpoint only, rows 1-3 (step 3's follows no checkpoint)
+        # what the kill left: step 2's checkpoint only, rows 1-3 (step 3's follows no checkpoint) and perhaps step
+        # 4's: with early updates (rl.async_early_updates) the loop trains step 4 while step 5's rollouts hang
         assert Checkpointer(str(cut_wd), read_only=True).all_steps() == [EVERY]
-        assert _steps(cut_wd) == [1, 2, 3]
+        assert _steps(cut_wd) in ([1, 2, 3], [1, 2, 3, 4])
         again = subprocess.run(_cmd(cut_wd), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         out = straight.communicate(timeout=300)[0]
     finally:

@@ -226,7 +226,10 @@ def test_agentrl_through_vllm_beside_the_updates_one_version_late(tmp_path):
     res, seen = run_tiny_grpo(tmp_path, ASYNC_STEPS, "rollout.generator=vllm", f"rollout.vllm_python={PYTHON}",
                               "model.head_dim=32", "rollout.vllm_kv_cache_gib=0.0625", "rl.max_staleness=1",
                               "rl.async_deterministic=true", "rl.old_logprobs=recompute", "rl.behavior_is_cap=2.0",
-                              "checkpoint.every=1", f"checkpoint.keep={ASYNC_STEPS}")
+                              "checkpoint.every=1", f"checkpoint.keep={ASYNC_STEPS}",
+                              # each step's record holds its own sync: early updates defer a version's publication
+                              # past its step's record under the fixed lag
+                              "rl.async_early_updates=false")
     assert res.final_step == ASYNC_STEPS and sorted(seen) == list(range(1, ASYNC_STEPS + 1))
     mc, weights = _versions_at(tmp_path, 1)  # versions 0 and 1
     m = res.metrics

@@ -163,9 +163,9 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
                          on_pool: bool = False) -> Workload:
     """The per-update workload of a RunConfig, AgentRLConfig or SimRLConfig on `mesh`.
 
-    With a rollout pool (`rollout.devices`) the workload on the training mesh rolls out nothing (`Workload.pool`);
-    on_pool: the workload of the rollouts on the pool's `mesh` instead, whose engine holds every step in flight
-    there (rl.max_staleness + 1 steps' dialogues, train/rl/learner.py steps_at_once).
+    The rollout engine holds every step in flight (rl.max_staleness + 1 steps' dialogues, train/rl/learner.py
+    steps_at_once). With a rollout pool (`rollout.devices`) the workload on the training mesh rolls out nothing
+    (`Workload.pool`); on_pool: the workload of the rollouts on the pool's `mesh` instead.
 
     RL row counts are data-dependent; the default assumes the worst case the config allows for Stage II (every
     dialogue fills a row of rollout.row_len tokens) and one row per rollout for Stage I's joint RL (each rollout's
@@ -223,7 +223,7 @@ def workload_from_config(cfg, mesh: dict, model: ModelConfig, rows: int | None =
     notes.append(f"rows per update: {n} ({per}), {M} micro-batch(es)")
     engine = None
     if r.engine:  # the policy samples through one rollout engine on the training mesh instead of the sampler
-        at_once = rollout_batch * (rl.max_staleness + 1 if on_pool else 1)
+        at_once = rollout_batch * (rl.max_staleness + 1)  # every step in flight (train/rl/learner.py steps_at_once)
         engine = rollout_sizing(r, model, at_once, mesh=mesh)  # per replica, the budget per device
         notes[-2] = f"rollout: {at_once} dialogues in flight on the rollout engine (one process)"
         notes.append(f"rollout engine pool: {engine.describe()}")

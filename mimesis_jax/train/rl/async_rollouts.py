@@ -9,9 +9,9 @@ a token sampled by version v is trained with staleness s - v.
 The bound. The rollouts of step j are admitted (their first dialogue starts) only once the generator holds a
 version >= j - N; versions only grow, so every token of step j has staleness <= N. The bound is kept by holding
 back admissions, never by dropping a finished rollout. N = 0 is the synchronous loop (`StepRollouts`: draw and
-rollouts inline, exactly the code path of before); N > 0 runs them in a producer thread (`RolloutProducer`), one
-step at a time in step order on shared devices; on a rollout pool (below) every admitted step's rollouts at once,
-up to N + 1 steps, each in a thread of its own, their draws still taken in step order at admission. Either way the
+rollouts inline, exactly the code path of before); N > 0 runs them in a producer thread (`RolloutProducer`):
+every admitted step's rollouts at once, up to N + 1 steps, each in a thread of its own, their draws still taken in
+step order at admission, on shared devices and on a rollout pool (below) alike. Either way the
 draws, rollout ids and seeds of every step are those of the synchronous run.
 
 Two schedules. By default (`rl.async_deterministic=false`) new weights reach the generator as soon as an update
@@ -36,7 +36,7 @@ programs still take turns among themselves (the frozen models and the policy sha
 the weights are copied into the pool device to device (`distributed.rollout_params`: laid out on the training
 devices as the pool lays them out, then each shard copied to the pool devices that hold it); the copy is the
 generator's own, so no `own_copy`, and the trainer does not wait for the agent turn in flight: the generator
-(`Guarded`) takes the new weights at its next call. With the pool the producer keeps every admitted step in flight
+(`Guarded`) takes the new weights at its next call. On either the producer keeps every admitted step in flight
 (above): the user waits of several steps overlap one another as well as the update.
 
 The rollout engine (`rollout.engine=true`) runs under the producer too. Its programs take the same device lock

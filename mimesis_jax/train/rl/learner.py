@@ -312,9 +312,9 @@ PAD_KEYS = ("pad_rows_real", "pad_rows_slots", "pad_head_real", "pad_head_slots"
 
 
 def steps_at_once(cfg) -> int:
-    """How many steps' rollouts run at once: rl.max_staleness + 1 on a rollout pool (every admitted step's,
-    train/rl/async_rollouts.py), else one (one step at a time, also under the producer on shared devices)."""
-    return cfg.rl.max_staleness + 1 if distributed.pool_size(cfg.rollout) else 1
+    """How many steps' rollouts run at once: rl.max_staleness + 1 (every admitted step's, on a rollout pool or on
+    shared devices, train/rl/async_rollouts.py; one in the synchronous loop)."""
+    return cfg.rl.max_staleness + 1
 
 
 def pad_counts(arrays: dict) -> dict:
@@ -546,8 +546,8 @@ class RLLearner:
 
     def rollout_source(self, policy, start: int, next_rid: int, first_version: int | None = None):
         """Where the loop takes each step's rollouts from (train/rl/async_rollouts.py): inline (rl.max_staleness
-        = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`): one
-        step's rollouts at a time on shared devices, every admitted step's at once on a rollout pool. A resume
+        = 0) or a producer thread running up to rl.max_staleness versions ahead (its generator `Guarded`): every
+        admitted step's rollouts at once (up to N + 1), on shared devices or a rollout pool. A resume
         that replays the in-flight steps (`first_version`, async_rollouts.py "Resume") starts the generator at
         that earlier version, from the kept copies (`keep_version`)."""
         rl, r, run_ = self.cfg.rl, self.cfg.rollout, self.run_state
@@ -575,10 +575,12 @@ class RLLearner:
                 placed = own_copy(policy.params if first == start else
                                   policy_params(run_.model_config, r, self.lagged[first], run_.mesh))
             policy.set_params(placed, first)
-        return RolloutProducer(lambda s, rid, *deliver: self.produce(policy, s, rid, *deliver, keep_sampler=True),
+        # every admitted step's rollouts at once here too (up to N + 1): their programs take turns with the
+        # update's on the devices, their user waits overlap one another and the updates
+        return RolloutProducer(lambda d, *deliver: self.roll(policy, d, rl.max_staleness + 1, *deliver),
                                start=start, stop=self.cfg.train.steps, first_rid=next_rid,
                                max_staleness=rl.max_staleness, fixed_lag=rl.async_deterministic, published=first,
-                               parts=self.early_updates())
+                               draw=self.draw_step, parts=self.early_updates())
 
     def keep_version(self, version: int) -> None:
         """rl.max_staleness = N > 0: a copy of the weights of `version` (the next update donates them); the last
