@@ -335,19 +335,31 @@ def agent_segments(rollouts) -> list[Segment]:
     return out
 
 
+def staleness_counts(trained: list, step: int) -> dict[int, int]:
+    """{k: the number of agent tokens at staleness k} of the `trained` rollouts, trained by version `step`; tokens
+    of segments that carry no version (a scripted stage's hand-made segments) are not counted."""
+    counts: dict[int, int] = {}
+    for s in agent_segments(trained):
+        if s.version is not None and s.tokens:
+            lag = step - int(s.version)
+            counts[lag] = counts.get(lag, 0) + len(s.tokens)
+    return counts
+
+
+def staleness_summary(counts: dict[int, int]) -> dict:
+    """`staleness_max`, `staleness_mean` (per token) and `staleness_hist/<k>` for k = 0 .. max from
+    `staleness_counts` (summed over the processes on several); {} when no token is counted."""
+    if not counts:
+        return {}
+    top = max(counts)
+    return {"staleness_max": int(top),
+            "staleness_mean": float(sum(k * c for k, c in counts.items()) / float(sum(counts.values()))),
+            **{f"staleness_hist/{k}": int(counts.get(k, 0)) for k in range(top + 1)}}
+
+
 def staleness_record(trained: list, step: int) -> dict:
     """`staleness_max` and `staleness_mean` (per token) of the agent tokens of the `trained` rollouts, trained
     by version `step`, and `staleness_hist/<k>`, the number of those tokens at staleness k, for k = 0 .. max (the
     metrics logger writes them to TensorBoard as one histogram); {} when none carries a version (a scripted stage's
-    hand-made segments)."""
-    lags, weights = [], []
-    for s in agent_segments(trained):
-        if s.version is not None and s.tokens:
-            lags.append(step - int(s.version))
-            weights.append(len(s.tokens))
-    if not lags:
-        return {}
-    lags_a = np.asarray(lags, dtype=np.int64)
-    return {"staleness_max": int(lags_a.max()),
-            "staleness_mean": float(np.dot(lags_a, weights) / float(sum(weights))),
-            **{f"staleness_hist/{k}": int(c) for k, c in enumerate(np.bincount(lags_a, weights=weights))}}
+    hand-made segments). One process's rollouts; the learner sums `staleness_counts` over the processes."""
+    return staleness_summary(staleness_counts(trained, step))
