@@ -73,7 +73,7 @@ def _untimed(rec: dict) -> dict:
 
 
 def _pair(tmp, devices: int) -> list[dict]:
-    sets = ["rl.max_staleness=1", "rl.async_deterministic=true", f"rollout.devices={devices}"]
+    sets = ["rl.max_staleness=1", "rl.async_deterministic=true", f"rollout.devices={devices}", "checkpoint.every=1"]
     outs = run_two_processes(WORKER, json.dumps([str(tmp / "run"), STEPS, sets]), tmp, ROOT, timeout=600)
     got = []
     for path in outs:

@@ -636,8 +636,12 @@ class RLLearner:
         lagged = self.lagged_to_save(step)
         if self.cfg.rl.max_staleness:
             data["lagged_versions"] = sorted(lagged)
-        self.run_state.save(step, self.run_state.state,
-                            {"sampler": sampler_state, "next_rollout_id": next_rid, **data}, lagged=lagged)
+        # several processes with rollouts beside the loop: the checkpointer's barriers are programs over every
+        # device (orbax's sync_global_devices), so they take turns with the sampler's (async_rollouts.DEVICE_LOCK)
+        beside = self.cfg.rl.max_staleness and jax.process_count() > 1
+        with DEVICE_LOCK if beside else contextlib.nullcontext():
+            self.run_state.save(step, self.run_state.state,
+                                {"sampler": sampler_state, "next_rollout_id": next_rid, **data}, lagged=lagged)
 
     def run(self) -> RLResult:
         self.read_inputs()
