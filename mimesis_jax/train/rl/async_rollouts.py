@@ -59,9 +59,20 @@ version each turn samples with depends on timing in both runs: no group is lost 
 bound holds, exactness is not promised. A checkpoint without the versions (written with N = 0, or a larger N now)
 resumes with the generator at version s, a new schedule from there (said in the log).
 
-Not yet (issue #44): several processes with N > 0 (a ConfigError), partial rollouts, more than one step in
-flight on shared devices. The stale tokens' off-policy correction is
-`rl.behavior_is_cap` (train/rl/step.py).
+Several processes (jax.distributed). Each process runs its own producer over its share of each step's tasks
+(distributed.process_share), on its own devices: with a pool its last D devices, the training mesh spanning every
+process's others; the weight copy after each update is the one above, the first part (the weight sync) a program
+over every process's training devices, the second each process's own shard copies into its own pool, so no host
+sees a weight. Everything that spans processes stays in the loop's thread, in the same order on every process:
+the updates and weight syncs (programs), the gathers of the step's layouts and records (checkpoints.gather_json,
+through the coordination service's key-value store: no device program beside the samplers'), the checkpoint's
+barriers (programs over every device, so the save holds DEVICE_LOCK). The producers' threads never wait on
+another process, so a process that waits in a collective waits only for the other processes' loops. Admission
+reads each process's own published version; every process publishes the same versions after the same updates,
+so under the fixed lag every process samples a step with the same version, as on one process.
+
+Not yet (issue #44): partial rollouts, more than one step in flight on shared devices. The stale tokens'
+off-policy correction is `rl.behavior_is_cap` (train/rl/step.py).
 """
 
 from __future__ import annotations
