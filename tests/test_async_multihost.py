@@ -4,10 +4,13 @@ of each process's last 2 devices (rollout.devices=2) and on shared devices (roll
 
 With the pool every update reads and writes parameters on the first 2 devices of each process only (the training
 mesh spans those 4 of the 8) and takes no device lock, and every sampler call of a process runs on its own last 2
-devices with parameters there (the weight copy after each update lands on the pool: train/rl/distributed.py
-`_to_pool`). Both runs log staleness 0 at step 1 and exactly 1 after it, and the same records: the pool changes
-where programs run, not what they compute (fp32-summation tolerance: the update's batch is split 4 ways instead of
-8), except the padding and the timings.
+devices with parameters there: the weight copy at the start and after each update (train/rl/distributed.py
+`_to_pool`) goes from the process's training devices to its pool, each of its training shards equal to that part
+of the pool's copy. The staleness histogram counts the trained tokens of both processes (a count of the tokens'
+versions in each process's rollouts), and both processes compute the same records; a checkpoint after every step
+runs beside the rollouts. Both runs log staleness 0 at step 1 and exactly 1 after it, and the same records (slow):
+the pool changes where programs run, not what they compute (fp32-summation tolerance: the update's batch is split
+4 ways instead of 8), except the padding and the timings.
 """
 
 import json
@@ -21,9 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 POOL = 2  # rollout.devices: each process's last 2 of its 4 devices sample
 
-# a process of the pair: the tiny GRPO loop (tests/helpers.py run_tiny_grpo) in argv[3] = [workdir, steps, sets], spies on
-# the update's parameters and the sampler's parameters and mesh (the device ids this process sees), its records
-# and those device ids written to argv[4] as JSON
+# a process of the pair: the tiny GRPO loop (tests/helpers.py run_tiny_grpo) with argv[3] = [workdir, steps, sets],
+# spies on the update's parameters, the sampler's parameters and mesh and the weight copies into the pool (device
+# ids: this process's); its records, what the spies saw and its tokens per version written to argv[4] as JSON
 WORKER = r"""
 import json, sys
 import jax
@@ -31,9 +34,10 @@ jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv
 sys.path.insert(0, "tests")
 from helpers import run_tiny_grpo
 from mimesis_jax.inference import sampler as sampler_lib
-from mimesis_jax.train.rl import learner as L
+from mimesis_jax.train.rl import distributed, learner as L
+import numpy as np
 
-seen = {"update": [], "sample": []}
+seen = {"update": [], "sample": [], "copies": []}
 real_updates, real_generate = L.ppo_updates, sampler_lib.generate
 ids = lambda tree: sorted({d.id for x in jax.tree.leaves(tree) for d in x.devices()
                            if d.process_index == jax.process_index()})
@@ -48,7 +52,18 @@ def generate(config, params, prompts, **kw):
     seen["sample"].append([ids(params), sorted(d.id for d in kw["mesh"].devices.flat)])
     return real_generate(config, params, prompts, **kw)
 
-L.ppo_updates, sampler_lib.generate = updates, generate
+def to_pool(config, params, mesh, rollout, engine=False):
+    # the copy against the training arrays: each of this process's training shards equals that part of every
+    # pool device's copy (tensor 1: each pool device holds the whole array)
+    out = real_to_pool(config, params, mesh, rollout, engine)
+    equal = all(np.array_equal(np.asarray(s.data), np.asarray(c.data)[s.index])
+                for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(out))
+                for s in x.addressable_shards for c in y.addressable_shards)
+    seen["copies"].append([equal, ids(out), ids(params)])
+    return out
+
+real_to_pool = distributed._to_pool
+L.ppo_updates, sampler_lib.generate, distributed._to_pool = updates, generate, to_pool
 workdir, steps, sets = json.loads(sys.argv[3])
 res, trained = run_tiny_grpo(workdir, steps, *sets)
 # this process's agent tokens per version, per step (every dialogue is kept in these runs: invalid 0, skipped 0)
@@ -94,6 +109,9 @@ def test_two_processes_train_on_their_first_devices_and_sample_on_their_pool(poo
         assert len(got["seen"]["update"]) == STEPS and len(got["seen"]["sample"]) >= STEPS
         assert all(before == after == train and not locked for before, after, locked in got["seen"]["update"])
         assert all(params == mesh == pool for params, mesh in got["seen"]["sample"])
+        # the first weights and each step's: copied from this process's training devices into its pool, equal
+        assert len(got["seen"]["copies"]) == STEPS + 1
+        assert all(equal and to == pool and src == train for equal, to, src in got["seen"]["copies"])
         for step in range(1, STEPS + 1):
             rec = got["metrics"][str(step)]
             assert rec["staleness_max"] == min(1, step - 1) == rec["staleness_mean"]
