@@ -84,7 +84,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mimesis_jax.data.trajectory import Segment
 from mimesis_jax.inference import sampler as sampler_lib
