@@ -32,10 +32,12 @@ the trainers (train/) write the checkpoints.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 import shutil
+import threading
 from typing import Any, Callable
 import zlib
 
@@ -131,17 +133,34 @@ def _check_layout(step_dir: str, items: dict[str, Any]) -> None:
                                       "resume with the config it was saved with, or use a new --workdir)")
 
 
+GATHER_TIMEOUT_MS = 24 * 3600 * 1000  # how long a process waits for a slower peer's part of a gather
+_GATHERS = itertools.count()  # this process's gathers so far: every process makes the same gathers in order
+_GATHER_LOCK = threading.Lock()
+
+
 def gather_json(obj: Any) -> list:
-    """Every process's JSON-serialisable `obj`, as a list indexed by process (a collective on many hosts)."""
+    """Every process's JSON-serialisable `obj`, as a list indexed by process (a collective on many hosts: every
+    process calls it, in the same order as the others).
+
+    Through jax.distributed's key-value store (the coordination service), not a device program: a collective
+    program over every device would be enqueued beside the programs other threads run on some of them (the
+    asynchronous RL rollouts, train/rl/async_rollouts.py), and two multi-device programs enqueued in different
+    orders on two devices can wait on each other. Each process writes its part under the gather's number and
+    reads the others'; the part of two gathers back is deleted (every process has read it by then: none starts
+    gather n before every part of gather n - 1 exists, and none writes that before it has read gather n - 2)."""
     if jax.process_count() == 1:
         return [json.loads(json.dumps(obj))]
-    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-    lengths = multihost_utils.process_allgather(np.asarray([data.size], np.int32))
-    width = int(np.max(lengths))
-    padded = np.zeros((width,), np.uint8)
-    padded[: data.size] = data
-    every = multihost_utils.process_allgather(padded)
-    return [json.loads(bytes(every[i][: int(lengths[i][0])]).decode()) for i in range(jax.process_count())]
+    from jax._src import distributed  # the coordination service's client (what multihost_utils itself uses)
+
+    client, me = distributed.global_state.client, jax.process_index()
+    with _GATHER_LOCK:
+        n = next(_GATHERS)
+    client.key_value_set(f"mimesis_gather/{n}/{me}", json.dumps(obj))
+    every = [json.loads(client.blocking_key_value_get(f"mimesis_gather/{n}/{p}", GATHER_TIMEOUT_MS))
+             for p in range(jax.process_count())]
+    if n >= 2:
+        client.key_value_delete(f"mimesis_gather/{n - 2}/{me}")
+    return every
 
 
 @contextlib.contextmanager

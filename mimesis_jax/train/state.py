@@ -17,12 +17,10 @@ import signal
 import threading
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mimesis_jax import config as config_lib, models, sharding
-from mimesis_jax.checkpoints import Checkpointer, abstract_like
+from mimesis_jax.checkpoints import Checkpointer, abstract_like, gather_json
 from mimesis_jax.errors import ConfigError
 from mimesis_jax.models.config import RUNTIME_FIELDS, ModelConfig
 from mimesis_jax.train.optim import opt_state_shardings
@@ -151,7 +149,7 @@ class StopFlag:
     def is_set(self) -> bool:
         flag = self.event.is_set()
         if jax.process_count() > 1:  # every host must stop at the same step
-            flag = bool(np.max(multihost_utils.process_allgather(np.asarray([int(flag)], np.int32))))
+            flag = any(gather_json(flag))  # no device program (checkpoints.gather_json)
         return flag
 
     def restore(self):

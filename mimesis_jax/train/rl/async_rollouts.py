@@ -73,9 +73,20 @@ version each turn samples with depends on timing in both runs: no group is lost 
 bound holds, exactness is not promised. A checkpoint without the versions (written with N = 0, or a larger N now)
 resumes with the generator at version s, a new schedule from there (said in the log).
 
-Not yet (issue #44): several processes with N > 0 (a ConfigError), partial rollouts, more than one step in
-flight on shared devices. The stale tokens' off-policy correction is
-`rl.behavior_is_cap` (train/rl/step.py).
+Several processes (jax.distributed). Each process runs its own producer over its share of each step's tasks
+(distributed.process_share), on its own devices: with a pool its last D devices, the training mesh spanning every
+process's others; the weight copy after each update is the one above, the first part (the weight sync) a program
+over every process's training devices, the second each process's own shard copies into its own pool, so no host
+sees a weight. Everything that spans processes stays in the loop's thread, in the same order on every process:
+the updates and weight syncs (programs), the gathers of the step's layouts and records (checkpoints.gather_json,
+through the coordination service's key-value store: no device program beside the samplers'), the checkpoint's
+barriers (programs over every device, so the save holds DEVICE_LOCK). The producers' threads never wait on
+another process, so a process that waits in a collective waits only for the other processes' loops. Admission
+reads each process's own published version; every process publishes the same versions after the same updates,
+so under the fixed lag every process samples a step with the same version, as on one process.
+
+Not yet (issue #44): partial rollouts, more than one step in flight on shared devices. The stale tokens'
+off-policy correction is `rl.behavior_is_cap` (train/rl/step.py).
 """
 
 from __future__ import annotations
@@ -87,7 +98,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mimesis_jax.data.trajectory import Segment
 from mimesis_jax.inference import sampler as sampler_lib
@@ -373,19 +383,31 @@ def agent_segments(rollouts) -> list[Segment]:
     return out
 
 
+def staleness_counts(trained: list, step: int) -> dict[int, int]:
+    """{k: the number of agent tokens at staleness k} of the `trained` rollouts, trained by version `step`; tokens
+    of segments that carry no version (a scripted stage's hand-made segments) are not counted."""
+    counts: dict[int, int] = {}
+    for s in agent_segments(trained):
+        if s.version is not None and s.tokens:
+            lag = step - int(s.version)
+            counts[lag] = counts.get(lag, 0) + len(s.tokens)
+    return counts
+
+
+def staleness_summary(counts: dict[int, int]) -> dict:
+    """`staleness_max`, `staleness_mean` (per token) and `staleness_hist/<k>` for k = 0 .. max from
+    `staleness_counts` (summed over the processes on several); {} when no token is counted."""
+    if not counts:
+        return {}
+    top = max(counts)
+    return {"staleness_max": int(top),
+            "staleness_mean": float(sum(k * c for k, c in counts.items()) / float(sum(counts.values()))),
+            **{f"staleness_hist/{k}": int(counts.get(k, 0)) for k in range(top + 1)}}
+
+
 def staleness_record(trained: list, step: int) -> dict:
     """`staleness_max` and `staleness_mean` (per token) of the agent tokens of the `trained` rollouts, trained
     by version `step`, and `staleness_hist/<k>`, the number of those tokens at staleness k, for k = 0 .. max (the
     metrics logger writes them to TensorBoard as one histogram); {} when none carries a version (a scripted stage's
-    hand-made segments)."""
-    lags, weights = [], []
-    for s in agent_segments(trained):
-        if s.version is not None and s.tokens:
-            lags.append(step - int(s.version))
-            weights.append(len(s.tokens))
-    if not lags:
-        return {}
-    lags_a = np.asarray(lags, dtype=np.int64)
-    return {"staleness_max": int(lags_a.max()),
-            "staleness_mean": float(np.dot(lags_a, weights) / float(sum(weights))),
-            **{f"staleness_hist/{k}": int(c) for k, c in enumerate(np.bincount(lags_a, weights=weights))}}
+    hand-made segments). One process's rollouts; the learner sums `staleness_counts` over the processes."""
+    return staleness_summary(staleness_counts(trained, step))

@@ -92,7 +92,9 @@ def layout_of(rollout, mesh=None) -> dict | None:
 
 # ------------------------------------------------------------------------------------------ the rollout pool
 # `rollout.devices` = N > 0 (config/rl.py): each process's last N devices sample (the policy and the in-process
-# frozen models), the training mesh holds the rest; the two run their programs at the same time (async_rollouts.py).
+# frozen models), the training mesh holds the rest -- on several processes every process's other devices; the two
+# run their programs at the same time (async_rollouts.py). Each process samples its share of the tasks on its own
+# pool (`pool_mesh`) and copies the weights into it from its own training devices (`_to_pool`).
 def pool_size(rollout) -> int:
     """`rollout.devices` of a rollout section (config/rl.py RolloutSection): the devices per process of the rollout
     pool (0: none, also for a `rollout.mesh` text, no section or another object with the layout fields)."""
@@ -144,7 +146,10 @@ def _to_pool(config, params, mesh: Mesh, rollout, engine: bool = False):
     """The training parameters copied into the rollout pool, device to device: first laid out on the training
     devices as the pool lays them out (a weight sync to replicas x the pool's tensor split, inference/
     weight_sync.py), so every shard the pool needs exists whole on some training device; then each shard copied
-    to the pool devices that hold it (jax.device_put between two shardings of the same shards: no host copy)."""
+    to the pool devices that hold it (jax.device_put between two shardings of the same shards: no host copy).
+    Several processes: the weight sync is a program over every process's training devices (every process calls
+    it) that leaves on each process's own training devices the copy its pool needs, each shard then copied within
+    the process; nothing is gathered on a host."""
     pool = pool_mesh(rollout, mesh)
     staged = _weight_sync(config, mesh, (("replica", -1), ("tensor", dict(pool.shape)["tensor"])), engine)(params)
     return models.shard_params(config, staged, pool)

@@ -373,6 +373,18 @@ def global_minibatch_order(kept: list[list]) -> list[list]:
     return [mine.get(gid, []) for gid in distributed.global_groups(list(mine))]
 
 
+def staleness_of(trained: list, step: int) -> dict:
+    """The step record's staleness metrics (async_rollouts.staleness_summary) over the trained tokens of EVERY
+    process: each process counts its own groups' tokens per staleness, the counts are summed."""
+    counts = async_rollouts.staleness_counts(trained, step)
+    if jax.process_count() > 1:
+        summed: dict[int, int] = {}
+        for k, c in distributed.gather_list(sorted(counts.items())):
+            summed[int(k)] = summed.get(int(k), 0) + int(c)
+        counts = summed
+    return async_rollouts.staleness_summary(counts)
+
+
 # ------------------------------------------------------------------------------------------ the loop
 @dataclasses.dataclass
 class RLResult:
@@ -615,13 +627,6 @@ class RLLearner:
         self.lagged.update(run_.ckpt.restore_lagged(step, abstract, need))
         return need[0] if need else None
 
-    def check_async(self) -> None:
-        """What rl.max_staleness > 0 does not support yet (async_rollouts.py): several processes."""
-        n = self.cfg.rl.max_staleness
-        if n and jax.process_count() > 1:
-            raise ConfigError(f"config key 'rl.max_staleness': {n} needs one process (asynchronous rollouts on "
-                              "several processes are not supported yet); use 0")
-
     def learn(self, got: Produced, ladder) -> tuple[list, list[list], dict, dict, list]:
         """One step's rollouts -> its updates: groups filtered and prepared (on_rollouts sees them), advantages per
         mini-batch, `ppo_updates` (taking turns on the devices with the rollouts when they run beside it). Returns
@@ -790,8 +795,12 @@ class RLLearner:
         lagged = self.lagged_to_save(step)
         if self.cfg.rl.max_staleness:
             data["lagged_versions"] = sorted(lagged)
-        self.run_state.save(step, self.run_state.state,
-                            {"sampler": sampler_state, "next_rollout_id": next_rid, **data}, lagged=lagged)
+        # several processes with rollouts beside the loop: the checkpointer's barriers are programs over every
+        # device (orbax's sync_global_devices), so they take turns with the sampler's (async_rollouts.DEVICE_LOCK)
+        beside = self.cfg.rl.max_staleness and jax.process_count() > 1
+        with DEVICE_LOCK if beside else contextlib.nullcontext():
+            self.run_state.save(step, self.run_state.state,
+                                {"sampler": sampler_state, "next_rollout_id": next_rid, **data}, lagged=lagged)
 
     def run(self) -> RLResult:
         self.read_inputs()
@@ -805,11 +814,6 @@ class RLLearner:
         start = run_.start
         if run_.nothing_to_do():
             return RLResult(self.workdir, start, start, {}, False, run_.latest)
-        try:
-            self.check_async()
-        except ConfigError:
-            run_.ckpt.close()
-            raise
 
         r = cfg.rollout
         P = jax.process_count()
@@ -884,7 +888,7 @@ class RLLearner:
                 rec.update(compilation_record(run_.step_fn, compiled))  # programs compiled so far, by kind
                 rec.update(meter.record())  # the step's rollouts on the engines (rollout.engine): engine/*
                 rec.update(vllm_sync_record(built))  # rollout.generator=vllm: the step's weight sync
-                rec.update(async_rollouts.staleness_record([t for g in kept for t in g], step - 1))
+                rec.update(staleness_of([t for g in kept for t in g], step - 1))
                 validating = bool(cfg.validation.every and step % cfg.validation.every == 0 and self.has_validation())
                 if validating:
                     self.publish_due(policy)  # validation samples with the newest weights
