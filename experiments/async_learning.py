@@ -11,7 +11,8 @@ in the synchronous arm behaviour and proximal policy are the same weights, so it
 `rl.max_staleness`; the asynchronous arms use the fixed lag (`rl.async_deterministic=true`): every token of step s
 is sampled by version s - 1 - N (once the run is N steps in), staleness exactly N, the bound's worst case, and a
 run's result does not depend on the machine's timing. `--no-correction` runs the arms with Eq 6 as is
-(`rl.old_logprobs=rollout`, no cap) instead.
+(`rl.old_logprobs=rollout`, no cap) instead; `--arms 2` runs only that arm (the table compares with the arm 0 runs
+of the same objective in OUT, if any).
 
 Per run: the first step whose `reward_mean` (the step's mean dialogue score over its 32 dialogues, no smoothing)
 is >= the threshold; a run that never reaches it by --max-steps is censored and counts as max_steps + 1. A run
@@ -172,6 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=40, help="RL steps before a run counts as censored")
     p.add_argument("--threshold", type=float, default=0.8, help="the step mean reward to reach")
     p.add_argument("--no-correction", action="store_true", help="Eq 6 as is instead of the decoupled objective")
+    p.add_argument("--arms", type=int, nargs="+", default=list(ARMS), choices=ARMS, help="the max_staleness arms to run")
     p.add_argument("--table", action="store_true", help="only print the table of OUT/runs.jsonl")
     args = p.parse_args(argv)
     if args.max_steps < 1:
@@ -190,7 +192,7 @@ def main(argv=None) -> int:
         tok = load_tokenizer("tiny")
         done = {(r["arm"], r["seed"]) for r in results}
         for seed in args.seeds:  # seeds outermost: a partial study has every arm at about the same seeds
-            for arm in ARMS:
+            for arm in args.arms:
                 if (arm, seed) in done:
                     continue
                 r = run_one(arm, seed, args.max_steps, args.threshold, correction, args.out, tok)
