@@ -12,7 +12,9 @@ in the synchronous arm behaviour and proximal policy are the same weights, so it
 is sampled by version s - 1 - N (once the run is N steps in), staleness exactly N, the bound's worst case, and a
 run's result does not depend on the machine's timing. `--no-correction` runs the arms with Eq 6 as is
 (`rl.old_logprobs=rollout`, no cap) instead; `--arms 2` runs only that arm (the table compares with the arm 0 runs
-of the same objective in OUT, if any).
+of the same objective in OUT, if any); `--in-flight` runs the asynchronous arms with the default schedule
+(`rl.async_deterministic=false`: new weights reach the rollouts as soon as an update ends, so staleness is at
+most N and depends on timing).
 
 Per run: the first step whose `reward_mean` (the step's mean dialogue score over its 32 dialogues, no smoothing)
 is >= the threshold; a run that never reaches it by --max-steps is censored and counts as max_steps + 1. A run
@@ -128,22 +130,24 @@ def table(results: list[dict], max_steps: int, threshold: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------ runs
-def overrides(arm: int, seed: int, max_steps: int, correction: bool) -> list[str]:
+def overrides(arm: int, seed: int, max_steps: int, correction: bool, in_flight: bool = False) -> list[str]:
     sets = [f"train.steps={max_steps}", f"train.seed={seed}", f"rl.max_staleness={arm}", "train.progress_bar=false",
             "train.tensorboard=false", "train.log_every=1000", "checkpoint.every=1000", "checkpoint.async_save=false"]
     if correction:
         sets += ["rl.old_logprobs=recompute", f"rl.behavior_is_cap={IS_CAP}"]
-    if arm:
+    if arm and not in_flight:
         sets.append("rl.async_deterministic=true")
     return sets
 
 
-def run_one(arm: int, seed: int, max_steps: int, threshold: float, correction: bool, out: str, tok) -> dict:
+def run_one(arm: int, seed: int, max_steps: int, threshold: float, correction: bool, in_flight: bool, out: str,
+            tok) -> dict:
     """One training run, stopped at the first step whose mean dialogue score reaches `threshold`."""
     from mimesis_jax.algorithms import grpo
     from mimesis_jax.train.rl import agent as rl_loop
 
-    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl.py"), overrides(arm, seed, max_steps, correction))
+    sets = overrides(arm, seed, max_steps, correction, in_flight)
+    cfg = rl_loop.load(os.path.join(ROOT, "configs", "tiny_agentrl.py"), sets)
     wd = os.path.join(out, "work", f"staleness{arm}_seed{seed}")
     shutil.rmtree(wd, ignore_errors=True)  # never resume an earlier run's checkpoint
 
@@ -163,7 +167,8 @@ def run_one(arm: int, seed: int, max_steps: int, threshold: float, correction: b
     stale = [float(res.metrics[s].get("staleness_max", 0.0)) for s in sorted(res.metrics)]
     shutil.rmtree(wd, ignore_errors=True)
     return {"arm": arm, "seed": seed, "steps": steps, "reached": reached, "curve": curve,
-            "staleness_max": max(stale), "wall_s": round(time.perf_counter() - t0, 1), "correction": correction}
+            "staleness_max": max(stale), "wall_s": round(time.perf_counter() - t0, 1), "correction": correction,
+            "schedule": "in-flight" if in_flight and arm else "fixed"}
 
 
 def main(argv=None) -> int:
@@ -173,6 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=40, help="RL steps before a run counts as censored")
     p.add_argument("--threshold", type=float, default=0.8, help="the step mean reward to reach")
     p.add_argument("--no-correction", action="store_true", help="Eq 6 as is instead of the decoupled objective")
+    p.add_argument("--in-flight", action="store_true",
+                   help="the asynchronous arms with the default in-flight schedule instead of the fixed lag")
     p.add_argument("--arms", type=int, nargs="+", default=list(ARMS), choices=ARMS, help="the max_staleness arms to run")
     p.add_argument("--table", action="store_true", help="only print the table of OUT/runs.jsonl")
     args = p.parse_args(argv)
@@ -185,7 +192,9 @@ def main(argv=None) -> int:
         with open(path) as f:
             results = [json.loads(line) for line in f if line.strip()]
     correction = not args.no_correction
-    results = [r for r in results if r["correction"] == correction]
+    schedule = "in-flight" if args.in_flight else "fixed"
+    # the synchronous arm has no schedule: its runs serve both
+    results = [r for r in results if r["correction"] == correction and (r["arm"] == 0 or r["schedule"] == schedule)]
     if not args.table:
         from mimesis_jax.data.tokenizer import load_tokenizer
 
@@ -195,14 +204,15 @@ def main(argv=None) -> int:
             for arm in args.arms:
                 if (arm, seed) in done:
                     continue
-                r = run_one(arm, seed, args.max_steps, args.threshold, correction, args.out, tok)
+                r = run_one(arm, seed, args.max_steps, args.threshold, correction, args.in_flight, args.out, tok)
                 results.append(r)
                 with open(path, "a") as f:
                     f.write(json.dumps(r) + "\n")
                 print(f"max_staleness {arm} seed {seed}: {r['steps']}{'' if r['reached'] else '+'} steps "
                       f"(staleness_max {r['staleness_max']:.0f}, {r['wall_s']:.0f} s)", flush=True)
     results = [r for r in results if r["seed"] in args.seeds]
-    print(f"steps to a step mean reward >= {args.threshold} (decoupled objective: {correction}; '+': censored)")
+    print(f"steps to a step mean reward >= {args.threshold} (decoupled objective: {correction}, {schedule} "
+          "schedule; '+': censored)")
     print(table(results, args.max_steps, args.threshold))
     return 0
 
