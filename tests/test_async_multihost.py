@@ -11,6 +11,10 @@ versions in each process's rollouts), and both processes compute the same record
 runs beside the rollouts. Both runs log staleness 0 at step 1 and exactly 1 after it, and the same records:
 the pool changes where programs run, not what they compute (fp32-summation tolerance: the update's batch is split
 4 ways instead of 8), except the padding and the timings. One process pair runs both, one after the other.
+
+Both run with early updates (rl.async_early_updates, the default): each process rolls its own share of every part
+(task i on process i % 2, one group each per step here) and each mini-batch's update runs once both have their
+share: one update per mini-batch on each process.
 """
 
 import json
@@ -23,6 +27,7 @@ from helpers import run_two_processes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
 POOL = 2  # rollout.devices: each process's last 2 of its 4 devices sample
+UPDATES = 2  # updates per step: 2 prompts, one per mini-batch (tests/helpers.py tiny_grpo_config)
 
 # a process of the pair: the tiny GRPO loop (tests/helpers.py run_tiny_grpo) with argv[3] = [workdir, steps, sets],
 # spies on the update's parameters, the sampler's parameters and mesh and the weight copies into the pool (device
@@ -72,13 +77,14 @@ for workdir, sets in runs:  # one run after the other in this process pair
     res, trained = run_tiny_grpo(workdir, steps, *sets)
     # this process's agent tokens per version, per step (every dialogue is kept in these runs: invalid 0, skipped 0)
     tokens = {str(step): {} for step in trained}
+    groups = {str(step): sorted({t.group_id for t in trajs}) for step, trajs in trained.items()}
     for step, trajs in trained.items():
         for t in trajs:
             for s in t.segments:
                 if s.kind == "agent" and s.tokens:
                     tokens[str(step)][str(s.version)] = tokens[str(step)].get(str(s.version), 0) + len(s.tokens)
     out.append({"metrics": {str(k): v for k, v in res.metrics.items()}, "seen": json.loads(json.dumps(seen)),
-                "tokens": tokens, "local": [d.id for d in jax.local_devices()]})
+                "tokens": tokens, "groups": groups, "local": [d.id for d in jax.local_devices()]})
 with open(sys.argv[4], "w") as f:
     json.dump(out, f)
 """
@@ -109,14 +115,22 @@ def runs(tmp_path_factory):
 
 def test_two_processes_train_on_their_first_devices_and_sample_on_their_pool(runs):
     pooled = runs[POOL]
-    for got in pooled:
+    for p, got in enumerate(pooled):
         local = got["local"]
         train, pool = sorted(local[:-POOL]), sorted(local[-POOL:])
-        assert len(got["seen"]["update"]) == STEPS and len(got["seen"]["sample"]) >= STEPS
+        # early updates (rl.async_early_updates, on by default): one update per mini-batch, each as soon as every
+        # process has its share of the mini-batch's groups; each process samples its own share of every step (task
+        # i on process i % 2: here one group each) on its own pool, whatever part the task is rolled in
+        assert len(got["seen"]["update"]) == STEPS * UPDATES and len(got["seen"]["sample"]) >= STEPS
         assert all(before == after == train and not locked for before, after, locked in got["seen"]["update"])
         assert all(params == mesh == pool for params, mesh in got["seen"]["sample"])
-        # the first weights and each step's: copied from this process's training devices into its pool, equal
-        assert len(got["seen"]["copies"]) == STEPS + 1
+        for step in range(1, STEPS + 1):
+            assert got["groups"][str(step)] == [(step - 1) * 2 + p]
+            assert sum(got["tokens"][str(step)].values()) > 0
+        # the first weights and each step's but the last: copied from this process's training devices into its
+        # pool, equal (under the fixed lag early updates defer each version until the steps it waits for have all
+        # their parts, learner.publish_due; the last step's version is not published, no step samples it)
+        assert len(got["seen"]["copies"]) == STEPS
         assert all(equal and to == pool and src == train for equal, to, src in got["seen"]["copies"])
         for step in range(1, STEPS + 1):
             rec = got["metrics"][str(step)]
@@ -138,6 +152,9 @@ def test_a_pool_on_two_processes_changes_where_programs_run_not_what_they_comput
         for k in _untimed(a):  # compilations: the second run finds some programs compiled in the same process
             if not k.startswith("pad/"):
                 assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (step, k)
-    for got in shared:  # shared devices: the updates hold the device lock, the samples run on every local device
+    for p, got in enumerate(shared):  # shared devices: the updates hold the device lock, the samples run on every
+        # local device; early updates there too: each process samples its own group of every step
+        assert len(got["seen"]["update"]) == STEPS * UPDATES and len(got["seen"]["sample"]) >= STEPS
+        assert all(got["groups"][str(step)] == [(step - 1) * 2 + p] for step in range(1, STEPS + 1))
         assert all(locked for _, _, locked in got["seen"]["update"])
         assert all(mesh == sorted(got["local"]) for _, mesh in got["seen"]["sample"])

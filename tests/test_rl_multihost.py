@@ -221,3 +221,18 @@ def test_two_process_agent_rl_equals_one_process_and_resumes_after_a_kill(tmp_pa
         assert gap <= tol, (path, gap, tol)
     print(f"2 processes vs 1: largest gap {worst:.2f} of its tolerance; step losses "
           f"{[(got[s]['loss'], ref.metrics[s]['loss']) for s in (1, 2)]}")
+
+
+@pytest.mark.parametrize("processes,m", [(2, 1), (3, 2)])
+def test_a_step_cut_into_parts_is_shared_as_one_batch(monkeypatch, processes, m):
+    """rl.async_early_updates rolls a step's 5 tasks in parts of m (learner.step_rollouts), each part's share taken
+    from its first task's place in the step: task i still runs on process i % P, so every process rolls its own
+    tasks of every part (before, each part was shared from 0 and process 0 rolled every part's first task)."""
+    from mimesis_jax.train.rl import distributed
+
+    n = 5
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    for p in range(processes):
+        monkeypatch.setattr(jax, "process_index", lambda p=p: p)
+        in_parts = [i + k for i in range(0, n, m) for k in distributed.process_share(len(range(i, min(n, i + m))), i)]
+        assert in_parts == [i for i in range(n) if i % processes == p] == distributed.process_share(n)

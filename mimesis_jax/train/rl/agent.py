@@ -198,10 +198,12 @@ class AgentWorld(World):
     def rollouts(self, model, items, *, group_size, temperature, seed, first_group, first_rid, label,
                  travel_variant=None):
         """The episodes of this process's share of the tasks `items` (task i: group first_group + i, rollout ids
-        first_rid + i * group_size + k); travel_variant: TravelGym's reward (default rollout.travel_reward_variant)."""
+        first_rid + i * group_size + k; the share by the tasks' places in their step, first_group %
+        rollout.prompts_per_step + i, so a step rolled in parts shares its tasks as one batch does); travel_variant:
+        TravelGym's reward (default rollout.travel_reward_variant)."""
         variant = self.cfg.rollout.travel_reward_variant if travel_variant is None else travel_variant
         side = self.learner.cluster.side
-        eps = [e for i in distributed.process_share(len(items))
+        eps = [e for i in distributed.process_share(len(items), first_group % self.cfg.rollout.prompts_per_step)
                for e in episode_tasks([items[i]], group_size=group_size, first_group=first_group + i,
                                       first_rollout_id=first_rid + i * group_size, seed=seed, user=side.gym_user,
                                       judge=side.judge, gym_options={"TravelGym": {"reward_variant": variant}})]

@@ -74,7 +74,8 @@ bound holds, exactness is not promised. A checkpoint without the versions (writt
 resumes with the generator at version s, a new schedule from there (said in the log).
 
 Several processes (jax.distributed). Each process runs its own producer over its share of each step's tasks
-(distributed.process_share), on its own devices: with a pool its last D devices, the training mesh spanning every
+(distributed.process_share; in parts, its share of each part: task i of the step on process i % P whatever part
+rolls it, a part with none of its tasks delivered empty), on its own devices: with a pool its last D devices, the training mesh spanning every
 process's others; the weight copy after each update is the one above, the first part (the weight sync) a program
 over every process's training devices, the second each process's own shard copies into its own pool, so no host
 sees a weight. Everything that spans processes stays in the loop's thread, in the same order on every process:

@@ -50,13 +50,15 @@ def primary_log(log):
     return log if is_primary() else (lambda *a, **k: None)
 
 
-def process_share(n: int) -> list[int]:
-    """The GLOBAL indices of a step's n tasks that this process runs: i with i % process_count == process_index.
-    Whole GRPO groups stay on their process (every rollout of task i runs there), so group statistics (Eq 4-5
-    advantages, FoldGRPO's unique-rollout counts) are exact locally; interleaving spreads the consecutive groups
-    of each PPO mini-batch over the processes."""
+def process_share(n: int, first: int = 0) -> list[int]:
+    """The indices k < n of n consecutive tasks of a step, from its task `first` on (a part of the step rolled on
+    its own, rl.async_early_updates: its first task's place in the step), that this process runs: task first + k of
+    the step runs on process (first + k) % process_count, whatever part it is rolled in. Whole GRPO groups stay on
+    their process (every rollout of a task runs there), so group statistics (Eq 4-5 advantages, FoldGRPO's
+    unique-rollout counts) are exact locally; interleaving spreads the consecutive groups of each PPO mini-batch
+    over the processes."""
     p, i = jax.process_count(), jax.process_index()
-    return [k for k in range(n) if k % p == i]
+    return [k for k in range(n) if (first + k) % p == i]
 
 
 def process_max_batch(max_batch: int) -> int:

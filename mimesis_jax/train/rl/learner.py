@@ -656,9 +656,8 @@ class RLLearner:
 
     def early_updates(self) -> bool:
         """Whether a step's updates start before all its dialogues end (rl.max_staleness > 0 and
-        rl.async_early_updates: `learn_parts`), on one process: on several the parts are not yet split by process
-        (each process's share of a part), so a step's updates there wait for all its dialogues."""
-        return bool(self.cfg.rl.max_staleness) and self.cfg.rl.async_early_updates and jax.process_count() == 1
+        rl.async_early_updates: `learn_parts`)."""
+        return bool(self.cfg.rl.max_staleness) and self.cfg.rl.async_early_updates
 
     def take_step(self, step: int, ladder, policy) -> tuple[Produced, tuple, float]:
         """Step `step`'s rollouts and updates (`learn`, or `learn_parts` in parts): (its Produced, what `learn`

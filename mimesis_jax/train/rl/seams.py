@@ -75,9 +75,10 @@ class World(Piece):
 
     def rollouts(self, model, items: list, *, group_size: int, temperature: float, seed: int, first_group: int,
                  first_rid: int, label: str) -> list:
-        """The rollouts of this process's share of `items` (distributed.process_share) with the policy `model` (a
-        ChatModel): item i is group first_group + i with rollout ids first_rid + i * group_size + k, whatever
-        process runs it."""
+        """The rollouts of this process's share of `items` (distributed.process_share by the items' places in
+        their step, first_group % rollout.prompts_per_step + i: a step rolled in parts, rl.async_early_updates,
+        shares its tasks as one batch does) with the policy `model` (a ChatModel): item i is group first_group + i
+        with rollout ids first_rid + i * group_size + k, whatever process runs it."""
         raise NotImplementedError
 
     def filter_groups(self, outs: list) -> tuple[list[list], dict]:

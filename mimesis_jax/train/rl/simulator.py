@@ -162,7 +162,7 @@ class SimWorld(World):
         sides = self.learner.cluster.sides
         tasks = []
         place = first_group % r.prompts_per_step
-        for p in distributed.process_share(len(items)):
+        for p in distributed.process_share(len(items), place):  # by place too: a part shares as one batch does
             d, i = items[p]
             env_seed = int(np.random.SeedSequence([seed, place + p]).generate_state(1)[0])
             for k in range(group_size):
