@@ -363,7 +363,11 @@ def test_rehearse_simrl_9b(tmp_path):
     # one period of the layer pattern, fp32, the CPU init's cheap compile; the static sampler, then the rollout
     # engine, two steps each: also issue #43 item 4's engine check at the Stage I.3 paper mesh (one rehearsal for
     # both instead of a second engine-only run in tests/test_rehearse_engine.py)
-    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32, *STATIC)
+    # 32-token KV pages: the engine precompiles its prefill and decode programs for every page-table width up to a
+    # dialogue's 1,024 tokens (EngineConfig.precompile), 3 widths (8, 16, 32) instead of 16-token pages' 5 (8, 16,
+    # 32, 48, 64) on the 16 devices; the mesh, the batch and group, the row == context budget are the config's
+    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32, *STATIC,
+                                  "--set", "rollout.engine_page_size=32")
     assert (off["engine"], on["engine"]) == (False, True)
     paper = load_run_config(SIM).rollout
     for rep in (off, on):
