@@ -1,8 +1,11 @@
 """Stage II end to end (train/rl/agent.py) on the tiny configs and the toy gym: metrics, invalid episodes
 excluded and counted, single-survivor groups skipped, resume == uninterrupted, the agentrl command's SIGTERM,
 checkpoint and validation, context budgets. The step-level references (Eq 6 off-policy mini-batches, Eq 10 CSD
-gradient, alpha = 0) are in tests/test_agent_rl_references.py: they compile small steps rather than run a loop, so
-they compile at XLA's fast level, which this module's loop runs would pay for in run time."""
+gradient, alpha = 0) are in tests/test_agent_rl_references.py. Both modules compile at XLA's fast level
+(tests/conftest.py): the tiny loops here cost their compiles, not their runs (measured with and without the
+`optimized` mark); the agentrl command's subprocess gets the same setting and one CPU device, as a user runs
+it (tests/helpers.py subprocess_env; the sharded checkpoint's resume is
+test_resume_reproduces_the_uninterrupted_run's)."""
 
 import dataclasses
 import os
@@ -10,13 +13,12 @@ import os
 import numpy as np
 import pytest
 
+from helpers import subprocess_env
 from mimesis_jax.envs.toy import ToyCoach, ToyUser
 from mimesis_jax.inference import sampler
 from mimesis_jax.chat.base import ChatResponse, SimulatorAsResponder
 from mimesis_jax.train.rl import agent as L
 from mimesis_jax.train.rl.learner import BUSY_KEYS, COMPILATION_KEYS
-
-pytestmark = pytest.mark.optimized  # its cost is running RL steps, which unoptimized code makes dearer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("rollout_s", "coach_s", "train_s", "rollout_tokens_per_s",
@@ -154,7 +156,7 @@ def test_agentrl_command_sigterm_checkpoint_resume_and_validation(tmp_path):
            "--workdir", str(wd), "--set", "train.steps=1000", "checkpoint.every=1000", "train.progress_bar=false",
            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.mini_batch_prompts=2",
            "rollout.agent_max_tokens=8", "validation.every=1", "validation.sources=('toy:3',)"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    env = subprocess_env(PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = wd / "metrics.jsonl"
     deadline = time.time() + 400

@@ -1,9 +1,8 @@
 """Stage II's step-level references, against formulas written here: the second PPO mini-batch is off-policy and
 its loss is a per-token Eq 5-6 reference (ratios and clipping after the first update); the CSD gradient is alpha
 times an independently written Eq 10 (the teacher is the same model on the naive teacher sequence); coach notes
-never reach the student when alpha = 0. Unlike tests/test_agent_rl_loop.py these compile small steps and run them
-once, so they compile at XLA's fast level (tests/conftest.py); they pass at the same bounds fully optimized
-(MIMESIS_TEST_XLA_OPT=full)."""
+never reach the student when alpha = 0. These compile small steps and run them once, so they compile at XLA's fast
+level (tests/conftest.py); they pass at the same bounds fully optimized (MIMESIS_TEST_XLA_OPT=full)."""
 
 import dataclasses
 

@@ -92,7 +92,7 @@ def test_agent_csd_keeps_the_paper_structure():
     # 9,344 = 1,152 + 8,192 tokens, each / 16: the row is the context, the context the prompt + the response
     assert r.row_len == r.max_context_tokens == 584 == g.max_prompt_tokens + 512 and g.max_prompt_tokens == 72
     assert (r.agent_max_tokens, u.coach_max_tokens, u.simulator_max_tokens) == (128, 16, 64)
-    # --tokens 32 (the slow test's): the prompt budget stays at the toy prompts' 72 (1,152 / 32 = 36 would drop
+    # --tokens 32: the prompt budget stays at the toy prompts' 72 (1,152 / 32 = 36 would drop
     # them all), the context and the row grow by the 36 tokens: 72 + 8,192 / 32 = 328, still equal
     t32 = narrow_config(paper, tokens=32)
     r32, u32 = t32.rollout, t32.users
@@ -334,12 +334,13 @@ def test_off_programs_flags_a_plan_off_its_compiled_bytes():
 
 @pytest.mark.slow
 def test_rehearse_agent_csd(tmp_path):
-    # --tokens 32: half the tokens of the default 16 (row == context == 328, 64-token agent turns), the 16 turns
-    # kept; with fp32 (and the CPU init's cheap compile) 107.5 -> 55.6 CPU s (-n 0, 2 shared cores)
-    (rep,), stdout = _rehearse(tmp_path, AGENT, "--tokens", "32", *FP32, *STATIC)
+    # --tokens 64, as tests/test_rehearse_engine.py's engine run: the row and the context are 72 + 8,192 / 64 = 200
+    # tokens (32-token agent turns), the 16 turns kept; the update ladder is the engine run's, so in one test run
+    # (one persistent XLA cache, tests/conftest.py) whichever rehearsal comes second loads its update programs
+    (rep,), stdout = _rehearse(tmp_path, AGENT, "--tokens", "64", *FP32, *STATIC)
     assert rep["num_devices"] == 16 and rep["mesh"] == {"data": 1, "fsdp": 8, "tensor": 2}
     assert (rep["group_size"], rep["max_turns"], rep["updates_per_step"], rep["csd"]) == (8, 16, 8, True)
-    assert rep["row_len"] == rep["max_context_tokens"] == 328 and rep["dtype"] == "float32"
+    assert rep["row_len"] == rep["max_context_tokens"] == 200 and rep["dtype"] == "float32"
     assert rep["model"]["layer_types"] == ["full_attention"] * 2
     # the update compiled once per ladder program it met, and each of those is one the plan lists
     updates = [p for p in rep["programs"] if p["program"] == "rl_update"]
@@ -348,7 +349,7 @@ def test_rehearse_agent_csd(tmp_path):
     assert all(list(p["shape"].values()) in plan for p in updates)
     sampler = [p for p in rep["programs"] if p["program"] == "sampler"]
     assert len(sampler) == rep["compilations"]["sampler"] >= 1
-    assert max(p["shape"]["batch"] for p in sampler) == 16 and {p["shape"]["new_tokens"] for p in sampler} == {64}
+    assert max(p["shape"]["batch"] for p in sampler) == 16 and {p["shape"]["new_tokens"] for p in sampler} == {32}
     _check_programs(rep, stdout)
     _check_steps(rep, stdout)
     (step,) = rep["steps"]
@@ -362,7 +363,11 @@ def test_rehearse_simrl_9b(tmp_path):
     # one period of the layer pattern, fp32, the CPU init's cheap compile; the static sampler, then the rollout
     # engine, two steps each: also issue #43 item 4's engine check at the Stage I.3 paper mesh (one rehearsal for
     # both instead of a second engine-only run in tests/test_rehearse_engine.py)
-    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32, *STATIC)
+    # 32-token KV pages: the engine precompiles its prefill and decode programs for every page-table width up to a
+    # dialogue's 1,024 tokens (EngineConfig.precompile), 3 widths (8, 16, 32) instead of 16-token pages' 5 (8, 16,
+    # 32, 48, 64) on the 16 devices; the mesh, the batch and group, the row == context budget are the config's
+    (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32, *STATIC,
+                                  "--set", "rollout.engine_page_size=32")
     assert (off["engine"], on["engine"]) == (False, True)
     paper = load_run_config(SIM).rollout
     for rep in (off, on):

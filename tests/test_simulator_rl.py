@@ -25,9 +25,6 @@ from mimesis_jax.data.trajectory import Segment, Trajectory
 from mimesis_jax.train.rl import simulator as S
 from mimesis_jax.train.rl.learner import BUSY_KEYS, COMPILATION_KEYS
 
-# its cost is running 2,048-token RL steps, which unoptimized code makes dearer
-pytestmark = pytest.mark.optimized
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_simrl.py")
 TIMING = ("rollout_s", "train_s", "rollout_tokens_per_s",

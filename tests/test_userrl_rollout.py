@@ -19,8 +19,6 @@ from mimesis_jax.chat.local import LocalChatModel
 from mimesis_jax.episodes.agent import EpisodeConfig, run_episodes
 from mimesis_jax.chat.specs import tiny_model
 
-pytestmark = pytest.mark.optimized  # its cost is running rollouts, which unoptimized code makes dearer
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
