@@ -215,7 +215,8 @@ def test_synchronous_timeline_counts_every_span(synchronous):
 def test_asynchronous_rollouts_overlap_an_update(tmp_path):
     res, _ = _run(tmp_path, "train.timeline=true", "rl.max_staleness=1")
     trace = _load(tmp_path)
-    steps = [e for e in _on(trace, "rollouts") if e["name"] == "rollouts"]
+    # up to max_staleness + 1 steps in flight, step j's rollouts on the track of its slot j % 2
+    steps = [e for track in ("rollouts", "rollouts 2") for e in _on(trace, track) if e["name"] == "rollouts"]
     updates = [e for e in _on(trace, "trainer") if e["name"] == "update"]
     assert sorted(e["args"]["step"] for e in steps) == [1, 2] and len(updates) == STEPS * PROMPTS
     assert any(_overlap(r, u) for r in steps for u in updates)  # step 2's rollouts run beside step 1's update
