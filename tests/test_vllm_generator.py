@@ -32,6 +32,17 @@ SCORE_LEN = 64  # every scored row is padded to this length: one scoring program
 TOL = 1e-4  # fp32 on both sides; different kernels and summation orders
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_omp_thread():
+    """The vLLM children this module starts (they inherit the environment) run torch on one OpenMP thread: the
+    tiny models' kernels are too small to split, and on the test machine's few cores, shared with the other test
+    workers, a second thread only spin-waits between them. What the tests check (tokens under a seed, log-probs
+    within TOL of this project's scoring, syncs, versions) does not depend on the thread count."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        yield
+
+
 def _has_vllm() -> bool:
     if not os.access(PYTHON, os.X_OK):
         return False
