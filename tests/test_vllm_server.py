@@ -80,9 +80,12 @@ def served(tmp_path_factory):
     save_hf_tokenizer(tok, model_dir, source="tiny")
     (root / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     port = _free_port()
+    # --enforce-eager: vLLM runs the model's torch ops as they are instead of tracing it with dynamo and compiling
+    # it with inductor at start-up (its CPU default); the replies checked here are the same ops' results, and with
+    # the KV cache's size given vLLM then skips its warm-up passes too
     cmd = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", "tiny",
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
-           "--kv-cache-memory-bytes", str(64 << 20), "--max-num-seqs", "8",
+           "--kv-cache-memory-bytes", str(64 << 20), "--max-num-seqs", "8", "--enforce-eager",
            "--chat-template", str(root / "chat_template.jinja")]
     log_path = root / "server.log"
     with open(log_path, "w") as log:

@@ -53,8 +53,13 @@ def _cpu_args(model_dir: str, max_model_len: int) -> dict:
 
 
 def _engine(settings: dict):
+    import gc
+
     from vllm import LLM
 
+    # vLLM's start calls gc.collect() several times (model load, memory accounting); the objects its imports made
+    # live as long as the process, so they go to the collector's permanent generation and those passes skip them
+    gc.freeze()
     args = dict(model=settings["model"], dtype=settings["dtype"], seed=int(settings.get("seed", 0)),
                 skip_tokenizer_init=True, max_model_len=int(settings["max_model_len"]),
                 logprobs_mode="processed_logprobs", max_num_seqs=int(settings.get("max_num_seqs", 16)),
