@@ -64,7 +64,9 @@ if [[ ${TINY:-0} == 1 ]]; then
   TOKENS="--prompt-tokens 40 --user-tokens 10 --note-tokens 6 --reply-tokens 12"
   ENGINE_ARGS="--tiny --repeats 1"
   MEMORY_TIMEOUT=${MEMORY_TIMEOUT:-300} SAMPLER_TIMEOUT=${SAMPLER_TIMEOUT:-240}
-  REH_WIDTH=${REH_WIDTH:-64} REH_REPEATS=${REH_REPEATS:-2} REH_TOKENS=${REH_TOKENS:-32}
+  # the rehearsal's token budgets / 64: a 200-token row and context (the toy prompts' 72 + 8,192 / 64), as
+  # tests/test_rehearse.py's CPU rehearsals; its update and sampler programs are measured as at / 32, on fewer tokens
+  REH_WIDTH=${REH_WIDTH:-64} REH_REPEATS=${REH_REPEATS:-2} REH_TOKENS=${REH_TOKENS:-64}
   SAMPLER_ARGS="--layers 2 --hidden 64 --vocab 4096 --batch 8 --prompt-len 16 --new-tokens 16 --rounds 2"
 else
   # sized from the step times of the H200 run in docs/benchmarks.md

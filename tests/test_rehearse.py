@@ -363,11 +363,14 @@ def test_rehearse_simrl_9b(tmp_path):
     # one period of the layer pattern, fp32, the CPU init's cheap compile; the static sampler, then the rollout
     # engine, two steps each: also issue #43 item 4's engine check at the Stage I.3 paper mesh (one rehearsal for
     # both instead of a second engine-only run in tests/test_rehearse_engine.py)
-    # 32-token KV pages: the engine precompiles its prefill and decode programs for every page-table width up to a
-    # dialogue's 1,024 tokens (EngineConfig.precompile), 3 widths (8, 16, 32) instead of 16-token pages' 5 (8, 16,
-    # 32, 48, 64) on the 16 devices; the mesh, the batch and group, the row == context budget are the config's
+    # 64-token KV pages: the engine precompiles its prefill and decode programs for every page-table width up to a
+    # dialogue's 1,024 tokens (EngineConfig.precompile), 2 widths (8, 16 pages: 9 engine programs) instead of
+    # 32-token pages' 3 (8, 16, 32: 13 programs) or 16-token pages' 5 (8, 16, 32, 48, 64) on the 16 devices -- still
+    # more than one width, so "step 2 compiles nothing" still needs the precompile of a width step 1 may not have
+    # met; prefix reuse is per token, not per page (inference/page_pool.py), so the checks below are unchanged.
+    # The mesh, the batch and group, the row == context budget are the config's
     (off, on), stdout = _rehearse(tmp_path, SIM, "--engine", "both", "--steps", "2", *FP32, *STATIC,
-                                  "--set", "rollout.engine_page_size=32")
+                                  "--set", "rollout.engine_page_size=64")
     assert (off["engine"], on["engine"]) == (False, True)
     paper = load_run_config(SIM).rollout
     for rep in (off, on):
