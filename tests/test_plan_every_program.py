@@ -9,8 +9,9 @@ import pytest
 
 from helpers import run_script as _run_script
 from mimesis_jax.plan import memory, workload
+from mimesis_jax.plan.budget import plan
 from mimesis_jax.plan.compiled import TOLERANCE, within
-from mimesis_jax.plan.devices import GiB
+from mimesis_jax.plan.devices import GiB, device_for
 
 F32 = ["train.dtype=float32"]
 # the paper RL configs sample through the rollout engine (issue #43 item 5); the static sampler, whose programs are
@@ -67,44 +68,63 @@ def test_every_ladder_program_matches_the_plan(configs):
 
 # the other paper configs' programs in bf16 (the dtype they train in), each split as test_plan_compiled.py splits
 # its bf16 programs: the largest update program, its old-log-prob scoring pass and its longest sampler rung (Stage II CSD, both simulators), the 9B SFT
-# and both mid-training train steps, and one process's sampler of 2; QUICK compile options
+# and both mid-training train steps, and one process's sampler of 2; QUICK compile options. A spec's programs:
+# "all", or "updates" (the update and scoring programs only), or "rollout" (one process's of 2)
 BF16_ALL_SCRIPT = r"""
 import json, sys
 from mimesis_jax.plan import workload
 from mimesis_jax.plan.compiled import QUICK, program_memory
 out = []
 for spec in sys.argv[1:]:
-    name, processes, *extra = spec.split(",")
+    name, programs, *extra = spec.split(",")
     cfg = workload.load_run_config("configs/" + name, extra)
     mesh = dict(cfg.mesh.axes())
-    if processes == "2":
+    if programs == "rollout":
         cfg, mesh = workload.process_config(cfg, 2), workload.process_mesh(mesh, 2)
-    for p in program_memory(cfg, mesh, "a100-80g", largest_only=True, updates=processes == "1", options=QUICK):
+    for p in program_memory(cfg, mesh, "a100-80g", largest_only=True, updates=programs != "rollout",
+                            sampler=programs != "updates", options=QUICK):
         out.append([spec, p.name, p.planned, p.compiled, p.copies, p.rest])
 print("RESULT " + json.dumps(out))
 """
 SCORED = "rl.old_logprobs=recompute"
 SAMPLER = ",".join(STATIC)  # the RL configs' static sampler
-BF16_ALL = {  # spec (config, processes, overrides): the programs it lists
-    f"qwen3_8b_agentrl.py:csd,1,{SAMPLER}": ["rl update 128x9344x9344x12800x9344",
-                                             "old log-probs 128x9344x9344x12800x9344", "sampler 256x7296+2048"],
-    f"mimesis_simrl.py:4b,1,{SCORED},{SAMPLER}": ["rl update 128x16384x16384x0x0",
-                                                  "old log-probs 128x16384x16384x0x0", "sampler 256x14336+2048"],
-    f"mimesis_simrl.py:9b,1,{SCORED},{SAMPLER}": ["rl update 128x16384x16384x0x0",
-                                                  "old log-probs 128x16384x16384x0x0", "sampler 256x14336+2048"],
-    "mimesis_sft.py:9b,1": ["train step"],
-    f"qwen3_8b_agentrl.py:grpo,2,{SAMPLER}": ["sampler 128x7296+2048"],
-    f"mimesis_simrl.py:4b,2,{SAMPLER}": ["sampler 128x14336+2048"],
-    f"mimesis_simrl.py:9b,2,{SAMPLER}": ["sampler 128x14336+2048"],
-    "mimesis_midtrain.py:4b,1": ["train step"],
-    "mimesis_midtrain.py:9b,1": ["train step"],
+BF16_ALL = {  # spec (config, programs, overrides): the programs it lists
+    # the CSD config's sampler is the Stage II GRPO config's program exactly (the same model, mesh and rollout
+    # shapes: test_csd_samples_with_the_stage_ii_sampler below), split and checked in bf16 by test_plan_compiled.py
+    # (test_bf16_programs_less_their_copies_match_the_plan, "qwen3_8b_agentrl.py:grpo sampler"); not compiled twice
+    f"qwen3_8b_agentrl.py:csd,updates,{SAMPLER}": ["rl update 128x9344x9344x12800x9344",
+                                                   "old log-probs 128x9344x9344x12800x9344"],
+    f"mimesis_simrl.py:4b,all,{SCORED},{SAMPLER}": ["rl update 128x16384x16384x0x0",
+                                                    "old log-probs 128x16384x16384x0x0", "sampler 256x14336+2048"],
+    f"mimesis_simrl.py:9b,all,{SCORED},{SAMPLER}": ["rl update 128x16384x16384x0x0",
+                                                    "old log-probs 128x16384x16384x0x0", "sampler 256x14336+2048"],
+    "mimesis_sft.py:9b,all": ["train step"],
+    f"qwen3_8b_agentrl.py:grpo,rollout,{SAMPLER}": ["sampler 128x7296+2048"],
+    f"mimesis_simrl.py:4b,rollout,{SAMPLER}": ["sampler 128x14336+2048"],
+    f"mimesis_simrl.py:9b,rollout,{SAMPLER}": ["sampler 128x14336+2048"],
+    "mimesis_midtrain.py:4b,all": ["train step"],
+    "mimesis_midtrain.py:9b,all": ["train step"],
 }
+
+
+def test_csd_samples_with_the_stage_ii_sampler():
+    """What lets the bf16 test below leave the CSD config's sampler to test_plan_compiled.py's Stage II one: the
+    static sampler program (plan/compiled.py `sampler_memory`) is a function of the workload's model, mesh and
+    rollout shapes, and those are the Stage II GRPO config's, as is the plan it is compared with."""
+    got = []
+    for name in ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd"):
+        cfg = workload.load_run_config("configs/" + name, STATIC)
+        w = workload.workload_from_config(cfg, dict(cfg.mesh.axes()), workload.runtime_model(cfg))
+        p = plan(w, device_for("a100-80g", w.num_devices))
+        got.append((w.model, w.mesh, w.rollout, w.sampler_prompts, p.rollout_peak - p.item("optimizer state")))
+    assert got[0] == got[1]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [16, 32])
 def test_every_other_paper_programs_bf16_rest_matches_the_plan(devices):
-    """bf16, every paper config beside the Stage II GRPO and 4B SFT programs of test_plan_compiled.py: each
+    """bf16, every paper config beside the Stage II GRPO and 4B SFT programs of test_plan_compiled.py (the CSD
+    config's sampler among the Stage II ones, test_csd_samples_with_the_stage_ii_sampler): each
     program compiled on the config's mesh (32 devices for mid-training; one process's sub-mesh of 2 for the
     2-process samplers), its float-normalization copies split out by `normalization_split` (the rule
     test_plan_compiled.py reads against the HLO), and the rest within 10% of the bf16 plan (the ratios are in
