@@ -20,11 +20,12 @@ STATIC = ["rollout.engine=false", "rollout.max_batch=256"]
 
 
 # the rest of each paper RL config's ladders, float32, QUICK: every update program the ladder lists but the largest
-# (test_plan_compiled.py), and every sampler prompt rung but the longest (there too)
+# (test_plan_compiled.py), and every sampler prompt rung but the longest (there too: it is not compiled here and
+# dropped, the rungs are built as plan/compiled.py `program_memory` builds them)
 RUNGS_SCRIPT = r"""
-import json, sys
+import dataclasses, json, sys
 from mimesis_jax.plan import workload
-from mimesis_jax.plan.compiled import QUICK, program_memory, program_workloads, rl_step_memory
+from mimesis_jax.plan.compiled import QUICK, program_workloads, rl_step_memory, sampler_memory
 from mimesis_jax.plan.budget import plan
 from mimesis_jax.plan.devices import device_for
 out = []
@@ -33,11 +34,15 @@ for name in sys.argv[1:]:
                                                        "rollout.max_batch=256"])  # the static sampler
     mesh = dict(cfg.mesh.axes())
     w = workload.workload_from_config(cfg, mesh, workload.runtime_model(cfg))
+    dev = device_for("a100-80g", 16)
     for rung, wp in program_workloads(w)[:-1]:
-        out.append([name, rung, plan(wp, device_for("a100-80g", 16)).train_peak, rl_step_memory(wp, cfg.rl, QUICK)])
+        out.append([name, rung, plan(wp, dev).train_peak, rl_step_memory(wp, cfg.rl, QUICK)])
     if name.endswith("grpo"):  # the Stage II sampler's prompt ladder (the CSD config samples with the same)
-        for p in program_memory(cfg, mesh, "a100-80g", updates=False, options=QUICK)[:-1]:
-            out.append([name, p.name, p.planned, p.compiled])
+        for P in sorted(set(w.sampler_prompts) | {w.rollout.prompt_len})[:-1]:
+            ws = dataclasses.replace(w, rollout=dataclasses.replace(w.rollout, prompt_len=P))
+            p, r = plan(ws, dev), ws.rollout
+            out.append([name, f"sampler {r.batch}x{r.prompt_len}+{r.new_tokens}",
+                        p.rollout_peak - p.item("optimizer state"), sampler_memory(ws, options=QUICK)])
 print("RESULT " + json.dumps(out))
 """
 RL_CONFIGS = ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd", "mimesis_simrl.py:4b", "mimesis_simrl.py:9b")
