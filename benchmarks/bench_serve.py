@@ -232,12 +232,19 @@ def oversized(url: str, max_tokens: int) -> dict:
     return out
 
 
-BACKENDS = {"default": [], "engine": ["--engine", "--engine-slots", "16", "--engine-page-size", "16",
-                                      "--engine-max-len", "512", "--engine-warmup"]}
+BACKENDS = {"default": [], "engine": ["--engine", "--engine-slots", "16", "--engine-max-len", "512",
+                                      "--engine-warmup"]}
+
+
+def backend_flags(name: str, args) -> list[str]:
+    """`serve` flags of backend `name`; the engine's KV page size is --engine-page-size (it sets how many
+    page-table widths the engine's warm-up compiles: up to 512 tokens, 3 at 16-token pages, 1 at 64)."""
+    flags = ["--max-tokens", str(args.max_tokens), "--tokenizer", args.tokenizer] + BACKENDS[name]
+    return flags + (["--engine-page-size", str(args.engine_page_size)] if name == "engine" else [])
 
 
 def bench_backend(name: str, checkpoint: str, args) -> dict:
-    server = Server(checkpoint, ["--max-tokens", str(args.max_tokens), "--tokenizer", args.tokenizer] + BACKENDS[name])
+    server = Server(checkpoint, backend_flags(name, args))
     try:
         # warm-up (untimed): one request, then every mode once as it will be timed, so that the timed pass
         # measures serving, not the compilation of the batch / length shapes each mode brings
@@ -311,12 +318,14 @@ def main(argv=None) -> int:
     p.add_argument("--drop-max-tokens", type=int, default=256,
                    help="max_tokens of the dropped streams (large: work the server must cancel)")
     p.add_argument("--backends", default="default,engine", help="comma-separated: default, engine")
+    p.add_argument("--engine-page-size", type=int, default=16, help="tokens per KV page of the engine backend "
+                   "(serve's default 16)")
     p.add_argument("--checkpoint", default=None, help="HF model directory (default: a tiny random Qwen3)")
     p.add_argument("--tokenizer", default="tiny", help="tokenizer spec of the served model (default tiny)")
     p.add_argument("--json", default=None, help="write the results here as JSON")
     args = p.parse_args(argv)
     for flag, v in (("--n", args.n), ("--concurrency", args.concurrency), ("--max-tokens", args.max_tokens),
-                    ("--drop-max-tokens", args.drop_max_tokens)):
+                    ("--drop-max-tokens", args.drop_max_tokens), ("--engine-page-size", args.engine_page_size)):
         if v < 1:
             p.error(f"{flag} {v}: must be >= 1")
     if args.duration <= 0:

@@ -68,12 +68,13 @@ def run(tmp_path_factory):
     bench = _bench()
     out = tmp_path_factory.mktemp("bench") / "rollout.json"
     printed = io.StringIO()
-    # 32-token KV pages: a dialogue's <= 880 tokens fill <= 28 pages, so each engine compiles its programs for 3
-    # page-table widths (8, 16, 28) instead of 16-token pages' 5 (8, 16, 32, 48, 55) -- the engine's warm-up is most
-    # of this run's cost; dialogues still span several widths, and no count here depends on the page size
+    # 64-token KV pages: a dialogue's <= 880 tokens fill <= 14 pages, so each engine compiles its programs for 2
+    # page-table widths (8, 14) instead of 16-token pages' 5 (8, 16, 32, 48, 55) -- the engine's warm-up is most of
+    # this run's cost; both widths are used (every dialogue fits 8 pages in turn 1, three of the agent's pass 512
+    # tokens in turn 2), and no count here depends on the page size
     with contextlib.redirect_stdout(printed):
         assert bench.main(["--mesh", "data=4,tensor=2", "--group", str(GROUP), "--dialogues", str(DIALOGUES),
-                           "--turns", str(TURNS), "--slots", "8", "--prefill-rows", "2", "--page-size", "32",
+                           "--turns", str(TURNS), "--slots", "8", "--prefill-rows", "2", "--page-size", "64",
                            "--json", str(out)]) == 0
     plan = bench.make_plan(DIALOGUES, TURNS, 512, group=GROUP)
     return plan, json.loads(out.read_text()), printed.getvalue()
