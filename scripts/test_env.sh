@@ -16,9 +16,7 @@ if [ "${MIMESIS_TEST_VLLM:-1}" != "0" ]; then
   bash scripts/vllm_env.sh > "$log" 2>&1 &
   vllm_pid=$!
 fi
-# --no-compile: pip would byte-compile every installed module (all of torch's included) on the install's one core;
-# Python compiles the modules the tests import when they first do, the rest never
-.venv/bin/pip install -q --no-compile -e '.[test]'
+.venv/bin/pip install -q -e '.[test]'
 if [ -n "$vllm_pid" ]; then
   if wait "$vllm_pid"; then
     tail -n 1 "$log"

