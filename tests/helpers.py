@@ -207,11 +207,9 @@ print("RESULT " + json.dumps(res))
 """
 
 
-def run_scripts(parts: list[tuple[str, str, list[str]]], devices: int, timeout: int = 900) -> dict:
+def run_scripts(parts: list[tuple[str, str, list[str]]], devices: int, timeout: int = 1800) -> dict:
     """`run_script` for several scripts of the same device count in one subprocess (one jax start-up, not one
-    each): {key: the JSON the script printed after "RESULT "} for each (key, script, args) of `parts`; `timeout`
-    seconds for each script, as `run_script` gives one."""
+    each): {key: the JSON the script printed after "RESULT "} for each (key, script, args) of `parts`."""
     import json
 
-    return run_script(_SCRIPTS_DRIVER, devices, json.dumps([[k, s, list(a)] for k, s, a in parts]),
-                      timeout=timeout * len(parts))
+    return run_script(_SCRIPTS_DRIVER, devices, json.dumps([[k, s, list(a)] for k, s, a in parts]), timeout=timeout)
