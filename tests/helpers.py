@@ -191,25 +191,3 @@ def run_tiny_grpo(workdir, steps: int, *sets: str):
                     on_rollouts=lambda step, trajs: seen.__setitem__(step, trajs), handle_signals=False,
                     log=lambda *a: None)
     return res, seen
-
-
-# runs each (key, script, args) of a `run_scripts` call in turn, in one process, each script in its own namespace
-# with its own sys.argv, its printed "RESULT " line kept under its key
-_SCRIPTS_DRIVER = r"""
-import contextlib, io, json, sys
-res = {}
-for key, src, args in json.loads(sys.argv[1]):
-    sys.argv, buf = ["-c", *args], io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        exec(compile(src, key, "exec"), {"__name__": "__main__"})
-    res[key] = json.loads(next(x for x in buf.getvalue().splitlines() if x.startswith("RESULT "))[7:])
-print("RESULT " + json.dumps(res))
-"""
-
-
-def run_scripts(parts: list[tuple[str, str, list[str]]], devices: int, timeout: int = 1800) -> dict:
-    """`run_script` for several scripts of the same device count in one subprocess (one jax start-up, not one
-    each): {key: the JSON the script printed after "RESULT "} for each (key, script, args) of `parts`."""
-    import json
-
-    return run_script(_SCRIPTS_DRIVER, devices, json.dumps([[k, s, list(a)] for k, s, a in parts]), timeout=timeout)

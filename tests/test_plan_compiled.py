@@ -24,7 +24,6 @@ import jax
 import pytest
 
 from helpers import run_script as _run_script
-from helpers import run_scripts
 from mimesis_jax.commands import plan as plan_cli
 from mimesis_jax.plan import budget, memory, workload
 from mimesis_jax.plan.budget import (engine_prefill_bytes, engine_prefill_copies, engine_prefill_peak, plan,
@@ -86,16 +85,9 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def sixteen_device_rows():
-    """{script: its rows} of SCRIPT and BF16_SCRIPT (below), run in one 16-device subprocess: one jax start-up
-    instead of two."""
-    return run_scripts([("float32", SCRIPT, []), ("bf16", BF16_SCRIPT, [])], 16)
-
-
-@pytest.fixture(scope="module")
-def rl_programs(sixteen_device_rows):
-    """{(config, program): (planned GiB, compiled GiB)} from the 16-device subprocess, each program compiled once."""
-    rows = sixteen_device_rows["float32"]
+def rl_programs():
+    """{(config, program): (planned GiB, compiled GiB)} from one 16-device subprocess, each program compiled once."""
+    rows = _run_script(SCRIPT, 16)
     return {(c, n): (planned / 2 ** 30, compiled / 2 ** 30) for c, n, planned, compiled in rows}
 
 
@@ -210,8 +202,8 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def bf16_programs(sixteen_device_rows):
-    return sixteen_device_rows["bf16"]
+def bf16_programs():
+    return _run_script(BF16_SCRIPT, 16)
 
 
 @functools.lru_cache(maxsize=2)

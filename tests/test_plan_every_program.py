@@ -2,14 +2,12 @@
 every rung of the RL shape ladders (float32), every paper config's programs in bf16 with the CPU's
 float-normalization copies split out (plan/normalization.py `normalization_split`), and the weight sync of 2
 processes (inference/weight_sync.py). A module of its own so xdist (`--dist loadfile`) runs it beside
-test_plan_compiled.py; each test compiles in a subprocess with the config's fake CPU devices (the 16-device
-scripts in one, `sixteen_device_rows`), QUICK options."""
+test_plan_compiled.py; each test compiles in a subprocess with the config's fake CPU devices, QUICK options."""
 
 
 import pytest
 
 from helpers import run_script as _run_script
-from helpers import run_scripts
 from mimesis_jax.plan import memory, workload
 from mimesis_jax.plan.budget import plan
 from mimesis_jax.plan.compiled import TOLERANCE, within
@@ -50,22 +48,13 @@ print("RESULT " + json.dumps(out))
 RL_CONFIGS = ("qwen3_8b_agentrl.py:grpo", "qwen3_8b_agentrl.py:csd", "mimesis_simrl.py:4b", "mimesis_simrl.py:9b")
 
 
-@pytest.fixture(scope="module")
-def sixteen_device_rows():
-    """{script: its rows} of the module's 16-device scripts (the ladder rungs of every RL config, the bf16 programs
-    of the 16-device specs, the weight sync), run in one subprocess: one jax start-up instead of four."""
-    specs = [s for s in BF16_ALL if not s.startswith("mimesis_midtrain")]
-    return run_scripts([("rungs", RUNGS_SCRIPT, RL_CONFIGS), ("bf16", BF16_ALL_SCRIPT, specs),
-                        ("sync", SYNC_SCRIPT, [])], 16)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("configs", [RL_CONFIGS[1:2], RL_CONFIGS[:1] + RL_CONFIGS[2:]], ids=["csd", "grpo-simrl"])
-def test_every_ladder_program_matches_the_plan(sixteen_device_rows, configs):
+def test_every_ladder_program_matches_the_plan(configs):
     """Beside the largest programs (test_plan_compiled.py): every other update program of each paper RL config's
     shape ladder (the CSD ladder's 32, the GRPO ladder's 5, each simulator's 8) and the Stage II sampler's shorter
     prompt rungs, the programs the ladders' names say, each compiled and within 10% of its plan."""
-    rows = [r for r in sixteen_device_rows["rungs"] if r[0] in configs]
+    rows = _run_script(RUNGS_SCRIPT, 16, *configs)
     want = []
     for name in configs:
         cfg = workload.load_run_config("configs/" + name, F32 + STATIC)
@@ -138,7 +127,7 @@ def test_csd_samples_with_the_stage_ii_sampler():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [16, 32])
-def test_every_other_paper_programs_bf16_rest_matches_the_plan(request, devices):
+def test_every_other_paper_programs_bf16_rest_matches_the_plan(devices):
     """bf16, every paper config beside the Stage II GRPO and 4B SFT programs of test_plan_compiled.py (the CSD
     config's sampler among the Stage II ones, test_csd_samples_with_the_stage_ii_sampler): each
     program compiled on the config's mesh (32 devices for mid-training; one process's sub-mesh of 2 for the
@@ -146,8 +135,7 @@ def test_every_other_paper_programs_bf16_rest_matches_the_plan(request, devices)
     test_plan_compiled.py reads against the HLO), and the rest within 10% of the bf16 plan (the ratios are in
     docs/scale-out.md)."""
     specs = [s for s in BF16_ALL if (s.startswith("mimesis_midtrain")) == (devices == 32)]
-    rows = (request.getfixturevalue("sixteen_device_rows")["bf16"] if devices == 16
-            else _run_script(BF16_ALL_SCRIPT, devices, *specs))
+    rows = _run_script(BF16_ALL_SCRIPT, devices, *specs)
     assert [(s, n) for s, n, *_ in rows] == [(s, n) for s in specs for n in BF16_ALL[s]]
     for spec, name, planned, compiled, copies, rest in rows:
         assert copies is not None and 0 < copies < compiled and rest <= compiled - copies, (spec, name)
@@ -173,13 +161,13 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow
-def test_weight_sync_of_two_processes_is_planned_and_never_holds_a_whole_weight(sixteen_device_rows):
+def test_weight_sync_of_two_processes_is_planned_and_never_holds_a_whole_weight():
     """The weight sync (inference/weight_sync.py) from the paper meshes' training layout to 2 processes' blocks,
     compiled on 16 devices: its largest program per device within 10% of `weight_sync_bytes` and under half of
     one whole copy of the largest weight; the copy it leaves is the process block's parameter bytes, and what it
     moves is that less what the device holds already: Stage II's fsdp=8 shards become fsdp=4 ones, the 9B
     simulator's params are replicated over data=2, the axis the processes split, so nothing moves."""
-    rows = {name: r for name, *r in sixteen_device_rows["sync"]}
+    rows = {name: r for name, *r in _run_script(SYNC_SCRIPT, 16)}
     for name, (peak, moved, copy, compiled, largest) in rows.items():
         assert within(peak, compiled, TOLERANCE) and compiled < largest / 2, (name, peak, compiled, largest)
         cfg = workload.load_run_config("configs/" + name, [])
